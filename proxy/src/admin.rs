@@ -1,0 +1,183 @@
+//! The admin HTTP endpoint: `/metrics`, `/healthz`, `/readyz`, `/status`.
+//!
+//! Each pod probes its own admin endpoint (never the shared public port). Only `GET` and `HEAD`
+//! are served; anything else is rejected and counted. Requests are small and bounded.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use prometheus::{Encoder, Registry, TextEncoder};
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::{Backends, Tier};
+use crate::lifecycle::State;
+use crate::listener::Listeners;
+use crate::metrics::Metrics;
+
+/// Most admin connections served at once; more wait in the kernel backlog.
+const MAX_ADMIN_CONNECTIONS: usize = 32;
+/// Time a client has to send its request headers.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// Largest request head accepted.
+const MAX_REQUEST_HEAD: usize = 16 * 1024;
+
+/// What the admin endpoint reads.
+pub struct AdminView {
+    pub state: watch::Receiver<State>,
+    pub backends: Arc<Backends>,
+    pub listeners: Arc<Listeners>,
+    pub registry: Registry,
+    pub metrics: Metrics,
+    /// Peer summary for `/status` (from the handoff module), if handoff is on.
+    pub peers: Option<Arc<dyn Fn() -> serde_json::Value + Send + Sync>>,
+}
+
+impl AdminView {
+    /// Ready: Serving, and the own backend is up (or, without an own backend, any backend).
+    pub fn ready(&self) -> bool {
+        if *self.state.borrow() != State::Serving {
+            return false;
+        }
+        let backends = self.backends.snapshot();
+        let own: Vec<_> = backends.iter().filter(|b| b.tier == Tier::Own).collect();
+        if own.is_empty() {
+            backends.iter().any(|b| b.health().is_up())
+        } else {
+            own.iter().any(|b| b.health().is_up())
+        }
+    }
+
+    fn status(&self) -> serde_json::Value {
+        let backends: Vec<serde_json::Value> = self
+            .backends
+            .snapshot()
+            .iter()
+            .map(|b| {
+                let health = b.health();
+                serde_json::json!({
+                    "address": b.addr.to_string(),
+                    "source": b.tier,
+                    "healthy": health.is_up(),
+                    "health": health,
+                    "active_connections": b.active(),
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "state": *self.state.borrow(),
+            "ready": self.ready(),
+            "listeners": self.listeners.info(),
+            "backends": backends,
+            "peers": self.peers.as_ref().map(|p| p()).unwrap_or_else(|| serde_json::json!([])),
+            "version": env!("CARGO_PKG_VERSION"),
+        })
+    }
+
+    fn respond(&self, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+        if req.method() != Method::GET && req.method() != Method::HEAD {
+            self.metrics.admin_requests_rejected.inc();
+            return text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
+        }
+        match req.uri().path() {
+            "/healthz" | "/livez" => text(StatusCode::OK, "ok\n"),
+            "/readyz" => {
+                if self.ready() {
+                    text(StatusCode::OK, "ok\n")
+                } else {
+                    let state = *self.state.borrow();
+                    text(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        &format!("not ready: {state}\n"),
+                    )
+                }
+            }
+            "/metrics" => {
+                let mut buf = Vec::with_capacity(16 * 1024);
+                let encoder = TextEncoder::new();
+                if encoder.encode(&self.registry.gather(), &mut buf).is_err() {
+                    return text(StatusCode::INTERNAL_SERVER_ERROR, "cannot encode metrics\n");
+                }
+                Response::builder()
+                    .header(hyper::header::CONTENT_TYPE, encoder.format_type())
+                    .body(Full::new(Bytes::from(buf)))
+                    .expect("valid response")
+            }
+            "/status" => {
+                let body = serde_json::to_vec_pretty(&self.status()).expect("status serializes");
+                Response::builder()
+                    .header(hyper::header::CONTENT_TYPE, "application/json")
+                    .body(Full::new(Bytes::from(body)))
+                    .expect("valid response")
+            }
+            _ => {
+                self.metrics.admin_requests_rejected.inc();
+                text(StatusCode::NOT_FOUND, "not found\n")
+            }
+        }
+    }
+}
+
+fn text(status: StatusCode, body: &str) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(status)
+        .header(hyper::header::CONTENT_TYPE, "text/plain; charset=utf-8")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .expect("valid response")
+}
+
+/// Binds the admin endpoint; writes the bound address to `address_file` if given.
+pub async fn bind(addr: SocketAddr, address_file: Option<&Path>) -> std::io::Result<TcpListener> {
+    let listener = TcpListener::bind(addr).await?;
+    if let Some(path) = address_file {
+        crate::fsutil::write_atomic(path, format!("{}\n", listener.local_addr()?).as_bytes())?;
+    }
+    Ok(listener)
+}
+
+/// Serves admin requests until `stop`.
+pub async fn serve(listener: TcpListener, view: Arc<AdminView>, stop: CancellationToken) {
+    let slots = Arc::new(Semaphore::new(MAX_ADMIN_CONNECTIONS));
+    loop {
+        let permit = tokio::select! {
+            _ = stop.cancelled() => return,
+            p = slots.clone().acquire_owned() => p.expect("semaphore open"),
+        };
+        let (stream, _) = tokio::select! {
+            _ = stop.cancelled() => return,
+            r = listener.accept() => match r {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::debug!(error = %e, "admin accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let view = view.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                let resp = view.respond(&req);
+                async move { Ok::<_, Infallible>(resp) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .max_buf_size(MAX_REQUEST_HEAD)
+                .keep_alive(true)
+                .serve_connection(TokioIo::new(stream), service);
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "admin connection ended with error");
+            }
+            drop(permit);
+        });
+    }
+}

@@ -1,0 +1,245 @@
+//! Backends: their shared state, and the choice of backend for a new connection.
+//!
+//! [`order`] is the pure selection rule; [`Backends`] holds the live set that health checks
+//! update and the accept path reads.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::addr::BackendAddr;
+use crate::config::HealthConfig;
+use crate::health::{Health, HealthState, Observation};
+use crate::metrics::{BackendMetrics, Metrics};
+
+/// Where a backend came from; lower tiers are preferred.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tier {
+    /// The apiserver of this pod.
+    Own,
+    /// Another instance's apiserver on this node.
+    Local,
+    /// A `--backend` flag.
+    Static,
+}
+
+/// What the selection rule needs to know of one backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Candidate {
+    pub tier: Tier,
+    pub healthy: bool,
+    pub active: i64,
+}
+
+/// The order in which to try backends for a new connection: healthy ones first, by tier and
+/// then fewest active connections; then the others in the same order (fail open: every backend
+/// is tried once before the client is turned away). Returns indices into `candidates`.
+pub fn order(candidates: &[Candidate]) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..candidates.len()).collect();
+    idx.sort_by_key(|&i| {
+        let c = candidates[i];
+        (!c.healthy, c.tier, c.active)
+    });
+    idx
+}
+
+/// One backend and its live state.
+pub struct Backend {
+    pub addr: BackendAddr,
+    pub tier: Tier,
+    state: Mutex<HealthState>,
+    active: AtomicI64,
+    /// Cancelled when the backend dies; connections to it watch it.
+    dead: Mutex<CancellationToken>,
+    pub metrics: BackendMetrics,
+}
+
+impl Backend {
+    fn new(addr: BackendAddr, tier: Tier, health: &HealthConfig, metrics: &Metrics) -> Self {
+        Backend {
+            addr,
+            tier,
+            state: Mutex::new(HealthState::new(health.rise, health.fall)),
+            active: AtomicI64::new(0),
+            dead: Mutex::new(CancellationToken::new()),
+            metrics: metrics.backend(addr),
+        }
+    }
+
+    pub fn health(&self) -> Health {
+        self.state.lock().expect("health lock").health()
+    }
+
+    pub fn active(&self) -> i64 {
+        self.active.load(Ordering::Relaxed)
+    }
+
+    fn candidate(&self) -> Candidate {
+        Candidate {
+            tier: self.tier,
+            healthy: self.health().is_up(),
+            active: self.active(),
+        }
+    }
+
+    /// Token cancelled if this backend dies while the connection lives.
+    pub fn death_token(&self) -> CancellationToken {
+        self.dead.lock().expect("dead lock").clone()
+    }
+
+    /// Counts a connection carried to this backend until the guard drops.
+    pub fn track(self: &Arc<Self>) -> ActiveGuard {
+        self.active.fetch_add(1, Ordering::Relaxed);
+        self.metrics.active.inc();
+        ActiveGuard(self.clone())
+    }
+
+    fn apply(&self, change: Option<Health>) -> Option<Health> {
+        let health = change?;
+        self.metrics.up.set(i64::from(health.is_up()));
+        tracing::info!(backend = %self.addr, health = ?health, "backend health changed");
+        if health == Health::Dead {
+            let mut dead = self.dead.lock().expect("dead lock");
+            let closing = self.active();
+            if closing > 0 {
+                tracing::warn!(backend = %self.addr, connections = closing, "backend dead: closing its connections");
+            }
+            dead.cancel();
+            *dead = CancellationToken::new();
+        }
+        Some(health)
+    }
+
+    /// Feeds an active check result.
+    pub fn observe(&self, obs: Observation) -> Option<Health> {
+        let m = &self.metrics;
+        match obs {
+            Observation::Ok => m.checks_ok.inc(),
+            Observation::NotReady => m.checks_not_ready.inc(),
+            Observation::Failed => m.checks_failed.inc(),
+            Observation::Refused => m.checks_refused.inc(),
+        }
+        let change = self.state.lock().expect("health lock").observe(obs);
+        self.apply(change)
+    }
+
+    /// A connect failure on client traffic.
+    pub fn suspect(&self) -> Option<Health> {
+        self.metrics.connect_failures.inc();
+        let change = self.state.lock().expect("health lock").suspect();
+        self.apply(change)
+    }
+}
+
+/// Decrements the backend's active count on drop.
+pub struct ActiveGuard(Arc<Backend>);
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::Relaxed);
+        self.0.metrics.active.dec();
+    }
+}
+
+/// The live set of backends.
+pub struct Backends {
+    list: RwLock<Arc<Vec<Arc<Backend>>>>,
+    /// Bumped on every health change; `wait_healthy` watches it.
+    changed: watch::Sender<u64>,
+    health: HealthConfig,
+    metrics: Metrics,
+}
+
+impl Backends {
+    pub fn new(health: HealthConfig, metrics: Metrics) -> Self {
+        Backends {
+            list: RwLock::new(Arc::new(Vec::new())),
+            changed: watch::channel(0).0,
+            health,
+            metrics,
+        }
+    }
+
+    /// Adds a backend unless one with that address exists; returns it when added.
+    pub fn add(&self, addr: BackendAddr, tier: Tier) -> Option<Arc<Backend>> {
+        let mut list = self.list.write().expect("backends lock");
+        if list.iter().any(|b| b.addr == addr) {
+            return None;
+        }
+        let backend = Arc::new(Backend::new(addr, tier, &self.health, &self.metrics));
+        backend.metrics.up.set(0);
+        let mut next = Vec::clone(&list);
+        next.push(backend.clone());
+        *list = Arc::new(next);
+        Some(backend)
+    }
+
+    /// A snapshot of the current backends.
+    pub fn snapshot(&self) -> Arc<Vec<Arc<Backend>>> {
+        self.list.read().expect("backends lock").clone()
+    }
+
+    /// Backends in the order to try for a new connection.
+    pub fn candidates(&self) -> Vec<Arc<Backend>> {
+        let list = self.snapshot();
+        let cands: Vec<Candidate> = list.iter().map(|b| b.candidate()).collect();
+        order(&cands).into_iter().map(|i| list[i].clone()).collect()
+    }
+
+    /// True when any backend is up.
+    pub fn any_healthy(&self) -> bool {
+        self.snapshot().iter().any(|b| b.health().is_up())
+    }
+
+    /// Records a health change for waiters.
+    pub fn notify(&self) {
+        self.changed.send_modify(|n| *n += 1);
+    }
+
+    /// Resolves once any backend is up.
+    pub async fn wait_healthy(&self) {
+        let mut rx = self.changed.subscribe();
+        loop {
+            if self.any_healthy() {
+                return;
+            }
+            if rx.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn c(tier: Tier, healthy: bool, active: i64) -> Candidate {
+        Candidate {
+            tier,
+            healthy,
+            active,
+        }
+    }
+
+    #[test]
+    fn healthy_first_then_tier_then_fewest_active() {
+        let cands = [
+            c(Tier::Static, true, 5),
+            c(Tier::Static, false, 0),
+            c(Tier::Static, true, 2),
+            c(Tier::Own, true, 9),
+            c(Tier::Local, false, 0),
+        ];
+        assert_eq!(order(&cands), vec![3, 2, 0, 4, 1]);
+    }
+
+    #[test]
+    fn nothing_healthy_tries_everything_once() {
+        let cands = [c(Tier::Static, false, 1), c(Tier::Static, false, 0)];
+        assert_eq!(order(&cands), vec![1, 0]);
+    }
+}

@@ -1,0 +1,251 @@
+//! Command-line interface: the clap definitions, nothing else.
+//!
+//! Every `run` flag can also come from `KUBE_APISERVER_PROXY_<FLAG>`; repeatable flags take a
+//! comma-separated list there. Values are parsed into typed [`crate::config::Config`] by
+//! `TryFrom`, which is where cross-flag checks live.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Health-gated TCP front proxy for kube-apiserver with zero-loss listener handoff.
+#[derive(Debug, Parser)]
+#[command(
+    name = "kube-apiserver-proxy",
+    version,
+    args_conflicts_with_subcommands = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
+    /// Flags of `run`, the default subcommand.
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the proxy (the default when no subcommand is given).
+    Run(Box<RunArgs>),
+    /// Probe an admin endpoint: exit 0 when it answers 200, 1 otherwise (for exec probes).
+    Probe(ProbeArgs),
+}
+
+/// How the active health check talks to a backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum HealthCheckKind {
+    /// TLS handshake, then `GET --health-path`; ready only on HTTP 200.
+    Https,
+    /// TLS handshake only.
+    Tls,
+    /// TCP connect only.
+    Tcp,
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// Public address to serve, bound with SO_REUSEPORT (repeatable; IPv4 or [IPv6]:port).
+    #[arg(
+        long = "listen",
+        value_name = "ADDR",
+        env = "KUBE_APISERVER_PROXY_LISTEN",
+        value_delimiter = ','
+    )]
+    pub listen: Vec<String>,
+
+    /// Static backend address ip:port (repeatable).
+    #[arg(
+        long = "backend",
+        value_name = "ADDR",
+        env = "KUBE_APISERVER_PROXY_BACKEND",
+        value_delimiter = ','
+    )]
+    pub backend: Vec<String>,
+
+    /// Admin HTTP address (/metrics, /healthz, /readyz, /status); port 0 picks a free port.
+    #[arg(
+        long,
+        value_name = "ADDR",
+        env = "KUBE_APISERVER_PROXY_ADMIN_LISTEN",
+        default_value = "127.0.0.1:9444"
+    )]
+    pub admin_listen: String,
+
+    /// Write the bound admin address to this file once listening (read by `probe --admin-address-file`).
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "KUBE_APISERVER_PROXY_ADMIN_ADDRESS_FILE"
+    )]
+    pub admin_address_file: Option<PathBuf>,
+
+    /// Active health check kind.
+    #[arg(
+        long,
+        value_enum,
+        env = "KUBE_APISERVER_PROXY_HEALTH_CHECK",
+        default_value = "https"
+    )]
+    pub health_check: HealthCheckKind,
+
+    /// HTTP path of the https check; only HTTP 200 counts as ready.
+    #[arg(
+        long,
+        value_name = "PATH",
+        env = "KUBE_APISERVER_PROXY_HEALTH_PATH",
+        default_value = "/readyz"
+    )]
+    pub health_path: String,
+
+    /// Time between health checks of one backend (jittered by up to 10%).
+    #[arg(long, value_name = "DURATION", env = "KUBE_APISERVER_PROXY_HEALTH_INTERVAL", default_value = "2s", value_parser = parse_duration)]
+    pub health_interval: Duration,
+
+    /// Time one health check may take.
+    #[arg(long, value_name = "DURATION", env = "KUBE_APISERVER_PROXY_HEALTH_TIMEOUT", default_value = "1s", value_parser = parse_duration)]
+    pub health_timeout: Duration,
+
+    /// Consecutive passing checks before a backend counts as healthy.
+    #[arg(
+        long,
+        value_name = "N",
+        env = "KUBE_APISERVER_PROXY_HEALTH_RISE",
+        default_value = "2"
+    )]
+    pub health_rise: u32,
+
+    /// Consecutive failing checks before a backend counts as unhealthy (refused this often: dead).
+    #[arg(
+        long,
+        value_name = "N",
+        env = "KUBE_APISERVER_PROXY_HEALTH_FALL",
+        default_value = "3"
+    )]
+    pub health_fall: u32,
+
+    /// PEM bundle of CAs that verify backend serving certificates (https and tls checks).
+    #[arg(long, value_name = "FILE", env = "KUBE_APISERVER_PROXY_HEALTH_CA_FILE")]
+    pub health_ca_file: Option<PathBuf>,
+
+    /// Server name sent (SNI) and verified in the backend certificate.
+    #[arg(
+        long,
+        value_name = "NAME",
+        env = "KUBE_APISERVER_PROXY_HEALTH_SERVER_NAME",
+        default_value = "kubernetes"
+    )]
+    pub health_server_name: String,
+
+    /// Do not verify backend certificates in health checks.
+    #[arg(long, env = "KUBE_APISERVER_PROXY_HEALTH_INSECURE_SKIP_VERIFY")]
+    pub health_insecure_skip_verify: bool,
+
+    /// PEM client certificate presented by health checks (needs --health-client-key).
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "KUBE_APISERVER_PROXY_HEALTH_CLIENT_CERT"
+    )]
+    pub health_client_cert: Option<PathBuf>,
+
+    /// PEM private key of --health-client-cert.
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "KUBE_APISERVER_PROXY_HEALTH_CLIENT_KEY"
+    )]
+    pub health_client_key: Option<PathBuf>,
+
+    /// Time a backend connect may take before the next backend is tried.
+    #[arg(long, value_name = "DURATION", env = "KUBE_APISERVER_PROXY_CONNECT_TIMEOUT", default_value = "3s", value_parser = parse_duration)]
+    pub connect_timeout: Duration,
+
+    /// After SIGTERM, how long established connections may go on before they are closed.
+    #[arg(long, value_name = "DURATION", env = "KUBE_APISERVER_PROXY_DRAIN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub drain_timeout: Duration,
+
+    /// Connections still open at the drain deadline are closed spread over this window.
+    #[arg(long, value_name = "DURATION", env = "KUBE_APISERVER_PROXY_DRAIN_CLOSE_WINDOW", default_value = "2s", value_parser = parse_duration)]
+    pub drain_close_window: Duration,
+
+    /// Most client connections carried at once; further clients are closed at once and counted.
+    #[arg(
+        long,
+        value_name = "N",
+        env = "KUBE_APISERVER_PROXY_MAX_CONNECTIONS",
+        default_value = "10000"
+    )]
+    pub max_connections: u32,
+
+    /// Directory of the handoff Unix sockets shared by all instances on the node.
+    #[arg(long, value_name = "DIR", env = "KUBE_APISERVER_PROXY_HANDOFF_DIR")]
+    pub handoff_dir: Option<PathBuf>,
+
+    /// Further uid allowed to talk on the handoff socket besides our own (repeatable).
+    #[arg(
+        long = "handoff-allow-uid",
+        value_name = "UID",
+        env = "KUBE_APISERVER_PROXY_HANDOFF_ALLOW_UID",
+        value_delimiter = ','
+    )]
+    pub handoff_allow_uid: Vec<u32>,
+
+    /// Log format on stderr.
+    #[arg(
+        long,
+        value_enum,
+        env = "KUBE_APISERVER_PROXY_LOG_FORMAT",
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
+
+    /// Log filter, e.g. `info` or `kube_apiserver_proxy=debug`.
+    #[arg(
+        long,
+        value_name = "LEVEL",
+        env = "KUBE_APISERVER_PROXY_LOG_LEVEL",
+        default_value = "info"
+    )]
+    pub log_level: String,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ProbeArgs {
+    /// URL to GET, e.g. http://127.0.0.1:9444/readyz.
+    #[arg(value_name = "URL", required_unless_present = "admin_address_file")]
+    pub url: Option<String>,
+
+    /// Read the admin address from this file (written by `run --admin-address-file`).
+    #[arg(long, value_name = "FILE")]
+    pub admin_address_file: Option<PathBuf>,
+
+    /// Path to probe when the address comes from --admin-address-file.
+    #[arg(long, value_name = "PATH", default_value = "/readyz")]
+    pub path: String,
+
+    /// Time the probe may take.
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    pub timeout: Duration,
+}
+
+/// Parses `500ms`, `2s`, `1m`, `1h30m`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e} (expected e.g. 500ms, 2s, 1m)"))
+}
+
+/// Parses an address, accepting only literal `ip:port` (no DNS: the proxy must not depend on it).
+pub fn parse_socket_addr(s: &str) -> Result<SocketAddr, String> {
+    s.trim()
+        .parse::<SocketAddr>()
+        .map_err(|_| format!("{s:?} is not an ip:port address"))
+}

@@ -1,0 +1,379 @@
+//! Typed configuration, built from the parsed command line by `TryFrom`.
+//!
+//! Everything that can be wrong with the input is found here, before anything is bound: the
+//! error names the flag and the problem in one line, and the binary exits with code 2.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::addr::{AdminAddr, BackendAddr, ListenAddr};
+use crate::cli::{parse_socket_addr, HealthCheckKind, LogFormat, RunArgs};
+use crate::tls::{self, TlsError};
+
+/// A configuration error: which flag, and what is wrong with it.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{flag}: {message}")]
+    Invalid { flag: &'static str, message: String },
+    #[error("{flag} {path}: {source}")]
+    File {
+        flag: &'static str,
+        path: String,
+        #[source]
+        source: TlsError,
+    },
+}
+
+fn invalid(flag: &'static str, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        flag,
+        message: message.into(),
+    }
+}
+
+/// How the active health check reaches a backend.
+#[derive(Clone)]
+pub enum HealthCheck {
+    /// TLS handshake then `GET path`; 200 means ready.
+    Https {
+        tls: Arc<rustls::ClientConfig>,
+        server_name: rustls::pki_types::ServerName<'static>,
+        path: String,
+    },
+    /// TLS handshake only.
+    Tls {
+        tls: Arc<rustls::ClientConfig>,
+        server_name: rustls::pki_types::ServerName<'static>,
+    },
+    /// TCP connect only.
+    Tcp,
+}
+
+impl std::fmt::Debug for HealthCheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HealthCheck::Https { path, .. } => write!(f, "https {path}"),
+            HealthCheck::Tls { .. } => write!(f, "tls"),
+            HealthCheck::Tcp => write!(f, "tcp"),
+        }
+    }
+}
+
+/// Health check timing and thresholds.
+#[derive(Debug, Clone)]
+pub struct HealthConfig {
+    /// What a check does.
+    pub check: HealthCheck,
+    /// Time between checks of one backend (default 2s), jittered by up to 10%.
+    pub interval: Duration,
+    /// Time one check may take (default 1s).
+    pub timeout: Duration,
+    /// Consecutive passes before healthy (default 2).
+    pub rise: NonZeroU32,
+    /// Consecutive failures before unhealthy; refused this often: dead (default 3).
+    pub fall: NonZeroU32,
+}
+
+/// Listener handoff between instances on one node.
+#[derive(Debug, Clone)]
+pub struct HandoffConfig {
+    /// Directory shared by all instances (0700), holding one Unix socket per instance.
+    pub dir: PathBuf,
+    /// Uids allowed as peers besides our own.
+    pub allow_uids: Vec<u32>,
+}
+
+/// The whole configuration of `run`.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Public addresses, shared with peers via SO_REUSEPORT or handoff.
+    pub listen: Vec<ListenAddr>,
+    /// Static backends.
+    pub backends: Vec<BackendAddr>,
+    /// Admin HTTP address (default 127.0.0.1:9444).
+    pub admin_listen: AdminAddr,
+    /// File the bound admin address is written to.
+    pub admin_address_file: Option<PathBuf>,
+    /// Active health checking.
+    pub health: HealthConfig,
+    /// Backend connect timeout (default 3s).
+    pub connect_timeout: Duration,
+    /// How long established connections may go on after SIGTERM (default 30s).
+    pub drain_timeout: Duration,
+    /// Connections left at the drain deadline are closed over this window (default 2s).
+    pub drain_close_window: Duration,
+    /// Most connections carried at once (default 10000).
+    pub max_connections: NonZeroU32,
+    /// Listener handoff; `None` in plain standalone use.
+    pub handoff: Option<HandoffConfig>,
+    /// Log format.
+    pub log_format: LogFormat,
+    /// Log filter directive.
+    pub log_level: String,
+}
+
+fn parse_addrs(flag: &'static str, values: &[String]) -> Result<Vec<SocketAddr>, ConfigError> {
+    values
+        .iter()
+        .map(|v| parse_socket_addr(v).map_err(|m| invalid(flag, m)))
+        .collect()
+}
+
+fn non_zero(flag: &'static str, n: u32) -> Result<NonZeroU32, ConfigError> {
+    NonZeroU32::new(n).ok_or_else(|| invalid(flag, "must be at least 1"))
+}
+
+impl TryFrom<RunArgs> for Config {
+    type Error = ConfigError;
+
+    fn try_from(args: RunArgs) -> Result<Self, ConfigError> {
+        let listen = parse_addrs("--listen", &args.listen)?;
+        if listen.is_empty() {
+            return Err(invalid("--listen", "at least one address is required"));
+        }
+        let mut seen = HashSet::new();
+        for addr in &listen {
+            if !seen.insert(*addr) {
+                return Err(invalid("--listen", format!("{addr} is given twice")));
+            }
+            if addr.port() == 0 {
+                return Err(invalid(
+                    "--listen",
+                    format!("{addr}: port 0 cannot be shared with peers"),
+                ));
+            }
+        }
+        let backends = parse_addrs("--backend", &args.backend)?;
+        if backends.is_empty() {
+            return Err(invalid(
+                "--backend",
+                "no backend given (at least one is required)",
+            ));
+        }
+        let admin_listen =
+            parse_socket_addr(&args.admin_listen).map_err(|m| invalid("--admin-listen", m))?;
+        if listen.contains(&admin_listen) {
+            return Err(invalid(
+                "--admin-listen",
+                format!("{admin_listen} is also a --listen address"),
+            ));
+        }
+
+        let rise = non_zero("--health-rise", args.health_rise)?;
+        let fall = non_zero("--health-fall", args.health_fall)?;
+        let max_connections = non_zero("--max-connections", args.max_connections)?;
+        if args.health_interval.is_zero() {
+            return Err(invalid("--health-interval", "must be greater than zero"));
+        }
+        if args.health_timeout.is_zero() {
+            return Err(invalid("--health-timeout", "must be greater than zero"));
+        }
+        if args.connect_timeout.is_zero() {
+            return Err(invalid("--connect-timeout", "must be greater than zero"));
+        }
+        if !args.health_path.starts_with('/') {
+            return Err(invalid(
+                "--health-path",
+                format!("{:?} must start with /", args.health_path),
+            ));
+        }
+
+        let check = health_check(&args)?;
+        if args.handoff_dir.is_none() && !args.handoff_allow_uid.is_empty() {
+            return Err(invalid("--handoff-allow-uid", "needs --handoff-dir"));
+        }
+        let handoff = args.handoff_dir.map(|dir| HandoffConfig {
+            dir,
+            allow_uids: args.handoff_allow_uid,
+        });
+        if args
+            .log_level
+            .parse::<tracing_subscriber::EnvFilter>()
+            .is_err()
+        {
+            return Err(invalid(
+                "--log-level",
+                format!("{:?} is not a log filter", args.log_level),
+            ));
+        }
+
+        Ok(Config {
+            listen: listen.into_iter().map(ListenAddr).collect(),
+            backends: backends.into_iter().map(BackendAddr).collect(),
+            admin_listen: AdminAddr(admin_listen),
+            admin_address_file: args.admin_address_file,
+            health: HealthConfig {
+                check,
+                interval: args.health_interval,
+                timeout: args.health_timeout,
+                rise,
+                fall,
+            },
+            connect_timeout: args.connect_timeout,
+            drain_timeout: args.drain_timeout,
+            drain_close_window: args.drain_close_window,
+            max_connections,
+            handoff,
+            log_format: args.log_format,
+            log_level: args.log_level,
+        })
+    }
+}
+
+fn health_check(args: &RunArgs) -> Result<HealthCheck, ConfigError> {
+    let kind = args.health_check;
+    if kind == HealthCheckKind::Tcp {
+        return Ok(HealthCheck::Tcp);
+    }
+    let file_err = |flag: &'static str, path: &PathBuf| {
+        let path = path.display().to_string();
+        move |source| ConfigError::File { flag, path, source }
+    };
+    let roots = match (&args.health_ca_file, args.health_insecure_skip_verify) {
+        (Some(_), true) => {
+            return Err(invalid(
+                "--health-ca-file",
+                "conflicts with --health-insecure-skip-verify (choose one)",
+            ))
+        }
+        (Some(path), false) => {
+            Some(tls::load_roots(path).map_err(file_err("--health-ca-file", path))?)
+        }
+        (None, true) => None,
+        (None, false) => {
+            return Err(invalid(
+                "--health-check",
+                "https and tls checks need --health-ca-file or --health-insecure-skip-verify",
+            ))
+        }
+    };
+    let client = match (&args.health_client_cert, &args.health_client_key) {
+        (Some(cert), Some(key)) => Some((
+            tls::load_certs(cert).map_err(file_err("--health-client-cert", cert))?,
+            tls::load_key(key).map_err(file_err("--health-client-key", key))?,
+        )),
+        (None, None) => None,
+        (Some(_), None) => {
+            return Err(invalid("--health-client-cert", "needs --health-client-key"))
+        }
+        (None, Some(_)) => {
+            return Err(invalid("--health-client-key", "needs --health-client-cert"))
+        }
+    };
+    let tls = tls::client_config(roots, client)
+        .map_err(|e| invalid("--health-client-key", e.to_string()))?;
+    let server_name = rustls::pki_types::ServerName::try_from(args.health_server_name.clone())
+        .map_err(|e| invalid("--health-server-name", e.to_string()))?;
+    Ok(match kind {
+        HealthCheckKind::Https => HealthCheck::Https {
+            tls,
+            server_name,
+            path: args.health_path.clone(),
+        },
+        HealthCheckKind::Tls => HealthCheck::Tls { tls, server_name },
+        HealthCheckKind::Tcp => HealthCheck::Tcp,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn parse(args: &[&str]) -> Result<Config, ConfigError> {
+        let mut argv = vec!["kube-apiserver-proxy", "run"];
+        argv.extend_from_slice(args);
+        let cli = crate::cli::Cli::try_parse_from(argv).expect("clap accepts");
+        match cli.command {
+            Some(crate::cli::Command::Run(run)) => Config::try_from(*run),
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn minimal_tcp_config() {
+        let c = parse(&[
+            "--listen",
+            "127.0.0.1:6443",
+            "--backend",
+            "127.1.2.3:6443",
+            "--health-check",
+            "tcp",
+        ])
+        .unwrap();
+        assert_eq!(c.listen.len(), 1);
+        assert_eq!(c.health.rise.get(), 2);
+        assert_eq!(c.health.interval, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn errors_name_the_flag() {
+        let cases: &[(&[&str], &str)] = &[
+            (
+                &[
+                    "--listen",
+                    "nope",
+                    "--backend",
+                    "127.0.0.1:1",
+                    "--health-check",
+                    "tcp",
+                ],
+                "--listen",
+            ),
+            (
+                &[
+                    "--listen",
+                    "127.0.0.1:1",
+                    "--listen",
+                    "127.0.0.1:1",
+                    "--backend",
+                    "127.0.0.1:2",
+                    "--health-check",
+                    "tcp",
+                ],
+                "--listen",
+            ),
+            (
+                &["--listen", "127.0.0.1:1", "--health-check", "tcp"],
+                "--backend",
+            ),
+            (
+                &["--listen", "127.0.0.1:1", "--backend", "127.0.0.1:2"],
+                "--health-check",
+            ),
+            (
+                &[
+                    "--listen",
+                    "127.0.0.1:1",
+                    "--backend",
+                    "127.0.0.1:2",
+                    "--health-check",
+                    "tcp",
+                    "--health-rise",
+                    "0",
+                ],
+                "--health-rise",
+            ),
+            (
+                &[
+                    "--listen",
+                    "127.0.0.1:1",
+                    "--backend",
+                    "127.0.0.1:2",
+                    "--health-ca-file",
+                    "/nonexistent/ca.pem",
+                ],
+                "--health-ca-file",
+            ),
+        ];
+        for (args, flag) in cases {
+            let err = parse(args).unwrap_err().to_string();
+            assert!(err.starts_with(flag), "{args:?}: {err}");
+            assert!(!err.contains('\n'), "{err}");
+        }
+    }
+}

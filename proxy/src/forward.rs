@@ -1,0 +1,107 @@
+//! One proxied connection: choose a backend, connect (falling over to the next one on failure,
+//! before the client has seen anything), then copy bytes both ways until both sides are done.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::addr::ClientAddr;
+use crate::backend::{Backend, Backends};
+use crate::metrics::{FailReason, Metrics};
+use crate::net;
+
+/// What every connection task shares.
+pub struct ForwardContext {
+    pub backends: Arc<Backends>,
+    pub metrics: Metrics,
+    pub connect_timeout: Duration,
+    /// Cancelled at the drain deadline: connections close, each after a random delay within
+    /// `close_window`, so clients do not all reconnect in one instant.
+    pub cut: CancellationToken,
+    pub close_window: Duration,
+}
+
+/// Carries one client connection to its end.
+pub async fn serve(client: TcpStream, client_addr: ClientAddr, ctx: Arc<ForwardContext>) {
+    let _active = ActiveConnection::new(&ctx.metrics);
+    if let Err(e) = net::tune(&client) {
+        tracing::debug!(client.addr = %client_addr, error = %e, "cannot tune client socket");
+    }
+    let Some((backend, upstream)) = connect_any(&ctx).await else {
+        ctx.metrics.connection_failed(FailReason::NoBackend);
+        tracing::warn!(client.addr = %client_addr, "no backend could be reached: closing client");
+        return;
+    };
+    let _tracked = backend.track();
+    let dead = backend.death_token();
+    let cut = async {
+        ctx.cut.cancelled().await;
+        let window = ctx.close_window;
+        if !window.is_zero() {
+            let delay = window.mul_f64(rand::thread_rng().gen_range(0.0..1.0));
+            tokio::time::sleep(delay).await;
+        }
+    };
+    let mut client = client;
+    let mut upstream = upstream;
+    tokio::select! {
+        result = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {
+            match result {
+                Ok((up, down)) => ctx.metrics.add_bytes(up, down),
+                Err(e) => tracing::debug!(client.addr = %client_addr, backend = %backend.addr, error = %e, "connection ended with error"),
+            }
+        }
+        _ = dead.cancelled() => {
+            backend.metrics.connections_closed.inc();
+            tracing::debug!(client.addr = %client_addr, backend = %backend.addr, "closing: backend dead");
+        }
+        _ = cut => {
+            tracing::debug!(client.addr = %client_addr, backend = %backend.addr, "closing: drain deadline");
+        }
+    }
+}
+
+/// Tries backends in selection order; each failure marks that backend suspect.
+async fn connect_any(ctx: &ForwardContext) -> Option<(Arc<Backend>, TcpStream)> {
+    for backend in ctx.backends.candidates() {
+        let started = Instant::now();
+        match net::connect(backend.addr.0, ctx.connect_timeout).await {
+            Ok(stream) => {
+                backend
+                    .metrics
+                    .connect_duration
+                    .observe(started.elapsed().as_secs_f64());
+                if let Err(e) = net::tune(&stream) {
+                    tracing::debug!(backend = %backend.addr, error = %e, "cannot tune backend socket");
+                }
+                return Some((backend, stream));
+            }
+            Err(e) => {
+                tracing::warn!(backend = %backend.addr, error = %e, "backend connect failed: trying the next");
+                if backend.suspect().is_some() {
+                    ctx.backends.notify();
+                }
+            }
+        }
+    }
+    None
+}
+
+/// Keeps `connections_active` right on every exit path.
+struct ActiveConnection<'a>(&'a Metrics);
+
+impl<'a> ActiveConnection<'a> {
+    fn new(metrics: &'a Metrics) -> Self {
+        metrics.connections_active.inc();
+        ActiveConnection(metrics)
+    }
+}
+
+impl Drop for ActiveConnection<'_> {
+    fn drop(&mut self) {
+        self.0.connections_active.dec();
+    }
+}

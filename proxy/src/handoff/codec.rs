@@ -1,0 +1,221 @@
+//! The handoff message codec. Pure: bytes in, messages out.
+//!
+//! A frame is `b"KAPH"`, a version byte, a flags byte (0), a big-endian u32 payload length, and
+//! a JSON payload of at most [`MAX_PAYLOAD`] bytes. Listening sockets travel beside the frame as
+//! `SCM_RIGHTS` descriptors, in the order of the `addrs` list of `Sockets` and `Adopt`.
+//! Anything else — wrong magic, unknown version, oversize, malformed JSON — is an error.
+
+use serde::{Deserialize, Serialize};
+
+/// Frame magic.
+pub const MAGIC: &[u8; 4] = b"KAPH";
+/// Protocol version spoken here.
+pub const VERSION: u8 = 1;
+/// Header length: magic, version, flags, length.
+pub const HEADER_LEN: usize = 10;
+/// Largest payload accepted.
+pub const MAX_PAYLOAD: usize = 16 * 1024;
+
+/// A handoff message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Message {
+    /// "What state are you in?"
+    StatusRequest,
+    /// Answer to `StatusRequest`.
+    Status { pid: u32, state: String },
+    /// A starting instance asks for duplicates of the listening sockets bound to `addrs`.
+    ShareRequest { addrs: Vec<String> },
+    /// Listening sockets, one descriptor per entry of `addrs`.
+    Sockets { addrs: Vec<String> },
+    /// A draining instance offers its listening sockets, one descriptor per entry of `addrs`.
+    Adopt { addrs: Vec<String> },
+    /// The receiver now accepts on sockets bound to `held`.
+    Ack { held: Vec<String> },
+    /// The request was refused.
+    Refuse { reason: String },
+}
+
+impl Message {
+    /// How many descriptors travel with this message.
+    pub fn fd_count(&self) -> usize {
+        match self {
+            Message::Sockets { addrs } | Message::Adopt { addrs } => addrs.len(),
+            _ => 0,
+        }
+    }
+}
+
+/// Why bytes are not a valid frame.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("bad magic")]
+    BadMagic,
+    #[error("unsupported protocol version {0}")]
+    Version(u8),
+    #[error("unsupported flags {0:#x}")]
+    Flags(u8),
+    #[error("payload of {0} bytes exceeds the limit")]
+    TooLarge(usize),
+    #[error("malformed payload: {0}")]
+    Payload(String),
+}
+
+/// Encodes a message into one frame.
+pub fn encode(msg: &Message) -> Vec<u8> {
+    let payload = serde_json::to_vec(msg).expect("message serializes");
+    assert!(payload.len() <= MAX_PAYLOAD, "message too large to encode");
+    let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
+    out.extend_from_slice(MAGIC);
+    out.push(VERSION);
+    out.push(0);
+    out.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    out.extend_from_slice(&payload);
+    out
+}
+
+/// Decodes one frame from the front of `buf`: `Ok(None)` when more bytes are needed, else the
+/// message and the bytes it used. Errors are detected as early as the bytes allow.
+pub fn decode(buf: &[u8]) -> Result<Option<(Message, usize)>, DecodeError> {
+    let magic_len = buf.len().min(MAGIC.len());
+    if buf[..magic_len] != MAGIC[..magic_len] {
+        return Err(DecodeError::BadMagic);
+    }
+    if buf.len() > 4 && buf[4] != VERSION {
+        return Err(DecodeError::Version(buf[4]));
+    }
+    if buf.len() > 5 && buf[5] != 0 {
+        return Err(DecodeError::Flags(buf[5]));
+    }
+    if buf.len() < HEADER_LEN {
+        return Ok(None);
+    }
+    let len = u32::from_be_bytes([buf[6], buf[7], buf[8], buf[9]]) as usize;
+    if len > MAX_PAYLOAD {
+        return Err(DecodeError::TooLarge(len));
+    }
+    if buf.len() < HEADER_LEN + len {
+        return Ok(None);
+    }
+    let msg: Message = serde_json::from_slice(&buf[HEADER_LEN..HEADER_LEN + len])
+        .map_err(|e| DecodeError::Payload(e.to_string()))?;
+    if msg.fd_count() > crate::sys::MAX_FDS {
+        return Err(DecodeError::Payload(format!(
+            "{} sockets in one message",
+            msg.fd_count()
+        )));
+    }
+    Ok(Some((msg, HEADER_LEN + len)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    fn all_messages() -> Vec<Message> {
+        vec![
+            Message::StatusRequest,
+            Message::Status {
+                pid: 42,
+                state: "Serving".into(),
+            },
+            Message::ShareRequest {
+                addrs: vec!["127.0.0.1:6443".into(), "[::1]:6443".into()],
+            },
+            Message::Sockets {
+                addrs: vec!["127.0.0.1:6443".into()],
+            },
+            Message::Adopt { addrs: vec![] },
+            Message::Ack {
+                held: vec!["127.0.0.1:6443".into()],
+            },
+            Message::Refuse {
+                reason: "not serving".into(),
+            },
+        ]
+    }
+
+    #[test]
+    fn round_trip_and_every_prefix_is_incomplete() {
+        for msg in all_messages() {
+            let frame = encode(&msg);
+            assert_eq!(decode(&frame).unwrap(), Some((msg.clone(), frame.len())));
+            for cut in 0..frame.len() {
+                assert_eq!(decode(&frame[..cut]).unwrap(), None, "{msg:?} cut at {cut}");
+            }
+            let mut two = frame.clone();
+            two.extend_from_slice(&frame);
+            assert_eq!(decode(&two).unwrap().unwrap().1, frame.len());
+        }
+    }
+
+    #[test]
+    fn rejects_bad_headers_early() {
+        assert_eq!(decode(b"GET / HTTP/1.1\r\n"), Err(DecodeError::BadMagic));
+        assert_eq!(decode(b"KAPX"), Err(DecodeError::BadMagic));
+        assert_eq!(decode(b"KAPH\x02"), Err(DecodeError::Version(2)));
+        assert_eq!(decode(b"KAPH\x01\x01"), Err(DecodeError::Flags(1)));
+        let mut big = b"KAPH\x01\x00".to_vec();
+        big.extend_from_slice(&(MAX_PAYLOAD as u32 + 1).to_be_bytes());
+        assert_eq!(decode(&big), Err(DecodeError::TooLarge(MAX_PAYLOAD + 1)));
+        big.truncate(6);
+        big.extend_from_slice(&u32::MAX.to_be_bytes());
+        assert!(matches!(decode(&big), Err(DecodeError::TooLarge(_))));
+    }
+
+    #[test]
+    fn rejects_malformed_payloads() {
+        for payload in [
+            &b"{}"[..],
+            b"not json",
+            br#"{"type":"nope"}"#,
+            br#"{"type":"ack"}"#,
+            br#"{"type":"ack","held":"x"}"#,
+        ] {
+            let mut frame = b"KAPH\x01\x00".to_vec();
+            frame.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+            frame.extend_from_slice(payload);
+            assert!(
+                matches!(decode(&frame), Err(DecodeError::Payload(_))),
+                "{payload:?}"
+            );
+        }
+        let many = Message::Adopt {
+            addrs: vec!["127.0.0.1:1".into(); crate::sys::MAX_FDS + 1],
+        };
+        assert!(matches!(
+            decode(&encode(&many)),
+            Err(DecodeError::Payload(_))
+        ));
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_panic() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(0x6b6170);
+        for i in 0..20_000 {
+            let len = rng.gen_range(0..64);
+            let mut buf: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+            if i % 2 == 0 {
+                // Valid header, random payload: exercises the JSON path.
+                let mut frame = b"KAPH\x01\x00".to_vec();
+                frame.extend_from_slice(&(buf.len() as u32).to_be_bytes());
+                frame.append(&mut buf);
+                buf = frame;
+            }
+            let _ = decode(&buf);
+        }
+        // Mutations of valid frames.
+        for msg in all_messages() {
+            let frame = encode(&msg);
+            for _ in 0..2_000 {
+                let mut f = frame.clone();
+                let at = rng.gen_range(0..f.len());
+                f[at] = rng.gen();
+                if let Ok(Some((_, used))) = decode(&f) {
+                    assert!(used <= f.len());
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,393 @@
+//! Listener handoff between instances on one node, over Unix sockets in `--handoff-dir`.
+//!
+//! Every instance serves `<dir>/kap-<pid>-<n>.sock` (0600; the directory 0700). Two exchanges:
+//!
+//! - **Share** (a new instance, once a backend is healthy): `ShareRequest` → `Sockets` with
+//!   duplicates of the peer's listening sockets. Both then accept from one kernel queue.
+//! - **Adopt** (a draining instance): `StatusRequest` → `Status`; to a `Serving` peer, `Adopt`
+//!   with our sockets → `Ack` naming the addresses it now holds. Only then do we stop accepting.
+//!
+//! Peers are authenticated with `SO_PEERCRED` on both ends (our uid, or `--handoff-allow-uid`).
+//! Received sockets are verified (listening TCP, bound to one of our `--listen` addresses) and
+//! deduplicated by identity. See `docs/handoff.md`.
+
+pub mod codec;
+mod peer;
+pub mod wire;
+
+use std::collections::HashSet;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::net::UnixListener;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::addr::ListenAddr;
+use crate::config::HandoffConfig;
+use crate::lifecycle::State;
+use crate::listener::Listeners;
+use crate::metrics::Metrics;
+use crate::sys;
+
+pub use codec::Message;
+
+/// Time one exchange with a peer may take.
+pub const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Pause between rounds of looking for a Serving peer while draining.
+pub const RETRY_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Why the handoff socket could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum HandoffError {
+    #[error("--handoff-dir {dir}: {message}")]
+    Dir { dir: String, message: String },
+    #[error("--handoff-dir {dir}: {source}")]
+    Io {
+        dir: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// The handoff side of one instance.
+pub struct Handoff {
+    dir: PathBuf,
+    path: PathBuf,
+    allowed_uids: HashSet<u32>,
+    listen: HashSet<ListenAddr>,
+    listeners: Arc<Listeners>,
+    state: watch::Receiver<State>,
+    metrics: Metrics,
+    stop: CancellationToken,
+    /// What we last learned of each peer, for `/status`.
+    peers: Mutex<Vec<serde_json::Value>>,
+}
+
+impl Handoff {
+    /// Prepares the directory, binds our socket and starts serving peers.
+    pub fn start(
+        config: HandoffConfig,
+        listen: Vec<ListenAddr>,
+        listeners: Arc<Listeners>,
+        state: watch::Receiver<State>,
+        metrics: Metrics,
+    ) -> Result<Arc<Self>, HandoffError> {
+        let dir = config.dir.clone();
+        let dir_err = |source| HandoffError::Io {
+            dir: dir.display().to_string(),
+            source,
+        };
+        prepare_dir(&dir)?;
+        let uid = nix::unistd::geteuid().as_raw();
+        let mut allowed_uids: HashSet<u32> = config.allow_uids.iter().copied().collect();
+        allowed_uids.insert(uid);
+
+        // Bind under a temporary name, restrict, listen, then rename into place: a peer never
+        // sees a socket file that refuses connections (which it would take for stale).
+        let name = format!("kap-{}-{}.sock", std::process::id(), rand::random::<u32>());
+        let path = dir.join(&name);
+        let tmp = dir.join(format!(".{name}.tmp"));
+        let _ = std::fs::remove_file(&tmp);
+        let std_listener = std::os::unix::net::UnixListener::bind(&tmp).map_err(dir_err)?;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600)).map_err(dir_err)?;
+        std_listener.set_nonblocking(true).map_err(dir_err)?;
+        std::fs::rename(&tmp, &path).map_err(dir_err)?;
+        let listener = UnixListener::from_std(std_listener).map_err(dir_err)?;
+
+        let handoff = Arc::new(Handoff {
+            dir,
+            path,
+            allowed_uids,
+            listen: listen.into_iter().collect(),
+            listeners,
+            state,
+            metrics,
+            stop: CancellationToken::new(),
+            peers: Mutex::new(Vec::new()),
+        });
+        tracing::info!(socket = %handoff.path.display(), "handoff socket listening");
+        tokio::spawn(peer::serve(handoff.clone(), listener));
+        Ok(handoff)
+    }
+
+    /// Stops serving peers and removes our socket file.
+    pub fn close(&self) {
+        self.stop.cancel();
+        let _ = std::fs::remove_file(&self.path);
+    }
+
+    /// Asks every live peer for its listening sockets; returns the verified ones, at most one
+    /// per address we do not hold yet.
+    pub async fn share_from_peers(&self) -> Vec<(ListenAddr, std::net::TcpListener)> {
+        let wanted: Vec<String> = self.listen.iter().map(|a| a.to_string()).collect();
+        let mut got: Vec<(ListenAddr, std::net::TcpListener)> = Vec::new();
+        for path in self.peer_paths() {
+            let covered: HashSet<ListenAddr> = got.iter().map(|(a, _)| *a).collect();
+            if self.listen.iter().all(|a| covered.contains(a)) {
+                break;
+            }
+            let request = Message::ShareRequest {
+                addrs: wanted.clone(),
+            };
+            match self.exchange(&path, &request, &[]).await {
+                Ok((Message::Sockets { addrs }, fds)) => {
+                    let verified = self.verify(&addrs, fds);
+                    let n = verified.len();
+                    for (addr, socket) in verified {
+                        if !got.iter().any(|(a, _)| *a == addr) {
+                            got.push((addr, socket));
+                        }
+                    }
+                    self.metrics.handoff("share_received", "ok");
+                    tracing::info!(peer = %path.display(), sockets = n, "handoff: sockets shared by peer");
+                }
+                Ok((other, _)) => {
+                    self.metrics.handoff("share_received", "error");
+                    tracing::warn!(peer = %path.display(), answer = ?other, "handoff: unexpected answer to share request");
+                }
+                Err(e) => {
+                    self.metrics.handoff("share_received", "error");
+                    tracing::warn!(peer = %path.display(), error = %e, "handoff: share request failed");
+                }
+            }
+        }
+        got
+    }
+
+    /// Draining: offers our sockets to a Serving peer until one acknowledges all of them or
+    /// `deadline` passes. Returns whether a peer took them.
+    pub async fn hand_over(&self, deadline: Instant) -> bool {
+        let mut rounds = 0u64;
+        loop {
+            let held = match self.listeners.duplicates() {
+                Ok(h) => h,
+                Err(e) => {
+                    tracing::warn!(error = %e, "handoff: cannot duplicate listening sockets");
+                    return false;
+                }
+            };
+            if held.is_empty() {
+                return true;
+            }
+            for path in self.peer_paths() {
+                match self.offer(&path, &held).await {
+                    Ok(true) => {
+                        self.metrics.handoff("adopt_sent", "ok");
+                        tracing::info!(peer = %path.display(), sockets = held.len(), "handoff: listening sockets adopted by peer");
+                        return true;
+                    }
+                    Ok(false) => {}
+                    Err(e) => {
+                        self.metrics.handoff("adopt_sent", "error");
+                        tracing::debug!(peer = %path.display(), error = %e, "handoff: offer failed");
+                    }
+                }
+            }
+            if rounds == 0 {
+                tracing::info!(
+                    "handoff: no serving peer yet; still accepting while looking for one"
+                );
+            }
+            rounds += 1;
+            if Instant::now() + RETRY_INTERVAL >= deadline {
+                self.metrics.handoff("adopt_sent", "no_peer");
+                tracing::warn!(
+                    "handoff: no serving peer before the drain deadline; closing listeners"
+                );
+                return false;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(RETRY_INTERVAL) => {}
+                _ = tokio::time::sleep_until(deadline) => return false,
+            }
+        }
+    }
+
+    /// One offer to one peer: `Ok(true)` when it acknowledged every address we hold.
+    async fn offer(
+        &self,
+        path: &Path,
+        held: &[(ListenAddr, OwnedFd)],
+    ) -> Result<bool, wire::WireError> {
+        let (status, _) = self.exchange(path, &Message::StatusRequest, &[]).await?;
+        let Message::Status { state, .. } = status else {
+            return Ok(false);
+        };
+        if state != State::Serving.as_str() {
+            return Ok(false);
+        }
+        let addrs: Vec<String> = held.iter().map(|(a, _)| a.to_string()).collect();
+        let fds: Vec<_> = held.iter().map(|(_, fd)| fd.as_fd()).collect();
+        match self
+            .exchange(
+                path,
+                &Message::Adopt {
+                    addrs: addrs.clone(),
+                },
+                &fds,
+            )
+            .await?
+        {
+            (Message::Ack { held: acked }, _) => Ok(addrs.iter().all(|a| acked.contains(a))),
+            (Message::Refuse { reason }, _) => {
+                tracing::info!(peer = %path.display(), reason, "handoff: peer refused adoption");
+                Ok(false)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    /// Connects to a peer, checks its credentials, sends one message, reads one answer.
+    async fn exchange(
+        &self,
+        path: &Path,
+        msg: &Message,
+        fds: &[std::os::fd::BorrowedFd<'_>],
+    ) -> Result<(Message, Vec<OwnedFd>), wire::WireError> {
+        let work = async {
+            let stream = match tokio::net::UnixStream::connect(path).await {
+                Ok(s) => s,
+                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                    // Nobody listens: the instance is gone (sockets are renamed into place only
+                    // once listening, so this is never one that is starting).
+                    tracing::info!(socket = %path.display(), "handoff: removing stale peer socket");
+                    let _ = std::fs::remove_file(path);
+                    return Err(e.into());
+                }
+                Err(e) => return Err(e.into()),
+            };
+            let cred = sys::peer_credentials(stream.as_fd())?;
+            if !self.allowed_uids.contains(&cred.uid()) {
+                self.metrics.handoff_peers_refused.inc();
+                tracing::warn!(peer = %path.display(), uid = cred.uid(), "handoff: peer socket owned by a uid not allowed");
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    "peer uid not allowed",
+                )
+                .into());
+            }
+            wire::send(&stream, msg, fds).await?;
+            let answer = wire::recv(&stream).await?;
+            self.remember_peer(path, &answer.0, cred.pid());
+            Ok(answer)
+        };
+        match tokio::time::timeout(EXCHANGE_TIMEOUT, work).await {
+            Ok(r) => r,
+            Err(_) => Err(wire::WireError::Timeout),
+        }
+    }
+
+    fn remember_peer(&self, path: &Path, answer: &Message, pid: i32) {
+        let last = match answer {
+            Message::Status { state, .. } => format!("status {state}"),
+            Message::Sockets { addrs } => format!("shared {} sockets", addrs.len()),
+            Message::Ack { held } => format!("adopted {} sockets", held.len()),
+            Message::Refuse { reason } => format!("refused: {reason}"),
+            other => format!("{other:?}"),
+        };
+        let mut peers = self.peers.lock().expect("peers lock");
+        let socket = path.display().to_string();
+        peers.retain(|p| p["socket"] != socket.as_str());
+        peers.push(serde_json::json!({ "socket": socket, "pid": pid, "last_exchange": last }));
+    }
+
+    /// Peer socket files in the directory, ours excluded.
+    fn peer_paths(&self) -> Vec<PathBuf> {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return Vec::new();
+        };
+        let mut paths: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok())
+            .map(|e| e.path())
+            .filter(|p| {
+                p != &self.path
+                    && p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with("kap-") && n.ends_with(".sock"))
+            })
+            .collect();
+        paths.sort();
+        paths
+    }
+
+    /// Turns received descriptors into listeners we may use: listening TCP sockets bound to one
+    /// of our `--listen` addresses, matching the address announced for them. Others are closed.
+    fn verify(
+        &self,
+        addrs: &[String],
+        fds: Vec<OwnedFd>,
+    ) -> Vec<(ListenAddr, std::net::TcpListener)> {
+        let mut out = Vec::new();
+        for (announced, fd) in addrs.iter().zip(fds) {
+            match sys::listening_tcp_addr(fd.as_fd()) {
+                Ok(actual)
+                    if self.listen.contains(&ListenAddr(actual))
+                        && announced.parse().ok() == Some(actual) =>
+                {
+                    out.push((ListenAddr(actual), std::net::TcpListener::from(fd)));
+                }
+                Ok(actual) => {
+                    self.metrics.handoff_messages_rejected.inc();
+                    tracing::warn!(announced, actual = %actual, "handoff: received socket is not one of our --listen addresses; closed");
+                }
+                Err(e) => {
+                    self.metrics.handoff_messages_rejected.inc();
+                    tracing::warn!(announced, error = %e, "handoff: received descriptor is not a listening TCP socket; closed");
+                }
+            }
+        }
+        out
+    }
+
+    /// Peers as last seen, for `/status`.
+    pub fn peers_json(&self) -> serde_json::Value {
+        serde_json::Value::Array(self.peers.lock().expect("peers lock").clone())
+    }
+}
+
+/// Creates the directory 0700 if missing; refuses a non-directory, a symlink, or a directory
+/// writable by group or others.
+fn prepare_dir(dir: &Path) -> Result<(), HandoffError> {
+    let err = |message: String| HandoffError::Dir {
+        dir: dir.display().to_string(),
+        message,
+    };
+    match std::fs::symlink_metadata(dir) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|e| err(format!("cannot create: {e}")))?;
+        }
+        Err(e) => return Err(err(e.to_string())),
+        Ok(meta) => {
+            if meta.file_type().is_symlink() {
+                return Err(err("is a symbolic link".into()));
+            }
+            if !meta.is_dir() {
+                return Err(err("is not a directory".into()));
+            }
+            if meta.mode() & 0o022 != 0 {
+                return Err(err(format!(
+                    "mode {:o} lets other users replace sockets (use 0700)",
+                    meta.mode() & 0o7777
+                )));
+            }
+            let uid = nix::unistd::geteuid().as_raw();
+            if meta.uid() != uid && meta.uid() != 0 {
+                return Err(err(format!(
+                    "owned by uid {}, not by us ({uid}) or root",
+                    meta.uid()
+                )));
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,155 @@
+//! The serving side of the handoff socket: one request per connection, answered or refused.
+
+use std::os::fd::AsFd;
+use std::sync::Arc;
+
+use tokio::net::{UnixListener, UnixStream};
+
+use super::codec::Message;
+use super::{wire, Handoff, EXCHANGE_TIMEOUT};
+use crate::lifecycle::State;
+use crate::sys;
+
+/// Accepts peer connections until the handoff is closed.
+pub(super) async fn serve(handoff: Arc<Handoff>, listener: UnixListener) {
+    loop {
+        let stream = tokio::select! {
+            _ = handoff.stop.cancelled() => return,
+            r = listener.accept() => match r {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "handoff: accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let handoff = handoff.clone();
+        tokio::spawn(async move {
+            if tokio::time::timeout(EXCHANGE_TIMEOUT, answer(&handoff, stream))
+                .await
+                .is_err()
+            {
+                handoff.metrics.handoff_messages_rejected.inc();
+                tracing::warn!("handoff: peer too slow; connection closed");
+            }
+        });
+    }
+}
+
+async fn answer(handoff: &Handoff, stream: UnixStream) {
+    let cred = match sys::peer_credentials(stream.as_fd()) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(error = %e, "handoff: cannot read peer credentials; refused");
+            handoff.metrics.handoff_peers_refused.inc();
+            return;
+        }
+    };
+    if !handoff.allowed_uids.contains(&cred.uid()) {
+        handoff.metrics.handoff_peers_refused.inc();
+        tracing::warn!(
+            peer.pid = cred.pid(),
+            peer.uid = cred.uid(),
+            "handoff: peer uid not allowed; refused"
+        );
+        return;
+    }
+    let (request, fds) = match wire::recv(&stream).await {
+        Ok(m) => m,
+        Err(e) => {
+            handoff.metrics.handoff_messages_rejected.inc();
+            tracing::warn!(peer.pid = cred.pid(), error = %e, "handoff: bad message rejected");
+            return;
+        }
+    };
+    let state = *handoff.state.borrow();
+    let reply = match request {
+        Message::StatusRequest => Message::Status {
+            pid: std::process::id(),
+            state: state.as_str().to_string(),
+        },
+        Message::ShareRequest { addrs } => {
+            return share(handoff, &stream, state, &addrs, cred.pid()).await;
+        }
+        Message::Adopt { addrs } => adopt(handoff, state, &addrs, fds, cred.pid()),
+        other => {
+            handoff.metrics.handoff_messages_rejected.inc();
+            tracing::warn!(peer.pid = cred.pid(), message = ?other, "handoff: unexpected message rejected");
+            Message::Refuse {
+                reason: "unexpected message".into(),
+            }
+        }
+    };
+    if let Err(e) = wire::send(&stream, &reply, &[]).await {
+        tracing::debug!(error = %e, "handoff: cannot answer peer");
+    }
+}
+
+/// Sends duplicates of our sockets for the asked addresses (while Serving or Draining).
+async fn share(handoff: &Handoff, stream: &UnixStream, state: State, asked: &[String], pid: i32) {
+    let held = if matches!(state, State::Serving | State::Draining) {
+        handoff.listeners.duplicates().unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    let give: Vec<_> = held
+        .into_iter()
+        .filter(|(addr, _)| asked.iter().any(|a| *a == addr.to_string()))
+        .collect();
+    let addrs = give.iter().map(|(a, _)| a.to_string()).collect();
+    let fds: Vec<_> = give.iter().map(|(_, fd)| fd.as_fd()).collect();
+    match wire::send(stream, &Message::Sockets { addrs }, &fds).await {
+        Ok(()) => {
+            handoff.metrics.handoff("share_sent", "ok");
+            tracing::info!(
+                peer.pid = pid,
+                sockets = fds.len(),
+                "handoff: shared listening sockets with peer"
+            );
+        }
+        Err(e) => {
+            handoff.metrics.handoff("share_sent", "error");
+            tracing::warn!(peer.pid = pid, error = %e, "handoff: sharing failed");
+        }
+    }
+}
+
+/// Takes over a draining peer's sockets (only while Serving).
+fn adopt(
+    handoff: &Handoff,
+    state: State,
+    addrs: &[String],
+    fds: Vec<std::os::fd::OwnedFd>,
+    pid: i32,
+) -> Message {
+    if state != State::Serving {
+        handoff.metrics.handoff("adopt_received", "refused");
+        return Message::Refuse {
+            reason: format!("not serving ({state})"),
+        };
+    }
+    // Acknowledge exactly the sockets we now accept on (newly held, or held already because
+    // they were shared with us at start): the peer closes only those.
+    let mut fresh = 0;
+    let mut held = Vec::new();
+    for (addr, socket) in handoff.verify(addrs, fds) {
+        match handoff.listeners.hold(addr, socket, "adopted") {
+            Ok(new) => {
+                fresh += usize::from(new);
+                held.push(addr.to_string());
+            }
+            Err(e) => {
+                tracing::warn!(listen.addr = %addr, error = %e, "handoff: cannot accept on adopted socket")
+            }
+        }
+    }
+    handoff.metrics.handoff("adopt_received", "ok");
+    tracing::info!(
+        peer.pid = pid,
+        offered = addrs.len(),
+        new = fresh,
+        "handoff: adopted peer's listening sockets"
+    );
+    Message::Ack { held }
+}

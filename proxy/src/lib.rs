@@ -1,0 +1,52 @@
+//! kube-apiserver-proxy: a health-gated TCP front proxy for kube-apiserver that hands its
+//! listening sockets to its successor, so an apiserver rollout refuses, resets and times out
+//! no connection — even on a single controller node.
+//!
+//! TLS passes through untouched. Each instance binds the node address with `SO_REUSEPORT`
+//! only once a backend is healthy, forwards to healthy apiservers on loopback addresses, and at
+//! shutdown gives its listening sockets to a serving peer over a Unix socket (`SCM_RIGHTS`).
+//!
+//! # Layout
+//!
+//! - [`cli`]: clap definitions of the subcommands and flags.
+//! - [`config`]: typed configuration built from the flags; every input error is found here.
+//! - [`addr`]: newtypes for listen, backend, client and admin addresses.
+//! - [`server`]: `run`, driving one instance through its lifecycle.
+//! - [`lifecycle`]: the lifecycle states on a watch channel.
+//! - [`signal`]: SIGTERM/SIGINT mapped to intent.
+//! - [`listener`]: held listening sockets and their accept loops.
+//! - [`forward`]: one proxied connection, from backend choice to the last byte.
+//! - [`backend`]: the backend set and the selection rule.
+//! - [`health`]: the pure rise/fall health state machine.
+//! - [`check`]: active https/tls/tcp health checks.
+//! - [`net`]: TCP socket options and binding.
+//! - [`tls`]: PEM loading and the health-check TLS client config.
+//! - [`handoff`]: listener handoff between instances (codec, wire, peer server).
+//! - [`sys`]: the only `unsafe`: raw descriptor work (`SO_COOKIE`, `SCM_RIGHTS`).
+//! - [`admin`]: `/metrics`, `/healthz`, `/readyz`, `/status`.
+//! - [`metrics`]: every Prometheus metric, in one struct.
+//! - [`probe`]: the `probe` subcommand for exec probes.
+//! - [`fsutil`]: atomic file writes.
+
+#![deny(unsafe_code)]
+
+pub mod addr;
+pub mod admin;
+pub mod backend;
+pub mod check;
+pub mod cli;
+pub mod config;
+pub mod forward;
+pub mod fsutil;
+pub mod handoff;
+pub mod health;
+pub mod lifecycle;
+pub mod listener;
+pub mod metrics;
+pub mod net;
+pub mod probe;
+pub mod server;
+pub mod signal;
+#[allow(unsafe_code)]
+pub mod sys;
+pub mod tls;

@@ -1,0 +1,214 @@
+//! The listening sockets this instance holds, and the accept loop on each.
+//!
+//! A socket may be bound here or received from a peer; several holders then accept from one
+//! kernel queue. Sockets are deduplicated by identity, so repeated handoffs never pile up. A
+//! shared listener is never `shutdown()` (that would break it for every holder): stopping means
+//! no longer accepting and closing our own descriptors.
+
+use std::collections::HashSet;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::addr::{ClientAddr, ListenAddr};
+use crate::forward::{self, ForwardContext};
+use crate::metrics::FailReason;
+use crate::sys::{self, SocketIdentity};
+
+/// One held listening socket, as `/status` shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ListenerInfo {
+    pub address: String,
+    pub cookie: u64,
+    pub inode: u64,
+    /// `bound` here, or `shared`/`adopted` from a peer.
+    pub origin: &'static str,
+}
+
+struct Entry {
+    addr: ListenAddr,
+    identity: SocketIdentity,
+    origin: &'static str,
+    /// A duplicate kept for sending to peers; the accept task owns the other descriptor.
+    fd: OwnedFd,
+    stop: CancellationToken,
+}
+
+/// The listening sockets held by this instance.
+pub struct Listeners {
+    entries: Mutex<Vec<Entry>>,
+    ctx: Arc<ForwardContext>,
+    limit: Arc<Semaphore>,
+    /// Connection tasks; drained at shutdown.
+    pub connections: TaskTracker,
+    accept_loops: TaskTracker,
+}
+
+impl Listeners {
+    pub fn new(ctx: Arc<ForwardContext>, max_connections: u32) -> Self {
+        Listeners {
+            entries: Mutex::new(Vec::new()),
+            ctx,
+            limit: Arc::new(Semaphore::new(max_connections as usize)),
+            connections: TaskTracker::new(),
+            accept_loops: TaskTracker::new(),
+        }
+    }
+
+    /// Starts accepting on `socket` unless the same socket is already held. Returns whether it
+    /// was new. `origin` says where it came from (`bound`, `shared`, `adopted`).
+    pub fn hold(
+        &self,
+        addr: ListenAddr,
+        socket: std::net::TcpListener,
+        origin: &'static str,
+    ) -> io::Result<bool> {
+        let identity = sys::identity(socket.as_fd())?;
+        let mut entries = self.entries.lock().expect("listeners lock");
+        if entries.iter().any(|e| e.identity == identity) {
+            return Ok(false);
+        }
+        socket.set_nonblocking(true)?;
+        let fd = socket.as_fd().try_clone_to_owned()?;
+        let listener = TcpListener::from_std(socket)?;
+        let stop = CancellationToken::new();
+        self.accept_loops.spawn(accept_loop(
+            listener,
+            addr,
+            stop.clone(),
+            self.ctx.clone(),
+            self.limit.clone(),
+            self.connections.clone(),
+        ));
+        tracing::info!(listen.addr = %addr, cookie = identity.cookie, inode = identity.inode, origin, "listening");
+        entries.push(Entry {
+            addr,
+            identity,
+            origin,
+            fd,
+            stop,
+        });
+        self.ctx.metrics.listening_sockets.set(entries.len() as i64);
+        Ok(true)
+    }
+
+    /// Addresses for which at least one socket is held.
+    pub fn addresses(&self) -> HashSet<ListenAddr> {
+        self.entries
+            .lock()
+            .expect("listeners lock")
+            .iter()
+            .map(|e| e.addr)
+            .collect()
+    }
+
+    /// What `/status` shows.
+    pub fn info(&self) -> Vec<ListenerInfo> {
+        self.entries
+            .lock()
+            .expect("listeners lock")
+            .iter()
+            .map(|e| ListenerInfo {
+                address: e.addr.to_string(),
+                cookie: e.identity.cookie,
+                inode: e.identity.inode,
+                origin: e.origin,
+            })
+            .collect()
+    }
+
+    /// Duplicates of every held socket, for sending to a peer.
+    pub fn duplicates(&self) -> io::Result<Vec<(ListenAddr, OwnedFd)>> {
+        self.entries
+            .lock()
+            .expect("listeners lock")
+            .iter()
+            .map(|e| Ok((e.addr, e.fd.try_clone()?)))
+            .collect()
+    }
+
+    /// Stops accepting on every socket and closes our descriptors (never `shutdown()`).
+    pub async fn stop_all(&self) {
+        let entries: Vec<Entry> =
+            std::mem::take(&mut *self.entries.lock().expect("listeners lock"));
+        for e in &entries {
+            e.stop.cancel();
+        }
+        self.accept_loops.close();
+        self.accept_loops.wait().await;
+        drop(entries);
+        self.ctx.metrics.listening_sockets.set(0);
+    }
+}
+
+/// Errors that mean "out of a resource": back off instead of spinning.
+fn is_exhaustion(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
+}
+
+const BACKOFF_MIN: Duration = Duration::from_millis(5);
+const BACKOFF_MAX: Duration = Duration::from_secs(1);
+const ERROR_LOG_EVERY: Duration = Duration::from_secs(5);
+
+async fn accept_loop(
+    listener: TcpListener,
+    addr: ListenAddr,
+    stop: CancellationToken,
+    ctx: Arc<ForwardContext>,
+    limit: Arc<Semaphore>,
+    connections: TaskTracker,
+) {
+    let mut backoff = BACKOFF_MIN;
+    let mut last_log: Option<Instant> = None;
+    let mut suppressed = 0u64;
+    loop {
+        let accepted = tokio::select! {
+            biased;
+            _ = stop.cancelled() => break,
+            r = listener.accept() => r,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                backoff = BACKOFF_MIN;
+                ctx.metrics.connections_accepted.inc();
+                let Ok(permit) = limit.clone().try_acquire_owned() else {
+                    ctx.metrics.connection_failed(FailReason::MaxConnections);
+                    drop(stream);
+                    continue;
+                };
+                let ctx = ctx.clone();
+                connections.spawn(async move {
+                    forward::serve(stream, ClientAddr(peer), ctx).await;
+                    drop(permit);
+                });
+            }
+            Err(e) => {
+                ctx.metrics.connection_failed(FailReason::AcceptError);
+                if last_log.is_none_or(|t| t.elapsed() >= ERROR_LOG_EVERY) {
+                    tracing::warn!(listen.addr = %addr, error = %e, suppressed, "accept failed");
+                    last_log = Some(Instant::now());
+                    suppressed = 0;
+                } else {
+                    suppressed += 1;
+                }
+                if is_exhaustion(&e) {
+                    tokio::select! {
+                        _ = stop.cancelled() => break,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                }
+            }
+        }
+    }
+    tracing::debug!(listen.addr = %addr, "accept loop stopped");
+}

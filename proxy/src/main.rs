@@ -1,0 +1,75 @@
+//! The `kube-apiserver-proxy` binary: parse, set up logging, run, map errors to exit codes.
+//!
+//! Exit codes: 0 success, 1 runtime failure, 2 bad input (nothing was bound).
+
+#![forbid(unsafe_code)]
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
+use clap::Parser;
+use kube_apiserver_proxy::cli::{Cli, Command, LogFormat};
+use kube_apiserver_proxy::config::Config;
+use kube_apiserver_proxy::{probe, server, signal};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Command::Probe(args)) => run_probe(&args),
+        Some(Command::Run(args)) => run(*args),
+        None => run(cli.run),
+    }
+}
+
+fn run(args: kube_apiserver_proxy::cli::RunArgs) -> ExitCode {
+    let config = match Config::try_from(args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    init_tracing(config.log_format, &config.log_level);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    match runtime.block_on(server::run(
+        config,
+        prometheus::Registry::new(),
+        signal::shutdown(),
+    )) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = format!("{:#}", anyhow::Error::from(e)), "exiting");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_probe(args: &kube_apiserver_proxy::cli::ProbeArgs) -> ExitCode {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let result =
+        probe::target(args).and_then(|url| runtime.block_on(probe::probe(&url, args.timeout)));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("probe failed: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_tracing(format: LogFormat, level: &str) {
+    let filter = tracing_subscriber::EnvFilter::new(level);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}

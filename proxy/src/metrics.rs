@@ -1,0 +1,301 @@
+//! All Prometheus metrics, in one struct registered on a passed-in registry.
+//!
+//! Names are constants here and nowhere else; the hot path holds pre-resolved handles (no label
+//! lookups per connection).
+
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry,
+};
+
+use crate::addr::BackendAddr;
+
+/// Prefix of every metric name.
+pub const PREFIX: &str = "kube_apiserver_proxy";
+
+pub const CONNECTIONS_ACCEPTED: &str = "connections_accepted_total";
+pub const CONNECTIONS_ACTIVE: &str = "connections_active";
+pub const CONNECTIONS_FAILED: &str = "connections_failed_total";
+pub const BYTES: &str = "bytes_total";
+pub const BACKEND_UP: &str = "backend_up";
+pub const BACKEND_ACTIVE: &str = "backend_active_connections";
+pub const BACKEND_CONNECT_FAILURES: &str = "backend_connect_failures_total";
+pub const BACKEND_CONNECT_DURATION: &str = "backend_connect_duration_seconds";
+pub const BACKEND_CONNECTIONS_CLOSED: &str = "backend_connections_closed_total";
+pub const HEALTH_CHECKS: &str = "health_checks_total";
+pub const LIFECYCLE_STATE: &str = "lifecycle_state";
+pub const BUILD_INFO: &str = "build_info";
+pub const HANDOFFS: &str = "handoffs_total";
+pub const HANDOFF_PEERS_REFUSED: &str = "handoff_peers_refused_total";
+pub const HANDOFF_MESSAGES_REJECTED: &str = "handoff_messages_rejected_total";
+pub const LISTENING_SOCKETS: &str = "listening_sockets";
+pub const TCP_MIGRATE_REQ: &str = "tcp_migrate_req";
+pub const ADMIN_REQUESTS_REJECTED: &str = "admin_requests_rejected_total";
+
+/// Why a client connection was not carried.
+#[derive(Debug, Clone, Copy)]
+pub enum FailReason {
+    /// Every backend candidate failed to connect.
+    NoBackend,
+    /// `--max-connections` reached.
+    MaxConnections,
+    /// `accept()` failed (e.g. out of file descriptors).
+    AcceptError,
+}
+
+impl FailReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailReason::NoBackend => "no_backend",
+            FailReason::MaxConnections => "max_connections",
+            FailReason::AcceptError => "accept_error",
+        }
+    }
+}
+
+/// Every metric of the process.
+#[derive(Clone)]
+pub struct Metrics {
+    pub connections_accepted: IntCounter,
+    pub connections_active: IntGauge,
+    connections_failed: IntCounterVec,
+    pub bytes_client_to_backend: IntCounter,
+    pub bytes_backend_to_client: IntCounter,
+    backend_up: IntGaugeVec,
+    backend_active: IntGaugeVec,
+    backend_connect_failures: IntCounterVec,
+    backend_connect_duration: HistogramVec,
+    backend_connections_closed: IntCounterVec,
+    health_checks: IntCounterVec,
+    lifecycle_state: IntGaugeVec,
+    handoffs: IntCounterVec,
+    pub handoff_peers_refused: IntCounter,
+    pub handoff_messages_rejected: IntCounter,
+    pub listening_sockets: IntGauge,
+    pub tcp_migrate_req: IntGauge,
+    pub admin_requests_rejected: IntCounter,
+}
+
+/// Pre-resolved per-backend handles.
+#[derive(Clone)]
+pub struct BackendMetrics {
+    pub up: IntGauge,
+    pub active: IntGauge,
+    pub connect_failures: IntCounter,
+    pub connect_duration: Histogram,
+    pub connections_closed: IntCounter,
+    pub checks_ok: IntCounter,
+    pub checks_not_ready: IntCounter,
+    pub checks_failed: IntCounter,
+    pub checks_refused: IntCounter,
+}
+
+fn opts(name: &str, help: &str) -> Opts {
+    Opts::new(name, help).namespace(PREFIX)
+}
+
+macro_rules! register {
+    ($registry:expr, $metric:expr) => {{
+        let m = $metric.expect("metric definition is valid");
+        $registry
+            .register(Box::new(m.clone()))
+            .expect("metric registered once");
+        m
+    }};
+}
+
+impl Metrics {
+    /// Creates every metric and registers it on `registry`.
+    pub fn new(registry: &Registry) -> Self {
+        let r = registry;
+        let build_info = register!(
+            r,
+            IntGaugeVec::new(
+                opts(BUILD_INFO, "Build information, value 1."),
+                &["version"]
+            )
+        );
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+        let bytes = register!(
+            r,
+            IntCounterVec::new(
+                opts(BYTES, "Bytes forwarded, by direction."),
+                &["direction"]
+            )
+        );
+        Metrics {
+            connections_accepted: register!(
+                r,
+                IntCounter::with_opts(opts(CONNECTIONS_ACCEPTED, "Client connections accepted."))
+            ),
+            connections_active: register!(
+                r,
+                IntGauge::with_opts(opts(
+                    CONNECTIONS_ACTIVE,
+                    "Client connections being carried."
+                ))
+            ),
+            connections_failed: register!(
+                r,
+                IntCounterVec::new(
+                    opts(
+                        CONNECTIONS_FAILED,
+                        "Client connections not carried, by reason."
+                    ),
+                    &["reason"]
+                )
+            ),
+            bytes_client_to_backend: bytes.with_label_values(&["client_to_backend"]),
+            bytes_backend_to_client: bytes.with_label_values(&["backend_to_client"]),
+            backend_up: register!(
+                r,
+                IntGaugeVec::new(
+                    opts(BACKEND_UP, "1 when the backend passes its health check."),
+                    &["backend"]
+                )
+            ),
+            backend_active: register!(
+                r,
+                IntGaugeVec::new(
+                    opts(BACKEND_ACTIVE, "Connections carried to the backend."),
+                    &["backend"]
+                )
+            ),
+            backend_connect_failures: register!(
+                r,
+                IntCounterVec::new(
+                    opts(
+                        BACKEND_CONNECT_FAILURES,
+                        "Failed connects to the backend on client traffic."
+                    ),
+                    &["backend"]
+                )
+            ),
+            backend_connect_duration: register!(
+                r,
+                HistogramVec::new(
+                    HistogramOpts::from(opts(
+                        BACKEND_CONNECT_DURATION,
+                        "Time to connect to the backend."
+                    ))
+                    .buckets(vec![
+                        0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                        0.25, 0.5, 1.0, 2.5
+                    ]),
+                    &["backend"]
+                )
+            ),
+            backend_connections_closed: register!(
+                r,
+                IntCounterVec::new(
+                    opts(
+                        BACKEND_CONNECTIONS_CLOSED,
+                        "Connections closed by the proxy because their backend died."
+                    ),
+                    &["backend"]
+                )
+            ),
+            health_checks: register!(
+                r,
+                IntCounterVec::new(
+                    opts(HEALTH_CHECKS, "Active health checks, by result."),
+                    &["backend", "result"]
+                )
+            ),
+            lifecycle_state: register!(
+                r,
+                IntGaugeVec::new(
+                    opts(LIFECYCLE_STATE, "1 for the current lifecycle state."),
+                    &["state"]
+                )
+            ),
+            handoffs: register!(
+                r,
+                IntCounterVec::new(
+                    opts(HANDOFFS, "Listener handoffs, by direction and result."),
+                    &["direction", "result"]
+                )
+            ),
+            handoff_peers_refused: register!(
+                r,
+                IntCounter::with_opts(opts(
+                    HANDOFF_PEERS_REFUSED,
+                    "Handoff connections refused: peer uid not allowed."
+                ))
+            ),
+            handoff_messages_rejected: register!(
+                r,
+                IntCounter::with_opts(opts(
+                    HANDOFF_MESSAGES_REJECTED,
+                    "Malformed or unexpected handoff messages rejected."
+                ))
+            ),
+            listening_sockets: register!(
+                r,
+                IntGauge::with_opts(opts(LISTENING_SOCKETS, "Listening sockets held."))
+            ),
+            tcp_migrate_req: register!(
+                r,
+                IntGauge::with_opts(opts(
+                    TCP_MIGRATE_REQ,
+                    "Value of net.ipv4.tcp_migrate_req (-1: unknown)."
+                ))
+            ),
+            admin_requests_rejected: register!(
+                r,
+                IntCounter::with_opts(opts(
+                    ADMIN_REQUESTS_REJECTED,
+                    "Admin requests rejected (bad method, path or size)."
+                ))
+            ),
+        }
+    }
+
+    /// Counts a client connection that was not carried.
+    pub fn connection_failed(&self, reason: FailReason) {
+        self.connections_failed
+            .with_label_values(&[reason.as_str()])
+            .inc();
+    }
+
+    /// Handles for one backend.
+    pub fn backend(&self, backend: BackendAddr) -> BackendMetrics {
+        let b = backend.to_string();
+        let check = |result: &str| self.health_checks.with_label_values(&[&b, result]);
+        BackendMetrics {
+            up: self.backend_up.with_label_values(&[&b]),
+            active: self.backend_active.with_label_values(&[&b]),
+            connect_failures: self.backend_connect_failures.with_label_values(&[&b]),
+            connect_duration: self.backend_connect_duration.with_label_values(&[&b]),
+            connections_closed: self.backend_connections_closed.with_label_values(&[&b]),
+            checks_ok: check("ok"),
+            checks_not_ready: check("not_ready"),
+            checks_failed: check("failed"),
+            checks_refused: check("refused"),
+        }
+    }
+
+    /// Sets the lifecycle gauge: 1 for `state`, 0 for every other.
+    pub fn set_state(&self, state: &str, all: &[&str]) {
+        for s in all {
+            self.lifecycle_state
+                .with_label_values(&[s])
+                .set(i64::from(*s == state));
+        }
+    }
+
+    /// Counts a handoff event.
+    pub fn handoff(&self, direction: &str, result: &str) {
+        self.handoffs.with_label_values(&[direction, result]).inc();
+    }
+}
+
+impl Metrics {
+    /// Adds the bytes of one finished connection.
+    pub fn add_bytes(&self, client_to_backend: u64, backend_to_client: u64) {
+        self.bytes_client_to_backend.inc_by(client_to_backend);
+        self.bytes_backend_to_client.inc_by(backend_to_client);
+    }
+}

@@ -1,0 +1,58 @@
+//! TCP socket settings: the public listener and both sides of every proxied connection.
+//!
+//! No idle timeout anywhere: watches, `logs -f` and `exec` live for hours. Dead peers are found
+//! by TCP keepalive and `TCP_USER_TIMEOUT` instead.
+
+use std::io;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use socket2::{Domain, SockRef, Socket, TcpKeepalive, Type};
+use tokio::net::TcpStream;
+
+/// Idle time before the first keepalive probe.
+pub const KEEPALIVE_TIME: Duration = Duration::from_secs(30);
+/// Time between keepalive probes.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+/// Unanswered probes before the connection is dropped.
+pub const KEEPALIVE_RETRIES: u32 = 3;
+/// How long sent data may stay unacknowledged before the kernel drops the connection.
+pub const USER_TIMEOUT: Duration = Duration::from_secs(60);
+/// Accept backlog of the public listener (capped by `net.core.somaxconn`).
+pub const LISTEN_BACKLOG: i32 = 4096;
+
+/// Sets keepalive, `TCP_USER_TIMEOUT` and `TCP_NODELAY` on one side of a proxied connection.
+pub fn tune(stream: &TcpStream) -> io::Result<()> {
+    let sock = SockRef::from(stream);
+    sock.set_nodelay(true)?;
+    sock.set_tcp_keepalive(
+        &TcpKeepalive::new()
+            .with_time(KEEPALIVE_TIME)
+            .with_interval(KEEPALIVE_INTERVAL)
+            .with_retries(KEEPALIVE_RETRIES),
+    )?;
+    sock.set_tcp_user_timeout(Some(USER_TIMEOUT))?;
+    Ok(())
+}
+
+/// Binds a fresh public listener with `SO_REUSEPORT`, so peers can bind the same address.
+pub fn bind_reuseport(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM.cloexec(), None)?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(LISTEN_BACKLOG)?;
+    Ok(socket.into())
+}
+
+/// Connects to `addr` within `timeout`.
+pub async fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
+    match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
+        Ok(result) => result,
+        Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "connect timed out")),
+    }
+}

@@ -1,0 +1,175 @@
+//! The one module with `unsafe`: raw file-descriptor work for the listener handoff.
+//!
+//! Why `unsafe` is needed here and nowhere else:
+//! - `SO_COOKIE` has no safe wrapper in nix or socket2, so it is read with `libc::getsockopt`.
+//! - File descriptors received with `SCM_RIGHTS` arrive as raw integers; turning them into
+//!   `OwnedFd` (so they are closed exactly once) is `unsafe` by nature. It is done immediately
+//!   on receipt, for every descriptor, before anything can fail.
+//!
+//! Everything else (credentials, socket type and state, addresses) uses nix's safe API.
+
+use std::io::{self, IoSlice, IoSliceMut};
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+use nix::sys::socket::{
+    getsockopt, recvmsg, sendmsg, sockopt, ControlMessage, ControlMessageOwned, MsgFlags, SockType,
+    UnixCredentials,
+};
+
+/// `SO_COOKIE` (Linux 4.13+): a 64-bit identity unique to one socket for the boot.
+const SO_COOKIE: libc::c_int = 57;
+
+/// Most descriptors one handoff message may carry.
+pub const MAX_FDS: usize = 64;
+
+/// What identifies one socket across processes: its cookie and its inode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+pub struct SocketIdentity {
+    pub cookie: u64,
+    pub inode: u64,
+}
+
+/// Reads the identity of a socket.
+pub fn identity(fd: BorrowedFd<'_>) -> io::Result<SocketIdentity> {
+    let mut cookie: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: `fd` is a valid open descriptor for the borrow; `cookie` and `len` are valid for
+    // writes of the sizes passed, and the kernel writes at most `len` bytes.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_COOKIE,
+            (&mut cookie as *mut u64).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let stat = nix::sys::stat::fstat(fd.as_raw_fd())?;
+    Ok(SocketIdentity {
+        cookie,
+        inode: stat.st_ino,
+    })
+}
+
+/// Checks that `fd` is a listening TCP socket and returns its bound address.
+pub fn listening_tcp_addr(fd: BorrowedFd<'_>) -> io::Result<SocketAddr> {
+    let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidInput, what.to_string());
+    if getsockopt(&fd, sockopt::SockType).map_err(|_| bad("not a socket"))? != SockType::Stream {
+        return Err(bad("not a stream socket"));
+    }
+    if !getsockopt(&fd, sockopt::AcceptConn)? {
+        return Err(bad("socket is not listening"));
+    }
+    socket2::SockRef::from(&fd)
+        .local_addr()?
+        .as_socket()
+        .ok_or_else(|| bad("not an IP socket"))
+}
+
+/// The credentials of the peer of a connected Unix socket.
+pub fn peer_credentials(fd: BorrowedFd<'_>) -> io::Result<UnixCredentials> {
+    Ok(getsockopt(&fd, sockopt::PeerCredentials)?)
+}
+
+/// Sends `bytes` with `fds` attached (`SCM_RIGHTS`) on a connected Unix stream socket.
+/// Returns the bytes sent (the descriptors travel with the first byte).
+pub fn send_with_fds(
+    sock: BorrowedFd<'_>,
+    bytes: &[u8],
+    fds: &[BorrowedFd<'_>],
+) -> io::Result<usize> {
+    let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+    let cmsgs: Vec<ControlMessage<'_>> = if raw.is_empty() {
+        Vec::new()
+    } else {
+        vec![ControlMessage::ScmRights(&raw)]
+    };
+    let iov = [IoSlice::new(bytes)];
+    Ok(sendmsg::<()>(
+        sock.as_raw_fd(),
+        &iov,
+        &cmsgs,
+        MsgFlags::MSG_NOSIGNAL,
+        None,
+    )?)
+}
+
+/// Receives bytes and any descriptors from a Unix stream socket. Every received descriptor is
+/// owned at once (closed on drop) and carries `CLOEXEC` (`MSG_CMSG_CLOEXEC`). A truncated
+/// control message is an error (some descriptors would have been lost).
+pub fn recv_with_fds(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
+    let mut cmsg = nix::cmsg_space!([RawFd; MAX_FDS]);
+    let mut iov = [IoSliceMut::new(buf)];
+    let msg = recvmsg::<()>(
+        sock.as_raw_fd(),
+        &mut iov,
+        Some(&mut cmsg),
+        MsgFlags::MSG_CMSG_CLOEXEC | MsgFlags::MSG_DONTWAIT,
+    )?;
+    let mut fds = Vec::new();
+    for c in msg.cmsgs()? {
+        if let ControlMessageOwned::ScmRights(received) = c {
+            for fd in received {
+                // SAFETY: the kernel just installed `fd` in our table for this message; nothing
+                // else owns it, and it is wrapped exactly once here.
+                fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
+            }
+        }
+    }
+    if msg.flags.contains(MsgFlags::MSG_CTRUNC) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "control message truncated",
+        ));
+    }
+    Ok((msg.bytes, fds))
+}
+
+/// Reads `net.ipv4.tcp_migrate_req`; `None` when the kernel has no such sysctl.
+pub fn tcp_migrate_req() -> Option<i64> {
+    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_migrate_req")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+}
+
+/// Borrows the descriptor of anything that has one.
+pub fn borrow<T: AsFd>(t: &T) -> BorrowedFd<'_> {
+    t.as_fd()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixStream;
+
+    #[test]
+    fn fds_travel_with_cloexec_and_keep_identity() {
+        let listener = crate::net::bind_reuseport("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (a, b) = UnixStream::pair().unwrap();
+        send_with_fds(a.as_fd(), b"x", &[listener.as_fd()]).unwrap();
+        let mut buf = [0u8; 8];
+        let (n, fds) = recv_with_fds(b.as_fd(), &mut buf).unwrap();
+        assert_eq!((n, fds.len()), (1, 1));
+        let flags = nix::fcntl::fcntl(fds[0].as_raw_fd(), nix::fcntl::FcntlArg::F_GETFD).unwrap();
+        assert!(flags & libc::FD_CLOEXEC != 0);
+        assert_eq!(
+            identity(fds[0].as_fd()).unwrap(),
+            identity(listener.as_fd()).unwrap()
+        );
+        assert_eq!(listening_tcp_addr(fds[0].as_fd()).unwrap(), addr);
+    }
+
+    #[test]
+    fn non_listening_sockets_are_rejected() {
+        let (a, _b) = UnixStream::pair().unwrap();
+        assert!(listening_tcp_addr(a.as_fd()).is_err());
+        let sock =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        assert!(listening_tcp_addr(sock.as_fd()).is_err());
+    }
+}
