@@ -37,19 +37,21 @@ pub struct AdminView {
     pub listeners: Arc<Listeners>,
     pub registry: Registry,
     pub metrics: Metrics,
+    /// Readiness needs the own backend (`--own-backend-file` given), not just any backend.
+    pub own_required: bool,
     /// Peer summary for `/status` (from the handoff module), if handoff is on.
     pub peers: Option<Arc<dyn Fn() -> serde_json::Value + Send + Sync>>,
 }
 
 impl AdminView {
-    /// Ready: Serving, and the own backend is up (or, without an own backend, any backend).
+    /// Ready: Serving, and the own backend is up (or, without `--own-backend-file`, any backend).
     pub fn ready(&self) -> bool {
         if *self.state.borrow() != State::Serving {
             return false;
         }
         let backends = self.backends.snapshot();
         let own: Vec<_> = backends.iter().filter(|b| b.tier == Tier::Own).collect();
-        if own.is_empty() {
+        if own.is_empty() && !self.own_required {
             backends.iter().any(|b| b.health().is_up())
         } else {
             own.iter().any(|b| b.health().is_up())

@@ -8,8 +8,10 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::addr::BackendAddr;
+use crate::check;
 use crate::config::HealthConfig;
 use crate::health::{Health, HealthState, Observation};
 use crate::metrics::{BackendMetrics, Metrics};
@@ -54,17 +56,26 @@ pub struct Backend {
     active: AtomicI64,
     /// Cancelled when the backend dies; connections to it watch it.
     dead: Mutex<CancellationToken>,
+    /// Stops this backend's health checks when it is removed.
+    checks: CancellationToken,
     pub metrics: BackendMetrics,
 }
 
 impl Backend {
-    fn new(addr: BackendAddr, tier: Tier, health: &HealthConfig, metrics: &Metrics) -> Self {
+    fn new(
+        addr: BackendAddr,
+        tier: Tier,
+        health: &HealthConfig,
+        metrics: &Metrics,
+        checks: CancellationToken,
+    ) -> Self {
         Backend {
             addr,
             tier,
             state: Mutex::new(HealthState::new(health.rise, health.fall)),
             active: AtomicI64::new(0),
             dead: Mutex::new(CancellationToken::new()),
+            checks,
             metrics: metrics.backend(addr),
         }
     }
@@ -144,37 +155,86 @@ impl Drop for ActiveGuard {
     }
 }
 
-/// The live set of backends.
+/// The live set of backends, each with its own health-check task.
 pub struct Backends {
     list: RwLock<Arc<Vec<Arc<Backend>>>>,
     /// Bumped on every health change; `wait_healthy` watches it.
     changed: watch::Sender<u64>,
     health: HealthConfig,
     metrics: Metrics,
+    /// Parent of every backend's check token.
+    stop: CancellationToken,
+    checks: TaskTracker,
 }
 
 impl Backends {
-    pub fn new(health: HealthConfig, metrics: Metrics) -> Self {
-        Backends {
+    pub fn new(health: HealthConfig, metrics: Metrics) -> Arc<Self> {
+        Arc::new(Backends {
             list: RwLock::new(Arc::new(Vec::new())),
             changed: watch::channel(0).0,
             health,
             metrics,
-        }
+            stop: CancellationToken::new(),
+            checks: TaskTracker::new(),
+        })
     }
 
-    /// Adds a backend unless one with that address exists; returns it when added.
-    pub fn add(&self, addr: BackendAddr, tier: Tier) -> Option<Arc<Backend>> {
+    /// Adds a backend and starts checking it, unless one with that address exists (then its
+    /// tier is kept: the first source to name an address wins). Returns whether it was added.
+    pub fn add(self: &Arc<Self>, addr: BackendAddr, tier: Tier) -> bool {
         let mut list = self.list.write().expect("backends lock");
         if list.iter().any(|b| b.addr == addr) {
-            return None;
+            return false;
         }
-        let backend = Arc::new(Backend::new(addr, tier, &self.health, &self.metrics));
+        let backend = Arc::new(Backend::new(
+            addr,
+            tier,
+            &self.health,
+            &self.metrics,
+            self.stop.child_token(),
+        ));
         backend.metrics.up.set(0);
         let mut next = Vec::clone(&list);
         next.push(backend.clone());
         *list = Arc::new(next);
-        Some(backend)
+        tracing::info!(backend = %addr, tier = ?tier, "backend added");
+        self.checks.spawn(check::run_loop(
+            backend.clone(),
+            self.clone(),
+            self.health.clone(),
+            backend.checks.clone(),
+        ));
+        true
+    }
+
+    /// Removes a backend: its checks stop; its established connections are left alone.
+    pub fn remove(&self, addr: BackendAddr) {
+        let mut list = self.list.write().expect("backends lock");
+        let Some(backend) = list.iter().find(|b| b.addr == addr).cloned() else {
+            return;
+        };
+        backend.checks.cancel();
+        backend.metrics.up.set(0);
+        *list = Arc::new(list.iter().filter(|b| b.addr != addr).cloned().collect());
+        drop(list);
+        tracing::info!(backend = %addr, tier = ?backend.tier, "backend removed");
+        self.notify();
+    }
+
+    /// Addresses of the backends of one tier.
+    pub fn of_tier(&self, tier: Tier) -> Vec<BackendAddr> {
+        self.snapshot()
+            .iter()
+            .filter(|b| b.tier == tier)
+            .map(|b| b.addr)
+            .collect()
+    }
+
+    /// Stops every health check and waits for the checks to end.
+    pub async fn stop(&self) {
+        self.stop.cancel();
+        self.checks.close();
+        self.checks.wait().await;
     }
 
     /// A snapshot of the current backends.

@@ -32,6 +32,9 @@ pub enum Command {
     Run(Box<RunArgs>),
     /// Probe an admin endpoint: exit 0 when it answers 200, 1 otherwise (for exec probes).
     Probe(ProbeArgs),
+    /// Pick a free random loopback address, write it to a file, substitute {{address}} in the
+    /// arguments and exec the command (kube-apiserver) in place.
+    Launch(LaunchArgs),
 }
 
 /// How the active health check talks to a backend.
@@ -71,6 +74,23 @@ pub struct RunArgs {
         value_delimiter = ','
     )]
     pub backend: Vec<String>,
+
+    /// This pod's apiserver: a file holding its ip:port (written by `launch`); followed when it changes.
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "KUBE_APISERVER_PROXY_OWN_BACKEND_FILE"
+    )]
+    pub own_backend_file: Option<PathBuf>,
+
+    /// Directory shared by the instances on a node: each registers its own backend there and
+    /// uses the others' as further backends.
+    #[arg(long, value_name = "DIR", env = "KUBE_APISERVER_PROXY_BACKEND_DIR")]
+    pub backend_dir: Option<PathBuf>,
+
+    /// A --backend-dir entry not refreshed for this long is stale (instance gone or its backend dead).
+    #[arg(long, value_name = "DURATION", env = "KUBE_APISERVER_PROXY_BACKEND_EXPIRY", default_value = "30s", value_parser = parse_duration)]
+    pub backend_expiry: Duration,
 
     /// Admin HTTP address (/metrics, /healthz, /readyz, /status); port 0 picks a free port.
     #[arg(
@@ -236,6 +256,22 @@ pub struct ProbeArgs {
     /// Time the probe may take.
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
     pub timeout: Duration,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct LaunchArgs {
+    /// File that receives the chosen `ip:port` (written atomically), read by the sidecar's
+    /// --own-backend-file.
+    #[arg(long, value_name = "FILE")]
+    pub address_file: PathBuf,
+
+    /// Port the command will listen on; the address is checked free for it.
+    #[arg(long, value_name = "PORT", default_value = "6443")]
+    pub port: u16,
+
+    /// The command and its arguments; every {{address}} becomes the chosen IP.
+    #[arg(last = true, value_name = "COMMAND", num_args = 0..)]
+    pub command: Vec<std::ffi::OsString>,
 }
 
 /// Parses `500ms`, `2s`, `1m`, `1h30m`.

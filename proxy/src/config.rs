@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use crate::addr::{AdminAddr, BackendAddr, ListenAddr};
 use crate::cli::{parse_socket_addr, HealthCheckKind, LogFormat, RunArgs};
+use crate::discovery::DiscoveryConfig;
 use crate::tls::{self, TlsError};
 
 /// A configuration error: which flag, and what is wrong with it.
@@ -94,6 +95,8 @@ pub struct Config {
     pub listen: Vec<ListenAddr>,
     /// Static backends.
     pub backends: Vec<BackendAddr>,
+    /// Own and node-local backends found at run time.
+    pub discovery: DiscoveryConfig,
     /// Admin HTTP address (default 127.0.0.1:9444).
     pub admin_listen: AdminAddr,
     /// File the bound admin address is written to.
@@ -148,11 +151,14 @@ impl TryFrom<RunArgs> for Config {
             }
         }
         let backends = parse_addrs("--backend", &args.backend)?;
-        if backends.is_empty() {
+        if backends.is_empty() && args.own_backend_file.is_none() && args.backend_dir.is_none() {
             return Err(invalid(
                 "--backend",
-                "no backend given (at least one is required)",
+                "no backend given (need --backend, --own-backend-file or --backend-dir)",
             ));
+        }
+        if args.backend_expiry.is_zero() {
+            return Err(invalid("--backend-expiry", "must be greater than zero"));
         }
         let admin_listen =
             parse_socket_addr(&args.admin_listen).map_err(|m| invalid("--admin-listen", m))?;
@@ -204,6 +210,11 @@ impl TryFrom<RunArgs> for Config {
         Ok(Config {
             listen: listen.into_iter().map(ListenAddr).collect(),
             backends: backends.into_iter().map(BackendAddr).collect(),
+            discovery: DiscoveryConfig {
+                own_backend_file: args.own_backend_file,
+                backend_dir: args.backend_dir,
+                expiry: args.backend_expiry,
+            },
             admin_listen: AdminAddr(admin_listen),
             admin_address_file: args.admin_address_file,
             health: HealthConfig {

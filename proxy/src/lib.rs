@@ -19,6 +19,7 @@
 //! - [`backend`]: the backend set and the selection rule.
 //! - [`health`]: the pure rise/fall health state machine.
 //! - [`check`]: active https/tls/tcp health checks.
+//! - [`discovery`]: own backend (address file) and node-local backends (shared directory).
 //! - [`net`]: TCP socket options and binding.
 //! - [`tls`]: PEM loading and the health-check TLS client config.
 //! - [`handoff`]: listener handoff between instances (codec, wire, peer server).
@@ -26,6 +27,7 @@
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz`, `/status`.
 //! - [`metrics`]: every Prometheus metric, in one struct.
 //! - [`probe`]: the `probe` subcommand for exec probes.
+//! - [`launch`]: the `launch` subcommand: random loopback address for kube-apiserver.
 //! - [`fsutil`]: atomic file writes.
 
 #![deny(unsafe_code)]
@@ -36,10 +38,12 @@ pub mod backend;
 pub mod check;
 pub mod cli;
 pub mod config;
+pub mod discovery;
 pub mod forward;
 pub mod fsutil;
 pub mod handoff;
 pub mod health;
+pub mod launch;
 pub mod lifecycle;
 pub mod listener;
 pub mod metrics;

@@ -10,13 +10,18 @@ use std::process::ExitCode;
 use clap::Parser;
 use kube_apiserver_proxy::cli::{Cli, Command, LogFormat};
 use kube_apiserver_proxy::config::Config;
-use kube_apiserver_proxy::{probe, server, signal};
+use kube_apiserver_proxy::{launch, probe, server, signal};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Some(Command::Probe(args)) => run_probe(&args),
         Some(Command::Run(args)) => run(*args),
+        Some(Command::Launch(args)) => {
+            let err = launch::launch(&args);
+            eprintln!("error: {err:#}");
+            ExitCode::from(2)
+        }
         None => run(cli.run),
     }
 }
@@ -67,7 +72,8 @@ fn init_tracing(format: LogFormat, level: &str) {
     let filter = tracing_subscriber::EnvFilter::new(level);
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().flatten_event(true).init(),

@@ -12,13 +12,12 @@ use std::time::Duration;
 use prometheus::Registry;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use crate::addr::ListenAddr;
 use crate::admin::{self, AdminView};
 use crate::backend::{Backends, Tier};
-use crate::check;
 use crate::config::Config;
+use crate::discovery;
 use crate::forward::ForwardContext;
 use crate::handoff::{Handoff, HandoffError};
 use crate::lifecycle::{Lifecycle, State};
@@ -59,19 +58,21 @@ pub async fn run(
     let lifecycle = Lifecycle::new(metrics.clone());
     report_tcp_migrate_req(&metrics);
 
-    let backends = Arc::new(Backends::new(config.health.clone(), metrics.clone()));
-    let checks_stop = CancellationToken::new();
-    let checks = TaskTracker::new();
+    let backends = Backends::new(config.health.clone(), metrics.clone());
     for addr in &config.backends {
-        if let Some(b) = backends.add(*addr, Tier::Static) {
-            checks.spawn(check::run_loop(
-                b,
-                backends.clone(),
-                config.health.clone(),
-                checks_stop.clone(),
-            ));
-        }
+        backends.add(*addr, Tier::Static);
     }
+    let discovery_stop = CancellationToken::new();
+    let discovery = {
+        let d = &config.discovery;
+        (d.own_backend_file.is_some() || d.backend_dir.is_some()).then(|| {
+            tokio::spawn(discovery::run(
+                d.clone(),
+                backends.clone(),
+                discovery_stop.clone(),
+            ))
+        })
+    };
 
     let ctx = Arc::new(ForwardContext {
         backends: backends.clone(),
@@ -105,6 +106,7 @@ pub async fn run(
         listeners: listeners.clone(),
         registry,
         metrics: metrics.clone(),
+        own_required: config.discovery.own_backend_file.is_some(),
         peers: handoff.clone().map(|h| {
             let f: Arc<dyn Fn() -> serde_json::Value + Send + Sync> =
                 Arc::new(move || h.peers_json());
@@ -138,9 +140,11 @@ pub async fn run(
     if let Some(h) = &handoff {
         h.close();
     }
-    checks_stop.cancel();
-    checks.close();
-    checks.wait().await;
+    discovery_stop.cancel();
+    if let Some(task) = discovery {
+        let _ = task.await;
+    }
+    backends.stop().await;
     lifecycle.advance(State::Stopped);
     admin_stop.cancel();
     Ok(())

@@ -1,0 +1,185 @@
+//! `kube-apiserver-proxy launch`: give kube-apiserver a free random loopback address.
+//!
+//! The kube-apiserver image has no shell, so this binary (copied in by an init container) picks
+//! an address in 127.0.0.0/8 outside 127.0.0.0/24, confirms it is free for the port by a test
+//! bind, writes `ip:port` atomically to the address file (the sidecar's own backend), replaces
+//! every `{{address}}` in the arguments and `exec`s the command in place: same pid, so the
+//! kubelet's signals reach the apiserver directly.
+
+use std::ffi::OsString;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+
+use rand::Rng;
+
+use crate::cli::LaunchArgs;
+
+/// The placeholder replaced by the chosen address.
+pub const PLACEHOLDER: &str = "{{address}}";
+/// Random addresses tried before giving up.
+const ATTEMPTS: usize = 64;
+
+/// Why `launch` could not start the command.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error("launch: no command given after --")]
+    NoCommand,
+    #[error("launch: no argument contains {PLACEHOLDER} (e.g. --bind-address={PLACEHOLDER})")]
+    NoPlaceholder,
+    #[error("launch: command {0:?} not found or not executable")]
+    NotExecutable(String),
+    #[error("launch: no free loopback address for port {0} after {ATTEMPTS} tries")]
+    NoFreeAddress(u16),
+    #[error("launch: --address-file {path}: {source}")]
+    AddressFile {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("launch: cannot exec {command:?}: {source}")]
+    Exec {
+        command: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A random address in 127.0.0.0/8, outside 127.0.0.0/24 and not the broadcast address.
+pub fn random_loopback(rng: &mut impl Rng) -> Ipv4Addr {
+    loop {
+        let [a, b, c]: [u8; 3] = rng.gen();
+        let ip = Ipv4Addr::new(127, a, b, c);
+        let excluded =
+            (a == 0 && b == 0) || ip == Ipv4Addr::new(127, 255, 255, 255) || c == 0 || c == 255;
+        if !excluded {
+            return ip;
+        }
+    }
+}
+
+/// Picks a random loopback address on which `port` is free (checked by binding it).
+pub fn pick_address(port: u16) -> Result<SocketAddr, LaunchError> {
+    let mut rng = rand::thread_rng();
+    for _ in 0..ATTEMPTS {
+        let addr = SocketAddr::V4(SocketAddrV4::new(random_loopback(&mut rng), port));
+        if TcpListener::bind(addr).is_ok() {
+            return Ok(addr);
+        }
+    }
+    Err(LaunchError::NoFreeAddress(port))
+}
+
+/// Replaces every placeholder; errors when there is none.
+pub fn substitute(args: &[OsString], address: &str) -> Result<Vec<OsString>, LaunchError> {
+    let mut found = false;
+    let out = args
+        .iter()
+        .map(|a| match a.to_str() {
+            Some(s) if s.contains(PLACEHOLDER) => {
+                found = true;
+                OsString::from(s.replace(PLACEHOLDER, address))
+            }
+            _ => a.clone(),
+        })
+        .collect();
+    if found {
+        Ok(out)
+    } else {
+        Err(LaunchError::NoPlaceholder)
+    }
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    path.metadata()
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
+}
+
+/// Resolves a command like `execvp` would.
+fn resolve(command: &OsString) -> Option<PathBuf> {
+    let path = Path::new(command);
+    if path.components().count() > 1 {
+        return is_executable(path).then(|| path.to_path_buf());
+    }
+    let search = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+    std::env::split_paths(&search)
+        .map(|dir| dir.join(path))
+        .find(|p| is_executable(p))
+}
+
+/// Validates, picks the address, writes the file and execs. Returns only on error.
+pub fn launch(args: &LaunchArgs) -> LaunchError {
+    let Some((command, rest)) = args.command.split_first() else {
+        return LaunchError::NoCommand;
+    };
+    // Check everything that can be checked before touching the address file.
+    if let Err(e) = substitute(rest, "0.0.0.0") {
+        return e;
+    }
+    let Some(program) = resolve(command) else {
+        return LaunchError::NotExecutable(command.to_string_lossy().into_owned());
+    };
+    let addr = match pick_address(args.port) {
+        Ok(a) => a,
+        Err(e) => return e,
+    };
+    let file_err = |source| LaunchError::AddressFile {
+        path: args.address_file.display().to_string(),
+        source,
+    };
+    if let Err(e) = crate::fsutil::write_atomic(&args.address_file, format!("{addr}\n").as_bytes())
+    {
+        return file_err(e);
+    }
+    let argv = substitute(rest, &addr.ip().to_string()).expect("checked above");
+    eprintln!("launch: {} on {addr}", program.display());
+    let err = std::process::Command::new(&program).args(argv).exec();
+    let _ = std::fs::remove_file(&args.address_file);
+    LaunchError::Exec {
+        command: program.display().to_string(),
+        source: err,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    #[test]
+    fn random_addresses_avoid_the_first_subnet_and_edges() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for _ in 0..100_000 {
+            let o = random_loopback(&mut rng).octets();
+            assert_eq!(o[0], 127);
+            assert!(!(o[1] == 0 && o[2] == 0), "{o:?}");
+            assert!(o[3] != 0 && o[3] != 255, "{o:?}");
+        }
+    }
+
+    #[test]
+    fn substitution_replaces_every_placeholder_and_needs_one() {
+        let args: Vec<OsString> = ["--bind-address={{address}}", "--x", "{{address}}:1"]
+            .map(OsString::from)
+            .to_vec();
+        let out = substitute(&args, "127.1.2.3").unwrap();
+        assert_eq!(
+            out,
+            ["--bind-address=127.1.2.3", "--x", "127.1.2.3:1"]
+                .map(OsString::from)
+                .to_vec()
+        );
+        assert!(matches!(
+            substitute(&args[1..2], "x"),
+            Err(LaunchError::NoPlaceholder)
+        ));
+    }
+
+    #[test]
+    fn picked_address_is_free() {
+        let addr = pick_address(6443).unwrap();
+        TcpListener::bind(addr).unwrap();
+    }
+}
