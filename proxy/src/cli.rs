@@ -207,6 +207,10 @@ pub struct RunArgs {
     )]
     pub max_connections: u32,
 
+    /// Forward with splice(2) (zero-copy through a pooled pipe); false: through a transient buffer.
+    #[arg(long, value_name = "BOOL", env = "KUBE_APISERVER_PROXY_SPLICE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub splice: bool,
+
     /// Directory of the handoff Unix sockets shared by all instances on the node.
     #[arg(long, value_name = "DIR", env = "KUBE_APISERVER_PROXY_HANDOFF_DIR")]
     pub handoff_dir: Option<PathBuf>,

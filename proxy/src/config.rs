@@ -111,6 +111,8 @@ pub struct Config {
     pub drain_close_window: Duration,
     /// Most connections carried at once (default 10000).
     pub max_connections: NonZeroU32,
+    /// Forward with splice(2) (default) or through a transient buffer.
+    pub copy_mode: crate::copy::Mode,
     /// Listener handoff; `None` in plain standalone use.
     pub handoff: Option<HandoffConfig>,
     /// Log format.
@@ -228,6 +230,11 @@ impl TryFrom<RunArgs> for Config {
             drain_timeout: args.drain_timeout,
             drain_close_window: args.drain_close_window,
             max_connections,
+            copy_mode: if args.splice {
+                crate::copy::Mode::Splice
+            } else {
+                crate::copy::Mode::Buffered
+            },
             handoff,
             log_format: args.log_format,
             log_level: args.log_level,

@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::addr::ClientAddr;
 use crate::backend::{Backend, Backends};
+use crate::copy;
 use crate::metrics::{FailReason, Metrics};
 use crate::net;
 
@@ -22,6 +23,8 @@ pub struct ForwardContext {
     /// `close_window`, so clients do not all reconnect in one instant.
     pub cut: CancellationToken,
     pub close_window: Duration,
+    /// Zero-copy or buffered forwarding.
+    pub copy_mode: copy::Mode,
 }
 
 /// Carries one client connection to its end.
@@ -45,13 +48,17 @@ pub async fn serve(client: TcpStream, client_addr: ClientAddr, ctx: Arc<ForwardC
             tokio::time::sleep(delay).await;
         }
     };
-    let mut client = client;
-    let mut upstream = upstream;
+    let copy = copy::bidirectional(
+        &client,
+        &upstream,
+        ctx.copy_mode,
+        &ctx.metrics.bytes_client_to_backend,
+        &ctx.metrics.bytes_backend_to_client,
+    );
     tokio::select! {
-        result = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {
-            match result {
-                Ok((up, down)) => ctx.metrics.add_bytes(up, down),
-                Err(e) => tracing::debug!(client.addr = %client_addr, backend = %backend.addr, error = %e, "connection ended with error"),
+        result = copy => {
+            if let Err(e) = result {
+                tracing::debug!(client.addr = %client_addr, backend = %backend.addr, error = %e, "connection ended with error");
             }
         }
         _ = dead.cancelled() => {

@@ -16,6 +16,7 @@
 //! - [`signal`]: SIGTERM/SIGINT mapped to intent.
 //! - [`listener`]: held listening sockets and their accept loops.
 //! - [`forward`]: one proxied connection, from backend choice to the last byte.
+//! - [`copy`]: moving bytes both ways: splice through pooled pipes, or a transient buffer.
 //! - [`backend`]: the backend set and the selection rule.
 //! - [`health`]: the pure rise/fall health state machine.
 //! - [`check`]: active https/tls/tcp health checks.
@@ -38,6 +39,7 @@ pub mod backend;
 pub mod check;
 pub mod cli;
 pub mod config;
+pub mod copy;
 pub mod discovery;
 pub mod forward;
 pub mod fsutil;

@@ -13,7 +13,10 @@ use kube_apiserver_proxy::config::Config;
 use kube_apiserver_proxy::{launch, probe, server, signal};
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(e),
+    };
     match cli.command {
         Some(Command::Probe(args)) => run_probe(&args),
         Some(Command::Run(args)) => run(*args),
@@ -24,6 +27,30 @@ fn main() -> ExitCode {
         }
         None => run(cli.run),
     }
+}
+
+/// `--help` and `--version` print as usual; any other parse error becomes one line, exit 2.
+fn usage_error(e: clap::Error) -> ExitCode {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        e.exit();
+    }
+    let rendered = e.render().to_string();
+    let mut line = rendered
+        .lines()
+        .next()
+        .unwrap_or("invalid arguments")
+        .to_string();
+    if let Some(ContextValue::Strings(values)) = e.get(ContextKind::ValidValue) {
+        line.push_str(&format!(" (possible values: {})", values.join(", ")));
+    }
+    eprintln!("{line}");
+    ExitCode::from(2)
 }
 
 fn run(args: kube_apiserver_proxy::cli::RunArgs) -> ExitCode {

@@ -125,7 +125,7 @@ impl Metrics {
                 &["direction"]
             )
         );
-        Metrics {
+        let metrics = Metrics {
             connections_accepted: register!(
                 r,
                 IntCounter::with_opts(opts(CONNECTIONS_ACCEPTED, "Client connections accepted."))
@@ -250,6 +250,31 @@ impl Metrics {
                     "Admin requests rejected (bad method, path or size)."
                 ))
             ),
+        };
+        metrics.precreate();
+        metrics
+    }
+
+    /// Creates the labelled series that should read 0 before anything happened, so dashboards
+    /// and alerts see them from the start.
+    fn precreate(&self) {
+        for reason in [
+            FailReason::NoBackend,
+            FailReason::MaxConnections,
+            FailReason::AcceptError,
+        ] {
+            self.connections_failed
+                .with_label_values(&[reason.as_str()]);
+        }
+        for (direction, results) in [
+            ("share_sent", &["ok", "error"][..]),
+            ("share_received", &["ok", "error"][..]),
+            ("adopt_sent", &["ok", "error", "no_peer"][..]),
+            ("adopt_received", &["ok", "refused"][..]),
+        ] {
+            for result in results {
+                self.handoffs.with_label_values(&[direction, result]);
+            }
         }
     }
 
@@ -289,13 +314,5 @@ impl Metrics {
     /// Counts a handoff event.
     pub fn handoff(&self, direction: &str, result: &str) {
         self.handoffs.with_label_values(&[direction, result]).inc();
-    }
-}
-
-impl Metrics {
-    /// Adds the bytes of one finished connection.
-    pub fn add_bytes(&self, client_to_backend: u64, backend_to_client: u64) {
-        self.bytes_client_to_backend.inc_by(client_to_backend);
-        self.bytes_backend_to_client.inc_by(backend_to_client);
     }
 }

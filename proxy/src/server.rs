@@ -80,6 +80,7 @@ pub async fn run(
         connect_timeout: config.connect_timeout,
         cut: CancellationToken::new(),
         close_window: config.drain_close_window,
+        copy_mode: config.copy_mode,
     });
     let listeners = Arc::new(Listeners::new(ctx.clone(), config.max_connections.get()));
 

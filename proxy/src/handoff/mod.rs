@@ -151,6 +151,9 @@ impl Handoff {
                     self.metrics.handoff("share_received", "error");
                     tracing::warn!(peer = %path.display(), answer = ?other, "handoff: unexpected answer to share request");
                 }
+                Err(wire::WireError::Io(e)) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                    // A stale socket of a gone instance; already removed.
+                }
                 Err(e) => {
                     self.metrics.handoff("share_received", "error");
                     tracing::warn!(peer = %path.display(), error = %e, "handoff: share request failed");

@@ -1,0 +1,24 @@
+//! End-to-end test support for kube-apiserver-proxy: a library of fakes with builder APIs,
+//! used by the one test binary `tests/e2e` (a module per feature).
+//!
+//! Everything runs on loopback with real sockets, real TLS and real child processes; nothing
+//! uses a fixed port, and waiting is done on conditions with deadlines.
+//!
+//! Layout:
+//! - [`util`]: `eventually` polling, random loopback addresses, free ports, temp dirs.
+//! - [`certs`]: rcgen test PKI (CA, serving cert for `kubernetes`, client certs, PEM files).
+//! - [`fake_apiserver`]: the fake kube-apiserver (https or raw TCP echo/sink) and its controls.
+//! - [`client`]: HTTP/HTTPS/watch/raw TCP clients with bounded waits.
+//! - [`proxy`]: spawn and drive the real `kube-apiserver-proxy` binary.
+//! - [`load`]: bounded new-connection-per-request load that classifies every failure.
+//! - [`sockets`]: socket options of another process's TCP connections (the one `unsafe` module).
+
+#![deny(unsafe_code)]
+
+pub mod certs;
+pub mod client;
+pub mod fake_apiserver;
+pub mod load;
+pub mod proxy;
+pub mod sockets;
+pub mod util;

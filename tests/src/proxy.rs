@@ -1,0 +1,637 @@
+//! A handle on the REAL `kube-apiserver-proxy` binary run as a child process.
+//!
+//! [`ProxyBuilder`] assembles `kube-apiserver-proxy run …`, always adding
+//! `--admin-listen 127.0.0.1:0 --admin-address-file <tmp>` so the handle learns the admin
+//! address; [`Proxy`] then talks to the admin endpoint (`/status`, `/metrics`), sends signals,
+//! waits for the exit and keeps everything the process wrote to stderr. The captured stderr is
+//! printed when the handle is dropped, so libtest shows it for failing tests only.
+//!
+//! The binary is found through env `KUBE_APISERVER_PROXY_BIN`, else next to the test
+//! executable (`target/<profile>/kube-apiserver-proxy`), built once per test process with
+//! `cargo build -p kube-apiserver-proxy --bin kube-apiserver-proxy` so it is never stale.
+
+use std::ffi::{OsStr, OsString};
+use std::io::{BufRead as _, BufReader, Read};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, ensure, Context as _, Result};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+use crate::client::http_get;
+use crate::util::{eventually, TempDir};
+
+/// Env var naming the proxy binary explicitly (skips the build).
+pub const BIN_ENV: &str = "KUBE_APISERVER_PROXY_BIN";
+
+/// Prefix of every proxy metric name.
+pub const METRIC_PREFIX: &str = "kube_apiserver_proxy_";
+
+/// Default deadline of the waiting helpers (start-up, state changes).
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(10);
+
+/// The proxy binary: see the module docs.
+pub fn proxy_bin() -> Result<PathBuf> {
+    static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    BIN.get_or_init(|| locate_and_build().map_err(|e| format!("{e:#}")))
+        .clone()
+        .map_err(|e| anyhow!(e))
+}
+
+fn locate_and_build() -> Result<PathBuf> {
+    if let Some(bin) = std::env::var_os(BIN_ENV) {
+        let bin = PathBuf::from(bin);
+        ensure!(bin.exists(), "{BIN_ENV}={} does not exist", bin.display());
+        return Ok(bin);
+    }
+    let exe = std::env::current_exe().context("current_exe")?;
+    let mut dir = exe.parent().context("test executable has no directory")?;
+    if dir.ends_with("deps") {
+        dir = dir.parent().context("deps has no parent")?;
+    }
+    let bin = dir.join("kube-apiserver-proxy");
+    let profile = dir
+        .file_name()
+        .and_then(OsStr::to_str)
+        .context("profile directory name")?;
+    let target_dir = dir.parent().context("profile directory has no parent")?;
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| OsString::from("cargo"));
+    let mut build = Command::new(&cargo);
+    build
+        .args(["build", "--quiet", "-p", "kube-apiserver-proxy", "--bin"])
+        .arg("kube-apiserver-proxy")
+        .env("CARGO_TARGET_DIR", target_dir)
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
+    // Cargo gives the test process package variables (CARGO_MANIFEST_DIR, CARGO_PKG_*, …).
+    // Build scripts such as ring's rerun when they change, so passing them on would make this
+    // build and every ordinary one rebuild ring and rustls in turn.
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        if key.starts_with("CARGO_MANIFEST")
+            || key.starts_with("CARGO_PKG_")
+            || key.starts_with("CARGO_BIN_")
+            || key.starts_with("CARGO_CRATE_")
+            || key.starts_with("CARGO_PRIMARY_")
+            || key.starts_with("CARGO_TARGET_TMPDIR")
+            || key == "OUT_DIR"
+        {
+            build.env_remove(key.as_ref());
+        }
+    }
+    match profile {
+        "debug" => {}
+        "release" => {
+            build.arg("--release");
+        }
+        other => {
+            build.args(["--profile", other]);
+        }
+    }
+    let status = build
+        .status()
+        .with_context(|| format!("run {} build", cargo.to_string_lossy()))?;
+    ensure!(
+        status.success(),
+        "cargo build of kube-apiserver-proxy failed: {status}"
+    );
+    ensure!(bin.exists(), "{} missing after cargo build", bin.display());
+    Ok(bin)
+}
+
+/// Builds the command line of one proxy instance.
+#[derive(Debug, Clone, Default)]
+pub struct ProxyBuilder {
+    subcommand: Option<String>,
+    args: Vec<OsString>,
+    envs: Vec<(OsString, OsString)>,
+    admin_listen: Option<String>,
+}
+
+impl ProxyBuilder {
+    /// `kube-apiserver-proxy run` with no flags yet.
+    pub fn new() -> Self {
+        Self {
+            subcommand: Some("run".into()),
+            ..Self::default()
+        }
+    }
+
+    /// Leaves out the `run` subcommand (it is the default).
+    pub fn without_subcommand(mut self) -> Self {
+        self.subcommand = None;
+        self
+    }
+
+    /// `--listen ADDR`.
+    pub fn listen(self, addr: SocketAddr) -> Self {
+        self.arg("--listen").arg(addr.to_string())
+    }
+
+    /// `--backend ADDR`.
+    pub fn backend(self, addr: SocketAddr) -> Self {
+        self.arg("--backend").arg(addr.to_string())
+    }
+
+    /// `--health-check KIND` (`https`, `tls`, `tcp`).
+    pub fn health_check(self, kind: &str) -> Self {
+        self.arg("--health-check").arg(kind)
+    }
+
+    /// `--health-ca-file FILE`.
+    pub fn ca_file(self, path: &Path) -> Self {
+        self.arg("--health-ca-file").arg(path)
+    }
+
+    /// Short health timings for tests: interval 100ms, timeout 500ms, rise 1, fall 2.
+    pub fn fast_health(self) -> Self {
+        self.health_timing(Duration::from_millis(100), 1, 2)
+    }
+
+    /// `--health-interval`, `--health-rise`, `--health-fall`, with `--health-timeout 500ms`
+    /// (each flag may be given once: use this or [`Self::fast_health`], not both).
+    pub fn health_timing(self, interval: Duration, rise: u32, fall: u32) -> Self {
+        self.arg("--health-interval")
+            .arg(format!("{}ms", interval.as_millis()))
+            .args(["--health-timeout", "500ms", "--health-rise"])
+            .arg(rise.to_string())
+            .arg("--health-fall")
+            .arg(fall.to_string())
+    }
+
+    /// `--drain-timeout DUR` in milliseconds.
+    pub fn drain_timeout(self, timeout: Duration) -> Self {
+        self.arg("--drain-timeout")
+            .arg(format!("{}ms", timeout.as_millis()))
+    }
+
+    /// Overrides the admin address (default `127.0.0.1:0`).
+    pub fn admin_listen(mut self, addr: impl Into<String>) -> Self {
+        self.admin_listen = Some(addr.into());
+        self
+    }
+
+    /// One more argument.
+    pub fn arg(mut self, arg: impl AsRef<OsStr>) -> Self {
+        self.args.push(arg.as_ref().to_owned());
+        self
+    }
+
+    /// More arguments.
+    pub fn args<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        self.args
+            .extend(args.into_iter().map(|a| a.as_ref().to_owned()));
+        self
+    }
+
+    /// An environment variable for the child.
+    pub fn env(mut self, key: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> Self {
+        self.envs
+            .push((key.as_ref().to_owned(), value.as_ref().to_owned()));
+        self
+    }
+
+    /// Starts the process without waiting for anything (for bad-input tests).
+    pub fn spawn_raw(self) -> Result<Proxy> {
+        let bin = proxy_bin()?;
+        let dir = TempDir::new("proxy")?;
+        let admin_file = dir.join("admin-address");
+        let mut command = Command::new(&bin);
+        if let Some(subcommand) = &self.subcommand {
+            command.arg(subcommand);
+        }
+        command
+            .args(&self.args)
+            .arg("--admin-listen")
+            .arg(self.admin_listen.as_deref().unwrap_or("127.0.0.1:0"))
+            .arg("--admin-address-file")
+            .arg(&admin_file)
+            .env_remove("RUST_LOG")
+            .envs(self.envs.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let description = format!("{command:?}");
+        let mut child = command
+            .spawn()
+            .with_context(|| format!("spawn {}", bin.display()))?;
+        let stderr = Capture::start(child.stderr.take().expect("piped stderr"));
+        let stdout = Capture::start(child.stdout.take().expect("piped stdout"));
+        Ok(Proxy {
+            pid: child.id(),
+            child: Mutex::new(child),
+            exit: Mutex::new(None),
+            stderr,
+            stdout,
+            admin_file,
+            admin_addr: OnceLock::new(),
+            description,
+            _dir: dir,
+        })
+    }
+
+    /// Starts the process and waits until its admin address is known.
+    pub async fn spawn(self) -> Result<Proxy> {
+        let proxy = self.spawn_raw()?;
+        proxy.wait_admin_addr(DEFAULT_DEADLINE).await?;
+        Ok(proxy)
+    }
+}
+
+/// Everything a child wrote to one pipe, read by a thread.
+struct Capture {
+    text: Arc<Mutex<String>>,
+    done: Arc<AtomicBool>,
+}
+
+impl Capture {
+    fn start(pipe: impl Read + Send + 'static) -> Self {
+        let text = Arc::new(Mutex::new(String::new()));
+        let done = Arc::new(AtomicBool::new(false));
+        let (t, d) = (text.clone(), done.clone());
+        std::thread::spawn(move || {
+            let mut reader = BufReader::new(pipe);
+            let mut line = String::new();
+            while matches!(reader.read_line(&mut line), Ok(n) if n > 0) {
+                t.lock().unwrap().push_str(&line);
+                line.clear();
+            }
+            d.store(true, Ordering::SeqCst);
+        });
+        Self { text, done }
+    }
+
+    fn get(&self) -> String {
+        self.text.lock().unwrap().clone()
+    }
+}
+
+/// A running (or exited) proxy process; killed with SIGKILL when dropped.
+pub struct Proxy {
+    pid: u32,
+    child: Mutex<Child>,
+    exit: Mutex<Option<ExitStatus>>,
+    stderr: Capture,
+    stdout: Capture,
+    admin_file: PathBuf,
+    admin_addr: OnceLock<SocketAddr>,
+    description: String,
+    _dir: TempDir,
+}
+
+impl Proxy {
+    /// The child's pid.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Everything the process wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        self.stderr.get()
+    }
+
+    /// Everything the process wrote to stdout so far.
+    pub fn stdout(&self) -> String {
+        self.stdout.get()
+    }
+
+    /// The exit status, if the process has exited.
+    pub fn try_exit(&self) -> Result<Option<ExitStatus>> {
+        let mut exit = self.exit.lock().unwrap();
+        if exit.is_none() {
+            *exit = self.child.lock().unwrap().try_wait()?;
+        }
+        Ok(*exit)
+    }
+
+    /// Fails if the process has exited (with its stderr), for fail-fast polling.
+    pub fn ensure_running(&self) -> Result<()> {
+        if let Some(status) = self.try_exit()? {
+            bail!(
+                "proxy exited unexpectedly ({status}); stderr:\n{}",
+                self.stderr()
+            );
+        }
+        Ok(())
+    }
+
+    /// Whether the admin address file exists (it is written once the admin server is bound).
+    pub fn admin_file_written(&self) -> bool {
+        self.admin_file.exists()
+    }
+
+    /// Waits for `--admin-address-file` to name the admin address.
+    pub async fn wait_admin_addr(&self, deadline: Duration) -> Result<SocketAddr> {
+        if let Some(addr) = self.admin_addr.get() {
+            return Ok(*addr);
+        }
+        let start = Instant::now();
+        loop {
+            if let Ok(text) = std::fs::read_to_string(&self.admin_file) {
+                if let Ok(addr) = text.trim().parse::<SocketAddr>() {
+                    let _ = self.admin_addr.set(addr);
+                    return Ok(addr);
+                }
+            }
+            self.ensure_running()?;
+            ensure!(
+                start.elapsed() < deadline,
+                "no admin address in {} after {deadline:?}; stderr:\n{}",
+                self.admin_file.display(),
+                self.stderr()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The admin address (known once [`ProxyBuilder::spawn`] returned).
+    pub fn admin_addr(&self) -> SocketAddr {
+        *self
+            .admin_addr
+            .get()
+            .expect("admin address not known yet: use ProxyBuilder::spawn or wait_admin_addr")
+    }
+
+    /// `GET path` on the admin endpoint: `(status, body)`.
+    pub async fn admin_get(&self, path: &str) -> Result<(u16, String)> {
+        http_get(self.admin_addr(), path).await
+    }
+
+    /// `GET /status` as JSON.
+    pub async fn status(&self) -> Result<serde_json::Value> {
+        let (code, body) = self.admin_get("/status").await?;
+        ensure!(code == 200, "/status answered {code}: {body}");
+        serde_json::from_str(&body).with_context(|| format!("/status is not JSON: {body}"))
+    }
+
+    /// The `state` field of `/status`.
+    pub async fn state(&self) -> Result<String> {
+        let status = self.status().await?;
+        status["state"]
+            .as_str()
+            .map(str::to_owned)
+            .with_context(|| format!("/status has no string state: {status}"))
+    }
+
+    /// Polls `/status` until `state` is `wanted` (deadline [`DEFAULT_DEADLINE`]).
+    pub async fn wait_state(&self, wanted: &str) -> Result<()> {
+        eventually(DEFAULT_DEADLINE, || async {
+            self.ensure_running()?;
+            let state = self.state().await?;
+            ensure!(state == wanted, "state is {state}, waiting for {wanted}");
+            Ok(())
+        })
+        .await
+    }
+
+    /// The backend entry of `/status` whose address is `backend`.
+    pub async fn backend_status(&self, backend: SocketAddr) -> Result<serde_json::Value> {
+        let status = self.status().await?;
+        status["backends"]
+            .as_array()
+            .and_then(|all| {
+                all.iter()
+                    .find(|b| b["address"].as_str() == Some(&backend.to_string()))
+            })
+            .cloned()
+            .with_context(|| format!("backend {backend} not in /status: {status}"))
+    }
+
+    /// Polls `/status` until backend's `health` is `wanted` (`up`, `down`, `dead`, `unknown`).
+    pub async fn wait_backend_health(&self, backend: SocketAddr, wanted: &str) -> Result<()> {
+        eventually(DEFAULT_DEADLINE, || async {
+            self.ensure_running()?;
+            let entry = self.backend_status(backend).await?;
+            ensure!(
+                entry["health"].as_str() == Some(wanted),
+                "backend {backend}: {entry}, waiting for health {wanted}"
+            );
+            Ok(())
+        })
+        .await
+    }
+
+    /// `GET /metrics` text.
+    pub async fn metrics(&self) -> Result<String> {
+        let (code, body) = self.admin_get("/metrics").await?;
+        ensure!(code == 200, "/metrics answered {code}");
+        Ok(body)
+    }
+
+    /// The sum of the samples of metric `name` (prefix optional) whose labels include
+    /// `labels`; `None` if there is no such sample.
+    pub async fn metric(&self, name: &str, labels: &[(&str, &str)]) -> Result<Option<f64>> {
+        Ok(parse_metric(&self.metrics().await?, name, labels))
+    }
+
+    /// Like [`Self::metric`], absent samples reading as 0.
+    pub async fn metric_or_zero(&self, name: &str, labels: &[(&str, &str)]) -> Result<f64> {
+        Ok(self.metric(name, labels).await?.unwrap_or(0.0))
+    }
+
+    fn signal(&self, signal: Signal) -> Result<()> {
+        if self.try_exit()?.is_some() {
+            bail!("cannot send {signal}: process already exited");
+        }
+        kill(Pid::from_raw(self.pid as i32), signal).with_context(|| format!("kill -{signal}"))
+    }
+
+    /// Sends SIGTERM.
+    pub fn sigterm(&self) -> Result<()> {
+        self.signal(Signal::SIGTERM)
+    }
+
+    /// Sends SIGINT.
+    pub fn sigint(&self) -> Result<()> {
+        self.signal(Signal::SIGINT)
+    }
+
+    /// Sends SIGKILL.
+    pub fn sigkill(&self) -> Result<()> {
+        self.signal(Signal::SIGKILL)
+    }
+
+    /// Waits for the process to exit, at most `deadline`, then for its stderr to be read.
+    pub async fn wait_exit(&self, deadline: Duration) -> Result<ExitStatus> {
+        let start = Instant::now();
+        let status = loop {
+            if let Some(status) = self.try_exit()? {
+                break status;
+            }
+            ensure!(
+                start.elapsed() < deadline,
+                "proxy still running after {deadline:?}; stderr:\n{}",
+                self.stderr()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let drained = Instant::now();
+        while !(self.stderr.done.load(Ordering::SeqCst) && self.stdout.done.load(Ordering::SeqCst))
+            && drained.elapsed() < Duration::from_secs(2)
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(status)
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let mut child = self.child.lock().unwrap();
+        if self.exit.lock().unwrap().is_none() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        // Captured by libtest: shown only when the test fails.
+        eprintln!(
+            "----- proxy pid {} ({}) stderr -----\n{}----- end -----",
+            self.pid,
+            self.description,
+            self.stderr.get()
+        );
+    }
+}
+
+/// Parses Prometheus text: the sum of the samples of `name` (with or without
+/// [`METRIC_PREFIX`]) whose labels include all of `labels`; `None` if none matches.
+pub fn parse_metric(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let full = if name.starts_with(METRIC_PREFIX) {
+        name.to_owned()
+    } else {
+        format!("{METRIC_PREFIX}{name}")
+    };
+    let mut sum = None;
+    for line in text.lines() {
+        if line.starts_with('#') {
+            continue;
+        }
+        let Some(rest) = line.strip_prefix(full.as_str()) else {
+            continue;
+        };
+        let (sample_labels, value) = if let Some(rest) = rest.strip_prefix('{') {
+            let Some(end) = rest.rfind('}') else { continue };
+            (parse_labels(&rest[..end]), &rest[end + 1..])
+        } else if rest.starts_with(' ') {
+            (Vec::new(), rest)
+        } else {
+            continue;
+        };
+        let matches = labels
+            .iter()
+            .all(|(k, v)| sample_labels.iter().any(|(sk, sv)| sk == k && sv == v));
+        if !matches {
+            continue;
+        }
+        if let Some(value) = value
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<f64>().ok())
+        {
+            *sum.get_or_insert(0.0) += value;
+        }
+    }
+    sum
+}
+
+fn parse_labels(text: &str) -> Vec<(String, String)> {
+    let mut labels = Vec::new();
+    let mut rest = text;
+    while let Some((key, after)) = rest.split_once("=\"") {
+        let mut value = String::new();
+        let mut chars = after.char_indices();
+        let mut end = after.len();
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '\\' => {
+                    if let Some((_, escaped)) = chars.next() {
+                        value.push(if escaped == 'n' { '\n' } else { escaped });
+                    }
+                }
+                '"' => {
+                    end = i + 1;
+                    break;
+                }
+                c => value.push(c),
+            }
+        }
+        labels.push((key.trim().trim_start_matches(',').trim().to_owned(), value));
+        rest = &after[end..];
+    }
+    labels
+}
+
+/// Runs the proxy binary with `args` to completion (e.g. `probe URL`), bounded by 20s.
+pub async fn run_cli<I, S>(args: I) -> Result<std::process::Output>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let bin = proxy_bin()?;
+    let output = tokio::time::timeout(
+        Duration::from_secs(20),
+        tokio::process::Command::new(&bin)
+            .args(args)
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .context("proxy cli did not finish within 20s")??;
+    Ok(output)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TEXT: &str = r#"# HELP kube_apiserver_proxy_connections_failed_total x
+# TYPE kube_apiserver_proxy_connections_failed_total counter
+kube_apiserver_proxy_connections_failed_total{reason="max_connections"} 3
+kube_apiserver_proxy_connections_failed_total{reason="no_backend"} 1
+kube_apiserver_proxy_connections_accepted_total 7
+kube_apiserver_proxy_connections_accepted_total_extra 100
+kube_apiserver_proxy_backend_up{backend="127.1.2.3:6443"} 1
+kube_apiserver_proxy_backend_up{backend="127.1.2.4:6443",x="a\"b,c"} 0
+"#;
+
+    #[test]
+    fn parses_samples_by_labels() {
+        assert_eq!(
+            parse_metric(
+                TEXT,
+                "connections_failed_total",
+                &[("reason", "max_connections")]
+            ),
+            Some(3.0)
+        );
+        assert_eq!(
+            parse_metric(TEXT, "connections_failed_total", &[]),
+            Some(4.0)
+        );
+        assert_eq!(
+            parse_metric(TEXT, "kube_apiserver_proxy_connections_accepted_total", &[]),
+            Some(7.0)
+        );
+        assert_eq!(
+            parse_metric(
+                TEXT,
+                "backend_up",
+                &[("backend", "127.1.2.4:6443"), ("x", "a\"b,c")]
+            ),
+            Some(0.0)
+        );
+        assert_eq!(
+            parse_metric(TEXT, "backend_up", &[("backend", "nope")]),
+            None
+        );
+        assert_eq!(parse_metric(TEXT, "missing", &[]), None);
+    }
+}

@@ -1,0 +1,300 @@
+//! Command line: bad input exits 2 with one line naming the flag and binds nothing; `--help`;
+//! configuration from environment variables; `run` is the default subcommand.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{ensure, Result};
+use kube_apiserver_proxy_tests::certs::Pki;
+use kube_apiserver_proxy_tests::proxy::{run_cli, ProxyBuilder};
+use kube_apiserver_proxy_tests::util::{connection_refused, TempDir};
+
+use crate::{connect_echo, echo_backend, listen_addr};
+
+/// A builder that is valid except for what the test adds: listen address, a live echo
+/// backend, tcp checks. Returns it with its listen address.
+async fn valid_base() -> Result<(
+    ProxyBuilder,
+    SocketAddr,
+    kube_apiserver_proxy_tests::fake_apiserver::FakeApiserver,
+)> {
+    let backend = echo_backend().await?;
+    let listen = listen_addr()?;
+    Ok((ProxyBuilder::new().listen(listen), listen, backend))
+}
+
+/// Runs `builder`; expects exit code 2, exactly one non-empty stderr line containing `flag`,
+/// no admin server bound and nothing accepting on `listen`.
+async fn expect_bad_input(builder: ProxyBuilder, listen: SocketAddr, flag: &str) -> Result<()> {
+    let proxy = builder.spawn_raw()?;
+    let status = proxy.wait_exit(Duration::from_secs(5)).await?;
+    let stderr = proxy.stderr();
+    ensure!(
+        status.code() == Some(2),
+        "expected exit code 2, got {status}; stderr:\n{stderr}"
+    );
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    ensure!(
+        lines.len() == 1,
+        "expected ONE stderr line, got {}:\n{stderr}",
+        lines.len()
+    );
+    ensure!(
+        lines[0].contains(flag),
+        "stderr line does not name {flag}: {}",
+        lines[0]
+    );
+    ensure!(
+        !proxy.admin_file_written(),
+        "the admin server was bound (admin address file written) despite bad input"
+    );
+    ensure!(
+        connection_refused(listen).await,
+        "{listen} accepts connections"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn bad_input_unparsable_listen_address() -> Result<()> {
+    let backend = echo_backend().await?;
+    let listen = listen_addr()?;
+    let builder = ProxyBuilder::new()
+        .arg("--listen")
+        .arg(format!("{}:notaport", listen.ip()))
+        .backend(backend.addr())
+        .health_check("tcp");
+    expect_bad_input(builder, listen, "--listen").await
+}
+
+#[tokio::test]
+async fn bad_input_unparsable_backend_address() -> Result<()> {
+    let (builder, listen, _backend) = valid_base().await?;
+    let builder = builder
+        .args(["--backend", "kubernetes"])
+        .health_check("tcp");
+    expect_bad_input(builder, listen, "--backend").await
+}
+
+#[tokio::test]
+async fn bad_input_unparsable_duration() -> Result<()> {
+    let (builder, listen, backend) = valid_base().await?;
+    let builder = builder
+        .backend(backend.addr())
+        .health_check("tcp")
+        .args(["--health-interval", "soon"]);
+    expect_bad_input(builder, listen, "--health-interval").await
+}
+
+#[tokio::test]
+async fn bad_input_unknown_health_check_kind() -> Result<()> {
+    let (builder, listen, backend) = valid_base().await?;
+    let builder = builder.backend(backend.addr()).health_check("udp");
+    expect_bad_input(builder, listen, "--health-check").await
+}
+
+#[tokio::test]
+async fn bad_input_https_check_without_ca_or_skip_verify() -> Result<()> {
+    let (builder, listen, backend) = valid_base().await?;
+    // https is the default check kind.
+    let builder = builder.backend(backend.addr());
+    let proxy = builder.spawn_raw()?;
+    let status = proxy.wait_exit(Duration::from_secs(5)).await?;
+    let stderr = proxy.stderr();
+    ensure!(status.code() == Some(2), "exit {status}; stderr:\n{stderr}");
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    ensure!(lines.len() == 1, "expected ONE stderr line:\n{stderr}");
+    ensure!(
+        lines[0].contains("--health-ca-file") || lines[0].contains("--health-insecure-skip-verify"),
+        "line names neither --health-ca-file nor --health-insecure-skip-verify: {}",
+        lines[0]
+    );
+    ensure!(!proxy.admin_file_written(), "admin server bound");
+    ensure!(connection_refused(listen).await, "{listen} accepts");
+    Ok(())
+}
+
+#[tokio::test]
+async fn bad_input_missing_ca_file() -> Result<()> {
+    let (builder, listen, backend) = valid_base().await?;
+    let dir = TempDir::new("cli")?;
+    let builder = builder
+        .backend(backend.addr())
+        .health_check("https")
+        .ca_file(&dir.join("missing-ca.crt"));
+    expect_bad_input(builder, listen, "--health-ca-file").await
+}
+
+#[tokio::test]
+async fn bad_input_garbage_ca_file() -> Result<()> {
+    let (builder, listen, backend) = valid_base().await?;
+    let dir = TempDir::new("cli")?;
+    let ca = dir.join("garbage-ca.crt");
+    std::fs::write(&ca, "this is not a PEM certificate\n")?;
+    let builder = builder
+        .backend(backend.addr())
+        .health_check("https")
+        .ca_file(&ca);
+    expect_bad_input(builder, listen, "--health-ca-file").await
+}
+
+#[tokio::test]
+async fn bad_input_missing_client_key() -> Result<()> {
+    let (builder, listen, backend) = valid_base().await?;
+    let pki = Pki::new()?;
+    let builder = builder
+        .backend(backend.addr())
+        .health_check("https")
+        .ca_file(&pki.ca_file())
+        .arg("--health-client-cert")
+        .arg(pki.client_cert_file())
+        .arg("--health-client-key")
+        .arg(pki.dir().join("missing.key"));
+    expect_bad_input(builder, listen, "--health-client-key").await
+}
+
+#[tokio::test]
+async fn bad_input_missing_client_cert() -> Result<()> {
+    let (builder, listen, backend) = valid_base().await?;
+    let pki = Pki::new()?;
+    let builder = builder
+        .backend(backend.addr())
+        .health_check("https")
+        .ca_file(&pki.ca_file())
+        .arg("--health-client-cert")
+        .arg(pki.dir().join("missing.crt"))
+        .arg("--health-client-key")
+        .arg(pki.client_key_file());
+    expect_bad_input(builder, listen, "--health-client-cert").await
+}
+
+#[tokio::test]
+async fn bad_input_duplicate_listen_address() -> Result<()> {
+    let (builder, listen, backend) = valid_base().await?;
+    let builder = builder
+        .listen(listen)
+        .backend(backend.addr())
+        .health_check("tcp");
+    expect_bad_input(builder, listen, "--listen").await
+}
+
+#[tokio::test]
+async fn bad_input_no_backend() -> Result<()> {
+    let (builder, listen, _backend) = valid_base().await?;
+    expect_bad_input(builder.health_check("tcp"), listen, "--backend").await
+}
+
+#[tokio::test]
+async fn bad_input_zero_rise() -> Result<()> {
+    let (builder, listen, backend) = valid_base().await?;
+    let builder = builder
+        .backend(backend.addr())
+        .health_check("tcp")
+        .args(["--health-rise", "0"]);
+    expect_bad_input(builder, listen, "--health-rise").await
+}
+
+#[tokio::test]
+async fn bad_input_zero_fall() -> Result<()> {
+    let (builder, listen, backend) = valid_base().await?;
+    let builder = builder
+        .backend(backend.addr())
+        .health_check("tcp")
+        .args(["--health-fall", "0"]);
+    expect_bad_input(builder, listen, "--health-fall").await
+}
+
+#[tokio::test]
+async fn bad_input_zero_max_connections() -> Result<()> {
+    let (builder, listen, backend) = valid_base().await?;
+    let builder = builder
+        .backend(backend.addr())
+        .health_check("tcp")
+        .args(["--max-connections", "0"]);
+    expect_bad_input(builder, listen, "--max-connections").await
+}
+
+#[tokio::test]
+async fn help_explains_every_flag() -> Result<()> {
+    let output = run_cli(["run", "--help"]).await?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    ensure!(output.status.success(), "run --help: {}", output.status);
+    for flag in [
+        "--listen",
+        "--backend",
+        "--admin-listen",
+        "--admin-address-file",
+        "--health-check",
+        "--health-path",
+        "--health-interval",
+        "--health-timeout",
+        "--health-rise",
+        "--health-fall",
+        "--health-ca-file",
+        "--health-server-name",
+        "--health-insecure-skip-verify",
+        "--health-client-cert",
+        "--health-client-key",
+        "--connect-timeout",
+        "--drain-timeout",
+        "--drain-close-window",
+        "--max-connections",
+        "--log-format",
+        "--log-level",
+    ] {
+        ensure!(
+            text.contains(flag),
+            "run --help does not mention {flag}:\n{text}"
+        );
+    }
+    ensure!(
+        text.contains("KUBE_APISERVER_PROXY_LISTEN"),
+        "run --help does not name the env vars:\n{text}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn flags_from_environment_variables() -> Result<()> {
+    let first = echo_backend().await?;
+    let second = echo_backend().await?;
+    let listen = listen_addr()?;
+    let proxy = ProxyBuilder::new()
+        .env("KUBE_APISERVER_PROXY_LISTEN", listen.to_string())
+        .env(
+            "KUBE_APISERVER_PROXY_BACKEND",
+            format!("{},{}", first.addr(), second.addr()),
+        )
+        .env("KUBE_APISERVER_PROXY_HEALTH_CHECK", "tcp")
+        .env("KUBE_APISERVER_PROXY_HEALTH_INTERVAL", "100ms")
+        .env("KUBE_APISERVER_PROXY_HEALTH_RISE", "1")
+        .spawn()
+        .await?;
+    proxy.wait_state("Serving").await?;
+    let status = proxy.status().await?;
+    let backends = status["backends"].as_array().cloned().unwrap_or_default();
+    ensure!(
+        backends.len() == 2,
+        "expected 2 backends from env: {status}"
+    );
+    let mut client = connect_echo(listen).await?;
+    client.round_trip(b"configured by env").await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn run_is_the_default_subcommand() -> Result<()> {
+    let backend = echo_backend().await?;
+    let listen = listen_addr()?;
+    let proxy = ProxyBuilder::new()
+        .without_subcommand()
+        .listen(listen)
+        .backend(backend.addr())
+        .health_check("tcp")
+        .fast_health()
+        .spawn()
+        .await?;
+    proxy.wait_state("Serving").await?;
+    connect_echo(listen).await?;
+    Ok(())
+}

@@ -1,0 +1,383 @@
+//! Listener handoff (DESIGN §4): zero loss under load, identity kept, crash tolerance, and
+//! refusal of foreign peers.
+//!
+//! The load tests run in a private network namespace (`unshare --net`) so that
+//! `net.ipv4.tcp_migrate_req` can be set to 0 without touching the host: this test binary
+//! re-runs one of its own `#[ignore]`d tests there. They need root; without it they say they
+//! are skipped and why.
+
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use kube_apiserver_proxy_tests::fake_apiserver::FakeApiserver;
+use kube_apiserver_proxy_tests::load::{Load, LoadReport};
+use kube_apiserver_proxy_tests::proxy::{Proxy, ProxyBuilder};
+use kube_apiserver_proxy_tests::util::{eventually, free_random_loopback_addr, TempDir};
+
+/// Set in the environment of the re-run inside the namespace.
+const INNER_ENV: &str = "KAP_TEST_IN_NETNS";
+/// Concurrent clients, each opening a new connection per request.
+const CLIENTS: usize = 100;
+/// Consecutive handoffs in the zero-loss test.
+const HANDOFFS: usize = 100;
+
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// Runs test `name` of this binary again inside a fresh network namespace with loopback up.
+fn run_in_netns(name: &str) -> Result<()> {
+    if !is_root() {
+        eprintln!(
+            "SKIPPED {name}: needs root to create a private network namespace (unshare --net)"
+        );
+        return Ok(());
+    }
+    let exe = std::env::current_exe()?;
+    let out = Command::new("unshare")
+        .args([
+            "--net",
+            "--",
+            "sh",
+            "-c",
+            "ip link set lo up && exec \"$0\" \"$@\"",
+        ])
+        .arg(&exe)
+        .args([
+            name,
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(INNER_ENV, "1")
+        .output()
+        .context("run unshare")?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}");
+    eprintln!("{stderr}");
+    ensure!(
+        out.status.success(),
+        "{name} failed in the namespace ({})",
+        out.status
+    );
+    ensure!(
+        stdout.contains("1 passed"),
+        "{name} did not run in the namespace"
+    );
+    Ok(())
+}
+
+/// Inside the namespace: `tcp_migrate_req` off, so only the handoff can save queued connections.
+fn inner_setup() -> Result<()> {
+    ensure!(
+        std::env::var_os(INNER_ENV).is_some(),
+        "this test runs only inside the network namespace set up by its wrapper"
+    );
+    std::fs::write("/proc/sys/net/ipv4/tcp_migrate_req", "0").context("set tcp_migrate_req")?;
+    let v = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_migrate_req")?;
+    ensure!(v.trim() == "0", "tcp_migrate_req is {v}");
+    Ok(())
+}
+
+async fn start_instance(
+    listen: SocketAddr,
+    backend: SocketAddr,
+    handoff_dir: Option<&Path>,
+) -> Result<Proxy> {
+    let mut builder = ProxyBuilder::new()
+        .listen(listen)
+        .backend(backend)
+        .health_check("tcp")
+        .fast_health()
+        .drain_timeout(Duration::from_secs(10));
+    if let Some(dir) = handoff_dir {
+        builder = builder.arg("--handoff-dir").arg(dir);
+    }
+    let proxy = builder.spawn().await?;
+    eventually(Duration::from_secs(10), || async {
+        proxy.ensure_running()?;
+        let (code, _) = proxy.admin_get("/readyz").await?;
+        ensure!(code == 200, "/readyz {code}");
+        Ok(())
+    })
+    .await?;
+    Ok(proxy)
+}
+
+async fn listener_cookies(proxy: &Proxy) -> Result<Vec<u64>> {
+    let status = proxy.status().await?;
+    let mut cookies: Vec<u64> = status["listeners"]
+        .as_array()
+        .context("listeners")?
+        .iter()
+        .filter_map(|l| l["cookie"].as_u64())
+        .collect();
+    cookies.sort();
+    Ok(cookies)
+}
+
+/// Waits until the load has completed `more` further requests (the proxy is carrying traffic).
+async fn wait_progress(load: &Load, more: u64) -> Result<()> {
+    let start = load.ok();
+    eventually(Duration::from_secs(20), || async {
+        ensure!(
+            load.ok() >= start + more,
+            "load at {} requests, waiting for {}",
+            load.ok(),
+            start + more
+        );
+        Ok(())
+    })
+    .await
+}
+
+/// Replaces the instance `handoffs` times under load; returns the load report and the
+/// listener cookies each instance held.
+async fn rollout(handoff: bool, handoffs: usize) -> Result<(LoadReport, Vec<Vec<u64>>)> {
+    let backend = FakeApiserver::tcp_echo().start().await?;
+    let listen = free_random_loopback_addr()?;
+    let dir = TempDir::new("handoff")?;
+    let handoff_dir = handoff.then(|| dir.join("handoff"));
+    let mut old = start_instance(listen, backend.addr(), handoff_dir.as_deref()).await?;
+    let mut cookies = vec![listener_cookies(&old).await?];
+    let load = Load::start(listen, CLIENTS);
+    wait_progress(&load, 200).await?;
+    let started = Instant::now();
+    for i in 0..handoffs {
+        let new = start_instance(listen, backend.addr(), handoff_dir.as_deref()).await?;
+        old.sigterm()?;
+        let status = old.wait_exit(Duration::from_secs(15)).await?;
+        ensure!(
+            status.success(),
+            "instance {i} exited with {status}: {}",
+            old.stderr()
+        );
+        cookies.push(listener_cookies(&new).await?);
+        old = new;
+        wait_progress(&load, 20).await?;
+    }
+    let report = load.stop().await;
+    println!(
+        "handoff={handoff}: {handoffs} handoffs in {:.1}s with {CLIENTS} clients: {}",
+        started.elapsed().as_secs_f64(),
+        report.summary()
+    );
+    // The last instance has no successor to hand over to and would keep accepting until its
+    // drain deadline: the load is over, so end it at once.
+    old.sigkill()?;
+    old.wait_exit(Duration::from_secs(5)).await?;
+    Ok((report, cookies))
+}
+
+#[test]
+fn handoffs_under_load_lose_nothing() -> Result<()> {
+    run_in_netns("handoff::inner_handoffs_under_load_lose_nothing")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "runs inside a network namespace through handoffs_under_load_lose_nothing"]
+async fn inner_handoffs_under_load_lose_nothing() -> Result<()> {
+    inner_setup()?;
+    let (report, cookies) = rollout(true, HANDOFFS).await?;
+    ensure!(report.ok > 0, "no request completed");
+    if !report.failures.is_empty() {
+        bail!(
+            "{}; first failures: {:?}",
+            report.summary(),
+            &report.failures[..report.failures.len().min(5)]
+        );
+    }
+    ensure!(
+        cookies.iter().all(|c| *c == cookies[0]),
+        "listener identity changed across handoffs: {cookies:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn without_handoff_losses_are_seen() -> Result<()> {
+    run_in_netns("handoff::inner_without_handoff_losses_are_seen")
+}
+
+/// The same rollout with plain SO_REUSEPORT (no `--handoff-dir`): closing the old listener
+/// resets what is queued on it. Seeing those losses proves the zero above is not blindness.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "runs inside a network namespace through without_handoff_losses_are_seen"]
+async fn inner_without_handoff_losses_are_seen() -> Result<()> {
+    inner_setup()?;
+    let (report, cookies) = rollout(false, 30).await?;
+    ensure!(
+        !report.failures.is_empty(),
+        "no loss seen without handoff: {}",
+        report.summary()
+    );
+    ensure!(
+        cookies.windows(2).any(|w| w[0] != w[1]),
+        "fresh binds should give new listener identities: {cookies:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn sigkill_after_share_fails_only_carried_connections() -> Result<()> {
+    run_in_netns("handoff::inner_sigkill_after_share_fails_only_carried_connections")
+}
+
+/// After the new instance has the shared socket, SIGKILL of the old one may fail only the
+/// connections it was carrying at that instant: every connection started after the kill
+/// succeeds, and nothing queued in the kernel is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "runs inside a network namespace through sigkill_after_share_fails_only_carried_connections"]
+async fn inner_sigkill_after_share_fails_only_carried_connections() -> Result<()> {
+    inner_setup()?;
+    let backend = FakeApiserver::tcp_echo().start().await?;
+    let listen = free_random_loopback_addr()?;
+    let dir = TempDir::new("handoff-kill")?;
+    let handoff_dir = dir.join("handoff");
+    let mut kills = 0;
+    let mut old = start_instance(listen, backend.addr(), Some(&handoff_dir)).await?;
+    let load = Load::start(listen, CLIENTS);
+    wait_progress(&load, 200).await?;
+    let mut kill_times = Vec::new();
+    for _ in 0..10 {
+        let new = start_instance(listen, backend.addr(), Some(&handoff_dir)).await?;
+        ensure!(
+            listener_cookies(&new).await? == listener_cookies(&old).await?,
+            "new instance did not share the old one's socket"
+        );
+        wait_progress(&load, 50).await?;
+        kill_times.push(Instant::now());
+        old.sigkill()?;
+        old.wait_exit(Duration::from_secs(5)).await?;
+        kills += 1;
+        old = new;
+        wait_progress(&load, 200).await?;
+    }
+    let report = load.stop().await;
+    println!(
+        "{kills} SIGKILLs with {CLIENTS} clients: {}",
+        report.summary()
+    );
+    for f in &report.failures {
+        // Allowed: a connection established before a kill (it may have been carried by the
+        // killed process). Not allowed: a refused or unanswered connect, or any failure of a
+        // connection started after the last kill before it.
+        let before_a_kill = kill_times.iter().any(|k| f.started < *k);
+        ensure!(f.connected, "connect failed after a SIGKILL: {f:?}");
+        ensure!(
+            before_a_kill,
+            "failure of a connection started after every kill: {f:?}"
+        );
+    }
+    ensure!(
+        report.failures.len() <= CLIENTS * kills,
+        "more failures ({}) than connections the killed instances could carry",
+        report.failures.len()
+    );
+    old.sigkill()?;
+    old.wait_exit(Duration::from_secs(5)).await?;
+    Ok(())
+}
+
+/// Environment of the unprivileged child of `foreign_uid_is_refused`.
+const PEER_SOCKET_ENV: &str = "KAP_TEST_PEER_SOCKET";
+
+/// A process of another uid that reaches the handoff socket gets nothing and is counted.
+#[tokio::test]
+async fn foreign_uid_is_refused() -> Result<()> {
+    if !is_root() {
+        eprintln!("SKIPPED foreign_uid_is_refused: needs root to run a child as another uid");
+        return Ok(());
+    }
+    let backend = FakeApiserver::tcp_echo().start().await?;
+    let listen = free_random_loopback_addr()?;
+    let dir = TempDir::new("handoff-uid")?;
+    let handoff_dir = dir.join("handoff");
+    let proxy = start_instance(listen, backend.addr(), Some(&handoff_dir)).await?;
+    let socket = std::fs::read_dir(&handoff_dir)?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "sock"))
+        .context("no handoff socket")?;
+    ensure!(
+        std::fs::metadata(&socket)?.permissions().mode() & 0o777 == 0o600,
+        "handoff socket is not 0600"
+    );
+    // Simulate a careless operator: let anyone reach the socket, so only SO_PEERCRED stands
+    // between a foreign process and our listening sockets.
+    std::fs::set_permissions(&handoff_dir, std::fs::Permissions::from_mode(0o711))?;
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666))?;
+    // Run the client from a copy of this binary that uid 65534 can execute.
+    let exe_dir = TempDir::new("handoff-exe")?;
+    std::fs::set_permissions(exe_dir.path(), std::fs::Permissions::from_mode(0o755))?;
+    let exe = exe_dir.join("e2e");
+    std::fs::copy(std::env::current_exe()?, &exe)?;
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755))?;
+    let out = Command::new(&exe)
+        .args([
+            "handoff::inner_foreign_peer_client",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env(PEER_SOCKET_ENV, &socket)
+        .env(PEER_LISTEN_ENV, listen.to_string())
+        .uid(65534)
+        .gid(65534)
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success() && stdout.contains("1 passed"),
+        "foreign client: {}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eventually(Duration::from_secs(5), || async {
+        let refused = proxy
+            .metric_or_zero("handoff_peers_refused_total", &[])
+            .await?;
+        ensure!(refused >= 1.0, "handoff_peers_refused_total = {refused}");
+        Ok(())
+    })
+    .await?;
+    ensure!(
+        proxy.stderr().contains("peer uid not allowed"),
+        "refusal not logged"
+    );
+    // Still serving.
+    let (code, _) = proxy.admin_get("/readyz").await?;
+    ensure!(code == 200, "/readyz {code} after the foreign peer");
+    Ok(())
+}
+
+const PEER_LISTEN_ENV: &str = "KAP_TEST_PEER_LISTEN";
+
+/// The foreign peer: asks for the listening sockets and must get nothing at all.
+#[test]
+#[ignore = "runs as uid 65534 through foreign_uid_is_refused"]
+fn inner_foreign_peer_client() -> Result<()> {
+    use std::io::{Read, Write};
+    let socket = PathBuf::from(
+        std::env::var_os(PEER_SOCKET_ENV).context("run through foreign_uid_is_refused")?,
+    );
+    let listen = std::env::var(PEER_LISTEN_ENV)?;
+    ensure!(!nix::unistd::geteuid().is_root(), "must not run as root");
+    let mut stream = std::os::unix::net::UnixStream::connect(&socket).context("connect")?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let payload = format!(r#"{{"type":"share_request","addrs":["{listen}"]}}"#);
+    let mut frame = b"KAPH\x01\x00".to_vec();
+    frame.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    frame.extend_from_slice(payload.as_bytes());
+    let _ = stream.write_all(&frame);
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    ensure!(answer.is_empty(), "foreign peer got an answer: {answer:?}");
+    Ok(())
+}

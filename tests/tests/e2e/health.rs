@@ -1,0 +1,430 @@
+//! Backends and health (DESIGN §5): https/tls/tcp checks with rise/fall, passive failure on
+//! real traffic, not-ready versus dead backends, fail-open, least-connections selection.
+
+use std::time::Duration;
+
+use anyhow::{ensure, Result};
+use kube_apiserver_proxy_tests::certs::Pki;
+use kube_apiserver_proxy_tests::client::TcpClient;
+use kube_apiserver_proxy_tests::fake_apiserver::FakeApiserver;
+use kube_apiserver_proxy_tests::proxy::{Proxy, ProxyBuilder};
+use kube_apiserver_proxy_tests::util::{connection_refused, eventually};
+
+use crate::{
+    connect_echo, echo_backend, https_backend, https_client, https_proxy, listen_addr, serving,
+    tcp_proxy, DEADLINE,
+};
+
+async fn checks(proxy: &Proxy, backend: &FakeApiserver, result: &str) -> Result<f64> {
+    proxy
+        .metric_or_zero(
+            "health_checks_total",
+            &[("backend", &backend.addr().to_string()), ("result", result)],
+        )
+        .await
+}
+
+async fn health(proxy: &Proxy, backend: &FakeApiserver) -> Result<String> {
+    Ok(proxy.backend_status(backend.addr()).await?["health"]
+        .as_str()
+        .unwrap_or("?")
+        .to_owned())
+}
+
+#[tokio::test]
+async fn https_check_respects_rise_and_fall() -> Result<()> {
+    let pki = Pki::new()?;
+    let backend = https_backend(&pki).await?;
+    let listen = listen_addr()?;
+    let proxy = serving(https_proxy(&pki, listen, &[&backend]).health_timing(
+        Duration::from_millis(200),
+        3,
+        3,
+    ))
+    .await?;
+    proxy.wait_backend_health(backend.addr(), "up").await?;
+    let up = proxy
+        .metric("backend_up", &[("backend", &backend.addr().to_string())])
+        .await?;
+    ensure!(up == Some(1.0), "backend_up = {up:?}");
+
+    // One failed check is not enough to fall (fall = 3).
+    let before = checks(&proxy, &backend, "not_ready").await?;
+    backend.set_ready(false);
+    eventually(DEADLINE, || async {
+        let now = checks(&proxy, &backend, "not_ready").await?;
+        ensure!(now > before, "no not_ready check yet");
+        Ok(())
+    })
+    .await?;
+    ensure!(
+        health(&proxy, &backend).await? == "up",
+        "backend fell after a single not-ready check"
+    );
+    proxy.wait_backend_health(backend.addr(), "down").await?;
+    let entry = proxy.backend_status(backend.addr()).await?;
+    ensure!(entry["healthy"] == false, "down but healthy: {entry}");
+    let up = proxy
+        .metric("backend_up", &[("backend", &backend.addr().to_string())])
+        .await?;
+    ensure!(up == Some(0.0), "backend_up = {up:?} while down");
+
+    // One passing check is not enough to rise (rise = 3).
+    let before = checks(&proxy, &backend, "ok").await?;
+    backend.set_ready(true);
+    eventually(DEADLINE, || async {
+        let now = checks(&proxy, &backend, "ok").await?;
+        ensure!(now > before, "no ok check yet");
+        Ok(())
+    })
+    .await?;
+    ensure!(
+        health(&proxy, &backend).await? == "down",
+        "backend rose after a single passing check"
+    );
+    proxy.wait_backend_health(backend.addr(), "up").await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn https_check_uses_health_path() -> Result<()> {
+    let pki = Pki::new()?;
+    let backend = FakeApiserver::https(&pki)
+        .random_loopback()?
+        .ready(false)
+        .start()
+        .await?;
+    let listen = listen_addr()?;
+    // /readyz says 503 but /livez says 200: with --health-path /livez the backend is up.
+    let _proxy = serving(
+        https_proxy(&pki, listen, &[&backend])
+            .fast_health()
+            .args(["--health-path", "/livez"]),
+    )
+    .await?;
+    ensure!(backend.requests("/livez") > 0, "no /livez request");
+    ensure!(backend.requests("/readyz") == 0, "checked /readyz instead");
+    Ok(())
+}
+
+#[tokio::test]
+async fn https_check_with_client_certificate() -> Result<()> {
+    let pki = Pki::new()?;
+    let backend = FakeApiserver::https(&pki)
+        .random_loopback()?
+        .require_client_cert(pki.ca.root_store()?)
+        .start()
+        .await?;
+    // Without a client certificate the check fails …
+    let without = https_proxy(&pki, listen_addr()?, &[&backend])
+        .fast_health()
+        .spawn()
+        .await?;
+    eventually(DEADLINE, || async {
+        without.ensure_running()?;
+        let failed = checks(&without, &backend, "failed").await?;
+        ensure!(failed >= 2.0, "{failed} failed checks");
+        Ok(())
+    })
+    .await?;
+    ensure!(
+        without.state().await? == "WaitingForBackend",
+        "serving without client cert"
+    );
+    // … with one it passes.
+    serving(
+        https_proxy(&pki, listen_addr()?, &[&backend])
+            .fast_health()
+            .arg("--health-client-cert")
+            .arg(pki.client_cert_file())
+            .arg("--health-client-key")
+            .arg(pki.client_key_file()),
+    )
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn tls_check_verifies_the_ca_and_ignores_readyz() -> Result<()> {
+    let pki = Pki::new()?;
+    let other_pki = Pki::new()?;
+    // Unready: a tls check only does the handshake, so it passes anyway.
+    let backend = FakeApiserver::https(&pki)
+        .random_loopback()?
+        .ready(false)
+        .start()
+        .await?;
+    let listen = listen_addr()?;
+    let good = serving(
+        ProxyBuilder::new()
+            .listen(listen)
+            .backend(backend.addr())
+            .health_check("tls")
+            .ca_file(&pki.ca_file())
+            .fast_health(),
+    )
+    .await?;
+    ensure!(
+        backend.requests("/readyz") == 0,
+        "tls check sent HTTP requests"
+    );
+    drop(good);
+
+    // A CA that did not sign the serving certificate: the handshake check fails.
+    let listen = listen_addr()?;
+    let bad = ProxyBuilder::new()
+        .listen(listen)
+        .backend(backend.addr())
+        .health_check("tls")
+        .ca_file(&other_pki.ca_file())
+        .fast_health()
+        .spawn()
+        .await?;
+    eventually(DEADLINE, || async {
+        bad.ensure_running()?;
+        let failed = checks(&bad, &backend, "failed").await?;
+        ensure!(failed >= 2.0, "{failed} failed checks");
+        Ok(())
+    })
+    .await?;
+    ensure!(
+        bad.state().await? == "WaitingForBackend",
+        "serving with a wrong CA"
+    );
+    ensure!(
+        connection_refused(listen).await,
+        "{listen} accepts with a wrong CA"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn connect_failure_is_retried_on_the_next_backend() -> Result<()> {
+    let broken = echo_backend().await?;
+    let good = echo_backend().await?;
+    let listen = listen_addr()?;
+    // Slow active checks (fall needs ~4s) so that real traffic finds the failure first.
+    let proxy =
+        serving(tcp_proxy(listen, &[&broken, &good]).health_timing(Duration::from_secs(1), 1, 5))
+            .await?;
+    proxy.wait_backend_health(broken.addr(), "up").await?;
+    proxy.wait_backend_health(good.addr(), "up").await?;
+    broken.stop_listening().await;
+    // Held at once: least-connections must try `broken` for at least one of them.
+    let mut clients = Vec::new();
+    for i in 0..4u8 {
+        let mut client = TcpClient::connect(listen).await?;
+        client.round_trip(&[i; 100]).await?;
+        clients.push(client);
+    }
+    ensure!(
+        good.active_sessions() == 4,
+        "good backend has {} sessions",
+        good.active_sessions()
+    );
+    let failures = proxy
+        .metric_or_zero(
+            "backend_connect_failures_total",
+            &[("backend", &broken.addr().to_string())],
+        )
+        .await?;
+    ensure!(
+        failures >= 1.0,
+        "no connect failure counted for the broken backend"
+    );
+    let no_backend = proxy
+        .metric_or_zero("connections_failed_total", &[("reason", "no_backend")])
+        .await?;
+    ensure!(
+        no_backend == 0.0,
+        "clients were failed: no_backend = {no_backend}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn not_ready_backend_gets_no_new_connections_but_keeps_existing() -> Result<()> {
+    let pki = Pki::new()?;
+    let a = https_backend(&pki).await?;
+    let b = https_backend(&pki).await?;
+    let listen = listen_addr()?;
+    let proxy = serving(https_proxy(&pki, listen, &[&a, &b]).fast_health()).await?;
+    proxy.wait_backend_health(a.addr(), "up").await?;
+    proxy.wait_backend_health(b.addr(), "up").await?;
+    let client = https_client(&pki)?;
+    let mut watch = client.watch(listen, "/watch?interval_ms=50").await?;
+    watch.next_line(DEADLINE).await?;
+    let (holder, other) = if a.active_watches() == 1 {
+        (&a, &b)
+    } else {
+        (&b, &a)
+    };
+    ensure!(holder.active_watches() == 1, "watch not found on a backend");
+
+    holder.set_ready(false);
+    proxy.wait_backend_health(holder.addr(), "down").await?;
+    let mut connections = Vec::new();
+    for _ in 0..4 {
+        let mut connection = client.connect(listen).await?;
+        let (status, _) = connection.get("/version").await?;
+        ensure!(status == 200, "/version: {status}");
+        connections.push(connection);
+    }
+    ensure!(
+        holder.requests("/version") == 0,
+        "the not-ready backend got {} new requests",
+        holder.requests("/version")
+    );
+    ensure!(
+        other.requests("/version") == 4,
+        "other got {}",
+        other.requests("/version")
+    );
+    // The existing stream on the not-ready backend goes on, over many health intervals.
+    for _ in 0..10 {
+        watch.next_line(Duration::from_secs(2)).await?;
+    }
+    ensure!(
+        holder.active_watches() == 1,
+        "watch closed on the not-ready backend"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn dead_backend_has_its_connections_closed() -> Result<()> {
+    let backend = echo_backend().await?;
+    let listen = listen_addr()?;
+    let proxy = serving(tcp_proxy(listen, &[&backend]).fast_health()).await?;
+    let mut client = connect_echo(listen).await?;
+    // Refuses new connections; the established one stays open on the backend's side.
+    backend.stop_listening().await;
+    proxy.wait_backend_health(backend.addr(), "dead").await?;
+    client.wait_closed(Duration::from_secs(5)).await?;
+    let closed = proxy
+        .metric_or_zero(
+            "backend_connections_closed_total",
+            &[("backend", &backend.addr().to_string())],
+        )
+        .await?;
+    ensure!(closed >= 1.0, "backend_connections_closed_total = {closed}");
+    // The instance keeps its listener (DESIGN §3).
+    ensure!(
+        !connection_refused(listen).await,
+        "listener closed when the backend died"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn no_healthy_backend_fails_open() -> Result<()> {
+    let pki = Pki::new()?;
+    let backend = https_backend(&pki).await?;
+    let listen = listen_addr()?;
+    let proxy = serving(https_proxy(&pki, listen, &[&backend]).fast_health()).await?;
+    backend.set_ready(false);
+    proxy.wait_backend_health(backend.addr(), "down").await?;
+    // Nothing is healthy: the proxy tries the backend anyway rather than refuse.
+    let (status, _) = https_client(&pki)?.get(listen, "/version").await?;
+    ensure!(status == 200, "/version with no healthy backend: {status}");
+    ensure!(
+        backend.requests("/version") == 1,
+        "backend did not get the request"
+    );
+    let (readyz, _) = proxy.admin_get("/readyz").await?;
+    ensure!(readyz == 503, "/readyz = {readyz} with no healthy backend");
+    Ok(())
+}
+
+#[tokio::test]
+async fn every_backend_is_tried_once_before_the_client_is_closed() -> Result<()> {
+    let a = echo_backend().await?;
+    let b = echo_backend().await?;
+    let listen = listen_addr()?;
+    let proxy = serving(tcp_proxy(listen, &[&a, &b]).fast_health()).await?;
+    a.stop_listening().await;
+    b.stop_listening().await;
+    proxy.wait_backend_health(a.addr(), "dead").await?;
+    proxy.wait_backend_health(b.addr(), "dead").await?;
+    let failures = |fake: &FakeApiserver| {
+        let labels = fake.addr().to_string();
+        let proxy = &proxy;
+        async move {
+            proxy
+                .metric_or_zero("backend_connect_failures_total", &[("backend", &labels)])
+                .await
+        }
+    };
+    let (a_before, b_before) = (failures(&a).await?, failures(&b).await?);
+    let no_backend_before = proxy
+        .metric_or_zero("connections_failed_total", &[("reason", "no_backend")])
+        .await?;
+
+    let mut client = TcpClient::connect(listen).await?;
+    let _ = client.write_all(b"anyone?").await;
+    client.wait_closed(Duration::from_secs(10)).await?;
+
+    eventually(DEADLINE, || async {
+        let no_backend = proxy
+            .metric_or_zero("connections_failed_total", &[("reason", "no_backend")])
+            .await?;
+        ensure!(
+            no_backend == no_backend_before + 1.0,
+            "no_backend = {no_backend}"
+        );
+        Ok(())
+    })
+    .await?;
+    let (a_after, b_after) = (failures(&a).await?, failures(&b).await?);
+    ensure!(
+        a_after - a_before == 1.0 && b_after - b_before == 1.0,
+        "connect attempts per backend: a {}, b {} (want 1 each)",
+        a_after - a_before,
+        b_after - b_before
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn selection_prefers_fewest_active_connections() -> Result<()> {
+    let pki = Pki::new()?;
+    let a = https_backend(&pki).await?;
+    let b = FakeApiserver::https(&pki)
+        .random_loopback()?
+        .ready(false)
+        .start()
+        .await?;
+    let listen = listen_addr()?;
+    let proxy = serving(https_proxy(&pki, listen, &[&a, &b]).fast_health()).await?;
+    proxy.wait_backend_health(b.addr(), "down").await?;
+    let client = https_client(&pki)?;
+    let mut watches = Vec::new();
+    for _ in 0..4 {
+        let mut watch = client.watch(listen, "/watch?interval_ms=200").await?;
+        watch.next_line(DEADLINE).await?;
+        watches.push(watch);
+    }
+    ensure!(
+        a.active_watches() == 4,
+        "a has {} watches",
+        a.active_watches()
+    );
+
+    // b turns healthy with 0 connections against a's 4: the next 4 all go to b.
+    b.set_ready(true);
+    proxy.wait_backend_health(b.addr(), "up").await?;
+    for _ in 0..4 {
+        let mut watch = client.watch(listen, "/watch?interval_ms=200").await?;
+        watch.next_line(DEADLINE).await?;
+        watches.push(watch);
+    }
+    ensure!(
+        a.active_watches() == 4 && b.active_watches() == 4,
+        "watches a {} b {} (want 4 and 4)",
+        a.active_watches(),
+        b.active_watches()
+    );
+    let entry = proxy.backend_status(b.addr()).await?;
+    ensure!(entry["active_connections"] == 4, "/status for b: {entry}");
+    Ok(())
+}

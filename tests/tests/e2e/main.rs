@@ -1,0 +1,93 @@
+//! End-to-end tests of the `kube-apiserver-proxy` binary: real child processes, real sockets
+//! on loopback, real TLS, against the fakes of `kube_apiserver_proxy_tests`.
+//!
+//! One module per feature:
+//! - `cli`: bad input (exit 2, one line, nothing bound), `--help`, env vars, default subcommand.
+//! - `listening`: SO_REUSEPORT sharing, listener bound only once a backend is healthy.
+//! - `forwarding`: byte-exact copy, TLS with client certs, half-close, no idle timeout,
+//!   `--max-connections`, IPv6, socket options on both sides.
+//! - `health`: https/tls/tcp checks, rise/fall, passive failure retry, not-ready vs dead,
+//!   fail-open, least-connections selection.
+//! - `lifecycle`: SIGTERM/SIGINT drain and exit codes, lifecycle log lines.
+//! - `admin`: `/healthz`, `/readyz`, `/metrics`, `/status`, `probe`.
+//! - `fake_binary`: the `fake-apiserver` binary behind the proxy.
+
+mod admin;
+mod cli;
+mod fake_binary;
+mod forwarding;
+mod handoff;
+mod health;
+mod lifecycle;
+mod listening;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::Result;
+use kube_apiserver_proxy_tests::certs::Pki;
+use kube_apiserver_proxy_tests::client::{HttpsClient, TcpClient};
+use kube_apiserver_proxy_tests::fake_apiserver::FakeApiserver;
+use kube_apiserver_proxy_tests::proxy::{Proxy, ProxyBuilder};
+use kube_apiserver_proxy_tests::util::{eventually, free_random_loopback_addr};
+
+/// Deadline for conditions that should hold "soon" (start-up, state changes).
+pub const DEADLINE: Duration = Duration::from_secs(10);
+
+/// An https fake apiserver on a random loopback address, ready.
+pub async fn https_backend(pki: &Pki) -> Result<FakeApiserver> {
+    FakeApiserver::https(pki).random_loopback()?.start().await
+}
+
+/// A raw TCP echo backend on a random loopback address.
+pub async fn echo_backend() -> Result<FakeApiserver> {
+    FakeApiserver::tcp_echo().random_loopback()?.start().await
+}
+
+/// A proxy with https checks against `pki`'s CA (timings not set).
+pub fn https_proxy(pki: &Pki, listen: SocketAddr, backends: &[&FakeApiserver]) -> ProxyBuilder {
+    backends
+        .iter()
+        .fold(ProxyBuilder::new().listen(listen), |b, fake| {
+            b.backend(fake.addr())
+        })
+        .health_check("https")
+        .ca_file(&pki.ca_file())
+}
+
+/// A proxy with tcp checks (timings not set).
+pub fn tcp_proxy(listen: SocketAddr, backends: &[&FakeApiserver]) -> ProxyBuilder {
+    backends
+        .iter()
+        .fold(ProxyBuilder::new().listen(listen), |b, fake| {
+            b.backend(fake.addr())
+        })
+        .health_check("tcp")
+}
+
+/// Spawns `builder` and waits for `Serving`.
+pub async fn serving(builder: ProxyBuilder) -> Result<Proxy> {
+    let proxy = builder.spawn().await?;
+    proxy.wait_state("Serving").await?;
+    Ok(proxy)
+}
+
+/// A fresh listen address for a proxy.
+pub fn listen_addr() -> Result<SocketAddr> {
+    free_random_loopback_addr()
+}
+
+/// An HTTPS client for `pki` (with its client certificate).
+pub fn https_client(pki: &Pki) -> Result<HttpsClient> {
+    Ok(HttpsClient::new(pki.client_config(true)?))
+}
+
+/// Connects through `addr` until an echo round trip succeeds (the proxy may still be binding).
+pub async fn connect_echo(addr: SocketAddr) -> Result<TcpClient> {
+    eventually(DEADLINE, || async {
+        let mut client = TcpClient::connect(addr).await?;
+        client.round_trip(b"hello").await?;
+        Ok(client)
+    })
+    .await
+}
