@@ -35,6 +35,22 @@ struct Args {
     address_file: Option<PathBuf>,
     mode: String,
     watch_interval_ms: Option<u64>,
+    /// Like kube-apiserver: after SIGTERM, /readyz fails at once and serving goes on this long.
+    shutdown_delay: Duration,
+}
+
+/// Parses `500ms`, `5s`, `1m` (the forms kube-apiserver manifests use).
+fn parse_duration(s: &str) -> Result<Duration> {
+    let (number, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = number
+        .parse()
+        .with_context(|| format!("{s:?} is not a duration"))?;
+    Ok(match unit {
+        "ms" => Duration::from_millis(n),
+        "s" | "" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n * 60),
+        _ => bail!("{s:?}: unknown unit"),
+    })
 }
 
 fn parse_args() -> Result<Args> {
@@ -77,7 +93,16 @@ fn parse_args() -> Result<Args> {
                 );
                 std::process::exit(0);
             }
-            other => bail!("unknown flag {other}"),
+            "--shutdown-delay-duration" => {
+                args.shutdown_delay =
+                    parse_duration(&value()?).context("--shutdown-delay-duration")?
+            }
+            // Any other kube-apiserver flag (`--etcd-servers=…`, `--authorization-mode=…`) is
+            // accepted and ignored, so the exact arguments of a manifest can be rehearsed.
+            other if other.starts_with("--") => {
+                eprintln!("fake-apiserver: ignoring {arg}");
+            }
+            other => bail!("unexpected argument {other}"),
         }
     }
     Ok(args)
@@ -147,6 +172,14 @@ async fn run() -> Result<()> {
     tokio::select! {
         _ = term.recv() => {}
         _ = int.recv() => {}
+    }
+    if !args.shutdown_delay.is_zero() {
+        fake.set_ready(false);
+        eprintln!(
+            "fake-apiserver: shutting down in {:?} (not ready)",
+            args.shutdown_delay
+        );
+        tokio::time::sleep(args.shutdown_delay).await;
     }
     fake.vanish().await;
     Ok(())

@@ -36,10 +36,25 @@ async fn echo_concurrently(addr: SocketAddr, data: Vec<u8>) -> Result<Vec<u8>> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn large_payloads_both_directions_are_byte_exact() -> Result<()> {
+async fn large_payloads_both_directions_are_byte_exact_with_splice() -> Result<()> {
+    large_payloads_both_directions_are_byte_exact("true").await
+}
+
+/// The buffered path (`--splice=false`; also the fallback when no pipe can be had).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_payloads_both_directions_are_byte_exact_buffered() -> Result<()> {
+    large_payloads_both_directions_are_byte_exact("false").await
+}
+
+async fn large_payloads_both_directions_are_byte_exact(splice: &str) -> Result<()> {
     let backend = echo_backend().await?;
     let listen = listen_addr()?;
-    let proxy = serving(tcp_proxy(listen, &[&backend]).fast_health()).await?;
+    let proxy = serving(
+        tcp_proxy(listen, &[&backend])
+            .fast_health()
+            .arg(format!("--splice={splice}")),
+    )
+    .await?;
     let payloads: Vec<Vec<u8>> = (0..2)
         .map(|_| {
             let mut data = vec![0u8; PAYLOAD];
@@ -118,10 +133,24 @@ async fn tls_with_client_certificate_end_to_end() -> Result<()> {
 }
 
 #[tokio::test]
-async fn half_close_propagates() -> Result<()> {
+async fn half_close_propagates_with_splice() -> Result<()> {
+    half_close_propagates("true").await
+}
+
+#[tokio::test]
+async fn half_close_propagates_buffered() -> Result<()> {
+    half_close_propagates("false").await
+}
+
+async fn half_close_propagates(splice: &str) -> Result<()> {
     let backend = FakeApiserver::tcp_sink().random_loopback()?.start().await?;
     let listen = listen_addr()?;
-    let _proxy = serving(tcp_proxy(listen, &[&backend]).fast_health()).await?;
+    let _proxy = serving(
+        tcp_proxy(listen, &[&backend])
+            .fast_health()
+            .arg(format!("--splice={splice}")),
+    )
+    .await?;
     let mut client = TcpClient::connect(listen).await?;
     client.write_all(&vec![b'x'; 1 << 20]).await?;
     client.shutdown_write().await?;
