@@ -103,6 +103,7 @@ impl AdminView {
                 }
             }
             "/metrics" => {
+                self.metrics.refresh();
                 let mut buf = Vec::with_capacity(16 * 1024);
                 let encoder = TextEncoder::new();
                 if encoder.encode(&self.registry.gather(), &mut buf).is_err() {

@@ -132,6 +132,7 @@ impl Backend {
             Observation::NotReady => m.checks_not_ready.inc(),
             Observation::Failed => m.checks_failed.inc(),
             Observation::Refused => m.checks_refused.inc(),
+            Observation::Skipped => m.checks_skipped.inc(),
         }
         let change = self.state.lock().expect("health lock").observe(obs);
         self.apply(change)

@@ -31,6 +31,7 @@ async fn run_check(check: &HealthCheck, addr: std::net::SocketAddr) -> Observati
     let tcp = match tokio::net::TcpStream::connect(addr).await {
         Ok(s) => s,
         Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => return Observation::Refused,
+        Err(e) if crate::net::is_local_exhaustion(&e) => return Observation::Skipped,
         Err(_) => return Observation::Failed,
     };
     let _ = tcp.set_nodelay(true);

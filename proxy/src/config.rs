@@ -194,6 +194,16 @@ impl TryFrom<RunArgs> for Config {
         if args.handoff_dir.is_none() && !args.handoff_allow_uid.is_empty() {
             return Err(invalid("--handoff-allow-uid", "needs --handoff-dir"));
         }
+        if let Some(dir) = &args.handoff_dir {
+            crate::handoff::check_dir(dir).map_err(|e| {
+                invalid(
+                    "--handoff-dir",
+                    e.to_string()
+                        .trim_start_matches("--handoff-dir ")
+                        .to_string(),
+                )
+            })?;
+        }
         let handoff = args.handoff_dir.map(|dir| HandoffConfig {
             dir,
             allow_uids: args.handoff_allow_uid,

@@ -54,6 +54,11 @@ impl Pipe {
     }
 }
 
+/// Idle pipes in the pool now (each holds two descriptors).
+pub fn pooled_pipes() -> usize {
+    POOL.lock().expect("pipe pool").len()
+}
+
 /// How to copy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {

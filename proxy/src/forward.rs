@@ -86,6 +86,11 @@ async fn connect_any(ctx: &ForwardContext) -> Option<(Arc<Backend>, TcpStream)> 
                 }
                 return Some((backend, stream));
             }
+            Err(e) if net::is_local_exhaustion(&e) => {
+                // Out of descriptors here: no backend is to blame, and none would do better.
+                tracing::debug!(backend = %backend.addr, error = %e, "cannot open a backend socket");
+                return None;
+            }
             Err(e) => {
                 tracing::warn!(backend = %backend.addr, error = %e, "backend connect failed: trying the next");
                 if backend.suspect().is_some() {

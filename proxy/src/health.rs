@@ -19,6 +19,8 @@ pub enum Observation {
     Failed,
     /// The TCP connect was refused: nothing listens there.
     Refused,
+    /// The check could not run here (out of descriptors): says nothing about the backend.
+    Skipped,
 }
 
 impl Observation {
@@ -28,6 +30,7 @@ impl Observation {
             Observation::NotReady => "not_ready",
             Observation::Failed => "failed",
             Observation::Refused => "refused",
+            Observation::Skipped => "skipped",
         }
     }
 }
@@ -83,6 +86,7 @@ impl HealthState {
     pub fn observe(&mut self, obs: Observation) -> Option<Health> {
         let before = self.health;
         match obs {
+            Observation::Skipped => {}
             Observation::Ok => {
                 self.passes = self.passes.saturating_add(1);
                 self.failures = 0;

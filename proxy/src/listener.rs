@@ -147,14 +147,6 @@ impl Listeners {
     }
 }
 
-/// Errors that mean "out of a resource": back off instead of spinning.
-fn is_exhaustion(e: &io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
-    )
-}
-
 const BACKOFF_MIN: Duration = Duration::from_millis(5);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
 const ERROR_LOG_EVERY: Duration = Duration::from_secs(5);
@@ -200,7 +192,7 @@ async fn accept_loop(
                 } else {
                     suppressed += 1;
                 }
-                if is_exhaustion(&e) {
+                if crate::net::is_local_exhaustion(&e) {
                     tokio::select! {
                         _ = stop.cancelled() => break,
                         _ = tokio::time::sleep(backoff) => {}

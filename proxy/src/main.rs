@@ -46,6 +46,11 @@ fn usage_error(e: clap::Error) -> ExitCode {
         .next()
         .unwrap_or("invalid arguments")
         .to_string();
+    if e.kind() == ErrorKind::MissingRequiredArgument {
+        if let Some(ContextValue::Strings(args)) = e.get(ContextKind::InvalidArg) {
+            line = format!("error: missing required argument: {}", args.join(", "));
+        }
+    }
     if let Some(ContextValue::Strings(values)) = e.get(ContextKind::ValidValue) {
         line.push_str(&format!(" (possible values: {})", values.join(", ")));
     }

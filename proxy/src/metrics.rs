@@ -31,6 +31,9 @@ pub const HANDOFF_MESSAGES_REJECTED: &str = "handoff_messages_rejected_total";
 pub const LISTENING_SOCKETS: &str = "listening_sockets";
 pub const TCP_MIGRATE_REQ: &str = "tcp_migrate_req";
 pub const ADMIN_REQUESTS_REJECTED: &str = "admin_requests_rejected_total";
+pub const RUNTIME_ALIVE_TASKS: &str = "runtime_alive_tasks";
+pub const OPEN_FDS: &str = "open_fds";
+pub const PIPES_POOLED: &str = "splice_pipes_pooled";
 
 /// Why a client connection was not carried.
 #[derive(Debug, Clone, Copy)]
@@ -74,6 +77,9 @@ pub struct Metrics {
     pub listening_sockets: IntGauge,
     pub tcp_migrate_req: IntGauge,
     pub admin_requests_rejected: IntCounter,
+    runtime_alive_tasks: IntGauge,
+    open_fds: IntGauge,
+    pipes_pooled: IntGauge,
 }
 
 /// Pre-resolved per-backend handles.
@@ -88,6 +94,7 @@ pub struct BackendMetrics {
     pub checks_not_ready: IntCounter,
     pub checks_failed: IntCounter,
     pub checks_refused: IntCounter,
+    pub checks_skipped: IntCounter,
 }
 
 fn opts(name: &str, help: &str) -> Opts {
@@ -243,6 +250,27 @@ impl Metrics {
                     "Value of net.ipv4.tcp_migrate_req (-1: unknown)."
                 ))
             ),
+            runtime_alive_tasks: register!(
+                r,
+                IntGauge::with_opts(opts(
+                    RUNTIME_ALIVE_TASKS,
+                    "Tasks alive in the async runtime (read at scrape)."
+                ))
+            ),
+            pipes_pooled: register!(
+                r,
+                IntGauge::with_opts(opts(
+                    PIPES_POOLED,
+                    "Idle splice pipes kept for reuse (two descriptors each)."
+                ))
+            ),
+            open_fds: register!(
+                r,
+                IntGauge::with_opts(opts(
+                    OPEN_FDS,
+                    "Open file descriptors of the process (read at scrape)."
+                ))
+            ),
             admin_requests_rejected: register!(
                 r,
                 IntCounter::with_opts(opts(
@@ -278,6 +306,19 @@ impl Metrics {
         }
     }
 
+    /// Refreshes the gauges that are read rather than counted (call before gathering).
+    pub fn refresh(&self) {
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            self.runtime_alive_tasks
+                .set(handle.metrics().num_alive_tasks() as i64);
+        }
+        self.pipes_pooled.set(crate::copy::pooled_pipes() as i64);
+        if let Ok(dir) = std::fs::read_dir("/proc/self/fd") {
+            // Minus the descriptor of the directory being read.
+            self.open_fds.set(dir.count() as i64 - 1);
+        }
+    }
+
     /// Counts a client connection that was not carried.
     pub fn connection_failed(&self, reason: FailReason) {
         self.connections_failed
@@ -299,6 +340,7 @@ impl Metrics {
             checks_not_ready: check("not_ready"),
             checks_failed: check("failed"),
             checks_refused: check("refused"),
+            checks_skipped: check("skipped"),
         }
     }
 

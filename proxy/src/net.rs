@@ -56,3 +56,11 @@ pub async fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStrea
         Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "connect timed out")),
     }
 }
+
+/// True when an error means this process is out of descriptors or memory: not the peer's fault.
+pub fn is_local_exhaustion(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
+}

@@ -110,6 +110,7 @@ pub struct ProxyBuilder {
     args: Vec<OsString>,
     envs: Vec<(OsString, OsString)>,
     admin_listen: Option<String>,
+    nofile: Option<u64>,
 }
 
 impl ProxyBuilder {
@@ -192,6 +193,13 @@ impl ProxyBuilder {
         self
     }
 
+    /// Runs the child with `RLIMIT_NOFILE` set to `limit` (through `prlimit`, which execs it:
+    /// the pid is the proxy's).
+    pub fn nofile_limit(mut self, limit: u64) -> Self {
+        self.nofile = Some(limit);
+        self
+    }
+
     /// An environment variable for the child.
     pub fn env(mut self, key: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> Self {
         self.envs
@@ -204,7 +212,16 @@ impl ProxyBuilder {
         let bin = proxy_bin()?;
         let dir = TempDir::new("proxy")?;
         let admin_file = dir.join("admin-address");
-        let mut command = Command::new(&bin);
+        let mut command = match self.nofile {
+            Some(limit) => {
+                let mut c = Command::new("prlimit");
+                c.arg(format!("--nofile={limit}:{limit}"))
+                    .arg("--")
+                    .arg(&bin);
+                c
+            }
+            None => Command::new(&bin),
+        };
         if let Some(subcommand) = &self.subcommand {
             command.arg(subcommand);
         }

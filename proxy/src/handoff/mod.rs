@@ -354,8 +354,17 @@ impl Handoff {
     }
 }
 
+/// Checks an existing handoff directory without changing anything (used while validating the
+/// configuration, before anything is bound): a missing one is fine, it is created at start.
+pub fn check_dir(dir: &Path) -> Result<(), HandoffError> {
+    match std::fs::symlink_metadata(dir) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        _ => prepare_dir(dir),
+    }
+}
+
 /// Creates the directory 0700 if missing; refuses a non-directory, a symlink, or a directory
-/// writable by group or others.
+/// writable by group or others, or owned by another uid than ours or root.
 fn prepare_dir(dir: &Path) -> Result<(), HandoffError> {
     let err = |message: String| HandoffError::Dir {
         dir: dir.display().to_string(),

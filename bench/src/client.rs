@@ -1,0 +1,155 @@
+//! Load generator primitives: connect, one request/response exchange, a churn request (new
+//! connection per request), bulk transfer, and the measurement window every scenario shares.
+//! Every operation is bounded by a timeout and every failure is classified ([`FailureKind`]).
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use crate::backend::CLOSE_AFTER_REPLY;
+use crate::cli::Timing;
+use crate::outcome::FailureKind;
+
+/// The measured part of a run: load starts at `load_start`, samples count from `start` to
+/// `end`, load stops at `end`.
+#[derive(Debug, Clone, Copy)]
+pub struct Window {
+    pub load_start: Instant,
+    pub start: Instant,
+    pub end: Instant,
+}
+
+impl Window {
+    /// A window starting after `timing.warmup` from now and lasting `timing.duration`.
+    pub fn from_now(timing: &Timing) -> Self {
+        let load_start = Instant::now();
+        let start = load_start + timing.warmup;
+        Self {
+            load_start,
+            start,
+            end: start + timing.duration,
+        }
+    }
+
+    /// Whether an operation that ran from `began` to `ended` counts.
+    pub fn contains(&self, began: Instant, ended: Instant) -> bool {
+        began >= self.start && ended <= self.end
+    }
+
+    /// Whether the load should stop.
+    pub fn is_over(&self) -> bool {
+        Instant::now() >= self.end
+    }
+
+    /// Length of the measured part.
+    pub fn seconds(&self) -> f64 {
+        (self.end - self.start).as_secs_f64()
+    }
+}
+
+/// Runs `op` with a timeout, mapping elapsed time to [`FailureKind::Timeout`] and I/O errors to
+/// their kind.
+pub async fn bounded<T>(
+    timeout: Duration,
+    op: impl std::future::Future<Output = std::io::Result<T>>,
+) -> Result<T, FailureKind> {
+    match tokio::time::timeout(timeout, op).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(err)) => Err(FailureKind::of(&err)),
+        Err(_) => Err(FailureKind::Timeout),
+    }
+}
+
+/// Connects with `TCP_NODELAY`.
+pub async fn connect(addr: SocketAddr, timeout: Duration) -> Result<TcpStream, FailureKind> {
+    bounded(timeout, async {
+        let stream = TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        Ok(stream)
+    })
+    .await
+}
+
+/// Writes `request` and reads an answer of the same length (the echo backend's reply).
+pub async fn exchange(
+    stream: &mut TcpStream,
+    request: &[u8],
+    answer: &mut [u8],
+    timeout: Duration,
+) -> Result<(), FailureKind> {
+    bounded(timeout, async {
+        stream.write_all(request).await?;
+        stream.read_exact(&mut answer[..request.len()]).await?;
+        Ok(())
+    })
+    .await
+}
+
+/// One request on a new connection: connect, send a one-request message of `size` bytes (2 to
+/// 255; see [`CLOSE_AFTER_REPLY`]), read the echo, then wait for the backend's close so that
+/// the client is not the side left in TIME_WAIT. Returns the latency from the start of connect
+/// to the last byte of the answer.
+pub async fn churn_request(
+    addr: SocketAddr,
+    size: usize,
+    timeout: Duration,
+) -> Result<Duration, FailureKind> {
+    let began = Instant::now();
+    let deadline = began + timeout;
+    let mut stream = connect(addr, timeout).await?;
+    let size = size.clamp(2, 255);
+    let mut request = [0x43u8; 255];
+    request[0] = CLOSE_AFTER_REPLY;
+    request[1] = size as u8;
+    let mut answer = [0u8; 255];
+    let left = deadline.saturating_duration_since(Instant::now());
+    exchange(&mut stream, &request[..size], &mut answer, left).await?;
+    let latency = began.elapsed();
+    // The answer is complete; how the connection ends no longer matters to the request.
+    let left = deadline.saturating_duration_since(Instant::now());
+    let _ = tokio::time::timeout(left, stream.read(&mut answer)).await;
+    Ok(latency)
+}
+
+/// Bulk transfer on one connection until the window ends: writes `chunk` repeatedly while
+/// reading the echo concurrently; bytes read inside the window are added to `received`.
+pub async fn bulk(
+    addr: SocketAddr,
+    chunk: usize,
+    window: Window,
+    received: Arc<AtomicU64>,
+) -> Result<(), FailureKind> {
+    let stream = connect(addr, Duration::from_secs(5)).await?;
+    let (mut reader, mut writer) = stream.into_split();
+    let write = async move {
+        let buf = vec![0x5au8; chunk];
+        while !window.is_over() {
+            writer.write_all(&buf).await?;
+        }
+        writer.shutdown().await
+    };
+    let read = async move {
+        let mut buf = vec![0u8; 256 * 1024];
+        loop {
+            let n = reader.read(&mut buf).await?;
+            if n == 0 {
+                return Ok(());
+            }
+            let now = Instant::now();
+            if now >= window.start && now <= window.end {
+                received.fetch_add(n as u64, Ordering::Relaxed);
+            }
+        }
+    };
+    let write = tokio::spawn(write);
+    let limit = window.end.saturating_duration_since(Instant::now()) + Duration::from_secs(10);
+    let read_result = bounded(limit, read).await;
+    let write_result = write.await.map_err(|_| FailureKind::Other)?;
+    read_result?;
+    write_result.map_err(|err| FailureKind::of(&err))
+}

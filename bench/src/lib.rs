@@ -1,0 +1,63 @@
+//! Benchmark harness for kube-apiserver-proxy: the same workload sent straight to a backend
+//! (`direct`), through the proxy (`proxy`, the real binary as separate processes) and through
+//! HAProxy in TCP mode (`haproxy`, when installed), alternately for several rounds, reported as
+//! medians, min–max and ratios; plus the `rollout` scenario, the project's demo, which replaces
+//! running instances under load and counts every failed connection.
+//!
+//! The load generator runs on a single-threaded tokio runtime in this process; the built-in
+//! backends run in a child process (`bench serve-backend`) on their own single-threaded runtime,
+//! so that on a small machine the CPU goes to the thing being measured. Each figure comes with
+//! the CPU seconds used by the load generator, the backend and the target process.
+//!
+//! Layout:
+//! - [`cli`]: command line (clap derive), one subcommand per scenario.
+//! - [`backend`]: built-in echo / sink / stream servers and the child process that runs them.
+//! - [`instance`]: one child process (proxy or HAProxy): readiness, signals, exit, CPU and RSS.
+//! - [`proxy`]: locating (or building) the `kube-apiserver-proxy` binary and starting instances.
+//! - [`haproxy`]: locating HAProxy, writing its TCP-mode config and starting instances.
+//! - [`target`]: the targets (`direct`, `proxy`, `haproxy`) and starting one for a scenario.
+//! - [`client`]: the load generator's connection primitives (request, stream, bulk).
+//! - [`outcome`]: failure kinds (refused, reset, timeout, closed, other) and their counts.
+//! - [`procstat`]: CPU time and resident memory from `/proc` and `getrusage`.
+//! - [`net`]: random loopback addresses, free ports, a tiny HTTP GET for readiness.
+//! - [`stats`]: medians, ranges, percentiles.
+//! - [`report`]: result types, the stdout table and the JSON file.
+//! - [`chart`]: SVG charts (ratio bars, rollout timeline).
+//! - [`tempdir`]: a self-removing temporary directory.
+//! - [`scenario`]: the scenarios themselves.
+
+#![forbid(unsafe_code)]
+
+pub mod backend;
+pub mod chart;
+pub mod cli;
+pub mod client;
+pub mod haproxy;
+pub mod instance;
+pub mod net;
+pub mod outcome;
+pub mod procstat;
+pub mod proxy;
+pub mod report;
+pub mod scenario;
+pub mod stats;
+pub mod target;
+pub mod tempdir;
+
+use anyhow::Result;
+
+use crate::cli::{Cli, Command};
+
+/// Runs one invocation of the harness.
+pub fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::ServeBackend(args) => backend::serve(args),
+        command => {
+            procstat::raise_nofile_limit();
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(scenario::run(command))
+        }
+    }
+}

@@ -1,0 +1,168 @@
+//! The `kube-apiserver-proxy` binary as a benchmark target: finding it (or building it with
+//! cargo, next to this binary) and starting instances with a TCP health check against the
+//! built-in backend.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+
+use crate::instance::{Admin, Instance};
+
+/// The binary's file name.
+const BINARY: &str = "kube-apiserver-proxy";
+
+/// Finds the proxy binary: `explicit` if given, else the one next to this binary, which is
+/// (re)built first with `cargo build -p kube-apiserver-proxy` in the same profile and target
+/// directory unless `no_build` is set.
+pub fn locate(explicit: Option<&Path>, no_build: bool) -> Result<PathBuf> {
+    if let Some(path) = explicit {
+        if !path.is_file() {
+            bail!("--proxy-bin {}: no such file", path.display());
+        }
+        return Ok(path.to_owned());
+    }
+    let exe = std::env::current_exe().context("cannot find the bench binary")?;
+    let profile_dir = exe.parent().context("bench binary has no directory")?;
+    let candidate = profile_dir.join(BINARY);
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
+    if !no_build && manifest.is_file() {
+        build(&manifest, profile_dir, candidate.is_file())?;
+    }
+    if !candidate.is_file() {
+        bail!(
+            "{} not found; build it with `cargo build --release -p {BINARY}` or pass --proxy-bin",
+            candidate.display()
+        );
+    }
+    Ok(candidate)
+}
+
+/// Runs `cargo build -p kube-apiserver-proxy` so that the binary lands in `profile_dir`.
+fn build(manifest: &Path, profile_dir: &Path, exists: bool) -> Result<()> {
+    let target_dir = profile_dir.parent().context("no target directory")?;
+    let profile = profile_dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("debug");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut command = Command::new(cargo);
+    command
+        .arg("build")
+        .arg("--manifest-path")
+        .arg(manifest)
+        .arg("--target-dir")
+        .arg(target_dir)
+        .args(["-p", BINARY, "--bin", BINARY]);
+    match profile {
+        "debug" => {}
+        "release" => {
+            command.arg("--release");
+        }
+        other => {
+            command.args(["--profile", other]);
+        }
+    }
+    if exists {
+        command.arg("--quiet");
+    } else {
+        eprintln!("building {BINARY} ({profile}) …");
+    }
+    let status = command
+        .status()
+        .context("cannot run cargo to build the proxy")?;
+    if !status.success() {
+        bail!("cargo build -p {BINARY} failed ({status})");
+    }
+    Ok(())
+}
+
+/// How to run one proxy instance.
+#[derive(Debug, Clone)]
+pub struct ProxyOptions {
+    /// The public address (shared by all instances of a rollout).
+    pub listen: SocketAddr,
+    /// The built-in backend the instance forwards to.
+    pub backend: SocketAddr,
+    /// Shared handoff directory (rollout only).
+    pub handoff_dir: Option<PathBuf>,
+    /// `--drain-timeout`.
+    pub drain_timeout: Duration,
+    /// `--drain-close-window`.
+    pub drain_close_window: Duration,
+    /// `--max-connections`.
+    pub max_connections: u64,
+    /// `--log-level`.
+    pub log_level: &'static str,
+}
+
+/// Starts proxy instances and names their logs.
+#[derive(Debug)]
+pub struct ProxyLauncher {
+    bin: PathBuf,
+    logs: PathBuf,
+    extra_args: Vec<String>,
+    started: u32,
+}
+
+impl ProxyLauncher {
+    /// A launcher for `bin`, writing logs to `logs/proxy-N.log` and the admin address files
+    /// next to them.
+    pub fn new(bin: PathBuf, logs: PathBuf, extra_args: Vec<String>) -> Self {
+        Self {
+            bin,
+            logs,
+            extra_args,
+            started: 0,
+        }
+    }
+
+    /// The binary.
+    pub fn bin(&self) -> &Path {
+        &self.bin
+    }
+
+    /// Starts an instance (not yet ready: call [`Instance::wait_ready`]).
+    pub fn spawn(&mut self, options: &ProxyOptions) -> Result<Instance> {
+        self.started += 1;
+        let name = format!("proxy#{}", self.started);
+        let log = self.logs.join(format!("proxy-{}.log", self.started));
+        let admin_file = self.logs.join(format!("proxy-{}.admin", self.started));
+        let _ = std::fs::remove_file(&admin_file);
+        let mut command = Command::new(&self.bin);
+        command
+            .arg("run")
+            .arg(format!("--listen={}", options.listen))
+            .arg(format!("--backend={}", options.backend))
+            .args(["--health-check=tcp", "--health-interval=100ms"])
+            .args(["--health-timeout=500ms", "--health-rise=1"])
+            .arg("--admin-listen=127.0.0.1:0")
+            .arg(format!("--admin-address-file={}", admin_file.display()))
+            .arg(format!("--max-connections={}", options.max_connections))
+            .arg(format!(
+                "--drain-timeout={}",
+                humantime::format_duration(options.drain_timeout)
+            ))
+            .arg(format!(
+                "--drain-close-window={}",
+                humantime::format_duration(options.drain_close_window)
+            ))
+            .arg(format!("--log-level={}", options.log_level));
+        if let Some(dir) = &options.handoff_dir {
+            command.arg(format!("--handoff-dir={}", dir.display()));
+        }
+        command.args(&self.extra_args);
+        // Flags also read KUBE_APISERVER_PROXY_* from the environment: do not inherit any.
+        for (key, _) in std::env::vars_os() {
+            if key
+                .to_str()
+                .is_some_and(|k| k.starts_with("KUBE_APISERVER_PROXY_"))
+            {
+                command.env_remove(key);
+            }
+        }
+        Instance::spawn(name, command, Admin::File(admin_file), &log)
+    }
+}

@@ -1,0 +1,110 @@
+//! `churn`: a new connection per request (connect, send, read the echo, close) from several
+//! concurrent clients. Reports connections per second and connect+first-byte latency.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::Result;
+use clap::Args;
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use serde_json::json;
+use tokio::time::Instant;
+
+use super::{cpu_over, latency_metrics, Scenario};
+use crate::backend::{BackendAddrs, BackendProcess};
+use crate::cli::Timing;
+use crate::client::{churn_request, Window};
+use crate::report::{MetricSpec, Metrics, Unit};
+use crate::stats::{latency_histogram, record};
+use crate::target::Running;
+
+/// Options of `churn`.
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct ChurnArgs {
+    /// Concurrent clients, each with one connection at a time.
+    #[arg(long, default_value_t = 8)]
+    pub clients: usize,
+    /// Request (and response) size in bytes, 2 to 255.
+    #[arg(long, default_value_t = 16)]
+    pub size: usize,
+}
+
+impl Scenario for ChurnArgs {
+    const NAME: &'static str = "churn";
+
+    fn description(&self) -> String {
+        format!(
+            "new connection per {}-byte request, {} concurrent clients",
+            self.size, self.clients
+        )
+    }
+
+    fn parameters(&self) -> serde_json::Value {
+        json!(self)
+    }
+
+    fn backend(&self, addrs: &BackendAddrs) -> SocketAddr {
+        addrs.echo
+    }
+
+    fn metrics(&self) -> Vec<MetricSpec> {
+        let mut specs = vec![MetricSpec {
+            key: "connections_per_s",
+            label: "connections/s",
+            unit: Unit::PerSec,
+            higher_is_better: true,
+            chart: true,
+        }];
+        specs.extend(super::LATENCY_METRICS);
+        specs.push(super::FAILED_METRIC);
+        specs
+    }
+
+    async fn measure(
+        &self,
+        target: &Running,
+        backend: &BackendProcess,
+        timing: &Timing,
+    ) -> Result<Metrics> {
+        let window = Window::from_now(timing);
+        let size = self.size.clamp(2, 255);
+        let tasks: Vec<_> = (0..self.clients.max(1))
+            .map(|_| tokio::spawn(client(target.addr, size, window)))
+            .collect();
+        let mut metrics = cpu_over(&window, target, backend).await?;
+        let mut histogram = latency_histogram();
+        let mut failed = 0u64;
+        for task in tasks {
+            let (h, f) = task.await?;
+            histogram.add(&h)?;
+            failed += f;
+        }
+        metrics.insert(
+            "connections_per_s".into(),
+            histogram.len() as f64 / window.seconds(),
+        );
+        metrics.extend(latency_metrics(&histogram));
+        metrics.insert("failed".into(), failed as f64);
+        Ok(metrics)
+    }
+}
+
+/// One client's loop; returns its latencies and failures inside the window.
+async fn client(addr: SocketAddr, size: usize, window: Window) -> (Histogram<u64>, u64) {
+    let mut histogram = latency_histogram();
+    let mut failed = 0;
+    while !window.is_over() {
+        let began = Instant::now();
+        let result = churn_request(addr, size, Duration::from_secs(5)).await;
+        let ended = Instant::now();
+        if !window.contains(began, ended) {
+            continue;
+        }
+        match result {
+            Ok(latency) => record(&mut histogram, latency),
+            Err(_) => failed += 1,
+        }
+    }
+    (histogram, failed)
+}

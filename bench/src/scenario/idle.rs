@@ -1,0 +1,150 @@
+//! `idle`: N connections through the target, each after one small exchange, then held idle.
+//! Reports the target's resident memory per connection: (RSS with N idle − RSS before) / N.
+//! `direct` has no target process; its row only shows how long opening N connections takes.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{ensure, Result};
+use clap::Args;
+use serde::Serialize;
+use serde_json::json;
+use tokio::net::TcpStream;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use super::Scenario;
+use crate::backend::{BackendAddrs, BackendProcess};
+use crate::cli::Timing;
+use crate::client::{connect, exchange};
+use crate::outcome::FailureKind;
+use crate::procstat;
+use crate::report::{MetricSpec, Metrics, Unit};
+use crate::target::Running;
+
+/// Options of `idle`.
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct IdleArgs {
+    /// Idle connections to hold.
+    #[arg(long, default_value_t = 1000)]
+    pub connections: usize,
+    /// Connections being opened at once.
+    #[arg(long, default_value_t = 32)]
+    pub ramp: usize,
+}
+
+impl Scenario for IdleArgs {
+    const NAME: &'static str = "idle";
+
+    fn description(&self) -> String {
+        format!(
+            "{} idle connections after one 16-byte exchange each",
+            self.connections
+        )
+    }
+
+    fn parameters(&self) -> serde_json::Value {
+        json!(self)
+    }
+
+    fn backend(&self, addrs: &BackendAddrs) -> SocketAddr {
+        addrs.echo
+    }
+
+    fn metrics(&self) -> Vec<MetricSpec> {
+        vec![
+            MetricSpec {
+                key: "rss_per_conn_bytes",
+                label: "target RSS per idle connection",
+                unit: Unit::Bytes,
+                higher_is_better: false,
+                chart: true,
+            },
+            MetricSpec {
+                key: "rss_before_bytes",
+                label: "target RSS before",
+                unit: Unit::Bytes,
+                higher_is_better: false,
+                chart: false,
+            },
+            MetricSpec {
+                key: "rss_after_bytes",
+                label: "target RSS with all idle",
+                unit: Unit::Bytes,
+                higher_is_better: false,
+                chart: false,
+            },
+            MetricSpec {
+                key: "open_us_per_conn",
+                label: "time to open, per connection",
+                unit: Unit::Micros,
+                higher_is_better: false,
+                chart: false,
+            },
+        ]
+    }
+
+    async fn measure(
+        &self,
+        target: &Running,
+        _backend: &BackendProcess,
+        timing: &Timing,
+    ) -> Result<Metrics> {
+        let n = self.connections.max(1);
+        let limit = procstat::nofile_limit() as usize;
+        ensure!(
+            n + 100 < limit,
+            "{n} connections need more open files than the limit ({limit})"
+        );
+        tokio::time::sleep(timing.warmup).await;
+        let before = target.sample()?;
+        let began = Instant::now();
+        let held = open(target.addr, n, self.ramp.max(1)).await?;
+        let open_time = began.elapsed();
+        tokio::time::sleep(timing.warmup).await;
+        let after = target.sample()?;
+        let mut metrics = Metrics::new();
+        metrics.insert(
+            "open_us_per_conn".into(),
+            open_time.as_micros() as f64 / n as f64,
+        );
+        if let (Some(before), Some(after)) = (before, after) {
+            let delta = after.rss_bytes as f64 - before.rss_bytes as f64;
+            metrics.insert("rss_per_conn_bytes".into(), delta / n as f64);
+            metrics.insert("rss_before_bytes".into(), before.rss_bytes as f64);
+            metrics.insert("rss_after_bytes".into(), after.rss_bytes as f64);
+        }
+        drop(held);
+        Ok(metrics)
+    }
+}
+
+/// Opens `n` connections, `ramp` at a time, each after one exchange.
+async fn open(addr: SocketAddr, n: usize, ramp: usize) -> Result<Vec<TcpStream>> {
+    let mut held = Vec::with_capacity(n);
+    let mut pending = JoinSet::new();
+    let mut started = 0;
+    while held.len() < n {
+        while started < n && pending.len() < ramp {
+            started += 1;
+            pending.spawn(async move {
+                let timeout = Duration::from_secs(5);
+                let mut stream = connect(addr, timeout).await?;
+                let mut answer = [0u8; 16];
+                exchange(&mut stream, &[0x44; 16], &mut answer, timeout).await?;
+                Ok::<_, FailureKind>(stream)
+            });
+        }
+        match pending.join_next().await {
+            Some(Ok(Ok(stream))) => held.push(stream),
+            Some(Ok(Err(kind))) => anyhow::bail!(
+                "idle connection {} of {n} failed: {}",
+                held.len() + 1,
+                kind.name()
+            ),
+            Some(Err(err)) => return Err(err.into()),
+            None => break,
+        }
+    }
+    Ok(held)
+}

@@ -1,0 +1,283 @@
+//! The scenarios and the driver that runs one: every target once per round, alternately (the
+//! starting target rotates each round), each run on a freshly started target process; then the
+//! summary table, the JSON file and the chart.
+
+pub mod churn;
+pub mod idle;
+pub mod rollout;
+pub mod rr;
+pub mod throughput;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::Result;
+use serde::Serialize;
+
+use crate::backend::{BackendAddrs, BackendProcess};
+use crate::chart;
+use crate::cli::{defaults, Command, Setup, Timing};
+use crate::client::Window;
+use crate::procstat;
+use crate::report::{self, Machine, MetricSpec, Metrics, RunRecord, ScenarioReport, CPU_METRICS};
+use crate::target::{Env, Running, Target};
+
+/// One benchmark scenario: a workload and the figures it produces.
+// Only driven on the current-thread runtime: the futures need not be `Send`.
+#[allow(async_fn_in_trait)]
+pub trait Scenario {
+    /// Subcommand name, also the output file stem.
+    const NAME: &'static str;
+    /// One line describing the workload with its parameters.
+    fn description(&self) -> String;
+    /// The parameters, for the JSON file.
+    fn parameters(&self) -> serde_json::Value;
+    /// Which built-in backend the workload needs.
+    fn backend(&self, addrs: &BackendAddrs) -> SocketAddr;
+    /// The figures, first one the headline.
+    fn metrics(&self) -> Vec<MetricSpec>;
+    /// Runs the workload once against `target`.
+    async fn measure(
+        &self,
+        target: &Running,
+        backend: &BackendProcess,
+        timing: &Timing,
+    ) -> Result<Metrics>;
+}
+
+/// Runs a subcommand.
+pub async fn run(command: Command) -> Result<()> {
+    match command {
+        Command::Throughput {
+            setup,
+            timing,
+            args,
+        } => one(&setup, &timing, &args).await,
+        Command::Rr {
+            setup,
+            timing,
+            args,
+        } => one(&setup, &timing, &args).await,
+        Command::Churn {
+            setup,
+            timing,
+            args,
+        } => one(&setup, &timing, &args).await,
+        Command::Idle {
+            setup,
+            timing,
+            args,
+        } => one(&setup, &timing, &args).await,
+        Command::Rollout { setup, args } => {
+            let mut env = Env::new(&setup)?;
+            rollout::run(&mut env, &args).await.map(drop)
+        }
+        Command::All { setup, timing } => {
+            let mut env = Env::new(&setup)?;
+            drive(&mut env, &timing, &defaults::<throughput::ThroughputArgs>()).await?;
+            drive(&mut env, &timing, &defaults::<rr::RrArgs>()).await?;
+            drive(&mut env, &timing, &defaults::<churn::ChurnArgs>()).await?;
+            drive(&mut env, &timing, &defaults::<idle::IdleArgs>()).await?;
+            rollout::run(&mut env, &defaults()).await.map(drop)
+        }
+        Command::ServeBackend(_) => unreachable!("handled before the runtime starts"),
+    }
+}
+
+async fn one<S: Scenario>(setup: &Setup, timing: &Timing, scenario: &S) -> Result<()> {
+    let mut env = Env::new(setup)?;
+    drive(&mut env, timing, scenario).await.map(drop)
+}
+
+/// A run that failed, kept in the report instead of aborting the others.
+#[derive(Debug, Clone, Serialize)]
+struct RunError {
+    target: Target,
+    round: u32,
+    error: String,
+}
+
+#[derive(Serialize)]
+struct Output<'a> {
+    #[serde(flatten)]
+    report: &'a ScenarioReport,
+    errors: &'a [RunError],
+}
+
+/// Runs `scenario` for every target and round; prints, writes JSON and SVG.
+pub async fn drive<S: Scenario>(
+    env: &mut Env,
+    timing: &Timing,
+    scenario: &S,
+) -> Result<ScenarioReport> {
+    let backend_addr = scenario.backend(&env.backend.addrs());
+    let specs: Vec<MetricSpec> = scenario.metrics().into_iter().chain(CPU_METRICS).collect();
+    let headline = specs[0];
+    let targets = env.targets.clone();
+    let mut runs = Vec::new();
+    let mut errors = Vec::new();
+    for round in 0..timing.rounds {
+        for i in 0..targets.len() {
+            let target = targets[(i + round as usize) % targets.len()];
+            let result = async {
+                let running = env.start(target, backend_addr).await?;
+                let metrics = scenario.measure(&running, &env.backend, timing).await;
+                running.stop().await?;
+                metrics
+            }
+            .await;
+            match result {
+                Ok(metrics) => {
+                    let shown = metrics
+                        .get(headline.key)
+                        .map_or("–".into(), |&v| headline.unit.format(v));
+                    eprintln!(
+                        "{} round {}/{} {:<8} {}: {shown}",
+                        S::NAME,
+                        round + 1,
+                        timing.rounds,
+                        target.name(),
+                        headline.label
+                    );
+                    runs.push(RunRecord {
+                        target,
+                        round,
+                        metrics,
+                    });
+                }
+                Err(err) => {
+                    eprintln!(
+                        "{} round {}/{} {:<8} failed: {err:#}",
+                        S::NAME,
+                        round + 1,
+                        timing.rounds,
+                        target.name()
+                    );
+                    errors.push(RunError {
+                        target,
+                        round,
+                        error: format!("{err:#}"),
+                    });
+                }
+            }
+        }
+    }
+    let report = ScenarioReport {
+        scenario: S::NAME,
+        description: scenario.description(),
+        parameters: scenario.parameters(),
+        rounds: timing.rounds,
+        duration_s: timing.duration.as_secs_f64(),
+        warmup_s: timing.warmup.as_secs_f64(),
+        targets,
+        skipped: env.skipped.clone(),
+        machine: Machine::detect(
+            env.proxy.as_ref().map(|p| p.bin()),
+            env.haproxy_version.clone(),
+            env.nbthread,
+        ),
+        summary: report::summarise(&specs, &runs),
+        runs,
+    };
+    report::print_table(&report);
+    for error in &errors {
+        println!(
+            "   run failed: {} round {}: {}",
+            error.target.name(),
+            error.round + 1,
+            error.error.lines().next().unwrap_or_default()
+        );
+    }
+    let json = env.out.join(format!("{}.json", S::NAME));
+    report::write_json(
+        &json,
+        &Output {
+            report: &report,
+            errors: &errors,
+        },
+    )?;
+    let svg = env.out.join(format!("{}.svg", S::NAME));
+    chart::ratio_bars(&svg, &report)?;
+    println!("   wrote {} and {}", json.display(), svg.display());
+    Ok(report)
+}
+
+/// CPU time of the three processes at one instant.
+#[derive(Debug, Clone, Copy)]
+struct CpuSnapshot {
+    loadgen: Duration,
+    backend: Duration,
+    target: Option<Duration>,
+}
+
+fn cpu_snapshot(target: &Running, backend: &BackendProcess) -> Result<CpuSnapshot> {
+    Ok(CpuSnapshot {
+        loadgen: procstat::self_cpu(),
+        backend: backend.sample()?.cpu,
+        target: target.sample()?.map(|s| s.cpu),
+    })
+}
+
+/// Samples CPU at the start and end of `window` (sleeping until each) and returns the CPU
+/// seconds each process used in between, as [`CPU_METRICS`].
+pub async fn cpu_over(
+    window: &Window,
+    target: &Running,
+    backend: &BackendProcess,
+) -> Result<Metrics> {
+    tokio::time::sleep_until(window.start).await;
+    let before = cpu_snapshot(target, backend)?;
+    tokio::time::sleep_until(window.end).await;
+    let after = cpu_snapshot(target, backend)?;
+    let mut metrics = Metrics::new();
+    let secs = |a: Duration, b: Duration| a.saturating_sub(b).as_secs_f64();
+    metrics.insert("loadgen_cpu_s".into(), secs(after.loadgen, before.loadgen));
+    metrics.insert("backend_cpu_s".into(), secs(after.backend, before.backend));
+    if let (Some(a), Some(b)) = (after.target, before.target) {
+        metrics.insert("target_cpu_s".into(), secs(a, b));
+    }
+    Ok(metrics)
+}
+
+/// Latency percentiles (closed loop, from send to the last byte of the answer).
+pub const LATENCY_METRICS: [MetricSpec; 4] = [
+    latency_spec("p50_us", "latency p50", false),
+    latency_spec("p90_us", "latency p90", false),
+    latency_spec("p99_us", "latency p99", true),
+    latency_spec("p999_us", "latency p99.9", false),
+];
+
+const fn latency_spec(key: &'static str, label: &'static str, chart: bool) -> MetricSpec {
+    MetricSpec {
+        key,
+        label,
+        unit: report::Unit::Micros,
+        higher_is_better: false,
+        chart,
+    }
+}
+
+/// Failed connections or requests inside the window.
+pub const FAILED_METRIC: MetricSpec = MetricSpec {
+    key: "failed",
+    label: "failed",
+    unit: report::Unit::Count,
+    higher_is_better: false,
+    chart: false,
+};
+
+/// The [`LATENCY_METRICS`] of `histogram` (empty if it is).
+pub fn latency_metrics(histogram: &hdrhistogram::Histogram<u64>) -> Metrics {
+    if histogram.is_empty() {
+        return Metrics::new();
+    }
+    crate::stats::PERCENTILES
+        .iter()
+        .map(|&(key, q)| {
+            (
+                key.to_owned(),
+                histogram.value_at_quantile(q / 100.0) as f64,
+            )
+        })
+        .collect()
+}

@@ -1,0 +1,122 @@
+//! `rr`: many persistent connections, each sending a small request and waiting for the echo
+//! before the next (closed loop). Reports requests per second and latency percentiles.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::Result;
+use clap::Args;
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use serde_json::json;
+use tokio::time::Instant;
+
+use super::{cpu_over, latency_metrics, Scenario};
+use crate::backend::{BackendAddrs, BackendProcess};
+use crate::cli::Timing;
+use crate::client::{connect, exchange, Window};
+use crate::report::{MetricSpec, Metrics, Unit};
+use crate::stats::{latency_histogram, record};
+use crate::target::Running;
+
+/// Options of `rr`.
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct RrArgs {
+    /// Persistent connections, each with one request in flight.
+    #[arg(long, default_value_t = 50)]
+    pub connections: usize,
+    /// Request (and response) size in bytes.
+    #[arg(long, default_value_t = 64)]
+    pub size: usize,
+}
+
+impl Scenario for RrArgs {
+    const NAME: &'static str = "rr";
+
+    fn description(&self) -> String {
+        format!(
+            "{} persistent connections, {}-byte request/response",
+            self.connections, self.size
+        )
+    }
+
+    fn parameters(&self) -> serde_json::Value {
+        json!(self)
+    }
+
+    fn backend(&self, addrs: &BackendAddrs) -> SocketAddr {
+        addrs.echo
+    }
+
+    fn metrics(&self) -> Vec<MetricSpec> {
+        let mut specs = vec![MetricSpec {
+            key: "requests_per_s",
+            label: "requests/s",
+            unit: Unit::PerSec,
+            higher_is_better: true,
+            chart: true,
+        }];
+        specs.extend(super::LATENCY_METRICS);
+        specs.push(super::FAILED_METRIC);
+        specs
+    }
+
+    async fn measure(
+        &self,
+        target: &Running,
+        backend: &BackendProcess,
+        timing: &Timing,
+    ) -> Result<Metrics> {
+        let window = Window::from_now(timing);
+        let size = self.size.clamp(1, 256);
+        let tasks: Vec<_> = (0..self.connections.max(1))
+            .map(|_| tokio::spawn(client(target.addr, size, window)))
+            .collect();
+        let mut metrics = cpu_over(&window, target, backend).await?;
+        let mut histogram = latency_histogram();
+        let mut failed = 0u64;
+        for task in tasks {
+            let (h, f) = task.await?;
+            histogram.add(&h)?;
+            failed += f;
+        }
+        metrics.insert(
+            "requests_per_s".into(),
+            histogram.len() as f64 / window.seconds(),
+        );
+        metrics.extend(latency_metrics(&histogram));
+        metrics.insert("failed".into(), failed as f64);
+        Ok(metrics)
+    }
+}
+
+/// One connection's closed loop; returns its latencies and failure count.
+async fn client(addr: SocketAddr, size: usize, window: Window) -> (Histogram<u64>, u64) {
+    let mut histogram = latency_histogram();
+    let mut failed = 0;
+    let request = vec![0x42u8; size];
+    let mut answer = vec![0u8; size];
+    let timeout = Duration::from_secs(5);
+    while !window.is_over() {
+        let Ok(mut stream) = connect(addr, timeout).await else {
+            failed += 1;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        while !window.is_over() {
+            let began = Instant::now();
+            if exchange(&mut stream, &request, &mut answer, timeout)
+                .await
+                .is_err()
+            {
+                failed += 1;
+                break;
+            }
+            let ended = Instant::now();
+            if window.contains(began, ended) {
+                record(&mut histogram, ended - began);
+            }
+        }
+    }
+    (histogram, failed)
+}

@@ -1,0 +1,106 @@
+//! `throughput`: bulk bytes both ways over a few connections to the echo backend. Reports the
+//! echoed bytes per second (each byte crosses the target twice, once each way) and the target's
+//! CPU seconds per GiB echoed.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use anyhow::Result;
+use clap::Args;
+use serde::Serialize;
+use serde_json::json;
+
+use super::{cpu_over, Scenario};
+use crate::backend::{BackendAddrs, BackendProcess};
+use crate::cli::Timing;
+use crate::client::{bulk, Window};
+use crate::report::{MetricSpec, Metrics, Unit};
+use crate::target::Running;
+
+/// Options of `throughput`.
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct ThroughputArgs {
+    /// Concurrent connections.
+    #[arg(long, default_value_t = 4)]
+    pub connections: usize,
+    /// Bytes per write.
+    #[arg(long, default_value_t = 64 * 1024)]
+    pub chunk: usize,
+}
+
+impl Scenario for ThroughputArgs {
+    const NAME: &'static str = "throughput";
+
+    fn description(&self) -> String {
+        format!(
+            "bulk echo both ways, {} connections, {} KiB writes",
+            self.connections,
+            self.chunk / 1024
+        )
+    }
+
+    fn parameters(&self) -> serde_json::Value {
+        json!(self)
+    }
+
+    fn backend(&self, addrs: &BackendAddrs) -> SocketAddr {
+        addrs.echo
+    }
+
+    fn metrics(&self) -> Vec<MetricSpec> {
+        vec![
+            MetricSpec {
+                key: "bytes_per_s",
+                label: "echoed bytes/s",
+                unit: Unit::BytesPerSec,
+                higher_is_better: true,
+                chart: true,
+            },
+            MetricSpec {
+                key: "target_cpu_s_per_gib",
+                label: "target CPU per GiB",
+                unit: Unit::CpuSecondsPerGib,
+                higher_is_better: false,
+                chart: false,
+            },
+            MetricSpec {
+                key: "failed",
+                label: "failed connections",
+                unit: Unit::Count,
+                higher_is_better: false,
+                chart: false,
+            },
+        ]
+    }
+
+    async fn measure(
+        &self,
+        target: &Running,
+        backend: &BackendProcess,
+        timing: &Timing,
+    ) -> Result<Metrics> {
+        let window = Window::from_now(timing);
+        let received = Arc::new(AtomicU64::new(0));
+        let tasks: Vec<_> = (0..self.connections.max(1))
+            .map(|_| tokio::spawn(bulk(target.addr, self.chunk, window, received.clone())))
+            .collect();
+        let mut metrics = cpu_over(&window, target, backend).await?;
+        let mut failed = 0u32;
+        for task in tasks {
+            if !matches!(task.await, Ok(Ok(()))) {
+                failed += 1;
+            }
+        }
+        let bytes = received.load(Ordering::Relaxed) as f64;
+        metrics.insert("bytes_per_s".into(), bytes / window.seconds());
+        metrics.insert("failed".into(), failed.into());
+        if let Some(&cpu) = metrics.get("target_cpu_s") {
+            if bytes > 0.0 {
+                let gib = bytes / (1u64 << 30) as f64;
+                metrics.insert("target_cpu_s_per_gib".into(), cpu / gib);
+            }
+        }
+        Ok(metrics)
+    }
+}

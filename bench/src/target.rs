@@ -1,0 +1,214 @@
+//! The targets a workload is sent to (`direct`, `proxy`, `haproxy`) and the environment that
+//! starts them: the built-in backends, the proxy and HAProxy launchers, and the log directory.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::ValueEnum;
+use serde::Serialize;
+
+use crate::backend::BackendProcess;
+use crate::cli::Setup;
+use crate::haproxy::{self, HaproxyLauncher, HaproxyOptions};
+use crate::instance::Instance;
+use crate::net::free_address;
+use crate::procstat::{self, ProcSample};
+use crate::proxy::{self, ProxyLauncher, ProxyOptions};
+
+/// Where the load goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Target {
+    /// Straight to the backend: the baseline.
+    Direct,
+    /// Through HAProxy in TCP mode.
+    Haproxy,
+    /// Through kube-apiserver-proxy.
+    Proxy,
+}
+
+impl Target {
+    /// Lowercase name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::Direct => "direct",
+            Target::Haproxy => "haproxy",
+            Target::Proxy => "proxy",
+        }
+    }
+}
+
+/// A target that was asked for but cannot run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Skipped {
+    pub target: Target,
+    pub reason: String,
+}
+
+/// Everything needed to start targets.
+#[derive(Debug)]
+pub struct Env {
+    /// Targets that can run, in the order asked for.
+    pub targets: Vec<Target>,
+    /// Targets asked for that cannot run.
+    pub skipped: Vec<Skipped>,
+    /// The built-in backends.
+    pub backend: BackendProcess,
+    /// Proxy instances, if the proxy is a target.
+    pub proxy: Option<ProxyLauncher>,
+    /// HAProxy instances, if found and a target.
+    pub haproxy: Option<HaproxyLauncher>,
+    /// HAProxy's `nbthread`.
+    pub nbthread: usize,
+    /// HAProxy's version line.
+    pub haproxy_version: Option<String>,
+    /// Output directory.
+    pub out: PathBuf,
+}
+
+impl Env {
+    /// Resolves the targets of `setup`, starts the backends, prepares `out` and `out/logs`.
+    pub fn new(setup: &Setup) -> Result<Self> {
+        let out = setup.out.clone().unwrap_or_else(default_out);
+        let logs = out.join("logs");
+        // Logs and configs of the previous invocation would only confuse.
+        let _ = std::fs::remove_dir_all(&logs);
+        std::fs::create_dir_all(&logs)
+            .with_context(|| format!("cannot create {}", logs.display()))?;
+        let mut targets = Vec::new();
+        let mut skipped = Vec::new();
+        let mut proxy = None;
+        let mut haproxy = None;
+        let mut haproxy_version = None;
+        for &target in &setup.targets {
+            if targets.contains(&target) {
+                continue;
+            }
+            match target {
+                Target::Direct => {}
+                Target::Proxy => {
+                    let bin = proxy::locate(setup.proxy_bin.as_deref(), setup.no_build)?;
+                    proxy = Some(ProxyLauncher::new(
+                        bin,
+                        logs.clone(),
+                        setup.proxy_args.clone(),
+                    ));
+                }
+                Target::Haproxy => match haproxy::locate(setup.haproxy_bin.as_deref()) {
+                    Some(bin) => {
+                        haproxy_version = haproxy::version(&bin);
+                        haproxy = Some(HaproxyLauncher::new(bin, logs.clone()));
+                    }
+                    None => {
+                        skipped.push(Skipped {
+                            target,
+                            reason: "haproxy not found on PATH (apt-get install haproxy)".into(),
+                        });
+                        continue;
+                    }
+                },
+            }
+            targets.push(target);
+        }
+        let nbthread = setup.haproxy_nbthread.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        });
+        Ok(Self {
+            targets,
+            skipped,
+            backend: BackendProcess::start()?,
+            proxy,
+            haproxy,
+            nbthread,
+            haproxy_version,
+            out,
+        })
+    }
+
+    /// Starts `target` in front of `backend` and waits until it is ready.
+    pub async fn start(&mut self, target: Target, backend: SocketAddr) -> Result<Running> {
+        let listen = free_address()?;
+        let max_connections =
+            (procstat::nofile_limit().saturating_sub(200) / 2).clamp(1000, 100_000);
+        let instance = match target {
+            Target::Direct => {
+                return Ok(Running {
+                    target,
+                    addr: backend,
+                    instance: None,
+                })
+            }
+            Target::Proxy => {
+                let launcher = self.proxy.as_mut().expect("proxy target has a launcher");
+                launcher.spawn(&ProxyOptions {
+                    listen,
+                    backend,
+                    handoff_dir: None,
+                    drain_timeout: Duration::from_secs(1),
+                    drain_close_window: Duration::from_millis(100),
+                    max_connections,
+                    log_level: "warn",
+                })?
+            }
+            Target::Haproxy => {
+                let launcher = self
+                    .haproxy
+                    .as_mut()
+                    .expect("haproxy target has a launcher");
+                launcher.spawn(&HaproxyOptions {
+                    listen,
+                    backend,
+                    nbthread: self.nbthread,
+                    maxconn: max_connections,
+                    hard_stop_after: None,
+                })?
+            }
+        };
+        let mut instance = instance;
+        instance.wait_ready(Duration::from_secs(20)).await?;
+        Ok(Running {
+            target,
+            addr: listen,
+            instance: Some(instance),
+        })
+    }
+}
+
+/// A started target.
+#[derive(Debug)]
+pub struct Running {
+    pub target: Target,
+    /// Where clients connect.
+    pub addr: SocketAddr,
+    /// The target process (none for `direct`).
+    pub instance: Option<Instance>,
+}
+
+impl Running {
+    /// CPU and RSS of the target process, if there is one.
+    pub fn sample(&self) -> Result<Option<ProcSample>> {
+        self.instance.as_ref().map(Instance::sample).transpose()
+    }
+
+    /// Stops the target: SIGTERM, then SIGKILL after a short grace.
+    pub async fn stop(mut self) -> Result<()> {
+        if let Some(instance) = self.instance.as_mut() {
+            instance.signal(nix::sys::signal::Signal::SIGTERM)?;
+            instance.wait_exit(Duration::from_secs(3)).await?;
+        }
+        Ok(())
+    }
+}
+
+/// `<target dir>/bench`, found from this binary's location (`target/<profile>/bench`), else
+/// `target/bench` under the current directory.
+pub fn default_out() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.join("bench")))
+        .unwrap_or_else(|| PathBuf::from("target/bench"))
+}

@@ -1,0 +1,125 @@
+//! Smoke test: every scenario runs once at tiny size through the real `bench` binary, so the
+//! harness cannot rot. Figures are not asserted (timing belongs in benchmarks), with one
+//! exception: the rollout run must lose no connection through the proxy.
+//!
+//! The proxy binary is found (and built with cargo if needed) by the harness itself, next to
+//! the `bench` binary. HAProxy takes part when installed. No fixed ports: every listener is on
+//! a random 127.x.y.z address with a kernel-chosen port.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+
+use serde_json::Value;
+
+/// The scenarios share two cores: run them one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// A fresh output directory under the target dir.
+fn out_dir(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("bench-smoke-{name}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// Runs `bench <args> --out <dir>` and returns the JSON it wrote to `<dir>/<file>`.
+fn bench(name: &str, args: &[&str], file: &str) -> Value {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let out = out_dir(name);
+    let output = Command::new(env!("CARGO_BIN_EXE_bench"))
+        .args(args)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .expect("run bench");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "bench {args:?} failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    let text = std::fs::read_to_string(out.join(file))
+        .unwrap_or_else(|e| panic!("no {file}: {e}\nstdout:\n{stdout}\nstderr:\n{stderr}"));
+    serde_json::from_str(&text).expect("valid JSON")
+}
+
+const TINY: [&str; 6] = ["--rounds", "1", "--duration", "200ms", "--warmup", "50ms"];
+
+/// Every asked-for target either ran without error or was skipped with a reason.
+fn assert_ran(report: &Value) {
+    let errors = report["errors"].as_array().expect("errors");
+    assert!(errors.is_empty(), "runs failed: {errors:#?}");
+    let runs = report["runs"].as_array().expect("runs");
+    let targets = report["targets"].as_array().expect("targets");
+    assert_eq!(runs.len(), targets.len(), "one run per target");
+}
+
+#[test]
+fn throughput() {
+    let args = [&["throughput", "--connections", "2"][..], &TINY].concat();
+    assert_ran(&bench("throughput", &args, "throughput.json"));
+}
+
+#[test]
+fn rr() {
+    let args = [&["rr", "--connections", "4"][..], &TINY].concat();
+    assert_ran(&bench("rr", &args, "rr.json"));
+}
+
+#[test]
+fn churn() {
+    let args = [&["churn", "--clients", "2"][..], &TINY].concat();
+    assert_ran(&bench("churn", &args, "churn.json"));
+}
+
+#[test]
+fn idle() {
+    let args = [&["idle", "--connections", "50"][..], &TINY].concat();
+    assert_ran(&bench("idle", &args, "idle.json"));
+}
+
+#[test]
+fn rollout() {
+    let args = [
+        "rollout",
+        "--handoffs",
+        "2",
+        "--interval",
+        "200ms",
+        "--clients",
+        "2",
+        "--rate",
+        "200",
+        "--streams",
+        "2",
+        "--drain-timeout",
+        "300ms",
+    ];
+    let report = bench("rollout", &args, "rollout.json");
+    let variants = report["variants"].as_array().expect("variants");
+    let proxy = variants
+        .iter()
+        .find(|v| v["variant"] == "proxy")
+        .expect("proxy variant ran");
+    assert!(
+        proxy["error"].is_null(),
+        "proxy rollout: {}",
+        proxy["error"]
+    );
+    assert_eq!(proxy["handoffs"].as_array().map(Vec::len), Some(2));
+    assert!(
+        proxy["requests"].as_u64() > Some(0),
+        "no load was generated"
+    );
+
+    // THE ONE FIGURE ASSERTED: zero failed connections (refused, reset, timeout, closed) for
+    // the proxy across its rollout. This depends on the listener handoff (`--handoff-dir`).
+    assert_eq!(
+        proxy["failed"].as_u64(),
+        Some(0),
+        "proxy lost connections during the rollout: requests {} streams {} failures {}",
+        proxy["requests_failed"],
+        proxy["streams"]["failed"],
+        proxy["failures"]
+    );
+}

@@ -1,0 +1,542 @@
+//! Reliability: descriptor exhaustion, silent and non-reading clients, backend faults, hostile
+//! input on every socket the proxy serves, and leaks (descriptors and tasks counted before and
+//! after).
+
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd as _;
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context as _, Result};
+use kube_apiserver_proxy_tests::certs::Pki;
+use kube_apiserver_proxy_tests::client::TcpClient;
+use kube_apiserver_proxy_tests::fake_apiserver::FakeApiserver;
+use kube_apiserver_proxy_tests::proxy::{parse_metric, Proxy, ProxyBuilder};
+use kube_apiserver_proxy_tests::util::{eventually, random_loopback_ip, TempDir};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+
+use crate::{echo_backend, listen_addr, serving, tcp_proxy, DEADLINE};
+
+/// Resident memory of a process, in bytes.
+fn rss(pid: u32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .context("no VmRSS")?
+        .trim()
+        .trim_end_matches(" kB")
+        .trim()
+        .parse()?;
+    Ok(kib * 1024)
+}
+
+/// CPU time (user + system) of a process.
+fn cpu(pid: u32) -> Result<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let after_comm = &stat[stat.rfind(')').context("stat")? + 2..];
+    let fields: Vec<&str> = after_comm.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
+    Ok(Duration::from_millis(ticks * 10))
+}
+
+/// Open descriptors (less those of idle pooled splice pipes, a bounded cache) and alive tasks,
+/// as the proxy reports them.
+async fn resources(proxy: &Proxy) -> Result<(f64, f64)> {
+    let metrics = proxy.metrics().await?;
+    let read = |name| parse_metric(&metrics, name, &[]).unwrap_or(0.0);
+    Ok((
+        read("open_fds") - 2.0 * read("splice_pipes_pooled"),
+        read("runtime_alive_tasks"),
+    ))
+}
+
+/// Waits until descriptors and tasks are back to `baseline` or below (no leak; the baseline
+/// may include a transient admin connection).
+async fn back_to(proxy: &Proxy, baseline: (f64, f64)) -> Result<()> {
+    eventually(DEADLINE, || async {
+        let now = resources(proxy).await?;
+        ensure!(
+            now.0 <= baseline.0 && now.1 <= baseline.1,
+            "open_fds/tasks {now:?}, baseline {baseline:?}"
+        );
+        Ok(())
+    })
+    .await
+}
+
+async fn round_trip(listen: SocketAddr) -> Result<()> {
+    let mut c = TcpClient::connect(listen).await?;
+    c.round_trip(b"ping").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn descriptor_exhaustion_backs_off_and_recovers() -> Result<()> {
+    let backend = echo_backend().await?;
+    let listen = listen_addr()?;
+    let proxy = serving(
+        tcp_proxy(listen, &[&backend])
+            .fast_health()
+            .nofile_limit(48),
+    )
+    .await?;
+    round_trip(listen).await?;
+    // Far more clients than descriptors: accept() fails with EMFILE while they stay.
+    let mut flood = Vec::new();
+    for _ in 0..150 {
+        flood.push(TcpStream::connect(listen).await?);
+    }
+    let cpu_before = cpu(proxy.pid())?;
+    let wall = Instant::now();
+    tokio::time::sleep(Duration::from_secs(2)).await; // let time pass under exhaustion
+    let used = cpu(proxy.pid())? - cpu_before;
+    ensure!(
+        used < wall.elapsed() / 4,
+        "proxy used {used:?} CPU in {:?} while out of descriptors (spinning?)",
+        wall.elapsed()
+    );
+    drop(flood);
+    eventually(DEADLINE, || async { round_trip(listen).await }).await?;
+    let rejected = proxy
+        .metric_or_zero("connections_failed_total", &[("reason", "accept_error")])
+        .await?;
+    ensure!(rejected > 0.0, "accept errors not counted");
+    let logged = proxy.stderr().matches("accept failed").count();
+    ensure!(
+        logged <= 3,
+        "accept failure logged {logged} times in ~2s (rate limit broken)"
+    );
+    // The backend was never blamed for our own shortage.
+    let entry = proxy.backend_status(backend.addr()).await?;
+    ensure!(
+        entry["health"] == "up",
+        "backend {entry} after descriptor exhaustion"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_clients_do_not_stop_others_and_cost_little() -> Result<()> {
+    const SILENT: usize = 1000;
+    let backend = echo_backend().await?;
+    let listen = listen_addr()?;
+    let proxy = serving(tcp_proxy(listen, &[&backend]).fast_health()).await?;
+    round_trip(listen).await?;
+    let rss_before = rss(proxy.pid())?;
+    let mut silent = Vec::with_capacity(SILENT);
+    for _ in 0..SILENT {
+        silent.push(TcpStream::connect(listen).await?);
+    }
+    eventually(DEADLINE, || async {
+        let active = proxy.metric_or_zero("connections_active", &[]).await?;
+        ensure!(active >= SILENT as f64, "{active} connections active");
+        Ok(())
+    })
+    .await?;
+    let started = Instant::now();
+    round_trip(listen).await?;
+    ensure!(
+        started.elapsed() < Duration::from_secs(2),
+        "a client waited {:?} behind silent ones",
+        started.elapsed()
+    );
+    let per_connection = rss(proxy.pid())?.saturating_sub(rss_before) / SILENT as u64;
+    println!("RSS per silent proxied connection: {per_connection} bytes");
+    ensure!(
+        per_connection < 16 * 1024,
+        "{per_connection} bytes per silent connection"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_never_read_are_bounded() -> Result<()> {
+    const CLIENTS: usize = 20;
+    const SEND: usize = 64 << 20;
+    let backend = echo_backend().await?;
+    let listen = listen_addr()?;
+    let proxy = serving(tcp_proxy(listen, &[&backend]).fast_health()).await?;
+    let rss_before = rss(proxy.pid())?;
+    let mut writers = Vec::new();
+    for _ in 0..CLIENTS {
+        let mut stream = TcpStream::connect(listen).await?;
+        writers.push(tokio::spawn(async move {
+            // Never reads: the echo fills every buffer on the way back, then ours stall.
+            let chunk = vec![b'x'; 64 * 1024];
+            let mut sent = 0;
+            while sent < SEND {
+                if stream.write_all(&chunk).await.is_err() {
+                    break;
+                }
+                sent += chunk.len();
+            }
+            stream
+        }));
+    }
+    // Wait until the flow has stopped: no more bytes move between two looks 200 ms apart.
+    let mut last = -1.0;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let now = proxy
+            .metric_or_zero("bytes_total", &[("direction", "client_to_backend")])
+            .await?;
+        if now > 0.0 && now == last {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "bytes still moving after 20s ({now})"
+        );
+        last = now;
+        tokio::time::sleep(Duration::from_millis(200)).await; // sampling interval
+    }
+    let moved = last;
+    ensure!(
+        moved < (CLIENTS * SEND) as f64,
+        "everything moved: nothing stalled"
+    );
+    let growth = rss(proxy.pid())?.saturating_sub(rss_before);
+    println!("RSS growth with {CLIENTS} stalled clients: {growth} bytes ({moved} bytes moved)");
+    ensure!(
+        growth < (CLIENTS as u64) * 256 * 1024,
+        "RSS grew by {growth} bytes for {CLIENTS} stalled connections (unbounded buffering?)"
+    );
+    round_trip(listen).await?;
+    for w in writers {
+        w.abort();
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_that_accepts_but_never_answers_is_marked_down() -> Result<()> {
+    let pki = Pki::new()?;
+    // A listener nobody accepts on: TCP connects succeed (the kernel queues them), TLS never does.
+    let blackhole = std::net::TcpListener::bind((random_loopback_ip()?, 0))?;
+    let good = FakeApiserver::https(&pki)
+        .random_loopback()?
+        .start()
+        .await?;
+    let listen = listen_addr()?;
+    let proxy = serving(
+        ProxyBuilder::new()
+            .listen(listen)
+            .backend(blackhole.local_addr()?)
+            .backend(good.addr())
+            .health_check("https")
+            .ca_file(&pki.ca_file())
+            .args(["--health-interval", "100ms", "--health-timeout", "200ms"])
+            .args(["--health-rise", "1", "--health-fall", "2"]),
+    )
+    .await?;
+    eventually(DEADLINE, || async {
+        let failed = proxy
+            .metric_or_zero(
+                "health_checks_total",
+                &[
+                    ("backend", &blackhole.local_addr()?.to_string()),
+                    ("result", "failed"),
+                ],
+            )
+            .await?;
+        ensure!(failed >= 2.0, "{failed} failed checks of the black hole");
+        Ok(())
+    })
+    .await?;
+    let entry = proxy.backend_status(blackhole.local_addr()?).await?;
+    ensure!(
+        entry["healthy"] == false,
+        "black hole counted healthy: {entry}"
+    );
+    let client = crate::https_client(&pki)?;
+    for _ in 0..10 {
+        let (code, _) = client.get(listen, "/version").await?;
+        ensure!(code == 200, "/version {code}");
+    }
+    ensure!(
+        good.requests("/version") == 10,
+        "not every request reached the good backend"
+    );
+    Ok(())
+}
+
+/// A backend that reads a little, then resets the connection.
+async fn resetting_backend() -> Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind((random_loopback_ip()?, 0)).await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4];
+                if stream.read_exact(&mut buf).await.is_ok() {
+                    // Linger zero: close sends RST.
+                    let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
+                }
+                drop(stream);
+            });
+        }
+    });
+    Ok(addr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_reset_mid_stream_closes_the_client_and_leaks_nothing() -> Result<()> {
+    let backend = resetting_backend().await?;
+    let listen = listen_addr()?;
+    let proxy = serving(
+        ProxyBuilder::new()
+            .listen(listen)
+            .backend(backend)
+            .health_check("tcp")
+            .fast_health(),
+    )
+    .await?;
+    let baseline = resources(&proxy).await?;
+    for _ in 0..20 {
+        let mut c = TcpStream::connect(listen).await?;
+        c.write_all(b"abcdefgh").await?;
+        let mut buf = Vec::new();
+        let read = tokio::time::timeout(DEADLINE, c.read_to_end(&mut buf)).await;
+        ensure!(read.is_ok(), "client not closed after the backend reset");
+    }
+    back_to(&proxy, baseline).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vanished_backend_leaks_nothing() -> Result<()> {
+    let backend = echo_backend().await?;
+    let listen = listen_addr()?;
+    let proxy = serving(tcp_proxy(listen, &[&backend]).fast_health()).await?;
+    let baseline = resources(&proxy).await?;
+    let mut clients = Vec::new();
+    for _ in 0..20 {
+        let mut c = TcpClient::connect(listen).await?;
+        c.round_trip(b"hello").await?;
+        clients.push(c);
+    }
+    backend.vanish().await;
+    for c in &mut clients {
+        c.wait_closed(DEADLINE).await?;
+    }
+    drop(clients);
+    back_to(&proxy, baseline).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_to_accept_backend_is_skipped_after_connect_timeout() -> Result<()> {
+    // Healthy at first (long interval keeps it so), then its backlog fills: SYNs are dropped.
+    let slow = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+    slow.bind(&SocketAddr::new(random_loopback_ip()?, 0).into())?;
+    slow.listen(0)?;
+    let slow_addr = slow.local_addr()?.as_socket().context("ip")?;
+    let good = echo_backend().await?;
+    let listen = listen_addr()?;
+    let proxy = serving(
+        ProxyBuilder::new()
+            .listen(listen)
+            .backend(slow_addr)
+            .backend(good.addr())
+            .health_check("tcp")
+            .args([
+                "--health-interval",
+                "1m",
+                "--health-rise",
+                "1",
+                "--connect-timeout",
+                "300ms",
+            ]),
+    )
+    .await?;
+    proxy.wait_backend_health(slow_addr, "up").await?;
+    proxy.wait_backend_health(good.addr(), "up").await?;
+    // Fill the backlog (never accepted).
+    let mut fillers = Vec::new();
+    for _ in 0..4 {
+        if let Ok(Ok(s)) =
+            tokio::time::timeout(Duration::from_millis(200), TcpStream::connect(slow_addr)).await
+        {
+            fillers.push(s);
+        }
+    }
+    for _ in 0..3 {
+        round_trip(listen).await?;
+    }
+    let skipped = proxy
+        .metric_or_zero(
+            "backend_connect_failures_total",
+            &[("backend", &slow_addr.to_string())],
+        )
+        .await?;
+    ensure!(skipped >= 1.0, "slow backend never tried and skipped");
+    ensure!(
+        good.active_sessions() > 0 || good.accepted() > 0,
+        "good backend got nothing"
+    );
+    Ok(())
+}
+
+/// Connects to the proxy's handoff socket.
+fn handoff_socket(dir: &std::path::Path) -> Result<std::path::PathBuf> {
+    std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "sock"))
+        .context("no handoff socket")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_on_the_handoff_socket_is_rejected_and_counted() -> Result<()> {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+    let backend = echo_backend().await?;
+    let listen = listen_addr()?;
+    let dir = TempDir::new("hostile-handoff")?;
+    let handoff = dir.join("handoff");
+    let proxy = serving(
+        tcp_proxy(listen, &[&backend])
+            .fast_health()
+            .arg("--handoff-dir")
+            .arg(&handoff),
+    )
+    .await?;
+    let before = proxy.status().await?["listeners"].clone();
+    let socket = handoff_socket(&handoff)?;
+    let frame = |payload: &[u8]| {
+        let mut f = b"KAPH\x01\x00".to_vec();
+        f.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+        f.extend_from_slice(payload);
+        f
+    };
+    let mut big = b"KAPH\x01\x00".to_vec();
+    big.extend_from_slice(&u32::MAX.to_be_bytes());
+    let cases: Vec<Vec<u8>> = vec![
+        b"GET / HTTP/1.1\r\n\r\n".to_vec(),
+        (0..4096).map(|i| (i * 7 % 251) as u8).collect(),
+        big,
+        frame(b"{not json"),
+        frame(br#"{"type":"ack","held":[]}"#),
+        b"KAPH\x01\x00\x00\x00\x01".to_vec(), // truncated: peer closes mid-message
+    ];
+    for case in &cases {
+        let mut s = UnixStream::connect(&socket)?;
+        let _ = s.write_all(case);
+        drop(s);
+    }
+    // An adopt carrying a descriptor that is not a listening socket (a pipe).
+    let (pipe_r, _pipe_w) = nix::unistd::pipe()?;
+    let s = UnixStream::connect(&socket)?;
+    let adopt = frame(format!(r#"{{"type":"adopt","addrs":["{listen}"]}}"#).as_bytes());
+    let fds = [pipe_r.as_raw_fd()];
+    sendmsg::<()>(
+        s.as_raw_fd(),
+        &[std::io::IoSlice::new(&adopt)],
+        &[ControlMessage::ScmRights(&fds)],
+        MsgFlags::empty(),
+        None,
+    )?;
+    s.set_read_timeout(Some(DEADLINE))?;
+    let mut answer = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut &s, &mut answer);
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    ensure!(
+        answer.contains(r#""held":[]"#),
+        "a pipe was adopted: {answer}"
+    );
+    eventually(DEADLINE, || async {
+        let rejected = proxy
+            .metric_or_zero("handoff_messages_rejected_total", &[])
+            .await?;
+        ensure!(
+            rejected >= cases.len() as f64,
+            "{rejected} rejected of {} bad messages",
+            cases.len() + 1
+        );
+        Ok(())
+    })
+    .await?;
+    ensure!(
+        proxy.status().await?["listeners"] == before,
+        "listeners changed"
+    );
+    round_trip(listen).await?;
+    let (code, _) = proxy.admin_get("/readyz").await?;
+    ensure!(code == 200, "/readyz {code} after hostile handoff input");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_admin_requests_are_rejected_and_counted() -> Result<()> {
+    let backend = echo_backend().await?;
+    let listen = listen_addr()?;
+    let proxy = serving(tcp_proxy(listen, &[&backend]).fast_health()).await?;
+    let admin = proxy.admin_addr();
+    let send = |request: Vec<u8>| async move {
+        let mut s = TcpStream::connect(admin).await?;
+        let _ = s.write_all(&request).await;
+        let mut answer = Vec::new();
+        let _ = tokio::time::timeout(DEADLINE, s.read_to_end(&mut answer)).await;
+        anyhow::Ok(String::from_utf8_lossy(&answer).into_owned())
+    };
+    let post = send(
+        b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            .to_vec(),
+    )
+    .await?;
+    ensure!(post.starts_with("HTTP/1.1 405"), "POST answered {post:?}");
+    let delete =
+        send(b"DELETE /status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".to_vec()).await?;
+    ensure!(
+        delete.starts_with("HTTP/1.1 405"),
+        "DELETE answered {delete:?}"
+    );
+    let mut huge = b"GET /status HTTP/1.1\r\nHost: x\r\nX-Big: ".to_vec();
+    huge.extend(std::iter::repeat_n(b'a', 1 << 20));
+    huge.extend_from_slice(b"\r\n\r\n");
+    let big = send(huge).await?;
+    ensure!(
+        !big.starts_with("HTTP/1.1 200"),
+        "a 1 MiB header was served: {}",
+        &big[..big.len().min(80)]
+    );
+    let garbage = send((0..2048).map(|i| (i * 13 % 256) as u8).collect()).await?;
+    ensure!(!garbage.starts_with("HTTP/1.1 200"), "garbage served");
+    let rejected = proxy
+        .metric_or_zero("admin_requests_rejected_total", &[])
+        .await?;
+    ensure!(rejected >= 2.0, "admin_requests_rejected_total {rejected}");
+    round_trip(listen).await?;
+    let (code, _) = proxy.admin_get("/healthz").await?;
+    ensure!(code == 200, "/healthz {code}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_tls_on_health_checks_fails_the_check_only() -> Result<()> {
+    // A backend that answers a TLS ClientHello with an echo of it: not TLS.
+    let backend = echo_backend().await?;
+    let listen = listen_addr()?;
+    let proxy = ProxyBuilder::new()
+        .listen(listen)
+        .backend(backend.addr())
+        .health_check("https")
+        .arg("--health-insecure-skip-verify")
+        .fast_health()
+        .spawn()
+        .await?;
+    eventually(DEADLINE, || async {
+        let failed = proxy
+            .metric_or_zero("health_checks_total", &[("result", "failed")])
+            .await?;
+        ensure!(failed >= 3.0, "{failed} failed checks");
+        Ok(())
+    })
+    .await?;
+    ensure!(
+        proxy.state().await? == "WaitingForBackend",
+        "a non-TLS backend passed an https check"
+    );
+    let (code, _) = proxy.admin_get("/healthz").await?;
+    ensure!(code == 200, "/healthz {code}");
+    Ok(())
+}
