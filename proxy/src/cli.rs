@@ -35,6 +35,15 @@ pub enum Command {
     /// Pick a free random loopback address, write it to a file, substitute {{address}} in the
     /// arguments and exec the command (kube-apiserver) in place.
     Launch(LaunchArgs),
+    /// Copy this binary to DEST (mode 0755, atomically): for init containers without `cp`.
+    Install(InstallArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct InstallArgs {
+    /// Where to put the binary, e.g. /proxy-bin/kube-apiserver-proxy.
+    #[arg(value_name = "DEST")]
+    pub dest: PathBuf,
 }
 
 /// How the active health check talks to a backend.

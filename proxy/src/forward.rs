@@ -64,11 +64,44 @@ pub async fn serve(client: TcpStream, client_addr: ClientAddr, ctx: Arc<ForwardC
         _ = dead.cancelled() => {
             backend.metrics.connections_closed.inc();
             tracing::debug!(client.addr = %client_addr, backend = %backend.addr, "closing: backend dead");
+            drop(upstream);
+            close_gracefully(client).await;
         }
         _ = cut => {
             tracing::debug!(client.addr = %client_addr, backend = %backend.addr, "closing: drain deadline");
+            drop(upstream);
+            close_gracefully(client).await;
         }
     }
+}
+
+/// How long a closed-by-us client may take to close its side.
+const CLOSE_LINGER: Duration = Duration::from_secs(1);
+
+/// Ends a connection the proxy decided to close with a FIN, not a reset: closing a socket with
+/// unread data sends RST, which clients report as an error. So: shut down our write side, read
+/// and discard whatever the client still sends until it closes too (or a short linger passes),
+/// then close.
+async fn close_gracefully(client: TcpStream) {
+    if socket2::SockRef::from(&client)
+        .shutdown(std::net::Shutdown::Write)
+        .is_err()
+    {
+        return;
+    }
+    let drain = async {
+        let mut sink = [0u8; 1024];
+        loop {
+            client.readable().await?;
+            match client.try_read(&mut sink) {
+                Ok(0) => return Ok::<_, std::io::Error>(()),
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(CLOSE_LINGER, drain).await;
 }
 
 /// Tries backends in selection order; each failure marks that backend suspect.

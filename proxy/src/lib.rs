@@ -28,6 +28,7 @@
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz`, `/status`.
 //! - [`metrics`]: every Prometheus metric, in one struct.
 //! - [`probe`]: the `probe` subcommand for exec probes.
+//! - [`install`]: the `install` subcommand: the binary copies itself (init containers).
 //! - [`launch`]: the `launch` subcommand: random loopback address for kube-apiserver.
 //! - [`fsutil`]: atomic file writes.
 
@@ -45,6 +46,7 @@ pub mod forward;
 pub mod fsutil;
 pub mod handoff;
 pub mod health;
+pub mod install;
 pub mod launch;
 pub mod lifecycle;
 pub mod listener;

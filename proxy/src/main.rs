@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use kube_apiserver_proxy::cli::{Cli, Command, LogFormat};
 use kube_apiserver_proxy::config::Config;
-use kube_apiserver_proxy::{launch, probe, server, signal};
+use kube_apiserver_proxy::{install, launch, probe, server, signal};
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -20,6 +20,13 @@ fn main() -> ExitCode {
     match cli.command {
         Some(Command::Probe(args)) => run_probe(&args),
         Some(Command::Run(args)) => run(*args),
+        Some(Command::Install(args)) => match install::install(&args.dest) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::from(2)
+            }
+        },
         Some(Command::Launch(args)) => {
             let err = launch::launch(&args);
             eprintln!("error: {err:#}");

@@ -20,6 +20,7 @@ mod handoff;
 mod health;
 mod lifecycle;
 mod listening;
+mod manifests;
 mod reliability;
 
 use std::net::SocketAddr;
