@@ -57,6 +57,17 @@ pub enum HealthCheckKind {
     Tcp,
 }
 
+/// How bytes are moved between client and backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CopyMode {
+    /// Buffered while bursts are small, splice(2) once a burst is bulk.
+    Auto,
+    /// Always splice(2) through a pooled pipe (zero-copy).
+    Splice,
+    /// Always through a per-thread buffer.
+    Buffered,
+}
+
 /// Log output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -216,9 +227,14 @@ pub struct RunArgs {
     )]
     pub max_connections: u32,
 
-    /// Forward with splice(2) (zero-copy through a pooled pipe); false: through a transient buffer.
-    #[arg(long, value_name = "BOOL", env = "KUBE_APISERVER_PROXY_SPLICE", default_value_t = true, action = clap::ArgAction::Set)]
-    pub splice: bool,
+    /// How bytes are moved: auto (buffered for small bursts, splice(2) for bulk), splice, buffered.
+    #[arg(
+        long,
+        value_enum,
+        env = "KUBE_APISERVER_PROXY_COPY_MODE",
+        default_value = "auto"
+    )]
+    pub copy_mode: CopyMode,
 
     /// Directory of the handoff Unix sockets shared by all instances on the node.
     #[arg(long, value_name = "DIR", env = "KUBE_APISERVER_PROXY_HANDOFF_DIR")]

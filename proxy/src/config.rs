@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::addr::{AdminAddr, BackendAddr, ListenAddr};
-use crate::cli::{parse_socket_addr, HealthCheckKind, LogFormat, RunArgs};
+use crate::cli::{parse_socket_addr, CopyMode, HealthCheckKind, LogFormat, RunArgs};
 use crate::discovery::DiscoveryConfig;
 use crate::tls::{self, TlsError};
 
@@ -111,7 +111,7 @@ pub struct Config {
     pub drain_close_window: Duration,
     /// Most connections carried at once (default 10000).
     pub max_connections: NonZeroU32,
-    /// Forward with splice(2) (default) or through a transient buffer.
+    /// How bytes are moved (default auto: buffered for small bursts, splice for bulk).
     pub copy_mode: crate::copy::Mode,
     /// Listener handoff; `None` in plain standalone use.
     pub handoff: Option<HandoffConfig>,
@@ -240,10 +240,10 @@ impl TryFrom<RunArgs> for Config {
             drain_timeout: args.drain_timeout,
             drain_close_window: args.drain_close_window,
             max_connections,
-            copy_mode: if args.splice {
-                crate::copy::Mode::Splice
-            } else {
-                crate::copy::Mode::Buffered
+            copy_mode: match args.copy_mode {
+                CopyMode::Auto => crate::copy::Mode::Auto,
+                CopyMode::Splice => crate::copy::Mode::Splice,
+                CopyMode::Buffered => crate::copy::Mode::Buffered,
             },
             handoff,
             log_format: args.log_format,

@@ -1,17 +1,21 @@
 //! Moving bytes both ways between client and backend, half-close aware, with no idle timeout.
 //!
-//! Two ways, chosen per connection:
+//! Two ways to move a burst of data (everything readable at one wake-up):
 //!
-//! - **splice** (default): `splice(2)` from one socket into a pipe and from the pipe into the
-//!   other socket; the bytes never enter user space. Pipes come from a small pool and are held
-//!   only while data is in flight, so an idle connection holds no pipe (and no descriptors
-//!   beyond its two sockets).
-//! - **buffered**: `read`/`write` through a buffer that exists only while data is in flight.
-//!   Used with `--splice=false`, and whenever no pipe can be had (e.g. out of descriptors).
+//! - **buffered**: `read` into a per-thread scratch buffer and `write` straight on. The buffer
+//!   is never held across a wait: only when the destination cannot take everything at once is
+//!   the rest copied into a buffer owned by the connection until it is written.
+//! - **splice**: `splice(2)` from one socket into a pipe and from the pipe into the other socket;
+//!   the bytes never enter user space. Pipes come from a small pool and are held only while
+//!   data is in flight. If no pipe can be had (out of descriptors), the burst goes buffered.
 //!
-//! Either way an idle connection holds no user-space buffer. When one side reaches EOF the other
-//! side's write half is shut down (half-close propagates) and the other direction goes on.
+//! [`Mode::Auto`] (the default) picks per direction: buffered while bursts are small (API
+//! requests, watch events: fewer system calls, no pipe), splice once a read fills the scratch
+//! buffer (lists, logs, bulk: no copy through user space), back to buffered when bursts shrink.
+//! Either way an idle connection holds no buffer and no pipe. When one side reaches EOF the
+//! other side's write half is shut down (half-close propagates) and the other direction goes on.
 
+use std::cell::RefCell;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Mutex;
@@ -21,12 +25,25 @@ use prometheus::IntCounter;
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 
+/// Size of the per-thread scratch buffer; a read that fills it marks the direction as bulk.
+const SCRATCH_LEN: usize = 64 * 1024;
 /// Bytes moved per `splice` call at most (the default pipe capacity).
 const SPLICE_CHUNK: usize = 64 * 1024;
-/// Size of the transient buffer of the buffered path.
-const BUFFER_SIZE: usize = 16 * 1024;
+/// A splice burst smaller than this sends an `Auto` direction back to buffered copying.
+const SMALL_BURST: usize = 16 * 1024;
 /// Idle pipes kept for reuse; more are closed when returned.
 const POOL_MAX: usize = 256;
+
+/// How to copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Buffered for small bursts, splice for bulk (default).
+    Auto,
+    /// Always splice (buffered only when no pipe can be had).
+    Splice,
+    /// Always buffered.
+    Buffered,
+}
 
 /// A pipe used to splice one burst of data.
 struct Pipe {
@@ -45,7 +62,7 @@ impl Pipe {
         Ok(Pipe { read, write })
     }
 
-    /// Returns an empty pipe to the pool (a pipe with data left in it is closed instead).
+    /// Returns an empty pipe to the pool (a pipe with data left in it is dropped instead).
     fn give_back(self) {
         let mut pool = POOL.lock().expect("pipe pool");
         if pool.len() < POOL_MAX {
@@ -59,11 +76,8 @@ pub fn pooled_pipes() -> usize {
     POOL.lock().expect("pipe pool").len()
 }
 
-/// How to copy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    Splice,
-    Buffered,
+thread_local! {
+    static SCRATCH: RefCell<Vec<u8>> = RefCell::new(vec![0; SCRATCH_LEN]);
 }
 
 /// Copies both ways until both directions reached EOF, or either failed. Bytes are added to
@@ -81,6 +95,17 @@ pub async fn bidirectional(
     Ok(())
 }
 
+/// What one burst did.
+#[derive(Debug, PartialEq, Eq)]
+enum Burst {
+    /// Moved this many bytes (0: the readiness was stale).
+    Moved {
+        bytes: usize,
+        bulk: bool,
+    },
+    Eof,
+}
+
 /// One direction until EOF, then shuts down the write half of `dst`.
 async fn one_way(
     src: &TcpStream,
@@ -88,25 +113,32 @@ async fn one_way(
     mode: Mode,
     counter: &IntCounter,
 ) -> io::Result<()> {
-    let mut mode = mode;
+    let mut bulk = mode == Mode::Splice;
     loop {
         src.readable().await?;
-        let moved = match mode {
-            Mode::Splice => match Pipe::take() {
+        let burst = if bulk && mode != Mode::Buffered {
+            match Pipe::take() {
                 Ok(pipe) => splice_burst(src, dst, pipe, counter).await?,
                 Err(e) => {
                     tracing::debug!(error = %e, "no pipe for splice: copying through a buffer");
-                    mode = Mode::Buffered;
-                    continue;
+                    buffered_burst(src, dst, counter).await?
                 }
-            },
-            Mode::Buffered => buffered_burst(src, dst, counter).await?,
+            }
+        } else {
+            buffered_burst(src, dst, counter).await?
         };
-        if moved == Burst::Eof {
-            socket2::SockRef::from(dst)
-                .shutdown(std::net::Shutdown::Write)
-                .or_else(ignore_not_connected)?;
-            return Ok(());
+        match burst {
+            Burst::Eof => {
+                socket2::SockRef::from(dst)
+                    .shutdown(std::net::Shutdown::Write)
+                    .or_else(ignore_not_connected)?;
+                return Ok(());
+            }
+            Burst::Moved { bytes, bulk: big } => {
+                if mode == Mode::Auto && bytes > 0 {
+                    bulk = big;
+                }
+            }
         }
     }
 }
@@ -119,11 +151,83 @@ fn ignore_not_connected(e: io::Error) -> io::Result<()> {
     }
 }
 
-#[derive(Debug, PartialEq, Eq)]
-enum Burst {
-    /// Moved data, or nothing was there after all (readiness was stale).
-    Data,
+/// What one read-and-forward step through the scratch buffer did.
+enum Step {
     Eof,
+    Empty,
+    /// Read and wrote this many bytes.
+    Moved(usize),
+    /// Read `read` bytes; `rest` could not be written yet.
+    Blocked {
+        read: usize,
+        rest: Vec<u8>,
+    },
+}
+
+/// Reads once into the thread's scratch buffer and writes what it can at once.
+fn read_and_forward(src: &TcpStream, dst: &TcpStream) -> io::Result<Step> {
+    SCRATCH.with(|cell| {
+        let mut buf = cell.borrow_mut();
+        let n = match src.try_read(&mut buf) {
+            Ok(0) => return Ok(Step::Eof),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Step::Empty),
+            Err(e) => return Err(e),
+        };
+        let mut written = 0;
+        while written < n {
+            match dst.try_write(&buf[written..n]) {
+                Ok(m) => written += m,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    return Ok(Step::Blocked {
+                        read: n,
+                        rest: buf[written..n].to_vec(),
+                    })
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(Step::Moved(n))
+    })
+}
+
+/// Moves what is readable now from `src` to `dst` through the scratch buffer.
+async fn buffered_burst(
+    src: &TcpStream,
+    dst: &TcpStream,
+    counter: &IntCounter,
+) -> io::Result<Burst> {
+    let mut moved = 0;
+    let mut bulk = false;
+    loop {
+        match read_and_forward(src, dst)? {
+            Step::Eof => return Ok(Burst::Eof),
+            Step::Empty => return Ok(Burst::Moved { bytes: moved, bulk }),
+            Step::Moved(n) => {
+                counter.inc_by(n as u64);
+                moved += n;
+                bulk |= n == SCRATCH_LEN;
+            }
+            Step::Blocked { read, rest } => {
+                write_all(dst, &rest).await?;
+                counter.inc_by(read as u64);
+                moved += read;
+                bulk |= read == SCRATCH_LEN;
+            }
+        }
+    }
+}
+
+async fn write_all(dst: &TcpStream, mut data: &[u8]) -> io::Result<()> {
+    while !data.is_empty() {
+        dst.writable().await?;
+        match dst.try_write(data) {
+            Ok(m) => data = &data[m..],
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Splices what is readable now from `src` into `dst` through `pipe`.
@@ -134,6 +238,7 @@ async fn splice_burst(
     counter: &IntCounter,
 ) -> io::Result<Burst> {
     let flags = SpliceFFlags::SPLICE_F_NONBLOCK | SpliceFFlags::SPLICE_F_MOVE;
+    let mut moved = 0;
     loop {
         let n = match src.try_io(Interest::READABLE, || {
             splice(
@@ -153,7 +258,10 @@ async fn splice_burst(
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 pipe.give_back();
-                return Ok(Burst::Data);
+                return Ok(Burst::Moved {
+                    bytes: moved,
+                    bulk: moved >= SMALL_BURST,
+                });
             }
             Err(e) => return Err(e),
         };
@@ -170,32 +278,6 @@ async fn splice_burst(
             }
         }
         counter.inc_by(n as u64);
-    }
-}
-
-/// Reads what is readable now from `src` and writes it to `dst` through a transient buffer.
-async fn buffered_burst(
-    src: &TcpStream,
-    dst: &TcpStream,
-    counter: &IntCounter,
-) -> io::Result<Burst> {
-    let mut buf = vec![0u8; BUFFER_SIZE];
-    loop {
-        let n = match src.try_read(&mut buf) {
-            Ok(0) => return Ok(Burst::Eof),
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Burst::Data),
-            Err(e) => return Err(e),
-        };
-        let mut written = 0;
-        while written < n {
-            dst.writable().await?;
-            match dst.try_write(&buf[written..n]) {
-                Ok(m) => written += m,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => return Err(e),
-            }
-        }
-        counter.inc_by(n as u64);
+        moved += n;
     }
 }

@@ -81,6 +81,16 @@ pub async fn run(config: DiscoveryConfig, backends: Arc<Backends>, stop: Cancell
     let mut waiting_logged = false;
     let mut last_refresh: Option<Instant> = None;
     let mut own_dead_since: Option<Instant> = None;
+    if let Some(dir) = &config.backend_dir {
+        use std::os::unix::fs::DirBuilderExt;
+        if let Err(e) = std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+        {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot create --backend-dir");
+        }
+    }
     loop {
         if let Some(file) = &config.own_backend_file {
             match std::fs::read_to_string(file)

@@ -30,9 +30,7 @@ pub struct ForwardContext {
 /// Carries one client connection to its end.
 pub async fn serve(client: TcpStream, client_addr: ClientAddr, ctx: Arc<ForwardContext>) {
     let _active = ActiveConnection::new(&ctx.metrics);
-    if let Err(e) = net::tune(&client) {
-        tracing::debug!(client.addr = %client_addr, error = %e, "cannot tune client socket");
-    }
+    // The client socket inherited its options from the listener (net::tune_listener).
     let Some((backend, upstream)) = connect_any(&ctx).await else {
         ctx.metrics.connection_failed(FailReason::NoBackend);
         tracing::warn!(client.addr = %client_addr, "no backend could be reached: closing client");

@@ -75,6 +75,7 @@ impl Listeners {
             return Ok(false);
         }
         socket.set_nonblocking(true)?;
+        crate::net::tune_listener(&socket)?;
         let fd = socket.as_fd().try_clone_to_owned()?;
         let listener = TcpListener::from_std(socket)?;
         let stop = CancellationToken::new();

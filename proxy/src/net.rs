@@ -23,7 +23,17 @@ pub const LISTEN_BACKLOG: i32 = 4096;
 
 /// Sets keepalive, `TCP_USER_TIMEOUT` and `TCP_NODELAY` on one side of a proxied connection.
 pub fn tune(stream: &TcpStream) -> io::Result<()> {
-    let sock = SockRef::from(stream);
+    tune_socket(SockRef::from(stream))
+}
+
+/// Sets the connection options on a listening socket: accepted connections inherit them from
+/// it (Linux copies `TCP_NODELAY`, keepalive and `TCP_USER_TIMEOUT` to the child socket), so
+/// the accept path makes no `setsockopt` calls of its own.
+pub fn tune_listener(listener: &impl std::os::fd::AsFd) -> io::Result<()> {
+    tune_socket(SockRef::from(listener))
+}
+
+fn tune_socket(sock: SockRef<'_>) -> io::Result<()> {
     sock.set_nodelay(true)?;
     sock.set_tcp_keepalive(
         &TcpKeepalive::new()

@@ -35,24 +35,31 @@ async fn echo_concurrently(addr: SocketAddr, data: Vec<u8>) -> Result<Vec<u8>> {
     Ok(back)
 }
 
+/// The default: buffered while bursts are small, splice once they are bulk (both paths run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_payloads_both_directions_are_byte_exact_auto() -> Result<()> {
+    large_payloads_both_directions_are_byte_exact("auto").await
+}
+
+/// Zero-copy only (`--copy-mode=splice`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_payloads_both_directions_are_byte_exact_with_splice() -> Result<()> {
-    large_payloads_both_directions_are_byte_exact("true").await
+    large_payloads_both_directions_are_byte_exact("splice").await
 }
 
-/// The buffered path (`--splice=false`; also the fallback when no pipe can be had).
+/// The buffered path only (`--copy-mode=buffered`; also the fallback when no pipe can be had).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_payloads_both_directions_are_byte_exact_buffered() -> Result<()> {
-    large_payloads_both_directions_are_byte_exact("false").await
+    large_payloads_both_directions_are_byte_exact("buffered").await
 }
 
-async fn large_payloads_both_directions_are_byte_exact(splice: &str) -> Result<()> {
+async fn large_payloads_both_directions_are_byte_exact(mode: &str) -> Result<()> {
     let backend = echo_backend().await?;
     let listen = listen_addr()?;
     let proxy = serving(
         tcp_proxy(listen, &[&backend])
             .fast_health()
-            .arg(format!("--splice={splice}")),
+            .arg(format!("--copy-mode={mode}")),
     )
     .await?;
     let payloads: Vec<Vec<u8>> = (0..2)
@@ -134,21 +141,21 @@ async fn tls_with_client_certificate_end_to_end() -> Result<()> {
 
 #[tokio::test]
 async fn half_close_propagates_with_splice() -> Result<()> {
-    half_close_propagates("true").await
+    half_close_propagates("splice").await
 }
 
 #[tokio::test]
 async fn half_close_propagates_buffered() -> Result<()> {
-    half_close_propagates("false").await
+    half_close_propagates("buffered").await
 }
 
-async fn half_close_propagates(splice: &str) -> Result<()> {
+async fn half_close_propagates(mode: &str) -> Result<()> {
     let backend = FakeApiserver::tcp_sink().random_loopback()?.start().await?;
     let listen = listen_addr()?;
     let _proxy = serving(
         tcp_proxy(listen, &[&backend])
             .fast_health()
-            .arg(format!("--splice={splice}")),
+            .arg(format!("--copy-mode={mode}")),
     )
     .await?;
     let mut client = TcpClient::connect(listen).await?;

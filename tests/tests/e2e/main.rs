@@ -18,10 +18,13 @@ mod fake_binary;
 mod forwarding;
 mod handoff;
 mod health;
+mod launch;
 mod lifecycle;
 mod listening;
 mod manifests;
+mod pod;
 mod reliability;
+mod static_binary;
 
 use std::net::SocketAddr;
 use std::time::Duration;
