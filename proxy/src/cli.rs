@@ -236,6 +236,10 @@ pub struct RunArgs {
     )]
     pub copy_mode: CopyMode,
 
+    /// Threads of the async runtime that carries connections (default: CPUs available).
+    #[arg(long, value_name = "N", env = "KUBE_APISERVER_PROXY_WORKER_THREADS")]
+    pub worker_threads: Option<usize>,
+
     /// Directory of the handoff Unix sockets shared by all instances on the node.
     #[arg(long, value_name = "DIR", env = "KUBE_APISERVER_PROXY_HANDOFF_DIR")]
     pub handoff_dir: Option<PathBuf>,

@@ -111,6 +111,8 @@ pub struct Config {
     pub drain_close_window: Duration,
     /// Most connections carried at once (default 10000).
     pub max_connections: NonZeroU32,
+    /// Runtime worker threads (default: CPUs available).
+    pub worker_threads: std::num::NonZeroUsize,
     /// How bytes are moved (default auto: buffered for small bursts, splice for bulk).
     pub copy_mode: crate::copy::Mode,
     /// Listener handoff; `None` in plain standalone use.
@@ -240,6 +242,11 @@ impl TryFrom<RunArgs> for Config {
             drain_timeout: args.drain_timeout,
             drain_close_window: args.drain_close_window,
             max_connections,
+            worker_threads: match args.worker_threads {
+                Some(n) => std::num::NonZeroUsize::new(n)
+                    .ok_or_else(|| invalid("--worker-threads", "must be at least 1"))?,
+                None => std::thread::available_parallelism().unwrap_or(std::num::NonZeroUsize::MIN),
+            },
             copy_mode: match args.copy_mode {
                 CopyMode::Auto => crate::copy::Mode::Auto,
                 CopyMode::Splice => crate::copy::Mode::Splice,

@@ -75,6 +75,7 @@ fn run(args: kube_apiserver_proxy::cli::RunArgs) -> ExitCode {
     };
     init_tracing(config.log_format, &config.log_level);
     let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(config.worker_threads.get())
         .enable_all()
         .build()
         .expect("tokio runtime");
