@@ -218,4 +218,72 @@ mod tests {
             }
         }
     }
+
+    mod properties {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        fn addr() -> impl Strategy<Value = String> {
+            prop_oneof![
+                (any::<[u8; 4]>(), any::<u16>())
+                    .prop_map(|(ip, port)| std::net::SocketAddr::from((ip, port)).to_string()),
+                ".{0,40}",
+            ]
+        }
+
+        fn message() -> impl Strategy<Value = Message> {
+            prop_oneof![
+                Just(Message::StatusRequest),
+                (any::<u32>(), ".{0,20}").prop_map(|(pid, state)| Message::Status { pid, state }),
+                prop::collection::vec(addr(), 0..8)
+                    .prop_map(|addrs| Message::ShareRequest { addrs }),
+                prop::collection::vec(addr(), 0..8).prop_map(|addrs| Message::Sockets { addrs }),
+                prop::collection::vec(addr(), 0..8).prop_map(|addrs| Message::Adopt { addrs }),
+                prop::collection::vec(addr(), 0..8).prop_map(|held| Message::Ack { held }),
+                ".{0,100}".prop_map(|reason| Message::Refuse { reason }),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(4096))]
+
+            /// Any message survives encode/decode, and every strict prefix asks for more.
+            #[test]
+            fn round_trips(msg in message()) {
+                let frame = encode(&msg);
+                prop_assert_eq!(decode(&frame).unwrap(), Some((msg, frame.len())));
+                let cut = frame.len() / 2;
+                prop_assert_eq!(decode(&frame[..cut]).unwrap(), None);
+            }
+
+            /// Arbitrary bytes never panic, and a decoded frame never claims more than it was given.
+            #[test]
+            fn arbitrary_input_is_safe(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
+                if let Ok(Some((_, used))) = decode(&bytes) {
+                    prop_assert!(used <= bytes.len());
+                }
+            }
+
+            /// A valid header with an arbitrary payload is either a message or an error, never a panic
+            /// or a request for more bytes than announced.
+            #[test]
+            fn arbitrary_payload_is_safe(payload in prop::collection::vec(any::<u8>(), 0..512)) {
+                let mut frame = b"KAPH\x01\x00".to_vec();
+                frame.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+                frame.extend_from_slice(&payload);
+                prop_assert!(!matches!(decode(&frame), Ok(None)));
+            }
+
+            /// Flipping any byte of a valid frame never panics.
+            #[test]
+            fn mutated_frames_are_safe(msg in message(), at in any::<prop::sample::Index>(), byte in any::<u8>()) {
+                let mut frame = encode(&msg);
+                let i = at.index(frame.len());
+                frame[i] = byte;
+                if let Ok(Some((_, used))) = decode(&frame) {
+                    prop_assert!(used <= frame.len());
+                }
+            }
+        }
+    }
 }
