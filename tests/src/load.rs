@@ -1,5 +1,6 @@
-//! A bounded load generator for handoff tests: clients that open a new connection per
-//! request through the shared address and classify every failure.
+//! Bounded load generators for handoff and rollout tests: clients that open a new connection
+//! per request through the shared address and record every failure ([`Load`]: raw TCP echo,
+//! failures classified; [`HttpsLoad`]: TLS `GET /version`).
 //!
 //! Each request connects, sends 8 bytes, reads the 8-byte echo and closes. A failure is
 //! `refused` (connect refused), `reset` (reset or closed before the answer), `timeout`, or
@@ -169,5 +170,78 @@ impl Load {
             ok: self.shared.ok.load(Ordering::Relaxed),
             failures: self.shared.failures.lock().unwrap().clone(),
         }
+    }
+}
+
+/// Clients opening a new TLS connection per request (`GET /version`, answer checked) through
+/// one address, as kubectl and controllers would; every failure is recorded as text.
+pub struct HttpsLoad {
+    stop: Arc<AtomicBool>,
+    ok: Arc<AtomicU64>,
+    failures: Arc<Mutex<Vec<String>>>,
+    clients: Vec<JoinHandle<()>>,
+}
+
+impl HttpsLoad {
+    /// Starts `clients` clients against `addr`.
+    pub fn start(addr: SocketAddr, client: crate::client::HttpsClient, clients: usize) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let ok = Arc::new(AtomicU64::new(0));
+        let failures = Arc::new(Mutex::new(Vec::new()));
+        let clients = (0..clients)
+            .map(|_| {
+                let (stop, ok, failures, client) =
+                    (stop.clone(), ok.clone(), failures.clone(), client.clone());
+                tokio::spawn(async move {
+                    while !stop.load(Ordering::Relaxed) {
+                        match client.get(addr, "/version").await {
+                            Ok((200, body)) if body.contains("gitVersion") => {
+                                ok.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Ok((code, body)) => failures
+                                .lock()
+                                .unwrap()
+                                .push(format!("HTTP {code}: {body}")),
+                            Err(e) => failures.lock().unwrap().push(format!("{e:#}")),
+                        }
+                    }
+                })
+            })
+            .collect();
+        HttpsLoad {
+            stop,
+            ok,
+            failures,
+            clients,
+        }
+    }
+
+    /// Requests that succeeded so far.
+    pub fn ok(&self) -> u64 {
+        self.ok.load(Ordering::Relaxed)
+    }
+
+    /// Waits until `more` further requests have succeeded (at most 30 s).
+    pub async fn wait_progress(&self, more: u64) -> anyhow::Result<()> {
+        let target = self.ok() + more;
+        crate::util::eventually(Duration::from_secs(30), || async {
+            anyhow::ensure!(
+                self.ok() >= target,
+                "load at {} ok, waiting for {target}",
+                self.ok()
+            );
+            Ok(())
+        })
+        .await
+    }
+
+    /// Stops the clients (each finishes its request in flight): successes and failures.
+    pub async fn stop(self) -> (u64, Vec<String>) {
+        self.stop.store(true, Ordering::Relaxed);
+        for client in self.clients {
+            let _ = client.await;
+        }
+        let failures = self.failures.lock().unwrap().clone();
+        (self.ok.load(Ordering::Relaxed), failures)
     }
 }

@@ -35,6 +35,31 @@ pub const METRIC_PREFIX: &str = "kube_apiserver_proxy_";
 /// Default deadline of the waiting helpers (start-up, state changes).
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(10);
 
+/// A `cargo` command (the one running the tests) for building from within a test.
+///
+/// Cargo gives the test process package variables (CARGO_MANIFEST_DIR, CARGO_PKG_*, …). Build
+/// scripts such as ring's rerun when they change, so passing them on would make such a build
+/// and every ordinary one rebuild ring and rustls in turn: they are removed.
+pub fn cargo_command() -> Command {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| OsString::from("cargo"));
+    let mut command = Command::new(cargo);
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        if key.starts_with("CARGO_MANIFEST")
+            || key.starts_with("CARGO_PKG_")
+            || key.starts_with("CARGO_BIN_")
+            || key.starts_with("CARGO_CRATE_")
+            || key.starts_with("CARGO_PRIMARY_")
+            || key.starts_with("CARGO_TARGET_TMPDIR")
+            || key == "OUT_DIR"
+        {
+            command.env_remove(key.as_ref());
+        }
+    }
+    command.current_dir(env!("CARGO_MANIFEST_DIR"));
+    command
+}
+
 /// The proxy binary: see the module docs.
 pub fn proxy_bin() -> Result<PathBuf> {
     static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
@@ -60,29 +85,12 @@ fn locate_and_build() -> Result<PathBuf> {
         .and_then(OsStr::to_str)
         .context("profile directory name")?;
     let target_dir = dir.parent().context("profile directory has no parent")?;
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| OsString::from("cargo"));
-    let mut build = Command::new(&cargo);
+    let mut build = cargo_command();
     build
         .args(["build", "--quiet", "-p", "kube-apiserver-proxy", "--bin"])
         .arg("kube-apiserver-proxy")
         .env("CARGO_TARGET_DIR", target_dir)
         .current_dir(env!("CARGO_MANIFEST_DIR"));
-    // Cargo gives the test process package variables (CARGO_MANIFEST_DIR, CARGO_PKG_*, …).
-    // Build scripts such as ring's rerun when they change, so passing them on would make this
-    // build and every ordinary one rebuild ring and rustls in turn.
-    for (key, _) in std::env::vars_os() {
-        let key = key.to_string_lossy();
-        if key.starts_with("CARGO_MANIFEST")
-            || key.starts_with("CARGO_PKG_")
-            || key.starts_with("CARGO_BIN_")
-            || key.starts_with("CARGO_CRATE_")
-            || key.starts_with("CARGO_PRIMARY_")
-            || key.starts_with("CARGO_TARGET_TMPDIR")
-            || key == "OUT_DIR"
-        {
-            build.env_remove(key.as_ref());
-        }
-    }
     match profile {
         "debug" => {}
         "release" => {
@@ -92,9 +100,7 @@ fn locate_and_build() -> Result<PathBuf> {
             build.args(["--profile", other]);
         }
     }
-    let status = build
-        .status()
-        .with_context(|| format!("run {} build", cargo.to_string_lossy()))?;
+    let status = build.status().context("run cargo build")?;
     ensure!(
         status.success(),
         "cargo build of kube-apiserver-proxy failed: {status}"
@@ -264,13 +270,14 @@ impl ProxyBuilder {
 }
 
 /// Everything a child wrote to one pipe, read by a thread.
-struct Capture {
+pub struct Capture {
     text: Arc<Mutex<String>>,
     done: Arc<AtomicBool>,
 }
 
 impl Capture {
-    fn start(pipe: impl Read + Send + 'static) -> Self {
+    /// Starts reading `pipe` to its end.
+    pub fn start(pipe: impl Read + Send + 'static) -> Self {
         let text = Arc::new(Mutex::new(String::new()));
         let done = Arc::new(AtomicBool::new(false));
         let (t, d) = (text.clone(), done.clone());
@@ -286,7 +293,13 @@ impl Capture {
         Self { text, done }
     }
 
-    fn get(&self) -> String {
+    /// Whether the pipe reached its end (the writer closed it).
+    pub fn done(&self) -> bool {
+        self.done.load(Ordering::SeqCst)
+    }
+
+    /// What was read so far.
+    pub fn get(&self) -> String {
         self.text.lock().unwrap().clone()
     }
 }
@@ -491,7 +504,7 @@ impl Proxy {
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
         let drained = Instant::now();
-        while !(self.stderr.done.load(Ordering::SeqCst) && self.stdout.done.load(Ordering::SeqCst))
+        while !(self.stderr.done() && self.stdout.done())
             && drained.elapsed() < Duration::from_secs(2)
         {
             tokio::time::sleep(Duration::from_millis(10)).await;

@@ -7,19 +7,18 @@
 //! apiserver container of its emulated pods.
 
 use std::ffi::{OsStr, OsString};
-use std::io::{BufRead as _, BufReader, Read};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::unix::fs::PermissionsExt as _;
 use std::os::unix::process::ExitStatusExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _, Result};
 use kube_apiserver_proxy_tests::certs::Pki;
 use kube_apiserver_proxy_tests::client::HttpsClient;
+use kube_apiserver_proxy_tests::proxy::Capture;
 use kube_apiserver_proxy_tests::proxy::{proxy_bin, run_cli};
 use kube_apiserver_proxy_tests::util::{eventually, TempDir};
 use nix::sys::signal::{kill, Signal};
@@ -51,34 +50,6 @@ pub fn ensure_launch_ip(ip: IpAddr) -> Result<Ipv4Addr> {
     ensure!((b, c) != (0, 0), "{ip} is inside 127.0.0.0/24");
     ensure!(d != 0 && d != 255, "{ip} ends in .{d}");
     Ok(v4)
-}
-
-/// Everything a child wrote to one pipe, read by a thread.
-struct Capture {
-    text: Arc<Mutex<String>>,
-    done: Arc<AtomicBool>,
-}
-
-impl Capture {
-    fn start(pipe: impl Read + Send + 'static) -> Self {
-        let text = Arc::new(Mutex::new(String::new()));
-        let done = Arc::new(AtomicBool::new(false));
-        let (t, d) = (text.clone(), done.clone());
-        std::thread::spawn(move || {
-            let mut reader = BufReader::new(pipe);
-            let mut line = String::new();
-            while matches!(reader.read_line(&mut line), Ok(n) if n > 0) {
-                t.lock().unwrap().push_str(&line);
-                line.clear();
-            }
-            d.store(true, Ordering::SeqCst);
-        });
-        Self { text, done }
-    }
-
-    fn get(&self) -> String {
-        self.text.lock().unwrap().clone()
-    }
 }
 
 /// A `kube-apiserver-proxy launch … -- COMMAND …` process (after the exec: COMMAND itself).
@@ -245,7 +216,7 @@ impl Launched {
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
         let drained = Instant::now();
-        while !(self.stdout.done.load(Ordering::SeqCst) && self.stderr.done.load(Ordering::SeqCst))
+        while !(self.stdout.done() && self.stderr.done())
             && drained.elapsed() < Duration::from_secs(2)
         {
             tokio::time::sleep(Duration::from_millis(10)).await;

@@ -24,13 +24,13 @@ use std::net::{IpAddr, SocketAddr};
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Context as _, Result};
 use kube_apiserver_proxy_tests::certs::Pki;
 use kube_apiserver_proxy_tests::client::{http_get, HttpsClient};
+use kube_apiserver_proxy_tests::load::HttpsLoad;
 use kube_apiserver_proxy_tests::proxy::{parse_metric, proxy_bin, METRIC_PREFIX};
 use kube_apiserver_proxy_tests::util::{eventually, random_loopback_ip, TempDir};
 use nix::sys::signal::{kill, Signal};
@@ -1123,61 +1123,6 @@ fn fake_apiserver_args(args: &[String]) -> Result<Vec<String>> {
     Ok(out)
 }
 
-/// Clients opening a new TLS connection per request (GET /version) through the node address.
-struct Load {
-    ok: Arc<AtomicU64>,
-    failures: Arc<Mutex<Vec<String>>>,
-    stop: Arc<AtomicBool>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl Load {
-    fn start(client: HttpsClient, addr: SocketAddr, clients: usize) -> Self {
-        let ok = Arc::new(AtomicU64::new(0));
-        let failures = Arc::new(Mutex::new(Vec::new()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let tasks = (0..clients)
-            .map(|_| {
-                let (client, ok, failures, stop) =
-                    (client.clone(), ok.clone(), failures.clone(), stop.clone());
-                tokio::spawn(async move {
-                    while !stop.load(Ordering::SeqCst) {
-                        match client.get(addr, "/version").await {
-                            Ok((200, body)) if body.contains("gitVersion") => {
-                                ok.fetch_add(1, Ordering::SeqCst);
-                            }
-                            Ok((status, body)) => failures
-                                .lock()
-                                .unwrap()
-                                .push(format!("HTTP {status}: {body}")),
-                            Err(e) => failures.lock().unwrap().push(format!("{e:#}")),
-                        }
-                    }
-                })
-            })
-            .collect();
-        Self {
-            ok,
-            failures,
-            stop,
-            tasks,
-        }
-    }
-
-    fn ok(&self) -> u64 {
-        self.ok.load(Ordering::SeqCst)
-    }
-
-    async fn stop(self) -> (u64, Vec<String>) {
-        self.stop.store(true, Ordering::SeqCst);
-        for task in self.tasks {
-            let _ = task.await;
-        }
-        let failures = self.failures.lock().unwrap().clone();
-        (self.ok.load(Ordering::SeqCst), failures)
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn manifest_rollout_rehearsal() -> Result<()> {
     if !tools_available("manifest_rollout_rehearsal")? {
@@ -1206,7 +1151,7 @@ async fn manifest_rollout_rehearsal() -> Result<()> {
 
     let mut old = Pod::start(&node, &template, "pod-0").await?;
     old.wait_ready(DEADLINE * 2).await?;
-    let load = Load::start(HttpsClient::new(node.pki.client_config(false)?), listen, 4);
+    let load = HttpsLoad::start(listen, HttpsClient::new(node.pki.client_config(false)?), 4);
     eventually(DEADLINE, || async {
         ensure!(load.ok() > 20, "load not flowing yet: {} ok", load.ok());
         Ok(())

@@ -11,19 +11,17 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _, Result};
 use kube_apiserver_proxy_tests::certs::Pki;
 use kube_apiserver_proxy_tests::client::HttpsClient;
 use kube_apiserver_proxy_tests::fake_apiserver::FakeApiserver;
+use kube_apiserver_proxy_tests::load::HttpsLoad;
 use kube_apiserver_proxy_tests::proxy::{run_cli, Proxy, ProxyBuilder};
 use kube_apiserver_proxy_tests::util::{
     connection_refused, eventually, free_random_loopback_addr, TempDir,
 };
-use tokio::task::JoinHandle;
 
 use crate::launch::{ensure_launch_ip, free_port, Launched};
 use crate::{https_backend, https_client, listen_addr, DEADLINE};
@@ -753,76 +751,6 @@ impl Pod {
     }
 }
 
-/// Clients opening a new TLS connection per request (`GET /version`, checked) through one
-/// address; every failure is recorded.
-struct TlsLoad {
-    stop: Arc<AtomicBool>,
-    ok: Arc<AtomicU64>,
-    failures: Arc<Mutex<Vec<String>>>,
-    clients: Vec<JoinHandle<()>>,
-}
-
-impl TlsLoad {
-    fn start(addr: SocketAddr, client: HttpsClient, clients: usize) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let ok = Arc::new(AtomicU64::new(0));
-        let failures = Arc::new(Mutex::new(Vec::new()));
-        let clients = (0..clients)
-            .map(|_| {
-                let (stop, ok, failures, client) =
-                    (stop.clone(), ok.clone(), failures.clone(), client.clone());
-                tokio::spawn(async move {
-                    while !stop.load(Ordering::Relaxed) {
-                        match client.get(addr, "/version").await {
-                            Ok((200, body)) if body.contains("gitVersion") => {
-                                ok.fetch_add(1, Ordering::Relaxed);
-                            }
-                            Ok((code, body)) => failures
-                                .lock()
-                                .unwrap()
-                                .push(format!("HTTP {code}: {body}")),
-                            Err(e) => failures.lock().unwrap().push(format!("{e:#}")),
-                        }
-                    }
-                })
-            })
-            .collect();
-        Self {
-            stop,
-            ok,
-            failures,
-            clients,
-        }
-    }
-
-    fn ok(&self) -> u64 {
-        self.ok.load(Ordering::Relaxed)
-    }
-
-    /// Waits until `more` further requests have succeeded.
-    async fn wait_progress(&self, more: u64) -> Result<()> {
-        let target = self.ok() + more;
-        eventually(Duration::from_secs(30), || async {
-            ensure!(
-                self.ok() >= target,
-                "load at {} ok, waiting for {target}",
-                self.ok()
-            );
-            Ok(())
-        })
-        .await
-    }
-
-    async fn stop(self) -> (u64, Vec<String>) {
-        self.stop.store(true, Ordering::Relaxed);
-        for client in self.clients {
-            let _ = client.await;
-        }
-        let failures = self.failures.lock().unwrap().clone();
-        (self.ok.load(Ordering::Relaxed), failures)
-    }
-}
-
 /// Concurrent clients of the rollout load.
 const CLIENTS: usize = 16;
 /// Upgrades in a row in the rollout test.
@@ -871,7 +799,7 @@ async fn two_pod_rollout_loses_no_connection() -> Result<()> {
     old.wait_ready().await?;
     let socket = listener_cookies(&old.sidecar.status().await?);
     ensure!(!socket.is_empty(), "pod-0 holds no listening socket");
-    let load = TlsLoad::start(node.addr, https_client(&node.pki)?, CLIENTS);
+    let load = HttpsLoad::start(node.addr, https_client(&node.pki)?, CLIENTS);
     load.wait_progress(50).await?;
 
     for i in 1..=ROLLOUTS {
@@ -946,7 +874,7 @@ async fn rollout_with_a_never_ready_apiserver_stalls_without_loss() -> Result<()
     let pod1 = Pod::start(&node, "pod-1", &[]).await?;
     let api1 = pod1.apiserver_addr().await?;
     pod1.wait_ready().await?;
-    let load = TlsLoad::start(node.addr, https_client(&node.pki)?, CLIENTS);
+    let load = HttpsLoad::start(node.addr, https_client(&node.pki)?, CLIENTS);
     load.wait_progress(50).await?;
 
     let never = node.dir.join("never-ready");

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, ensure, Context as _, Result};
 use kube_apiserver_proxy_tests::client::http_get;
 use kube_apiserver_proxy_tests::fake_apiserver::FakeApiserver;
-use kube_apiserver_proxy_tests::proxy::proxy_bin;
+use kube_apiserver_proxy_tests::proxy::{cargo_command, proxy_bin};
 use kube_apiserver_proxy_tests::util::{eventually, TempDir};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -44,8 +44,7 @@ fn build_static() -> Result<PathBuf> {
         .parent()
         .context("CARGO_TARGET_TMPDIR has no parent")?
         .join("static");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut build = Command::new(&cargo);
+    let mut build = cargo_command();
     build
         .args(["build", "-p", "kube-apiserver-proxy", "--bin"])
         .arg("kube-apiserver-proxy")
@@ -53,23 +52,7 @@ fn build_static() -> Result<PathBuf> {
         .arg(&target_dir)
         .env("RUSTFLAGS", "-C target-feature=+crt-static")
         .env_remove("CARGO_ENCODED_RUSTFLAGS")
-        .env_remove("CARGO_TARGET_DIR")
-        .current_dir(env!("CARGO_MANIFEST_DIR"));
-    // Like the harness's own build: package variables of this test process would make the
-    // build scripts (ring's) rerun on every alternation between builds.
-    for (key, _) in std::env::vars_os() {
-        let key = key.to_string_lossy();
-        if key.starts_with("CARGO_MANIFEST")
-            || key.starts_with("CARGO_PKG_")
-            || key.starts_with("CARGO_BIN_")
-            || key.starts_with("CARGO_CRATE_")
-            || key.starts_with("CARGO_PRIMARY_")
-            || key.starts_with("CARGO_TARGET_TMPDIR")
-            || key == "OUT_DIR"
-        {
-            build.env_remove(key.as_ref());
-        }
-    }
+        .env_remove("CARGO_TARGET_DIR");
     let started = Instant::now();
     let output = build.output().context("run cargo build")?;
     ensure!(
