@@ -1,5 +1,6 @@
 //! SVG charts (plotters): ratio bars per scenario, and the rollout timeline (latency and
-//! failures over time, each replacement marked).
+//! failures over time, each replacement marked). The chaos soak's timeline lives with the soak
+//! ([`crate::scenario::chaos::chart`]).
 
 use std::path::Path;
 
@@ -11,7 +12,8 @@ use crate::report::{ScenarioReport, Unit};
 use crate::scenario::rollout::{Bucket, VariantReport};
 use crate::target::Target;
 
-const FONT: &str = "sans-serif";
+/// Font family of every chart.
+pub(crate) const FONT: &str = "sans-serif";
 
 fn color(target: Target) -> RGBColor {
     match target {
@@ -292,6 +294,7 @@ pub fn rollout_timeline(path: &Path, report: &VariantReport) -> Result<()> {
 /// Picks one latency figure of a timeline bucket.
 type BucketValue = fn(&Bucket) -> Option<u64>;
 
-fn plot_err<E: std::fmt::Display>(err: E) -> anyhow::Error {
+/// Maps a plotters error.
+pub(crate) fn plot_err<E: std::fmt::Display>(err: E) -> anyhow::Error {
     anyhow!("cannot draw chart: {err}")
 }

@@ -7,7 +7,8 @@ use clap::{Args, FromArgMatches, Parser, Subcommand};
 
 use crate::backend::ServeBackendArgs;
 use crate::scenario::{
-    churn::ChurnArgs, idle::IdleArgs, rollout::RolloutArgs, rr::RrArgs, throughput::ThroughputArgs,
+    chaos::ChaosArgs, churn::ChurnArgs, idle::IdleArgs, rollout::RolloutArgs, rr::RrArgs,
+    throughput::ThroughputArgs,
 };
 use crate::target::Target;
 
@@ -66,7 +67,15 @@ pub enum Command {
         #[command(flatten)]
         args: RolloutArgs,
     },
-    /// Every scenario with its defaults, then the rollout.
+    /// The soak (minutes): random start / SIGTERM / SIGKILL of proxy instances under load;
+    /// failures judged, RSS and descriptors over time.
+    Chaos {
+        #[command(flatten)]
+        setup: Setup,
+        #[command(flatten)]
+        args: ChaosArgs,
+    },
+    /// Every scenario with its defaults, then the rollout (not the chaos soak).
     All {
         #[command(flatten)]
         setup: Setup,
@@ -142,5 +151,7 @@ mod tests {
         let timing: Timing = defaults();
         assert_eq!(timing.rounds, 3);
         let _: RolloutArgs = defaults();
+        let chaos: ChaosArgs = defaults();
+        assert_eq!(chaos.duration, Duration::from_secs(180));
     }
 }

@@ -94,7 +94,31 @@ impl Instance {
         }
     }
 
-    fn admin_addr(&self) -> Option<SocketAddr> {
+    /// One readiness check: `true` if `GET /readyz` answers 200 now; an error if the process
+    /// has exited.
+    pub async fn check_ready(&mut self, timeout: Duration) -> Result<bool> {
+        if let Some(status) = self.try_exit()? {
+            bail!("{} exited with {status} before it was ready", self.name);
+        }
+        let Some(addr) = self.admin_addr() else {
+            return Ok(false);
+        };
+        Ok(matches!(
+            http_status(addr, "/readyz", timeout).await,
+            Ok(200)
+        ))
+    }
+
+    /// The exit status if the process has exited (reaping it), without waiting.
+    pub fn try_exit(&mut self) -> Result<Option<ExitStatus>> {
+        if self.exited.is_none() {
+            self.exited = self.child.try_wait()?;
+        }
+        Ok(self.exited)
+    }
+
+    /// The admin endpoint's address, once known.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
         match &self.admin {
             Admin::Addr(addr) => Some(*addr),
             Admin::File(path) => std::fs::read_to_string(path).ok()?.trim().parse().ok(),
@@ -127,6 +151,11 @@ impl Instance {
     /// CPU time and RSS of the process.
     pub fn sample(&self) -> Result<ProcSample> {
         procstat::sample(self.pid())
+    }
+
+    /// The instance's log file (stdout and stderr).
+    pub fn log_path(&self) -> &Path {
+        &self.log
     }
 
     /// The last lines of the instance's log, for error messages.

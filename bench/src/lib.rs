@@ -2,7 +2,9 @@
 //! (`direct`), through the proxy (`proxy`, the real binary as separate processes) and through
 //! HAProxy in TCP mode (`haproxy`, when installed), alternately for several rounds, reported as
 //! medians, min–max and ratios; plus the `rollout` scenario, the project's demo, which replaces
-//! running instances under load and counts every failed connection.
+//! running instances under load and counts every failed connection, and the `chaos` soak,
+//! which starts, SIGTERMs and SIGKILLs instances at random for minutes under load and judges
+//! every failed connection and the instances' memory and descriptors.
 //!
 //! The load generator runs on a single-threaded tokio runtime in this process; the built-in
 //! backends run in a child process (`bench serve-backend`) on their own single-threaded runtime,

@@ -1,4 +1,4 @@
-//! Loopback addressing and a minimal HTTP GET for readiness checks.
+//! Loopback addressing and a minimal HTTP GET for readiness checks and metrics.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
 use std::time::Duration;
@@ -29,6 +29,11 @@ pub fn free_address() -> Result<SocketAddr> {
 
 /// `GET path` over plain HTTP/1.0; returns the status code.
 pub async fn http_status(addr: SocketAddr, path: &str, timeout: Duration) -> Result<u16> {
+    Ok(http_get(addr, path, timeout).await?.0)
+}
+
+/// `GET path` over plain HTTP/1.0; returns the status code and the body.
+pub async fn http_get(addr: SocketAddr, path: &str, timeout: Duration) -> Result<(u16, String)> {
     let request = async {
         let mut stream = TcpStream::connect(addr).await?;
         let head = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
@@ -40,7 +45,12 @@ pub async fn http_status(addr: SocketAddr, path: &str, timeout: Duration) -> Res
     let response = tokio::time::timeout(timeout, request)
         .await
         .context("timed out")??;
-    parse_status(&response)
+    let status = parse_status(&response)?;
+    let body = response
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map_or(&[][..], |at| &response[at + 4..]);
+    Ok((status, String::from_utf8_lossy(body).into_owned()))
 }
 
 fn parse_status(response: &[u8]) -> Result<u16> {

@@ -29,6 +29,13 @@ pub fn sample(pid: u32) -> Result<ProcSample> {
     })
 }
 
+/// Open file descriptors of `pid` (entries of `/proc/PID/fd`).
+pub fn open_fds(pid: u32) -> Result<u64> {
+    let dir = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .with_context(|| format!("cannot read /proc/{pid}/fd"))?;
+    Ok(dir.count() as u64)
+}
+
 /// CPU time used by this process so far (user + system).
 pub fn self_cpu() -> Duration {
     match getrusage(UsageWho::RUSAGE_SELF) {
@@ -117,5 +124,6 @@ mod tests {
     fn samples_self() {
         let sample = sample(std::process::id()).unwrap();
         assert!(sample.rss_bytes > 0);
+        assert!(open_fds(std::process::id()).unwrap() >= 3);
     }
 }

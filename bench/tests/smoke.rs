@@ -1,6 +1,7 @@
 //! Smoke test: every scenario runs once at tiny size through the real `bench` binary, so the
-//! harness cannot rot. Figures are not asserted (timing belongs in benchmarks), with one
-//! exception: the rollout run must lose no connection through the proxy.
+//! harness cannot rot. Figures are not asserted (timing belongs in benchmarks), with two
+//! exceptions: the rollout run must lose no connection through the proxy, and the chaos soak
+//! (a few seconds of it) must see no failure that a SIGKILL does not explain.
 //!
 //! The proxy binary is found (and built with cargo if needed) by the harness itself, next to
 //! the `bench` binary. HAProxy takes part when installed. No fixed ports: every listener is on
@@ -122,4 +123,62 @@ fn rollout() {
         proxy["streams"]["failed"],
         proxy["failures"]
     );
+}
+
+#[test]
+fn chaos() {
+    let args = [
+        "chaos",
+        "--duration",
+        "4s",
+        "--interval",
+        "300ms",
+        "--clients",
+        "2",
+        "--rate",
+        "200",
+        "--streams",
+        "2",
+        "--drain-timeout",
+        "300ms",
+        "--sample-interval",
+        "200ms",
+        "--min-lifetime",
+        "2s",
+    ];
+    let report = bench("chaos", &args, "chaos.json");
+    let actions = report["actions"].as_array().expect("actions");
+    assert!(!actions.is_empty(), "no action was taken");
+    let connections = &report["connections"];
+    assert!(
+        connections["attempted"].as_u64() > Some(0),
+        "no load was generated"
+    );
+    let instances = report["instances"].as_array().expect("instances");
+    // Every instance that lived through several sampling intervals of the chaos was sampled
+    // (one killed within 200 ms of its start, or started just before the end, may not be).
+    let chaos_end = report["chaos_end_s"].as_f64().expect("chaos_end_s");
+    let unsampled: Vec<&Value> = instances
+        .iter()
+        .filter(|i| {
+            let end = i["end_s"].as_f64().unwrap_or(0.0).min(chaos_end);
+            let life = end - i["started_s"].as_f64().unwrap_or(0.0);
+            life > 1.0 && i["samples"].as_array().is_none_or(Vec::is_empty)
+        })
+        .collect();
+    assert!(unsampled.is_empty(), "never sampled: {unsampled:#?}");
+
+    // THE FIGURE ASSERTED: every failure is a connection in flight in a SIGKILLed instance.
+    let unexplained: Vec<&Value> = report["failures"]
+        .as_array()
+        .expect("failures")
+        .iter()
+        .filter(|f| f["verdict"] == "unexplained")
+        .collect();
+    assert!(
+        unexplained.is_empty(),
+        "failures not explained by a SIGKILL: {unexplained:#?}\nactions: {actions:#?}"
+    );
+    let anomalies = report["anomalies"].as_array().expect("anomalies");
+    assert!(anomalies.is_empty(), "instances misbehaved: {anomalies:#?}");
 }

@@ -1,7 +1,8 @@
 //! The scenarios and the driver that runs one: every target once per round, alternately (the
 //! starting target rotates each round), each run on a freshly started target process; then the
-//! summary table, the JSON file and the chart.
+//! summary table, the JSON file and the chart. `rollout` and `chaos` drive their own runs.
 
+pub mod chaos;
 pub mod churn;
 pub mod idle;
 pub mod rollout;
@@ -71,6 +72,15 @@ pub async fn run(command: Command) -> Result<()> {
         Command::Rollout { setup, args } => {
             let mut env = Env::new(&setup)?;
             rollout::run(&mut env, &args).await.map(drop)
+        }
+        Command::Chaos { setup, args } => {
+            // The soak drives proxy instances only.
+            let setup = Setup {
+                targets: vec![Target::Proxy],
+                ..setup
+            };
+            let mut env = Env::new(&setup)?;
+            chaos::run(&mut env, &args).await.map(drop)
         }
         Command::All { setup, timing } => {
             let mut env = Env::new(&setup)?;

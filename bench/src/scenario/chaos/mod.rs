@@ -1,0 +1,269 @@
+//! `chaos`, the soak: proxy instances sharing one public address and one `--handoff-dir`
+//! (TCP health check against the built-in echo backend) under load — churn clients opening a
+//! new connection per request, plus a few long-lived streams — while a random action hits the
+//! fleet every second or so: start an instance, SIGTERM one, or SIGKILL one, never leaving the
+//! address without a Serving instance ([`policy`]).
+//!
+//! Every connection is judged ([`attribution`]): the only acceptable losses are connections in
+//! flight in a SIGKILLed instance; a failure nothing explains is a proxy bug. Every instance's
+//! RSS and descriptor count are sampled from `/proc` throughout and checked for growth
+//! ([`resources`]). Output: a table on stdout, `OUT/chaos.json` and `OUT/chaos.svg`.
+//!
+//! Minutes long by default; not run in CI except as a seconds-long smoke test.
+
+pub mod attribution;
+pub mod chart;
+pub mod fleet;
+pub mod load;
+pub mod policy;
+pub mod report;
+pub mod resources;
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use serde_json::json;
+use tokio::time::Instant;
+
+use self::attribution::Rules;
+use self::fleet::Fleet;
+use self::load::{Load, LoadShape};
+use self::policy::{ActionKind, Policy};
+use self::report::{ChaosReport, Raw};
+use crate::net::free_address;
+use crate::procstat;
+use crate::proxy::ProxyOptions;
+use crate::target::Env;
+use crate::tempdir::TempDir;
+
+/// Options of `chaos`.
+#[derive(Debug, Clone, Args)]
+pub struct ChaosArgs {
+    /// How long the chaos lasts (after the first instances are ready).
+    #[arg(long, default_value = "3m", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+    /// Instances the fleet hovers around (started before the chaos begins).
+    #[arg(long, default_value_t = 3)]
+    pub instances: usize,
+    /// Mean time between actions (each gap is uniform in 0.5×–1.5× this).
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    pub interval: Duration,
+    /// Chance that the oldest Serving instance may be a victim (others always may).
+    #[arg(long, default_value_t = 0.1)]
+    pub oldest_victim: f64,
+    /// Random seed of the actions [default: random, printed].
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Churn clients (each a new connection per request).
+    #[arg(long, default_value_t = 8)]
+    pub clients: usize,
+    /// Churn requests per second, over all clients.
+    #[arg(long, default_value_t = 1000)]
+    pub rate: u32,
+    /// Long-lived streams (each sends a ping and waits for the echo every --stream-interval).
+    #[arg(long, default_value_t = 4)]
+    pub streams: usize,
+    /// Ping interval on each stream.
+    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
+    pub stream_interval: Duration,
+    /// A connect, request or ping without an answer after this long is a timeout.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+    /// Proxy `--drain-timeout` (`--drain-close-window` is a quarter of it).
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    pub drain_timeout: Duration,
+    /// A reset or early close is blamed on a SIGKILL only if seen within this long after the
+    /// death (and the connection was established before it).
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    pub kill_window: Duration,
+    /// RSS and descriptor sampling interval.
+    #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
+    pub sample_interval: Duration,
+    /// Instances living at least this long are checked for growth.
+    #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
+    pub min_lifetime: Duration,
+    /// Timeline bucket width.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    pub bucket: Duration,
+}
+
+impl ChaosArgs {
+    fn parameters(&self, seed: u64) -> serde_json::Value {
+        json!({
+            "duration_s": self.duration.as_secs_f64(),
+            "instances": self.instances,
+            "interval_s": self.interval.as_secs_f64(),
+            "oldest_victim": self.oldest_victim,
+            "seed": seed,
+            "clients": self.clients,
+            "rate": self.rate,
+            "streams": self.streams,
+            "stream_interval_s": self.stream_interval.as_secs_f64(),
+            "timeout_s": self.timeout.as_secs_f64(),
+            "drain_timeout_s": self.drain_timeout.as_secs_f64(),
+            "kill_window_s": self.kill_window.as_secs_f64(),
+            "sample_interval_s": self.sample_interval.as_secs_f64(),
+            "min_lifetime_s": self.min_lifetime.as_secs_f64(),
+            "bucket_s": self.bucket.as_secs_f64(),
+        })
+    }
+}
+
+/// One action of the chaos.
+#[derive(Debug, Clone, Serialize)]
+pub struct Action {
+    /// Seconds since t0.
+    pub at_s: f64,
+    pub kind: ActionKind,
+    pub instance: String,
+    /// Instances Starting or Serving, and Serving, just before.
+    pub live_before: usize,
+    pub serving_before: usize,
+}
+
+/// Runs the soak; prints the table, writes JSON and the chart.
+pub async fn run(env: &mut Env, args: &ChaosArgs) -> Result<ChaosReport> {
+    let backend = env.backend.addrs().echo;
+    let out = env.out.clone();
+    let proxy_bin = env.proxy.as_ref().map(|p| p.bin().to_owned());
+    let launcher = env.proxy.as_mut().context("chaos needs the proxy binary")?;
+    let listen = free_address()?;
+    let handoff_dir = TempDir::new("chaos-handoff")?;
+    let options = ProxyOptions {
+        listen,
+        backend,
+        handoff_dir: Some(handoff_dir.path().to_owned()),
+        drain_timeout: args.drain_timeout,
+        drain_close_window: args.drain_timeout / 4,
+        max_connections: (procstat::nofile_limit().saturating_sub(200) / 4).clamp(1000, 100_000),
+        log_level: "info",
+    };
+    let seed = args.seed.unwrap_or_else(rand::random);
+    let mut rng = StdRng::seed_from_u64(seed);
+    let policy = Policy {
+        target: args.instances.max(1),
+        oldest_victim: args.oldest_victim,
+    };
+    eprintln!(
+        "chaos: {} instances on {listen}, an action every ~{:?} for {:?} (seed {seed}) …",
+        policy.target, args.interval, args.duration
+    );
+
+    let t0 = Instant::now();
+    let mut fleet = Fleet::new(launcher, options, t0);
+    for _ in 0..policy.target {
+        fleet.start_ready().await?;
+    }
+    let load_start_s = t0.elapsed().as_secs_f64();
+    let load = Load::start(
+        listen,
+        t0,
+        LoadShape {
+            clients: args.clients,
+            rate: args.rate,
+            streams: args.streams,
+            stream_interval: args.stream_interval,
+            timeout: args.timeout,
+        },
+    );
+    let gap = |rng: &mut StdRng| args.interval.mul_f64(rng.gen_range(0.5..1.5));
+    let end = Instant::now() + args.duration;
+    let mut next_action = Instant::now() + gap(&mut rng);
+    let mut next_sample = Instant::now();
+    let mut actions = Vec::new();
+    let mut skipped = 0u32;
+    while Instant::now() < end {
+        fleet.poll().await;
+        if Instant::now() >= next_sample {
+            fleet.sample().await;
+            next_sample = (next_sample + args.sample_interval).max(Instant::now());
+        }
+        if Instant::now() >= next_action {
+            let phases = fleet.phases();
+            let live_before = phases
+                .iter()
+                .filter(|&&p| p != policy::Phase::Draining)
+                .count();
+            let serving_before = phases
+                .iter()
+                .filter(|&&p| p == policy::Phase::Serving)
+                .count();
+            let at_s = t0.elapsed().as_secs_f64();
+            let chosen = policy.choose(&phases, &mut rng);
+            let done = match chosen {
+                None => None,
+                Some((ActionKind::Start, _)) => Some((ActionKind::Start, fleet.start()?)),
+                Some((kind, victim)) => {
+                    let name = fleet.name(victim).to_owned();
+                    if kind == ActionKind::Sigterm {
+                        fleet.sigterm(victim)?;
+                    } else {
+                        fleet.sigkill(victim).await?;
+                    }
+                    Some((kind, name))
+                }
+            };
+            match done {
+                Some((kind, instance)) => actions.push(Action {
+                    at_s,
+                    kind,
+                    instance,
+                    live_before,
+                    serving_before,
+                }),
+                None => skipped += 1,
+            }
+            next_action = Instant::now() + gap(&mut rng);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let chaos_end_s = t0.elapsed().as_secs_f64();
+    eprintln!("chaos: {} actions done; stopping the load …", actions.len());
+    let recorded = load.stop().await;
+
+    // Let the drains finish, then read the survivors once more with no load at all.
+    let settle = Instant::now() + args.drain_timeout * 2;
+    while Instant::now() < settle {
+        fleet.poll().await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let quiescent = fleet.snapshot().await;
+    let (lives, kills, drains, anomalies) = fleet.finish().await;
+    let stale_socket_files = std::fs::read_dir(handoff_dir.path())
+        .map(|dir| dir.count())
+        .unwrap_or(0);
+
+    let rules = Rules {
+        kills,
+        drains,
+        window_s: args.kill_window.as_secs_f64(),
+    };
+    let report = ChaosReport::build(Raw {
+        parameters: args.parameters(seed),
+        proxy_bin,
+        listen,
+        load_start_s,
+        chaos_end_s,
+        actions,
+        skipped,
+        recorded,
+        rules,
+        lives,
+        anomalies,
+        quiescent,
+        stale_socket_files,
+        min_lifetime_s: args.min_lifetime.as_secs_f64(),
+        bucket_s: args.bucket.as_secs_f64(),
+    });
+    report.print();
+    let json = out.join("chaos.json");
+    crate::report::write_json(&json, &report)?;
+    let svg = out.join("chaos.svg");
+    chart::timeline(&svg, &report)?;
+    println!("   wrote {} and {}", json.display(), svg.display());
+    Ok(report)
+}
