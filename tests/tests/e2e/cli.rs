@@ -298,3 +298,43 @@ async fn run_is_the_default_subcommand() -> Result<()> {
     connect_echo(listen).await?;
     Ok(())
 }
+
+/// A handoff directory others could write to (replace our socket, plant an impostor) is bad
+/// input: refused before anything is bound.
+#[tokio::test]
+async fn bad_input_world_writable_handoff_dir() -> Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let (builder, listen, backend) = valid_base().await?;
+    let dir = TempDir::new("cli-handoff")?;
+    let handoff = dir.join("handoff");
+    std::fs::create_dir(&handoff)?;
+    std::fs::set_permissions(&handoff, std::fs::Permissions::from_mode(0o777))?;
+    let builder = builder
+        .backend(backend.addr())
+        .health_check("tcp")
+        .arg("--handoff-dir")
+        .arg(&handoff);
+    expect_bad_input(builder, listen, "--handoff-dir").await?;
+    ensure!(
+        std::fs::read_dir(&handoff)?.next().is_none(),
+        "a socket was created in the refused directory"
+    );
+    Ok(())
+}
+
+/// A symbolic link as handoff directory is refused too (it could point anywhere).
+#[tokio::test]
+async fn bad_input_symlinked_handoff_dir() -> Result<()> {
+    let (builder, listen, backend) = valid_base().await?;
+    let dir = TempDir::new("cli-handoff-link")?;
+    let real = dir.join("real");
+    std::fs::create_dir(&real)?;
+    let link = dir.join("link");
+    std::os::unix::fs::symlink(&real, &link)?;
+    let builder = builder
+        .backend(backend.addr())
+        .health_check("tcp")
+        .arg("--handoff-dir")
+        .arg(&link);
+    expect_bad_input(builder, listen, "--handoff-dir").await
+}
