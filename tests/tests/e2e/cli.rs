@@ -338,3 +338,45 @@ async fn bad_input_symlinked_handoff_dir() -> Result<()> {
         .arg(&link);
     expect_bad_input(builder, listen, "--handoff-dir").await
 }
+
+/// The README's flag table names exactly the flags `run --help` documents: the docs cannot
+/// drift from the binary.
+#[tokio::test]
+async fn readme_flag_table_matches_run_help() -> Result<()> {
+    use std::collections::BTreeSet;
+    let flag_names = |text: &str, line_start: &str| -> BTreeSet<String> {
+        text.lines()
+            .filter_map(|l| l.trim_start().strip_prefix(line_start))
+            .filter_map(|rest| {
+                let name: String = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_lowercase() || *c == '-')
+                    .collect();
+                (!name.is_empty()).then_some(name)
+            })
+            .collect()
+    };
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))?;
+    let mut documented = flag_names(&readme, "| `--");
+    // Rows that name two flags: "| `--health-client-cert FILE` / `--health-client-key FILE` |".
+    for line in readme.lines().filter(|l| l.starts_with("| `--")) {
+        for part in line.split("` / `--").skip(1) {
+            documented.insert(
+                part.chars()
+                    .take_while(|c| c.is_ascii_lowercase() || *c == '-')
+                    .collect(),
+            );
+        }
+    }
+    let help = kube_apiserver_proxy_tests::proxy::run_cli(["run", "--help"]).await?;
+    let help = String::from_utf8_lossy(&help.stdout).into_owned();
+    let mut offered = flag_names(&help, "--");
+    offered.remove("help");
+    ensure!(
+        documented == offered,
+        "README flags differ from `run --help`:\n only in README: {:?}\n only in --help: {:?}",
+        documented.difference(&offered).collect::<Vec<_>>(),
+        offered.difference(&documented).collect::<Vec<_>>()
+    );
+    Ok(())
+}
