@@ -11,8 +11,13 @@ use tokio_util::sync::CancellationToken;
 use crate::addr::ClientAddr;
 use crate::backend::{Backend, Backends};
 use crate::copy;
+use crate::lograte::LogRate;
 use crate::metrics::{FailReason, Metrics};
 use crate::net;
+
+/// Failures on client traffic are logged at most once a second each (counted in metrics always).
+static NO_BACKEND_LOG: LogRate = LogRate::new(Duration::from_secs(1));
+static CONNECT_FAILED_LOG: LogRate = LogRate::new(Duration::from_secs(1));
 
 /// What every connection task shares.
 pub struct ForwardContext {
@@ -33,7 +38,9 @@ pub async fn serve(client: TcpStream, client_addr: ClientAddr, ctx: Arc<ForwardC
     // The client socket inherited its options from the listener (net::tune_listener).
     let Some((backend, upstream)) = connect_any(&ctx).await else {
         ctx.metrics.connection_failed(FailReason::NoBackend);
-        tracing::warn!(client.addr = %client_addr, "no backend could be reached: closing client");
+        if let Some(suppressed) = NO_BACKEND_LOG.allow() {
+            tracing::warn!(client.addr = %client_addr, suppressed, "no backend could be reached: closing client");
+        }
         return;
     };
     let _tracked = backend.track();
@@ -123,7 +130,9 @@ async fn connect_any(ctx: &ForwardContext) -> Option<(Arc<Backend>, TcpStream)> 
                 return None;
             }
             Err(e) => {
-                tracing::warn!(backend = %backend.addr, error = %e, "backend connect failed: trying the next");
+                if let Some(suppressed) = CONNECT_FAILED_LOG.allow() {
+                    tracing::warn!(backend = %backend.addr, error = %e, suppressed, "backend connect failed: trying the next");
+                }
                 if backend.suspect().is_some() {
                     ctx.backends.notify();
                 }

@@ -27,6 +27,7 @@
 //! - [`sys`]: the only `unsafe`: raw descriptor work (`SO_COOKIE`, `SCM_RIGHTS`).
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz`, `/status`.
 //! - [`metrics`]: every Prometheus metric, in one struct.
+//! - [`lograte`]: rate limits for log lines that client traffic can trigger.
 //! - [`probe`]: the `probe` subcommand for exec probes.
 //! - [`install`]: the `install` subcommand: the binary copies itself (init containers).
 //! - [`launch`]: the `launch` subcommand: random loopback address for kube-apiserver.
@@ -50,6 +51,7 @@ pub mod install;
 pub mod launch;
 pub mod lifecycle;
 pub mod listener;
+pub mod lograte;
 pub mod metrics;
 pub mod net;
 pub mod probe;

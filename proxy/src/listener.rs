@@ -9,7 +9,7 @@ use std::collections::HashSet;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -18,6 +18,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::addr::{ClientAddr, ListenAddr};
 use crate::forward::{self, ForwardContext};
+use crate::lograte::LogRate;
 use crate::metrics::FailReason;
 use crate::sys::{self, SocketIdentity};
 
@@ -150,7 +151,9 @@ impl Listeners {
 
 const BACKOFF_MIN: Duration = Duration::from_millis(5);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
-const ERROR_LOG_EVERY: Duration = Duration::from_secs(5);
+/// Accept failures (a descriptor shortage repeats for every queued client) are logged at most
+/// once every 5 s, with the count of those suppressed.
+static ACCEPT_FAILED_LOG: LogRate = LogRate::new(Duration::from_secs(5));
 
 async fn accept_loop(
     listener: TcpListener,
@@ -161,8 +164,6 @@ async fn accept_loop(
     connections: TaskTracker,
 ) {
     let mut backoff = BACKOFF_MIN;
-    let mut last_log: Option<Instant> = None;
-    let mut suppressed = 0u64;
     loop {
         let accepted = tokio::select! {
             biased;
@@ -186,12 +187,8 @@ async fn accept_loop(
             }
             Err(e) => {
                 ctx.metrics.connection_failed(FailReason::AcceptError);
-                if last_log.is_none_or(|t| t.elapsed() >= ERROR_LOG_EVERY) {
+                if let Some(suppressed) = ACCEPT_FAILED_LOG.allow() {
                     tracing::warn!(listen.addr = %addr, error = %e, suppressed, "accept failed");
-                    last_log = Some(Instant::now());
-                    suppressed = 0;
-                } else {
-                    suppressed += 1;
                 }
                 if crate::net::is_local_exhaustion(&e) {
                     tokio::select! {

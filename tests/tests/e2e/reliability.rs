@@ -540,3 +540,44 @@ async fn bad_tls_on_health_checks_fails_the_check_only() -> Result<()> {
     ensure!(code == 200, "/healthz {code}");
     Ok(())
 }
+
+/// A backend outage under many clients counts every failure but logs at most one line a
+/// second per kind (no log flood).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failure_storm_logs_are_rate_limited() -> Result<()> {
+    const CLIENTS: usize = 200;
+    let backend = echo_backend().await?;
+    let listen = listen_addr()?;
+    // Long interval: the backend stays "up" after it vanishes, so every client tries it.
+    let proxy = serving(tcp_proxy(listen, &[&backend]).args([
+        "--health-interval",
+        "1m",
+        "--health-rise",
+        "1",
+    ]))
+    .await?;
+    backend.vanish().await;
+    let started = Instant::now();
+    for _ in 0..CLIENTS {
+        let mut c = TcpStream::connect(listen).await?;
+        let mut buf = Vec::new();
+        let _ = tokio::time::timeout(DEADLINE, c.read_to_end(&mut buf)).await;
+    }
+    let failed = proxy
+        .metric_or_zero("connections_failed_total", &[("reason", "no_backend")])
+        .await?;
+    ensure!(
+        failed >= CLIENTS as f64,
+        "{failed} no_backend failures counted"
+    );
+    let seconds = started.elapsed().as_secs() + 1;
+    let stderr = proxy.stderr();
+    for line in ["no backend could be reached", "backend connect failed"] {
+        let n = stderr.matches(line).count() as u64;
+        ensure!(
+            n <= seconds + 1,
+            "{n} lines of {line:?} in {seconds}s for {CLIENTS} clients"
+        );
+    }
+    Ok(())
+}
