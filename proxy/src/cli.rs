@@ -274,17 +274,42 @@ pub struct RunArgs {
 
 #[derive(Debug, Clone, Args)]
 pub struct ProbeArgs {
-    /// URL to GET, e.g. http://127.0.0.1:9444/readyz.
-    #[arg(value_name = "URL", required_unless_present = "admin_address_file")]
+    /// URL to GET: http://IP:PORT/PATH, or https://IP:PORT/PATH (with --ca-file or
+    /// --insecure-skip-verify).
+    #[arg(value_name = "URL", required_unless_present_any = ["admin_address_file", "address_file"])]
     pub url: Option<String>,
 
-    /// Read the admin address from this file (written by `run --admin-address-file`).
-    #[arg(long, value_name = "FILE")]
+    /// Read the admin address from this file (written by `run --admin-address-file`); plain HTTP.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["url", "address_file"])]
     pub admin_address_file: Option<PathBuf>,
 
-    /// Path to probe when the address comes from --admin-address-file.
+    /// Read an apiserver address from this file (written by `launch --address-file`); HTTPS.
+    #[arg(long, value_name = "FILE", conflicts_with = "url")]
+    pub address_file: Option<PathBuf>,
+
+    /// Path to probe when the address comes from a file.
     #[arg(long, value_name = "PATH", default_value = "/readyz")]
     pub path: String,
+
+    /// HTTPS: PEM CA bundle that verifies the server certificate.
+    #[arg(long, value_name = "FILE")]
+    pub ca_file: Option<PathBuf>,
+
+    /// HTTPS: server name sent (SNI) and verified.
+    #[arg(long, value_name = "NAME", default_value = "kubernetes")]
+    pub server_name: String,
+
+    /// HTTPS: do not verify the server certificate.
+    #[arg(long)]
+    pub insecure_skip_verify: bool,
+
+    /// HTTPS: client certificate (PEM), with --client-key.
+    #[arg(long, value_name = "FILE", requires = "client_key")]
+    pub client_cert: Option<PathBuf>,
+
+    /// HTTPS: private key of --client-cert (PEM).
+    #[arg(long, value_name = "FILE", requires = "client_cert")]
+    pub client_key: Option<PathBuf>,
 
     /// Time the probe may take.
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]

@@ -97,9 +97,22 @@ fn run_probe(args: &kube_apiserver_proxy::cli::ProbeArgs) -> ExitCode {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    let result =
-        probe::target(args).and_then(|url| runtime.block_on(probe::probe(&url, args.timeout)));
-    match result {
+    let target = match probe::target(args) {
+        Ok(t) => t,
+        Err(
+            e @ (probe::ProbeError::NoTrust
+            | probe::ProbeError::Tls { .. }
+            | probe::ProbeError::BadUrl(_)),
+        ) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+        Err(e) => {
+            eprintln!("probe failed: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(probe::probe(&target, args.timeout)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("probe failed: {e}");

@@ -237,3 +237,60 @@ async fn probe_exit_codes() -> Result<()> {
     ensure!(readyz == Some(0), "probe /readyz: {readyz:?}");
     Ok(())
 }
+
+/// `probe` over HTTPS, as the apiserver container's liveness probe uses it: the address comes
+/// from the file `launch` writes, the certificate is verified against the cluster CA with the
+/// server name `kubernetes`.
+#[tokio::test]
+async fn probe_https_checks_the_apiserver_itself() -> Result<()> {
+    let pki = Pki::new()?;
+    let apiserver = FakeApiserver::https(&pki)
+        .random_loopback()?
+        .start()
+        .await?;
+    let address_file = pki.dir().join("address");
+    std::fs::write(&address_file, format!("{}\n", apiserver.addr()))?;
+    let ca = pki.ca_file();
+    let run = |args: Vec<String>| async move {
+        let output = run_cli(args).await?;
+        anyhow::Ok((
+            output.status.code(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        ))
+    };
+    let by_file = |path: &str, ca: &std::path::Path| {
+        vec![
+            "probe".to_string(),
+            format!("--address-file={}", address_file.display()),
+            format!("--path={path}"),
+            format!("--ca-file={}", ca.display()),
+        ]
+    };
+    let (code, err) = run(by_file("/livez", &ca)).await?;
+    ensure!(code == Some(0), "/livez over https: {code:?} {err}");
+    let url = format!("https://{}/version", apiserver.addr());
+    let (code, err) = run(vec![
+        "probe".into(),
+        url.clone(),
+        format!("--ca-file={}", ca.display()),
+    ])
+    .await?;
+    ensure!(code == Some(0), "URL form: {code:?} {err}");
+    apiserver.set_ready(false);
+    let (code, _) = run(by_file("/readyz", &ca)).await?;
+    ensure!(code == Some(1), "/readyz 503 must fail the probe: {code:?}");
+    // A certificate from another CA is not trusted.
+    let other = Pki::new()?;
+    let (code, err) = run(by_file("/livez", &other.ca_file())).await?;
+    ensure!(
+        code == Some(1) && err.contains("TLS"),
+        "foreign CA: {code:?} {err}"
+    );
+    // https without any trust setting is bad input.
+    let (code, err) = run(vec!["probe".into(), url]).await?;
+    ensure!(
+        code == Some(2) && err.contains("--ca-file"),
+        "no CA: {code:?} {err}"
+    );
+    Ok(())
+}
