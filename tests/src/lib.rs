@@ -9,6 +9,7 @@
 //! - [`certs`]: rcgen test PKI (CA, serving cert for `kubernetes`, client certs, PEM files).
 //! - [`fake_apiserver`]: the fake kube-apiserver (https or raw TCP echo/sink) and its controls.
 //! - [`client`]: HTTP/HTTPS/watch/raw TCP clients with bounded waits.
+//! - [`process`]: a child process under test: captured output, exit, signals, kill on drop.
 //! - [`proxy`]: spawn and drive the real `kube-apiserver-proxy` binary.
 //! - [`load`]: bounded new-connection-per-request load that classifies every failure.
 //! - [`sockets`]: socket options of another process's TCP connections (the one `unsafe` module).
@@ -19,6 +20,7 @@ pub mod certs;
 pub mod client;
 pub mod fake_apiserver;
 pub mod load;
+pub mod process;
 pub mod proxy;
 pub mod sockets;
 pub mod util;

@@ -11,19 +11,17 @@
 //! `cargo build -p kube-apiserver-proxy --bin kube-apiserver-proxy` so it is never stale.
 
 use std::ffi::{OsStr, OsString};
-use std::io::{BufRead as _, BufReader, Read};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, ensure, Context as _, Result};
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
+use anyhow::{anyhow, ensure, Context as _, Result};
+use nix::sys::signal::Signal;
 
 use crate::client::http_get;
+use crate::process::ChildProcess;
 use crate::util::{eventually, TempDir};
 
 /// Env var naming the proxy binary explicitly (skips the build).
@@ -238,25 +236,11 @@ impl ProxyBuilder {
             .arg("--admin-address-file")
             .arg(&admin_file)
             .env_remove("RUST_LOG")
-            .envs(self.envs.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let description = format!("{command:?}");
-        let mut child = command
-            .spawn()
-            .with_context(|| format!("spawn {}", bin.display()))?;
-        let stderr = Capture::start(child.stderr.take().expect("piped stderr"));
-        let stdout = Capture::start(child.stdout.take().expect("piped stdout"));
+            .envs(self.envs.iter().map(|(k, v)| (k, v)));
         Ok(Proxy {
-            pid: child.id(),
-            child: Mutex::new(child),
-            exit: Mutex::new(None),
-            stderr,
-            stdout,
+            process: ChildProcess::spawn(command, "proxy")?,
             admin_file,
             admin_addr: OnceLock::new(),
-            description,
             _dir: dir,
         })
     }
@@ -269,88 +253,38 @@ impl ProxyBuilder {
     }
 }
 
-/// Everything a child wrote to one pipe, read by a thread.
-pub struct Capture {
-    text: Arc<Mutex<String>>,
-    done: Arc<AtomicBool>,
-}
-
-impl Capture {
-    /// Starts reading `pipe` to its end.
-    pub fn start(pipe: impl Read + Send + 'static) -> Self {
-        let text = Arc::new(Mutex::new(String::new()));
-        let done = Arc::new(AtomicBool::new(false));
-        let (t, d) = (text.clone(), done.clone());
-        std::thread::spawn(move || {
-            let mut reader = BufReader::new(pipe);
-            let mut line = String::new();
-            while matches!(reader.read_line(&mut line), Ok(n) if n > 0) {
-                t.lock().unwrap().push_str(&line);
-                line.clear();
-            }
-            d.store(true, Ordering::SeqCst);
-        });
-        Self { text, done }
-    }
-
-    /// Whether the pipe reached its end (the writer closed it).
-    pub fn done(&self) -> bool {
-        self.done.load(Ordering::SeqCst)
-    }
-
-    /// What was read so far.
-    pub fn get(&self) -> String {
-        self.text.lock().unwrap().clone()
-    }
-}
-
 /// A running (or exited) proxy process; killed with SIGKILL when dropped.
 pub struct Proxy {
-    pid: u32,
-    child: Mutex<Child>,
-    exit: Mutex<Option<ExitStatus>>,
-    stderr: Capture,
-    stdout: Capture,
+    process: ChildProcess,
     admin_file: PathBuf,
     admin_addr: OnceLock<SocketAddr>,
-    description: String,
     _dir: TempDir,
 }
 
 impl Proxy {
     /// The child's pid.
     pub fn pid(&self) -> u32 {
-        self.pid
+        self.process.pid()
     }
 
     /// Everything the process wrote to stderr so far.
     pub fn stderr(&self) -> String {
-        self.stderr.get()
+        self.process.stderr()
     }
 
     /// Everything the process wrote to stdout so far.
     pub fn stdout(&self) -> String {
-        self.stdout.get()
+        self.process.stdout()
     }
 
     /// The exit status, if the process has exited.
     pub fn try_exit(&self) -> Result<Option<ExitStatus>> {
-        let mut exit = self.exit.lock().unwrap();
-        if exit.is_none() {
-            *exit = self.child.lock().unwrap().try_wait()?;
-        }
-        Ok(*exit)
+        self.process.try_exit()
     }
 
-    /// Fails if the process has exited (with its stderr), for fail-fast polling.
+    /// Fails if the process has exited (with its output), for fail-fast polling.
     pub fn ensure_running(&self) -> Result<()> {
-        if let Some(status) = self.try_exit()? {
-            bail!(
-                "proxy exited unexpectedly ({status}); stderr:\n{}",
-                self.stderr()
-            );
-        }
-        Ok(())
+        self.process.ensure_running()
     }
 
     /// Whether the admin address file exists (it is written once the admin server is bound).
@@ -467,66 +401,24 @@ impl Proxy {
         Ok(self.metric(name, labels).await?.unwrap_or(0.0))
     }
 
-    fn signal(&self, signal: Signal) -> Result<()> {
-        if self.try_exit()?.is_some() {
-            bail!("cannot send {signal}: process already exited");
-        }
-        kill(Pid::from_raw(self.pid as i32), signal).with_context(|| format!("kill -{signal}"))
-    }
-
     /// Sends SIGTERM.
     pub fn sigterm(&self) -> Result<()> {
-        self.signal(Signal::SIGTERM)
+        self.process.signal(Signal::SIGTERM)
     }
 
     /// Sends SIGINT.
     pub fn sigint(&self) -> Result<()> {
-        self.signal(Signal::SIGINT)
+        self.process.signal(Signal::SIGINT)
     }
 
     /// Sends SIGKILL.
     pub fn sigkill(&self) -> Result<()> {
-        self.signal(Signal::SIGKILL)
+        self.process.signal(Signal::SIGKILL)
     }
 
-    /// Waits for the process to exit, at most `deadline`, then for its stderr to be read.
+    /// Waits for the process to exit, at most `deadline`, then for its output to be read.
     pub async fn wait_exit(&self, deadline: Duration) -> Result<ExitStatus> {
-        let start = Instant::now();
-        let status = loop {
-            if let Some(status) = self.try_exit()? {
-                break status;
-            }
-            ensure!(
-                start.elapsed() < deadline,
-                "proxy still running after {deadline:?}; stderr:\n{}",
-                self.stderr()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
-        let drained = Instant::now();
-        while !(self.stderr.done() && self.stdout.done())
-            && drained.elapsed() < Duration::from_secs(2)
-        {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        Ok(status)
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        let mut child = self.child.lock().unwrap();
-        if self.exit.lock().unwrap().is_none() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        // Captured by libtest: shown only when the test fails.
-        eprintln!(
-            "----- proxy pid {} ({}) stderr -----\n{}----- end -----",
-            self.pid,
-            self.description,
-            self.stderr.get()
-        );
+        self.process.wait_exit(deadline).await
     }
 }
 

@@ -11,18 +11,16 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::unix::fs::PermissionsExt as _;
 use std::os::unix::process::ExitStatusExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::process::{Command, ExitStatus};
+use std::time::Duration;
 
 use anyhow::{bail, ensure, Context as _, Result};
 use kube_apiserver_proxy_tests::certs::Pki;
 use kube_apiserver_proxy_tests::client::HttpsClient;
-use kube_apiserver_proxy_tests::proxy::Capture;
+use kube_apiserver_proxy_tests::process::ChildProcess;
 use kube_apiserver_proxy_tests::proxy::{proxy_bin, run_cli};
 use kube_apiserver_proxy_tests::util::{eventually, TempDir};
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 
 use crate::DEADLINE;
 
@@ -55,13 +53,8 @@ pub fn ensure_launch_ip(ip: IpAddr) -> Result<Ipv4Addr> {
 /// A `kube-apiserver-proxy launch … -- COMMAND …` process (after the exec: COMMAND itself).
 /// Killed with SIGKILL when dropped; its stderr is printed then (shown for failing tests).
 pub struct Launched {
-    pid: u32,
-    child: Mutex<Child>,
-    exit: Mutex<Option<ExitStatus>>,
-    stdout: Capture,
-    stderr: Capture,
+    process: ChildProcess,
     address_file: PathBuf,
-    description: String,
 }
 
 impl Launched {
@@ -77,24 +70,10 @@ impl Launched {
         if let Some(port) = port {
             cmd.arg("--port").arg(port.to_string());
         }
-        cmd.arg("--")
-            .arg(command.as_ref())
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let description = format!("{cmd:?}");
-        let mut child = cmd.spawn().context("spawn launch")?;
-        let stdout = Capture::start(child.stdout.take().expect("piped stdout"));
-        let stderr = Capture::start(child.stderr.take().expect("piped stderr"));
+        cmd.arg("--").arg(command.as_ref()).args(args);
         Ok(Self {
-            pid: child.id(),
-            child: Mutex::new(child),
-            exit: Mutex::new(None),
-            stdout,
-            stderr,
+            process: ChildProcess::spawn(cmd, "launched")?,
             address_file: address_file.to_owned(),
-            description,
         })
     }
 
@@ -120,36 +99,20 @@ impl Launched {
     }
 
     pub fn pid(&self) -> u32 {
-        self.pid
+        self.process.pid()
     }
 
     pub fn stdout(&self) -> String {
-        self.stdout.get()
+        self.process.stdout()
     }
 
     pub fn stderr(&self) -> String {
-        self.stderr.get()
-    }
-
-    pub fn try_exit(&self) -> Result<Option<ExitStatus>> {
-        let mut exit = self.exit.lock().unwrap();
-        if exit.is_none() {
-            *exit = self.child.lock().unwrap().try_wait()?;
-        }
-        Ok(*exit)
+        self.process.stderr()
     }
 
     /// Fails (with stdout and stderr) if the process has exited.
     pub fn ensure_running(&self) -> Result<()> {
-        if let Some(status) = self.try_exit()? {
-            bail!(
-                "{} exited unexpectedly ({status}); stdout:\n{}stderr:\n{}",
-                self.description,
-                self.stdout(),
-                self.stderr()
-            );
-        }
-        Ok(())
+        self.process.ensure_running()
     }
 
     /// Waits for the address file to hold `ip:port`.
@@ -188,56 +151,13 @@ impl Launched {
         .await
     }
 
-    fn signal(&self, signal: Signal) -> Result<()> {
-        ensure!(
-            self.try_exit()?.is_none(),
-            "cannot send {signal}: already exited"
-        );
-        kill(Pid::from_raw(self.pid as i32), signal).with_context(|| format!("kill -{signal}"))
-    }
-
     pub fn sigterm(&self) -> Result<()> {
-        self.signal(Signal::SIGTERM)
+        self.process.signal(Signal::SIGTERM)
     }
 
     /// Waits for the exit (at most `deadline`), then for the pipes to be read to the end.
     pub async fn wait_exit(&self, deadline: Duration) -> Result<ExitStatus> {
-        let start = Instant::now();
-        let status = loop {
-            if let Some(status) = self.try_exit()? {
-                break status;
-            }
-            ensure!(
-                start.elapsed() < deadline,
-                "{} still running after {deadline:?}; stderr:\n{}",
-                self.description,
-                self.stderr()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
-        let drained = Instant::now();
-        while !(self.stdout.done() && self.stderr.done())
-            && drained.elapsed() < Duration::from_secs(2)
-        {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        Ok(status)
-    }
-}
-
-impl Drop for Launched {
-    fn drop(&mut self) {
-        let mut child = self.child.lock().unwrap();
-        if self.exit.lock().unwrap().is_none() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        eprintln!(
-            "----- launched pid {} ({}) stderr -----\n{}----- end -----",
-            self.pid,
-            self.description,
-            self.stderr.get()
-        );
+        self.process.wait_exit(deadline).await
     }
 }
 
