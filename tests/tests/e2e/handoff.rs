@@ -91,7 +91,18 @@ async fn start_instance(
     backend: SocketAddr,
     handoff_dir: Option<&Path>,
 ) -> Result<Proxy> {
+    start_instance_with(listen, backend, handoff_dir, &[]).await
+}
+
+/// [`start_instance`] with extra flags.
+async fn start_instance_with(
+    listen: SocketAddr,
+    backend: SocketAddr,
+    handoff_dir: Option<&Path>,
+    extra: &[&str],
+) -> Result<Proxy> {
     let mut builder = ProxyBuilder::new()
+        .args(extra)
         .listen(listen)
         .backend(backend)
         .health_check("tcp")
@@ -292,15 +303,65 @@ const PEER_SOCKET_ENV: &str = "KAP_TEST_PEER_SOCKET";
 /// A process of another uid that reaches the handoff socket gets nothing and is counted.
 #[tokio::test]
 async fn foreign_uid_is_refused() -> Result<()> {
-    if !is_root() {
-        eprintln!("SKIPPED foreign_uid_is_refused: needs root to run a child as another uid");
+    let Some(run) = foreign_peer_asks(false).await? else {
         return Ok(());
+    };
+    let (proxy, listen) = (&run.proxy, run.listen);
+    eventually(Duration::from_secs(5), || async {
+        let refused = proxy
+            .metric_or_zero("handoff_peers_refused_total", &[])
+            .await?;
+        ensure!(refused >= 1.0, "handoff_peers_refused_total = {refused}");
+        Ok(())
+    })
+    .await?;
+    ensure!(
+        proxy.stderr().contains("peer uid not allowed"),
+        "refusal not logged"
+    );
+    // Still serving.
+    let (code, _) = proxy.admin_get("/readyz").await?;
+    ensure!(code == 200, "/readyz {code} after the foreign peer");
+    ensure!(
+        crate::connect_echo(listen).await.is_ok(),
+        "listen address stopped serving"
+    );
+    Ok(())
+}
+
+/// `--handoff-allow-uid` widens the peers: the same process of uid 65534 is answered.
+#[tokio::test]
+async fn allowed_uid_is_answered() -> Result<()> {
+    let Some(run) = foreign_peer_asks(true).await? else {
+        return Ok(());
+    };
+    let proxy = &run.proxy;
+    let refused = proxy
+        .metric_or_zero("handoff_peers_refused_total", &[])
+        .await?;
+    ensure!(refused == 0.0, "an allowed uid was refused");
+    Ok(())
+}
+
+/// Starts an instance whose handoff socket is (carelessly) reachable by anyone, optionally with
+/// `--handoff-allow-uid 65534`, and runs a client as uid 65534 that asks for the listening
+/// sockets; the client checks it got nothing (`allow` false) or an answer (`allow` true).
+/// `None` when not root (skipped).
+async fn foreign_peer_asks(allow: bool) -> Result<Option<ForeignPeerRun>> {
+    if !is_root() {
+        eprintln!("SKIPPED: needs root to run a child as another uid");
+        return Ok(None);
     }
     let backend = FakeApiserver::tcp_echo().start().await?;
     let listen = free_random_loopback_addr()?;
     let dir = TempDir::new("handoff-uid")?;
     let handoff_dir = dir.join("handoff");
-    let proxy = start_instance(listen, backend.addr(), Some(&handoff_dir)).await?;
+    let extra: &[&str] = if allow {
+        &["--handoff-allow-uid", "65534"]
+    } else {
+        &[]
+    };
+    let proxy = start_instance_with(listen, backend.addr(), Some(&handoff_dir), extra).await?;
     let socket = std::fs::read_dir(&handoff_dir)?
         .filter_map(|e| e.ok())
         .map(|e| e.path())
@@ -329,6 +390,7 @@ async fn foreign_uid_is_refused() -> Result<()> {
         ])
         .env(PEER_SOCKET_ENV, &socket)
         .env(PEER_LISTEN_ENV, listen.to_string())
+        .env(PEER_EXPECT_ANSWER_ENV, if allow { "1" } else { "0" })
         .uid(65534)
         .gid(65534)
         .output()?;
@@ -339,23 +401,24 @@ async fn foreign_uid_is_refused() -> Result<()> {
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
-    eventually(Duration::from_secs(5), || async {
-        let refused = proxy
-            .metric_or_zero("handoff_peers_refused_total", &[])
-            .await?;
-        ensure!(refused >= 1.0, "handoff_peers_refused_total = {refused}");
-        Ok(())
-    })
-    .await?;
-    ensure!(
-        proxy.stderr().contains("peer uid not allowed"),
-        "refusal not logged"
-    );
-    // Still serving.
-    let (code, _) = proxy.admin_get("/readyz").await?;
-    ensure!(code == 200, "/readyz {code} after the foreign peer");
-    Ok(())
+    Ok(Some(ForeignPeerRun {
+        proxy,
+        listen,
+        _backend: backend,
+        _dir: dir,
+    }))
 }
+
+/// What [`foreign_peer_asks`] leaves running.
+struct ForeignPeerRun {
+    proxy: Proxy,
+    listen: SocketAddr,
+    _backend: FakeApiserver,
+    _dir: TempDir,
+}
+
+/// "1": the foreign client expects an answer (its uid is allowed).
+const PEER_EXPECT_ANSWER_ENV: &str = "KAP_TEST_PEER_EXPECT_ANSWER";
 
 const PEER_LISTEN_ENV: &str = "KAP_TEST_PEER_LISTEN";
 
@@ -378,6 +441,13 @@ fn inner_foreign_peer_client() -> Result<()> {
     let _ = stream.write_all(&frame);
     let mut answer = Vec::new();
     let _ = stream.read_to_end(&mut answer);
-    ensure!(answer.is_empty(), "foreign peer got an answer: {answer:?}");
+    if std::env::var(PEER_EXPECT_ANSWER_ENV).as_deref() == Ok("1") {
+        ensure!(
+            answer.starts_with(b"KAPH"),
+            "allowed peer got no answer: {answer:?}"
+        );
+    } else {
+        ensure!(answer.is_empty(), "foreign peer got an answer: {answer:?}");
+    }
     Ok(())
 }
