@@ -1,6 +1,6 @@
 //! `manifests/`: rendered, schema-validated, parsed by the proxy's own CLI, and rehearsed.
 //!
-//! - `manifests_render_and_validate`: both overlays render with `kubectl kustomize`; every
+//! - `manifests_render_and_validate`: every overlay renders with `kubectl kustomize`; every
 //!   object passes `kubernetes-validate --strict` (PyPI); the pod has the properties
 //!   docs/architecture.md promises (no container ports, hostNetwork, same proxy uid, …).
 //! - `manifest_timings_are_consistent`: grace period, drain timeout, shutdown delay and health
@@ -255,7 +255,12 @@ fn manifests_render_and_validate() -> Result<()> {
     if !tools_available("manifests_render_and_validate")? {
         return Ok(());
     }
-    for (overlay, replicas) in [("single-controller", 1), ("ha", 3)] {
+    // (overlay, replicas, maxSurge, maxUnavailable)
+    for (overlay, replicas, surge, unavailable) in [
+        ("single-controller", 1, 1, 0),
+        ("ha", 3, 0, 1),
+        ("ha-surge", 3, 1, 0),
+    ] {
         let yaml = render(overlay)?;
         for version in VALIDATE_VERSIONS {
             let mut cmd = Command::new("kubernetes-validate");
@@ -287,8 +292,8 @@ fn manifests_render_and_validate() -> Result<()> {
         let rolling = &spec["strategy"]["rollingUpdate"];
         ensure!(
             spec["strategy"]["type"] == "RollingUpdate"
-                && rolling["maxSurge"] == 1
-                && rolling["maxUnavailable"] == 0,
+                && rolling["maxSurge"] == surge
+                && rolling["maxUnavailable"] == unavailable,
             "{overlay}: strategy {}",
             spec["strategy"]
         );
@@ -410,7 +415,7 @@ fn manifest_timings_are_consistent() -> Result<()> {
     if !tools_available("manifest_timings_are_consistent")? {
         return Ok(());
     }
-    for overlay in ["single-controller", "ha"] {
+    for overlay in ["single-controller", "ha", "ha-surge"] {
         let objects = rendered_objects(overlay)?;
         let pod = pod_spec(&objects)?;
         let grace = secs(
