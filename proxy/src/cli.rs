@@ -332,6 +332,38 @@ pub struct LaunchArgs {
     pub command: Vec<std::ffi::OsString>,
 }
 
+/// The one line printed for a command-line error other than `--help`/`--version`: clap's first
+/// line, with the missing flag or the possible values folded in (clap puts those on later lines).
+pub fn usage_line(e: &clap::Error) -> String {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    let rendered = e.render().to_string();
+    let mut line = rendered
+        .lines()
+        .next()
+        .unwrap_or("invalid arguments")
+        .to_string();
+    if e.kind() == ErrorKind::MissingRequiredArgument {
+        if let Some(ContextValue::Strings(args)) = e.get(ContextKind::InvalidArg) {
+            line = format!("error: missing required argument: {}", args.join(", "));
+        }
+    }
+    if let Some(ContextValue::Strings(values)) = e.get(ContextKind::ValidValue) {
+        line.push_str(&format!(" (possible values: {})", values.join(", ")));
+    }
+    line
+}
+
+/// Whether a parse "error" is really `--help` or `--version` output (printed as clap does).
+pub fn is_display(e: &clap::Error) -> bool {
+    use clap::error::ErrorKind;
+    matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    )
+}
+
 /// Parses `500ms`, `2s`, `1m`, `1h30m`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (expected e.g. 500ms, 2s, 1m)"))
@@ -342,4 +374,37 @@ pub fn parse_socket_addr(s: &str) -> Result<SocketAddr, String> {
     s.trim()
         .parse::<SocketAddr>()
         .map_err(|_| format!("{s:?} is not an ip:port address"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error(args: &[&str]) -> clap::Error {
+        let mut argv = vec!["kube-apiserver-proxy"];
+        argv.extend_from_slice(args);
+        Cli::try_parse_from(argv).expect_err("parse error")
+    }
+
+    #[test]
+    fn usage_errors_fit_one_line_and_name_the_flag() {
+        for (args, expect) in [
+            (
+                &["--health-check", "udp"][..],
+                "possible values: https, tls, tcp",
+            ),
+            (&["--health-interval", "soon"][..], "--health-interval"),
+            (
+                &["launch", "--", "true"][..],
+                "missing required argument: --address-file",
+            ),
+            (&["--bogus"][..], "--bogus"),
+        ] {
+            let line = usage_line(&error(args));
+            assert!(line.contains(expect), "{args:?}: {line}");
+            assert!(!line.contains('\n'), "{args:?}: {line}");
+        }
+        assert!(is_display(&error(&["--help"])));
+        assert!(!is_display(&error(&["--bogus"])));
+    }
 }

@@ -1,6 +1,7 @@
 //! The `kube-apiserver-proxy` binary: parse, set up logging, run, map errors to exit codes.
 //!
-//! Exit codes: 0 success, 1 runtime failure, 2 bad input (nothing was bound).
+//! Exit codes: 0 success, 1 runtime failure (or a probe that failed), 2 bad input (nothing
+//! was bound or started).
 
 #![forbid(unsafe_code)]
 
@@ -8,70 +9,45 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
-use kube_apiserver_proxy::cli::{Cli, Command, LogFormat};
+use kube_apiserver_proxy::cli::{self, Cli, Command, LogFormat, RunArgs};
 use kube_apiserver_proxy::config::Config;
 use kube_apiserver_proxy::{install, launch, probe, server, signal};
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        Err(e) => return usage_error(e),
+        Err(e) if cli::is_display(&e) => e.exit(),
+        Err(e) => return bad_input(cli::usage_line(&e)),
     };
     match cli.command {
-        Some(Command::Probe(args)) => run_probe(&args),
+        None => run(cli.run),
         Some(Command::Run(args)) => run(*args),
-        Some(Command::Install(args)) => match install::install(&args.dest) {
+        Some(Command::Probe(args)) => match probe::run(&args) {
             Ok(()) => ExitCode::SUCCESS,
+            Err(e) if e.is_bad_input() => bad_input(format!("error: {e}")),
             Err(e) => {
-                eprintln!("error: {e:#}");
-                ExitCode::from(2)
+                eprintln!("probe failed: {e}");
+                ExitCode::FAILURE
             }
         },
-        Some(Command::Launch(args)) => {
-            let err = launch::launch(&args);
-            eprintln!("error: {err:#}");
-            ExitCode::from(2)
-        }
-        None => run(cli.run),
+        Some(Command::Install(args)) => match install::install(&args.dest) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => bad_input(format!("error: {e:#}")),
+        },
+        // Returns only when it could not exec.
+        Some(Command::Launch(args)) => bad_input(format!("error: {:#}", launch::launch(&args))),
     }
 }
 
-/// `--help` and `--version` print as usual; any other parse error becomes one line, exit 2.
-fn usage_error(e: clap::Error) -> ExitCode {
-    use clap::error::{ContextKind, ContextValue, ErrorKind};
-    if matches!(
-        e.kind(),
-        ErrorKind::DisplayHelp
-            | ErrorKind::DisplayVersion
-            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
-    ) {
-        e.exit();
-    }
-    let rendered = e.render().to_string();
-    let mut line = rendered
-        .lines()
-        .next()
-        .unwrap_or("invalid arguments")
-        .to_string();
-    if e.kind() == ErrorKind::MissingRequiredArgument {
-        if let Some(ContextValue::Strings(args)) = e.get(ContextKind::InvalidArg) {
-            line = format!("error: missing required argument: {}", args.join(", "));
-        }
-    }
-    if let Some(ContextValue::Strings(values)) = e.get(ContextKind::ValidValue) {
-        line.push_str(&format!(" (possible values: {})", values.join(", ")));
-    }
+fn bad_input(line: String) -> ExitCode {
     eprintln!("{line}");
     ExitCode::from(2)
 }
 
-fn run(args: kube_apiserver_proxy::cli::RunArgs) -> ExitCode {
+fn run(args: RunArgs) -> ExitCode {
     let config = match Config::try_from(args) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            return ExitCode::from(2);
-        }
+        Err(e) => return bad_input(format!("error: {e:#}")),
     };
     init_tracing(config.log_format, &config.log_level);
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -92,39 +68,9 @@ fn run(args: kube_apiserver_proxy::cli::RunArgs) -> ExitCode {
     }
 }
 
-fn run_probe(args: &kube_apiserver_proxy::cli::ProbeArgs) -> ExitCode {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    let target = match probe::target(args) {
-        Ok(t) => t,
-        Err(
-            e @ (probe::ProbeError::NoTrust
-            | probe::ProbeError::Tls { .. }
-            | probe::ProbeError::BadUrl(_)),
-        ) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(2);
-        }
-        Err(e) => {
-            eprintln!("probe failed: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(probe::probe(&target, args.timeout)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("probe failed: {e}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
 fn init_tracing(format: LogFormat, level: &str) {
-    let filter = tracing_subscriber::EnvFilter::new(level);
     let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+        .with_env_filter(tracing_subscriber::EnvFilter::new(level))
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal());
     match format {

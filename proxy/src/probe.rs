@@ -41,6 +41,26 @@ pub enum ProbeError {
     Failed { url: String, message: String },
 }
 
+impl ProbeError {
+    /// Bad flags or files (exit 2) rather than a failed probe (exit 1).
+    pub fn is_bad_input(&self) -> bool {
+        matches!(
+            self,
+            ProbeError::NoTrust | ProbeError::Tls { .. } | ProbeError::BadUrl(_)
+        )
+    }
+}
+
+/// Runs the probe the flags describe, on a small runtime of its own.
+pub fn run(args: &ProbeArgs) -> Result<(), ProbeError> {
+    let target = target(args)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(probe(&target, args.timeout))
+}
+
 /// A probe target: the URL and, for https, the TLS settings.
 pub struct Target {
     pub url: String,
