@@ -55,11 +55,11 @@ fn run(args: RunArgs) -> ExitCode {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    match runtime.block_on(server::run(
-        config,
-        prometheus::Registry::new(),
-        signal::shutdown(),
-    )) {
+    let shutdown = {
+        let _runtime = runtime.enter();
+        signal::shutdown()
+    };
+    match runtime.block_on(server::run(config, prometheus::Registry::new(), shutdown)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = format!("{:#}", anyhow::Error::from(e)), "exiting");

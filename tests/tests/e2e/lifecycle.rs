@@ -10,7 +10,7 @@ use kube_apiserver_proxy_tests::util::{connection_refused, eventually};
 
 use crate::{
     connect_echo, echo_backend, https_backend, https_client, https_proxy, listen_addr, serving,
-    tcp_proxy,
+    tcp_proxy, DEADLINE,
 };
 
 const STATES: [&str; 5] = [
@@ -198,5 +198,36 @@ async fn drain_closes_remaining_connections_spread_over_the_window() -> Result<(
     );
     let status = proxy.wait_exit(Duration::from_secs(5)).await?;
     ensure!(status.code() == Some(0), "exit {status}");
+    Ok(())
+}
+
+/// A SIGTERM that arrives while the process is still starting (before any backend is healthy)
+/// is a clean shutdown, not a death by signal: the handlers are installed first thing.
+#[tokio::test]
+async fn sigterm_during_startup_exits_zero() -> Result<()> {
+    use std::os::unix::process::ExitStatusExt as _;
+    for _ in 0..5 {
+        let listen = listen_addr()?;
+        // A backend that never answers keeps the instance in WaitingForBackend.
+        let proxy = kube_apiserver_proxy_tests::proxy::ProxyBuilder::new()
+            .listen(listen)
+            .backend(kube_apiserver_proxy_tests::util::free_random_loopback_addr()?)
+            .health_check("tcp")
+            .spawn_raw()?;
+        // Wait only until the first log line ("state=Starting"): the earliest sign of life.
+        eventually(DEADLINE, || async {
+            ensure!(!proxy.stderr().is_empty(), "no output yet");
+            Ok(())
+        })
+        .await?;
+        proxy.sigterm()?;
+        let status = proxy.wait_exit(DEADLINE).await?;
+        ensure!(
+            status.code() == Some(0),
+            "exit {status} (signal {:?}); stderr:\n{}",
+            status.signal(),
+            proxy.stderr()
+        );
+    }
     Ok(())
 }
