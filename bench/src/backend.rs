@@ -6,20 +6,35 @@
 //!   length), gets it echoed and is then closed by the backend, so that TIME_WAIT lands on the
 //!   server side and the load generator does not run out of ephemeral ports under churn;
 //! - **sink**: reads and discards;
-//! - **stream**: writes zeros as fast as the peer reads.
+//! - **stream**: writes zeros as fast as the peer reads;
+//! - **echo over TLS** (`echo_tls`): the echo server (one-request protocol included) behind a
+//!   TLS handshake. Like kube-apiserver's, its serving certificate is signed by a CA of its own
+//!   and names `kubernetes` ([`TLS_SERVER_NAME`]), not the address it is reached on; both are
+//!   made by rcgen (ECDSA P-256) when the child starts. TLS runs on the backend's own runtime,
+//!   so its cost shows in the backend's CPU figures.
 //!
-//! All three listen on one random loopback address; the child prints their addresses as one
-//! JSON line on stdout and serves until killed (or until its stdin closes).
+//! All four listen on one random loopback address; the child prints their addresses and the CA
+//! certificate (PEM) as one JSON line on stdout ([`BackendHello`]) and serves until killed (or
+//! until its stdin closes).
 
 use std::io::{BufRead, BufReader};
 use std::net::{IpAddr, SocketAddr};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose,
+};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 use crate::net::random_loopback;
 use crate::procstat::{self, ProcSample};
@@ -29,6 +44,13 @@ pub const CLOSE_AFTER_REPLY: u8 = b'C';
 
 /// Buffer size of every backend connection.
 const BUFFER: usize = 64 * 1024;
+
+/// The DNS name in the TLS backend's serving certificate, which clients verify (as they verify
+/// `kubernetes` against a kube-apiserver reached on an IP address).
+pub const TLS_SERVER_NAME: &str = "kubernetes";
+
+/// How long the TLS backend waits for a handshake (a TCP health check never sends one).
+const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Options of the internal `serve-backend` subcommand.
 #[derive(Debug, Clone, Args)]
@@ -44,6 +66,127 @@ pub struct BackendAddrs {
     pub echo: SocketAddr,
     pub sink: SocketAddr,
     pub stream: SocketAddr,
+    /// The echo server behind TLS.
+    pub echo_tls: SocketAddr,
+}
+
+/// The line `serve-backend` prints when its listeners are up.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BackendHello {
+    pub addrs: BackendAddrs,
+    /// The CA that signed the TLS backend's certificate, PEM.
+    pub tls_ca_pem: String,
+}
+
+/// The TLS backend's identity: a self-signed CA and a serving certificate it signed.
+struct TlsIdentity {
+    ca_pem: String,
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+}
+
+impl TlsIdentity {
+    /// Makes a fresh CA and a serving certificate for [`TLS_SERVER_NAME`] (server auth), as
+    /// kubeadm does for kube-apiserver.
+    fn generate() -> Result<Self> {
+        let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+        ca_params.distinguished_name = common_name("bench-backend-ca");
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let ca_key = KeyPair::generate().context("generate CA key")?;
+        let ca = ca_params.self_signed(&ca_key).context("self-sign CA")?;
+
+        let mut params = CertificateParams::new(vec![TLS_SERVER_NAME.to_owned()])?;
+        params.distinguished_name = common_name(TLS_SERVER_NAME);
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        let key = KeyPair::generate().context("generate serving key")?;
+        let cert = params
+            .signed_by(&key, &ca, &ca_key)
+            .context("sign serving certificate")?;
+        Ok(Self {
+            ca_pem: ca.pem(),
+            chain: vec![cert.der().clone(), ca.der().clone()],
+            key: PrivatePkcs8KeyDer::from(key.serialize_der()).into(),
+        })
+    }
+
+    /// The server side. No session tickets: clients do full handshakes (client-go keeps no
+    /// session cache), and tickets would only be extra work for the backend.
+    fn acceptor(self) -> Result<TlsAcceptor> {
+        let mut config = ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()?
+            .with_no_client_auth()
+            .with_single_cert(self.chain, self.key)
+            .context("TLS server config")?;
+        config.send_tls13_tickets = 0;
+        Ok(TlsAcceptor::from(Arc::new(config)))
+    }
+}
+
+fn common_name(name: &str) -> DistinguishedName {
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, name);
+    dn
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// The client side of the TLS backend: trusts only `ca_pem`, verifies [`TLS_SERVER_NAME`] and
+/// never resumes a session, so every connection makes a full handshake.
+#[derive(Clone)]
+pub struct TlsClient {
+    connector: TlsConnector,
+    server_name: ServerName<'static>,
+}
+
+impl std::fmt::Debug for TlsClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsClient")
+            .field("server_name", &self.server_name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TlsClient {
+    /// A client trusting the CA certificate(s) in `ca_pem`.
+    pub fn new(ca_pem: &str) -> Result<Self> {
+        let mut roots = RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+            roots
+                .add(cert.context("parse the backend CA")?)
+                .context("trust the backend CA")?;
+        }
+        anyhow::ensure!(!roots.is_empty(), "no CA certificate from the backend");
+        let mut config = ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.resumption = rustls::client::Resumption::disabled();
+        Ok(Self {
+            connector: TlsConnector::from(Arc::new(config)),
+            server_name: ServerName::try_from(TLS_SERVER_NAME)?,
+        })
+    }
+
+    /// Makes the TLS handshake on `stream`.
+    pub async fn handshake(
+        &self,
+        stream: TcpStream,
+    ) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+        self.connector
+            .connect(self.server_name.clone(), stream)
+            .await
+    }
 }
 
 /// Entry point of `bench serve-backend`.
@@ -53,18 +196,8 @@ pub fn serve(args: ServeBackendArgs) -> Result<()> {
         .build()?;
     runtime.block_on(async {
         let ip = args.ip.unwrap_or_else(random_loopback);
-        let echo = TcpListener::bind((ip, 0)).await?;
-        let sink = TcpListener::bind((ip, 0)).await?;
-        let stream = TcpListener::bind((ip, 0)).await?;
-        let addrs = BackendAddrs {
-            echo: echo.local_addr()?,
-            sink: sink.local_addr()?,
-            stream: stream.local_addr()?,
-        };
-        println!("{}", serde_json::to_string(&addrs)?);
-        tokio::spawn(accept_loop(echo, Kind::Echo));
-        tokio::spawn(accept_loop(sink, Kind::Sink));
-        tokio::spawn(accept_loop(stream, Kind::Stream));
+        let hello = listen(ip).await?;
+        println!("{}", serde_json::to_string(&hello)?);
         // Exit when the parent goes away (its end of our stdin closes).
         let mut stdin = tokio::io::stdin();
         let mut byte = [0u8; 1];
@@ -73,11 +206,35 @@ pub fn serve(args: ServeBackendArgs) -> Result<()> {
     })
 }
 
-#[derive(Debug, Clone, Copy)]
+/// Binds the four backends on `ip`, spawns their accept loops on the current runtime and
+/// returns what to tell the load generator.
+pub async fn listen(ip: IpAddr) -> Result<BackendHello> {
+    let echo = TcpListener::bind((ip, 0)).await?;
+    let sink = TcpListener::bind((ip, 0)).await?;
+    let stream = TcpListener::bind((ip, 0)).await?;
+    let echo_tls = TcpListener::bind((ip, 0)).await?;
+    let identity = TlsIdentity::generate()?;
+    let tls_ca_pem = identity.ca_pem.clone();
+    let acceptor = identity.acceptor()?;
+    let addrs = BackendAddrs {
+        echo: echo.local_addr()?,
+        sink: sink.local_addr()?,
+        stream: stream.local_addr()?,
+        echo_tls: echo_tls.local_addr()?,
+    };
+    tokio::spawn(accept_loop(echo, Kind::Echo));
+    tokio::spawn(accept_loop(sink, Kind::Sink));
+    tokio::spawn(accept_loop(stream, Kind::Stream));
+    tokio::spawn(accept_loop(echo_tls, Kind::EchoTls(acceptor)));
+    Ok(BackendHello { addrs, tls_ca_pem })
+}
+
+#[derive(Clone)]
 enum Kind {
     Echo,
     Sink,
     Stream,
+    EchoTls(TlsAcceptor),
 }
 
 async fn accept_loop(listener: TcpListener, kind: Kind) {
@@ -88,17 +245,25 @@ async fn accept_loop(listener: TcpListener, kind: Kind) {
             continue;
         };
         let _ = stream.set_nodelay(true);
+        let kind = kind.clone();
         tokio::spawn(async move {
             let _ = match kind {
                 Kind::Echo => echo(stream).await,
                 Kind::Sink => sink(stream).await,
                 Kind::Stream => produce(stream).await,
+                Kind::EchoTls(acceptor) => {
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                        Ok(Ok(tls)) => echo(tls).await,
+                        _ => Ok(()),
+                    }
+                }
             };
         });
     }
 }
 
-async fn echo(mut stream: TcpStream) -> std::io::Result<()> {
+/// Echoes `stream` (plain TCP or TLS); see the module docs for the one-request protocol.
+async fn echo<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S) -> std::io::Result<()> {
     let mut buf = vec![0u8; BUFFER];
     let mut n = stream.read(&mut buf).await?;
     if n >= 2 && buf[0] == CLOSE_AFTER_REPLY {
@@ -110,6 +275,7 @@ async fn echo(mut stream: TcpStream) -> std::io::Result<()> {
             }
         }
         stream.write_all(&buf[..want]).await?;
+        // For TLS, `shutdown` also sends close_notify before the FIN.
         return stream.shutdown().await;
     }
     loop {
@@ -117,6 +283,8 @@ async fn echo(mut stream: TcpStream) -> std::io::Result<()> {
             return stream.shutdown().await;
         }
         stream.write_all(&buf[..n]).await?;
+        // A no-op for TCP; TLS may hold records back when the socket is full.
+        stream.flush().await?;
         n = stream.read(&mut buf).await?;
     }
 }
@@ -139,6 +307,7 @@ async fn produce(mut stream: TcpStream) -> std::io::Result<()> {
 pub struct BackendProcess {
     child: Child,
     addrs: BackendAddrs,
+    tls: TlsClient,
 }
 
 impl BackendProcess {
@@ -157,14 +326,24 @@ impl BackendProcess {
         BufReader::new(stdout)
             .read_line(&mut line)
             .context("cannot read backend addresses")?;
-        let addrs = serde_json::from_str(&line)
+        let hello: BackendHello = serde_json::from_str(&line)
             .with_context(|| format!("backend printed {line:?} instead of its addresses"))?;
-        Ok(Self { child, addrs })
+        let tls = TlsClient::new(&hello.tls_ca_pem)?;
+        Ok(Self {
+            child,
+            addrs: hello.addrs,
+            tls,
+        })
     }
 
     /// Where the backends listen.
     pub fn addrs(&self) -> BackendAddrs {
         self.addrs
+    }
+
+    /// A TLS client that trusts the TLS backend (`addrs().echo_tls`).
+    pub fn tls_client(&self) -> TlsClient {
+        self.tls.clone()
     }
 
     /// CPU and memory of the backend process.
@@ -177,5 +356,51 @@ impl Drop for BackendProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::client::{churn_request, connect, exchange, handshake};
+
+    #[tokio::test]
+    async fn tls_echo_verifies_and_echoes() -> Result<()> {
+        let hello = listen(random_loopback()).await?;
+        let tls = TlsClient::new(&hello.tls_ca_pem)?;
+        let timeout = Duration::from_secs(5);
+
+        // One-request protocol: full handshake, echo, backend closes.
+        churn_request(hello.addrs.echo_tls, 16, timeout, Some(&tls))
+            .await
+            .map_err(|kind| anyhow::anyhow!("TLS churn request failed: {kind:?}"))?;
+
+        // Persistent echo, several exchanges on one connection.
+        let stream = connect(hello.addrs.echo_tls, timeout)
+            .await
+            .map_err(|kind| anyhow::anyhow!("connect: {kind:?}"))?;
+        let mut stream = handshake(&tls, stream, timeout)
+            .await
+            .map_err(|kind| anyhow::anyhow!("handshake: {kind:?}"))?;
+        for i in 0..3u8 {
+            let request = [i; 64];
+            let mut answer = [0u8; 64];
+            exchange(&mut stream, &request, &mut answer, timeout)
+                .await
+                .map_err(|kind| anyhow::anyhow!("exchange: {kind:?}"))?;
+            assert_eq!(answer, request);
+        }
+
+        // A client that trusts another CA refuses the backend.
+        let other = TlsIdentity::generate()?;
+        let stranger = TlsClient::new(&other.ca_pem)?;
+        assert!(
+            churn_request(hello.addrs.echo_tls, 16, timeout, Some(&stranger))
+                .await
+                .is_err()
+        );
+        Ok(())
     }
 }

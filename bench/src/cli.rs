@@ -81,6 +81,9 @@ pub enum Command {
         setup: Setup,
         #[command(flatten)]
         timing: Timing,
+        /// Run `rr` and `churn` over TLS (as their `--tls`); the others stay plain TCP.
+        #[arg(long)]
+        tls: bool,
     },
     /// Internal: runs the built-in backends (started by the harness itself).
     #[command(hide = true)]

@@ -1,5 +1,6 @@
-//! Load generator primitives: connect, one request/response exchange, a churn request (new
-//! connection per request), bulk transfer, and the measurement window every scenario shares.
+//! Load generator primitives: connect (plain TCP, or TLS to the TLS echo backend), one
+//! request/response exchange, a churn request (new connection per request), bulk transfer, and
+//! the measurement window every scenario shares.
 //! Every operation is bounded by a timeout and every failure is classified ([`FailureKind`]).
 
 use std::net::SocketAddr;
@@ -7,11 +8,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use crate::backend::CLOSE_AFTER_REPLY;
+use crate::backend::{TlsClient, CLOSE_AFTER_REPLY};
 use crate::cli::Timing;
 use crate::outcome::FailureKind;
 
@@ -75,33 +76,63 @@ pub async fn connect(addr: SocketAddr, timeout: Duration) -> Result<TcpStream, F
     .await
 }
 
-/// Writes `request` and reads an answer of the same length (the echo backend's reply).
-pub async fn exchange(
-    stream: &mut TcpStream,
+/// Makes the TLS handshake on a connected `stream`, as [`TlsClient::handshake`].
+pub async fn handshake(
+    tls: &TlsClient,
+    stream: TcpStream,
+    timeout: Duration,
+) -> Result<tokio_rustls::client::TlsStream<TcpStream>, FailureKind> {
+    bounded(timeout, tls.handshake(stream)).await
+}
+
+/// Writes `request` and reads an answer of the same length (the echo backend's reply), on a
+/// plain or a TLS stream.
+pub async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
     request: &[u8],
     answer: &mut [u8],
     timeout: Duration,
 ) -> Result<(), FailureKind> {
     bounded(timeout, async {
         stream.write_all(request).await?;
+        // A no-op for TCP; TLS may hold records back when the socket is full.
+        stream.flush().await?;
         stream.read_exact(&mut answer[..request.len()]).await?;
         Ok(())
     })
     .await
 }
 
-/// One request on a new connection: connect, send a one-request message of `size` bytes (2 to
-/// 255; see [`CLOSE_AFTER_REPLY`]), read the echo, then wait for the backend's close so that
-/// the client is not the side left in TIME_WAIT. Returns the latency from the start of connect
-/// to the last byte of the answer.
+/// One request on a new connection: connect (and with `tls`, a full TLS handshake), send a
+/// one-request message of `size` bytes (2 to 255; see [`CLOSE_AFTER_REPLY`]), read the echo,
+/// then wait for the backend's close so that the client is not the side left in TIME_WAIT.
+/// Returns the latency from the start of connect to the last byte of the answer.
 pub async fn churn_request(
     addr: SocketAddr,
     size: usize,
     timeout: Duration,
+    tls: Option<&TlsClient>,
 ) -> Result<Duration, FailureKind> {
     let began = Instant::now();
     let deadline = began + timeout;
-    let mut stream = connect(addr, timeout).await?;
+    let stream = connect(addr, timeout).await?;
+    match tls {
+        None => one_request(stream, size, began, deadline).await,
+        Some(tls) => {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let stream = handshake(tls, stream, left).await?;
+            one_request(stream, size, began, deadline).await
+        }
+    }
+}
+
+/// The exchange of [`churn_request`] on a connected stream.
+async fn one_request<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
+    size: usize,
+    began: Instant,
+    deadline: Instant,
+) -> Result<Duration, FailureKind> {
     let size = size.clamp(2, 255);
     let mut request = [0x43u8; 255];
     request[0] = CLOSE_AFTER_REPLY;

@@ -13,7 +13,8 @@
 //!
 //! Layout:
 //! - [`cli`]: command line (clap derive), one subcommand per scenario.
-//! - [`backend`]: built-in echo / sink / stream servers and the child process that runs them.
+//! - [`backend`]: built-in echo / sink / stream / TLS echo servers and the child process that
+//!   runs them; the TLS client that trusts them.
 //! - [`instance`]: one child process (proxy or HAProxy): readiness, signals, exit, CPU and RSS.
 //! - [`proxy`]: locating (or building) the `kube-apiserver-proxy` binary and starting instances.
 //! - [`haproxy`]: locating HAProxy, writing its TCP-mode config and starting instances.

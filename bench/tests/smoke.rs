@@ -1,7 +1,8 @@
 //! Smoke test: every scenario runs once at tiny size through the real `bench` binary, so the
-//! harness cannot rot. Figures are not asserted (timing belongs in benchmarks), with two
-//! exceptions: the rollout run must lose no connection through the proxy, and the chaos soak
-//! (a few seconds of it) must see no failure that a SIGKILL does not explain.
+//! harness cannot rot; `rr` and `churn` also run over TLS. Figures are not asserted (timing
+//! belongs in benchmarks; a TLS run must merely answer requests), with two exceptions: the
+//! rollout run must lose no connection through the proxy, and the chaos soak (a few seconds of
+//! it) must see no failure that a SIGKILL does not explain.
 //!
 //! The proxy binary is found (and built with cargo if needed) by the harness itself, next to
 //! the `bench` binary. HAProxy takes part when installed. No fixed ports: every listener is on
@@ -71,6 +72,32 @@ fn rr() {
 fn churn() {
     let args = [&["churn", "--clients", "2"][..], &TINY].concat();
     assert_ran(&bench("churn", &args, "churn.json"));
+}
+
+/// A TLS run did real work: every run answered at least one request (a broken handshake
+/// would fail every request without failing the run). Not a timing figure.
+fn assert_tls(report: &Value, headline: &str) {
+    assert_ran(report);
+    assert_eq!(report["parameters"]["tls"], true, "not a TLS run");
+    for run in report["runs"].as_array().expect("runs") {
+        let answered = run["metrics"][headline].as_f64().unwrap_or(0.0);
+        assert!(answered > 0.0, "no TLS request answered: {run:#}");
+    }
+}
+
+#[test]
+fn rr_tls() {
+    let args = [&["rr", "--tls", "--connections", "4"][..], &TINY].concat();
+    assert_tls(&bench("rr-tls", &args, "rr-tls.json"), "requests_per_s");
+}
+
+#[test]
+fn churn_tls() {
+    let args = [&["churn", "--tls", "--clients", "2"][..], &TINY].concat();
+    assert_tls(
+        &bench("churn-tls", &args, "churn-tls.json"),
+        "connections_per_s",
+    );
 }
 
 #[test]

@@ -1,5 +1,7 @@
 //! `churn`: a new connection per request (connect, send, read the echo, close) from several
-//! concurrent clients. Reports connections per second and connect+first-byte latency.
+//! concurrent clients. Reports connections per second and connect+first-byte latency. With
+//! `--tls` every connection makes a full TLS handshake with the TLS echo backend, end to end
+//! through the target, as kube-apiserver clients do.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -12,7 +14,7 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use super::{cpu_over, latency_metrics, Scenario};
-use crate::backend::{BackendAddrs, BackendProcess};
+use crate::backend::{BackendAddrs, BackendProcess, TlsClient};
 use crate::cli::Timing;
 use crate::client::{churn_request, Window};
 use crate::report::{MetricSpec, Metrics, Unit};
@@ -28,6 +30,10 @@ pub struct ChurnArgs {
     /// Request (and response) size in bytes, 2 to 255.
     #[arg(long, default_value_t = 16)]
     pub size: usize,
+    /// Speak TLS end to end (through the target) to the TLS echo backend: one full handshake
+    /// per connection.
+    #[arg(long)]
+    pub tls: bool,
 }
 
 impl Scenario for ChurnArgs {
@@ -35,9 +41,15 @@ impl Scenario for ChurnArgs {
 
     fn description(&self) -> String {
         format!(
-            "new connection per {}-byte request, {} concurrent clients",
-            self.size, self.clients
+            "new {}connection per {}-byte request, {} concurrent clients",
+            if self.tls { "TLS " } else { "" },
+            self.size,
+            self.clients
         )
+    }
+
+    fn stem(&self) -> String {
+        super::stem(Self::NAME, self.tls)
     }
 
     fn parameters(&self) -> serde_json::Value {
@@ -45,7 +57,11 @@ impl Scenario for ChurnArgs {
     }
 
     fn backend(&self, addrs: &BackendAddrs) -> SocketAddr {
-        addrs.echo
+        if self.tls {
+            addrs.echo_tls
+        } else {
+            addrs.echo
+        }
     }
 
     fn metrics(&self) -> Vec<MetricSpec> {
@@ -69,8 +85,9 @@ impl Scenario for ChurnArgs {
     ) -> Result<Metrics> {
         let window = Window::from_now(timing);
         let size = self.size.clamp(2, 255);
+        let tls = self.tls.then(|| backend.tls_client());
         let tasks: Vec<_> = (0..self.clients.max(1))
-            .map(|_| tokio::spawn(client(target.addr, size, window)))
+            .map(|_| tokio::spawn(client(target.addr, size, tls.clone(), window)))
             .collect();
         let mut metrics = cpu_over(&window, target, backend).await?;
         let mut histogram = latency_histogram();
@@ -91,12 +108,17 @@ impl Scenario for ChurnArgs {
 }
 
 /// One client's loop; returns its latencies and failures inside the window.
-async fn client(addr: SocketAddr, size: usize, window: Window) -> (Histogram<u64>, u64) {
+async fn client(
+    addr: SocketAddr,
+    size: usize,
+    tls: Option<TlsClient>,
+    window: Window,
+) -> (Histogram<u64>, u64) {
     let mut histogram = latency_histogram();
     let mut failed = 0;
     while !window.is_over() {
         let began = Instant::now();
-        let result = churn_request(addr, size, Duration::from_secs(5)).await;
+        let result = churn_request(addr, size, Duration::from_secs(5), tls.as_ref()).await;
         let ended = Instant::now();
         if !window.contains(began, ended) {
             continue;

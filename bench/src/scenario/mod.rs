@@ -27,10 +27,15 @@ use crate::target::{Env, Running, Target};
 // Only driven on the current-thread runtime: the futures need not be `Send`.
 #[allow(async_fn_in_trait)]
 pub trait Scenario {
-    /// Subcommand name, also the output file stem.
+    /// Subcommand name.
     const NAME: &'static str;
     /// One line describing the workload with its parameters.
     fn description(&self) -> String;
+    /// Stem of the output files and name in the progress lines: [`Self::NAME`], with `-tls`
+    /// for a TLS variant (so that it does not overwrite the plain run's files).
+    fn stem(&self) -> String {
+        Self::NAME.to_owned()
+    }
     /// The parameters, for the JSON file.
     fn parameters(&self) -> serde_json::Value;
     /// Which built-in backend the workload needs.
@@ -82,11 +87,13 @@ pub async fn run(command: Command) -> Result<()> {
             let mut env = Env::new(&setup)?;
             chaos::run(&mut env, &args).await.map(drop)
         }
-        Command::All { setup, timing } => {
+        Command::All { setup, timing, tls } => {
             let mut env = Env::new(&setup)?;
             drive(&mut env, &timing, &defaults::<throughput::ThroughputArgs>()).await?;
-            drive(&mut env, &timing, &defaults::<rr::RrArgs>()).await?;
-            drive(&mut env, &timing, &defaults::<churn::ChurnArgs>()).await?;
+            let rr = rr::RrArgs { tls, ..defaults() };
+            drive(&mut env, &timing, &rr).await?;
+            let churn = churn::ChurnArgs { tls, ..defaults() };
+            drive(&mut env, &timing, &churn).await?;
             drive(&mut env, &timing, &defaults::<idle::IdleArgs>()).await?;
             rollout::run(&mut env, &defaults()).await.map(drop)
         }
@@ -97,6 +104,15 @@ pub async fn run(command: Command) -> Result<()> {
 async fn one<S: Scenario>(setup: &Setup, timing: &Timing, scenario: &S) -> Result<()> {
     let mut env = Env::new(setup)?;
     drive(&mut env, timing, scenario).await.map(drop)
+}
+
+/// [`Scenario::stem`] of a scenario with a TLS variant.
+pub fn stem(name: &str, tls: bool) -> String {
+    if tls {
+        format!("{name}-tls")
+    } else {
+        name.to_owned()
+    }
 }
 
 /// A run that failed, kept in the report instead of aborting the others.
@@ -121,6 +137,7 @@ pub async fn drive<S: Scenario>(
     scenario: &S,
 ) -> Result<ScenarioReport> {
     let backend_addr = scenario.backend(&env.backend.addrs());
+    let stem = scenario.stem();
     let specs: Vec<MetricSpec> = scenario.metrics().into_iter().chain(CPU_METRICS).collect();
     let headline = specs[0];
     let targets = env.targets.clone();
@@ -143,7 +160,7 @@ pub async fn drive<S: Scenario>(
                         .map_or("–".into(), |&v| headline.unit.format(v));
                     eprintln!(
                         "{} round {}/{} {:<8} {}: {shown}",
-                        S::NAME,
+                        stem,
                         round + 1,
                         timing.rounds,
                         target.name(),
@@ -158,7 +175,7 @@ pub async fn drive<S: Scenario>(
                 Err(err) => {
                     eprintln!(
                         "{} round {}/{} {:<8} failed: {err:#}",
-                        S::NAME,
+                        stem,
                         round + 1,
                         timing.rounds,
                         target.name()
@@ -198,7 +215,7 @@ pub async fn drive<S: Scenario>(
             error.error.lines().next().unwrap_or_default()
         );
     }
-    let json = env.out.join(format!("{}.json", S::NAME));
+    let json = env.out.join(format!("{stem}.json"));
     report::write_json(
         &json,
         &Output {
@@ -206,7 +223,7 @@ pub async fn drive<S: Scenario>(
             errors: &errors,
         },
     )?;
-    let svg = env.out.join(format!("{}.svg", S::NAME));
+    let svg = env.out.join(format!("{stem}.svg"));
     chart::ratio_bars(&svg, &report)?;
     println!("   wrote {} and {}", json.display(), svg.display());
     Ok(report)

@@ -424,7 +424,7 @@ async fn churn_client(
             _ = ticks.tick() => {}
         }
         let began = Instant::now();
-        let result = churn_request(addr, 16, timeout).await;
+        let result = churn_request(addr, 16, timeout, None).await;
         samples.push(Sample {
             at: began.saturating_duration_since(t0),
             latency: began.elapsed(),

@@ -1,5 +1,7 @@
 //! `rr`: many persistent connections, each sending a small request and waiting for the echo
-//! before the next (closed loop). Reports requests per second and latency percentiles.
+//! before the next (closed loop). Reports requests per second and latency percentiles. With
+//! `--tls` the connections speak TLS end to end (through the target) to the TLS echo backend;
+//! the handshakes happen before the measured window.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -9,12 +11,13 @@ use clap::Args;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 use serde_json::json;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
 
 use super::{cpu_over, latency_metrics, Scenario};
-use crate::backend::{BackendAddrs, BackendProcess};
+use crate::backend::{BackendAddrs, BackendProcess, TlsClient};
 use crate::cli::Timing;
-use crate::client::{connect, exchange, Window};
+use crate::client::{connect, exchange, handshake, Window};
 use crate::report::{MetricSpec, Metrics, Unit};
 use crate::stats::{latency_histogram, record};
 use crate::target::Running;
@@ -28,6 +31,9 @@ pub struct RrArgs {
     /// Request (and response) size in bytes.
     #[arg(long, default_value_t = 64)]
     pub size: usize,
+    /// Speak TLS end to end (through the target) to the TLS echo backend.
+    #[arg(long)]
+    pub tls: bool,
 }
 
 impl Scenario for RrArgs {
@@ -35,9 +41,15 @@ impl Scenario for RrArgs {
 
     fn description(&self) -> String {
         format!(
-            "{} persistent connections, {}-byte request/response",
-            self.connections, self.size
+            "{} persistent {}connections, {}-byte request/response",
+            self.connections,
+            if self.tls { "TLS " } else { "" },
+            self.size
         )
+    }
+
+    fn stem(&self) -> String {
+        super::stem(Self::NAME, self.tls)
     }
 
     fn parameters(&self) -> serde_json::Value {
@@ -45,7 +57,11 @@ impl Scenario for RrArgs {
     }
 
     fn backend(&self, addrs: &BackendAddrs) -> SocketAddr {
-        addrs.echo
+        if self.tls {
+            addrs.echo_tls
+        } else {
+            addrs.echo
+        }
     }
 
     fn metrics(&self) -> Vec<MetricSpec> {
@@ -69,8 +85,9 @@ impl Scenario for RrArgs {
     ) -> Result<Metrics> {
         let window = Window::from_now(timing);
         let size = self.size.clamp(1, 256);
+        let tls = self.tls.then(|| backend.tls_client());
         let tasks: Vec<_> = (0..self.connections.max(1))
-            .map(|_| tokio::spawn(client(target.addr, size, window)))
+            .map(|_| tokio::spawn(client(target.addr, size, tls.clone(), window)))
             .collect();
         let mut metrics = cpu_over(&window, target, backend).await?;
         let mut histogram = latency_histogram();
@@ -90,33 +107,65 @@ impl Scenario for RrArgs {
     }
 }
 
-/// One connection's closed loop; returns its latencies and failure count.
-async fn client(addr: SocketAddr, size: usize, window: Window) -> (Histogram<u64>, u64) {
+/// One connection's closed loop (reconnecting after a failure); returns its latencies and
+/// failure count.
+async fn client(
+    addr: SocketAddr,
+    size: usize,
+    tls: Option<TlsClient>,
+    window: Window,
+) -> (Histogram<u64>, u64) {
     let mut histogram = latency_histogram();
     let mut failed = 0;
+    let timeout = Duration::from_secs(5);
+    while !window.is_over() {
+        let stream = match connect(addr, timeout).await {
+            Ok(stream) => stream,
+            Err(_) => {
+                failed += 1;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let result = match &tls {
+            None => exchanges(stream, size, window, &mut histogram).await,
+            Some(tls) => match handshake(tls, stream, timeout).await {
+                Ok(stream) => exchanges(stream, size, window, &mut histogram).await,
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    Err(())
+                }
+            },
+        };
+        if result.is_err() {
+            failed += 1;
+        }
+    }
+    (histogram, failed)
+}
+
+/// Requests on one connection until the window ends (`Ok`) or an exchange fails (`Err`).
+async fn exchanges<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
+    size: usize,
+    window: Window,
+    histogram: &mut Histogram<u64>,
+) -> Result<(), ()> {
     let request = vec![0x42u8; size];
     let mut answer = vec![0u8; size];
     let timeout = Duration::from_secs(5);
     while !window.is_over() {
-        let Ok(mut stream) = connect(addr, timeout).await else {
-            failed += 1;
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            continue;
-        };
-        while !window.is_over() {
-            let began = Instant::now();
-            if exchange(&mut stream, &request, &mut answer, timeout)
-                .await
-                .is_err()
-            {
-                failed += 1;
-                break;
-            }
-            let ended = Instant::now();
-            if window.contains(began, ended) {
-                record(&mut histogram, ended - began);
-            }
+        let began = Instant::now();
+        if exchange(&mut stream, &request, &mut answer, timeout)
+            .await
+            .is_err()
+        {
+            return Err(());
+        }
+        let ended = Instant::now();
+        if window.contains(began, ended) {
+            record(histogram, ended - began);
         }
     }
-    (histogram, failed)
+    Ok(())
 }
