@@ -13,11 +13,11 @@ use serde::Serialize;
 use serde_json::json;
 use tokio::time::Instant;
 
-use super::{cpu_over, latency_metrics, Scenario};
+use super::{cpu_over, Scenario};
 use crate::backend::{BackendAddrs, BackendProcess, TlsClient};
 use crate::cli::Timing;
 use crate::client::{churn_request, Window};
-use crate::report::{MetricSpec, Metrics, Unit};
+use crate::report::{MetricSpec, Metrics};
 use crate::stats::{latency_histogram, record};
 use crate::target::Running;
 
@@ -57,24 +57,11 @@ impl Scenario for ChurnArgs {
     }
 
     fn backend(&self, addrs: &BackendAddrs) -> SocketAddr {
-        if self.tls {
-            addrs.echo_tls
-        } else {
-            addrs.echo
-        }
+        super::echo_backend(addrs, self.tls)
     }
 
     fn metrics(&self) -> Vec<MetricSpec> {
-        let mut specs = vec![MetricSpec {
-            key: "connections_per_s",
-            label: "connections/s",
-            unit: Unit::PerSec,
-            higher_is_better: true,
-            chart: true,
-        }];
-        specs.extend(super::LATENCY_METRICS);
-        specs.push(super::FAILED_METRIC);
-        specs
+        super::rate_and_latency_specs("connections_per_s", "connections/s")
     }
 
     async fn measure(
@@ -90,19 +77,7 @@ impl Scenario for ChurnArgs {
             .map(|_| tokio::spawn(client(target.addr, size, tls.clone(), window)))
             .collect();
         let mut metrics = cpu_over(&window, target, backend).await?;
-        let mut histogram = latency_histogram();
-        let mut failed = 0u64;
-        for task in tasks {
-            let (h, f) = task.await?;
-            histogram.add(&h)?;
-            failed += f;
-        }
-        metrics.insert(
-            "connections_per_s".into(),
-            histogram.len() as f64 / window.seconds(),
-        );
-        metrics.extend(latency_metrics(&histogram));
-        metrics.insert("failed".into(), failed as f64);
+        super::collect_clients(tasks, &window, "connections_per_s", &mut metrics).await?;
         Ok(metrics)
     }
 }

@@ -308,3 +308,48 @@ pub fn latency_metrics(histogram: &hdrhistogram::Histogram<u64>) -> Metrics {
         })
         .collect()
 }
+
+/// The echo backend a closed-loop scenario talks to: plain, or TLS with `--tls`.
+pub fn echo_backend(addrs: &crate::backend::BackendAddrs, tls: bool) -> std::net::SocketAddr {
+    if tls {
+        addrs.echo_tls
+    } else {
+        addrs.echo
+    }
+}
+
+/// The figures of a closed-loop scenario: a rate (`rate_key`, per second), the latency
+/// percentiles and the failure count.
+pub fn rate_and_latency_specs(rate_key: &'static str, rate_label: &'static str) -> Vec<MetricSpec> {
+    let mut specs = vec![MetricSpec {
+        key: rate_key,
+        label: rate_label,
+        unit: report::Unit::PerSec,
+        higher_is_better: true,
+        chart: true,
+    }];
+    specs.extend(LATENCY_METRICS);
+    specs.push(FAILED_METRIC);
+    specs
+}
+
+/// Waits for the clients of a closed-loop scenario (each returning its latency histogram and
+/// failure count) and adds the figures of [`rate_and_latency_specs`] to `metrics`.
+pub async fn collect_clients(
+    tasks: Vec<tokio::task::JoinHandle<(hdrhistogram::Histogram<u64>, u64)>>,
+    window: &crate::client::Window,
+    rate_key: &str,
+    metrics: &mut Metrics,
+) -> Result<()> {
+    let mut histogram = crate::stats::latency_histogram();
+    let mut failed = 0u64;
+    for task in tasks {
+        let (h, f) = task.await?;
+        histogram.add(&h)?;
+        failed += f;
+    }
+    metrics.insert(rate_key.into(), histogram.len() as f64 / window.seconds());
+    metrics.extend(latency_metrics(&histogram));
+    metrics.insert("failed".into(), failed as f64);
+    Ok(())
+}
