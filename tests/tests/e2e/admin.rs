@@ -7,6 +7,7 @@ use kube_apiserver_proxy_tests::fake_apiserver::FakeApiserver;
 use kube_apiserver_proxy_tests::proxy::{parse_metric, run_cli};
 use kube_apiserver_proxy_tests::util::{eventually, free_addr};
 
+use crate::https_backend_unready;
 use crate::{
     connect_echo, echo_backend, https_client, https_proxy, listen_addr, serving, tcp_proxy,
     DEADLINE,
@@ -15,11 +16,7 @@ use crate::{
 #[tokio::test]
 async fn healthz_readyz_and_metrics_follow_the_lifecycle() -> Result<()> {
     let pki = Pki::new()?;
-    let backend = FakeApiserver::https(&pki)
-        .random_loopback()?
-        .ready(false)
-        .start()
-        .await?;
+    let backend = https_backend_unready(&pki).await?;
     let listen = listen_addr()?;
     let proxy = https_proxy(&pki, listen, &[&backend])
         .fast_health()
@@ -201,11 +198,7 @@ async fn connections_active_returns_to_zero() -> Result<()> {
 #[tokio::test]
 async fn probe_exit_codes() -> Result<()> {
     let pki = Pki::new()?;
-    let backend = FakeApiserver::https(&pki)
-        .random_loopback()?
-        .ready(false)
-        .start()
-        .await?;
+    let backend = https_backend_unready(&pki).await?;
     let proxy = https_proxy(&pki, listen_addr()?, &[&backend])
         .fast_health()
         .spawn()

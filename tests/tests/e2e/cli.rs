@@ -55,6 +55,17 @@ async fn expect_bad_input(builder: ProxyBuilder, listen: SocketAddr, flag: &str)
     Ok(())
 }
 
+/// A valid tcp-checked instance with one live backend, plus `args`: expects bad input naming
+/// `flag` (see [`expect_bad_input`]).
+async fn expect_bad_args<S: AsRef<std::ffi::OsStr>>(args: &[S], flag: &str) -> Result<()> {
+    let (builder, listen, backend) = valid_base().await?;
+    let builder = builder
+        .backend(backend.addr())
+        .health_check("tcp")
+        .args(args);
+    expect_bad_input(builder, listen, flag).await
+}
+
 #[tokio::test]
 async fn bad_input_unparsable_listen_address() -> Result<()> {
     let backend = echo_backend().await?;
@@ -78,12 +89,7 @@ async fn bad_input_unparsable_backend_address() -> Result<()> {
 
 #[tokio::test]
 async fn bad_input_unparsable_duration() -> Result<()> {
-    let (builder, listen, backend) = valid_base().await?;
-    let builder = builder
-        .backend(backend.addr())
-        .health_check("tcp")
-        .args(["--health-interval", "soon"]);
-    expect_bad_input(builder, listen, "--health-interval").await
+    expect_bad_args(&["--health-interval", "soon"], "--health-interval").await
 }
 
 #[tokio::test]
@@ -186,32 +192,17 @@ async fn bad_input_no_backend() -> Result<()> {
 
 #[tokio::test]
 async fn bad_input_zero_rise() -> Result<()> {
-    let (builder, listen, backend) = valid_base().await?;
-    let builder = builder
-        .backend(backend.addr())
-        .health_check("tcp")
-        .args(["--health-rise", "0"]);
-    expect_bad_input(builder, listen, "--health-rise").await
+    expect_bad_args(&["--health-rise", "0"], "--health-rise").await
 }
 
 #[tokio::test]
 async fn bad_input_zero_fall() -> Result<()> {
-    let (builder, listen, backend) = valid_base().await?;
-    let builder = builder
-        .backend(backend.addr())
-        .health_check("tcp")
-        .args(["--health-fall", "0"]);
-    expect_bad_input(builder, listen, "--health-fall").await
+    expect_bad_args(&["--health-fall", "0"], "--health-fall").await
 }
 
 #[tokio::test]
 async fn bad_input_zero_max_connections() -> Result<()> {
-    let (builder, listen, backend) = valid_base().await?;
-    let builder = builder
-        .backend(backend.addr())
-        .health_check("tcp")
-        .args(["--max-connections", "0"]);
-    expect_bad_input(builder, listen, "--max-connections").await
+    expect_bad_args(&["--max-connections", "0"], "--max-connections").await
 }
 
 #[tokio::test]
@@ -304,17 +295,15 @@ async fn run_is_the_default_subcommand() -> Result<()> {
 #[tokio::test]
 async fn bad_input_world_writable_handoff_dir() -> Result<()> {
     use std::os::unix::fs::PermissionsExt as _;
-    let (builder, listen, backend) = valid_base().await?;
     let dir = TempDir::new("cli-handoff")?;
     let handoff = dir.join("handoff");
     std::fs::create_dir(&handoff)?;
     std::fs::set_permissions(&handoff, std::fs::Permissions::from_mode(0o777))?;
-    let builder = builder
-        .backend(backend.addr())
-        .health_check("tcp")
-        .arg("--handoff-dir")
-        .arg(&handoff);
-    expect_bad_input(builder, listen, "--handoff-dir").await?;
+    expect_bad_args(
+        &["--handoff-dir".as_ref(), handoff.as_os_str()],
+        "--handoff-dir",
+    )
+    .await?;
     ensure!(
         std::fs::read_dir(&handoff)?.next().is_none(),
         "a socket was created in the refused directory"
@@ -325,18 +314,16 @@ async fn bad_input_world_writable_handoff_dir() -> Result<()> {
 /// A symbolic link as handoff directory is refused too (it could point anywhere).
 #[tokio::test]
 async fn bad_input_symlinked_handoff_dir() -> Result<()> {
-    let (builder, listen, backend) = valid_base().await?;
     let dir = TempDir::new("cli-handoff-link")?;
     let real = dir.join("real");
     std::fs::create_dir(&real)?;
     let link = dir.join("link");
     std::os::unix::fs::symlink(&real, &link)?;
-    let builder = builder
-        .backend(backend.addr())
-        .health_check("tcp")
-        .arg("--handoff-dir")
-        .arg(&link);
-    expect_bad_input(builder, listen, "--handoff-dir").await
+    expect_bad_args(
+        &["--handoff-dir".as_ref(), link.as_os_str()],
+        "--handoff-dir",
+    )
+    .await
 }
 
 /// The README's flag table names exactly the flags `run --help` documents: the docs cannot

@@ -10,6 +10,7 @@ use kube_apiserver_proxy_tests::fake_apiserver::FakeApiserver;
 use kube_apiserver_proxy_tests::proxy::{Proxy, ProxyBuilder};
 use kube_apiserver_proxy_tests::util::{connection_refused, eventually};
 
+use crate::https_backend_unready;
 use crate::{
     connect_echo, echo_backend, https_backend, https_client, https_proxy, listen_addr, serving,
     tcp_proxy, DEADLINE,
@@ -21,6 +22,29 @@ async fn checks(proxy: &Proxy, backend: &FakeApiserver, result: &str) -> Result<
             "health_checks_total",
             &[("backend", &backend.addr().to_string()), ("result", result)],
         )
+        .await
+}
+
+/// Switches the backend's readiness and waits until one check has seen the new answer.
+async fn set_ready_and_wait_one_check(
+    proxy: &Proxy,
+    backend: &FakeApiserver,
+    ready: bool,
+) -> Result<()> {
+    let result = if ready { "ok" } else { "not_ready" };
+    let before = checks(proxy, backend, result).await?;
+    backend.set_ready(ready);
+    eventually(DEADLINE, || async {
+        let now = checks(proxy, backend, result).await?;
+        ensure!(now > before, "no {result} check yet");
+        Ok(())
+    })
+    .await
+}
+
+async fn backend_up(proxy: &Proxy, backend: &FakeApiserver) -> Result<Option<f64>> {
+    proxy
+        .metric("backend_up", &[("backend", &backend.addr().to_string())])
         .await
 }
 
@@ -43,20 +67,11 @@ async fn https_check_respects_rise_and_fall() -> Result<()> {
     ))
     .await?;
     proxy.wait_backend_health(backend.addr(), "up").await?;
-    let up = proxy
-        .metric("backend_up", &[("backend", &backend.addr().to_string())])
-        .await?;
+    let up = backend_up(&proxy, &backend).await?;
     ensure!(up == Some(1.0), "backend_up = {up:?}");
 
     // One failed check is not enough to fall (fall = 3).
-    let before = checks(&proxy, &backend, "not_ready").await?;
-    backend.set_ready(false);
-    eventually(DEADLINE, || async {
-        let now = checks(&proxy, &backend, "not_ready").await?;
-        ensure!(now > before, "no not_ready check yet");
-        Ok(())
-    })
-    .await?;
+    set_ready_and_wait_one_check(&proxy, &backend, false).await?;
     ensure!(
         health(&proxy, &backend).await? == "up",
         "backend fell after a single not-ready check"
@@ -64,20 +79,11 @@ async fn https_check_respects_rise_and_fall() -> Result<()> {
     proxy.wait_backend_health(backend.addr(), "down").await?;
     let entry = proxy.backend_status(backend.addr()).await?;
     ensure!(entry["healthy"] == false, "down but healthy: {entry}");
-    let up = proxy
-        .metric("backend_up", &[("backend", &backend.addr().to_string())])
-        .await?;
+    let up = backend_up(&proxy, &backend).await?;
     ensure!(up == Some(0.0), "backend_up = {up:?} while down");
 
     // One passing check is not enough to rise (rise = 3).
-    let before = checks(&proxy, &backend, "ok").await?;
-    backend.set_ready(true);
-    eventually(DEADLINE, || async {
-        let now = checks(&proxy, &backend, "ok").await?;
-        ensure!(now > before, "no ok check yet");
-        Ok(())
-    })
-    .await?;
+    set_ready_and_wait_one_check(&proxy, &backend, true).await?;
     ensure!(
         health(&proxy, &backend).await? == "down",
         "backend rose after a single passing check"
@@ -89,11 +95,7 @@ async fn https_check_respects_rise_and_fall() -> Result<()> {
 #[tokio::test]
 async fn https_check_uses_health_path() -> Result<()> {
     let pki = Pki::new()?;
-    let backend = FakeApiserver::https(&pki)
-        .random_loopback()?
-        .ready(false)
-        .start()
-        .await?;
+    let backend = https_backend_unready(&pki).await?;
     let listen = listen_addr()?;
     // /readyz says 503 but /livez says 200: with --health-path /livez the backend is up.
     let _proxy = serving(
@@ -149,11 +151,7 @@ async fn tls_check_verifies_the_ca_and_ignores_readyz() -> Result<()> {
     let pki = Pki::new()?;
     let other_pki = Pki::new()?;
     // Unready: a tls check only does the handshake, so it passes anyway.
-    let backend = FakeApiserver::https(&pki)
-        .random_loopback()?
-        .ready(false)
-        .start()
-        .await?;
+    let backend = https_backend_unready(&pki).await?;
     let listen = listen_addr()?;
     let good = serving(
         ProxyBuilder::new()
@@ -389,11 +387,7 @@ async fn every_backend_is_tried_once_before_the_client_is_closed() -> Result<()>
 async fn selection_prefers_fewest_active_connections() -> Result<()> {
     let pki = Pki::new()?;
     let a = https_backend(&pki).await?;
-    let b = FakeApiserver::https(&pki)
-        .random_loopback()?
-        .ready(false)
-        .start()
-        .await?;
+    let b = https_backend_unready(&pki).await?;
     let listen = listen_addr()?;
     let proxy = serving(https_proxy(&pki, listen, &[&a, &b]).fast_health()).await?;
     proxy.wait_backend_health(b.addr(), "down").await?;

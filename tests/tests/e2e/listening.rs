@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Result};
 use kube_apiserver_proxy_tests::certs::Pki;
 use kube_apiserver_proxy_tests::client::TcpClient;
-use kube_apiserver_proxy_tests::fake_apiserver::FakeApiserver;
 use kube_apiserver_proxy_tests::util::{connection_refused, eventually};
 
+use crate::https_backend_unready;
 use crate::{echo_backend, https_client, https_proxy, listen_addr, serving, tcp_proxy, DEADLINE};
 
 #[tokio::test]
@@ -42,11 +42,7 @@ async fn two_instances_share_one_listen_address() -> Result<()> {
 #[tokio::test]
 async fn listener_bound_only_after_backend_is_ready() -> Result<()> {
     let pki = Pki::new()?;
-    let backend = FakeApiserver::https(&pki)
-        .random_loopback()?
-        .ready(false)
-        .start()
-        .await?;
+    let backend = https_backend_unready(&pki).await?;
     let listen = listen_addr()?;
     let proxy = https_proxy(&pki, listen, &[&backend])
         .fast_health()

@@ -44,6 +44,15 @@ pub async fn https_backend(pki: &Pki) -> Result<FakeApiserver> {
     FakeApiserver::https(pki).random_loopback()?.start().await
 }
 
+/// An https fake apiserver on a random loopback address whose /readyz answers 503.
+pub async fn https_backend_unready(pki: &Pki) -> Result<FakeApiserver> {
+    FakeApiserver::https(pki)
+        .random_loopback()?
+        .ready(false)
+        .start()
+        .await
+}
+
 /// A raw TCP echo backend on a random loopback address.
 pub async fn echo_backend() -> Result<FakeApiserver> {
     FakeApiserver::tcp_echo().random_loopback()?.start().await

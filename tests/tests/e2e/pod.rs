@@ -23,6 +23,7 @@ use kube_apiserver_proxy_tests::util::{
     connection_refused, eventually, free_random_loopback_addr, TempDir,
 };
 
+use crate::https_backend_unready;
 use crate::launch::{ensure_launch_ip, free_port, Launched};
 use crate::{https_backend, https_client, listen_addr, DEADLINE};
 
@@ -547,11 +548,7 @@ async fn readiness_is_per_pod_and_probe_reads_the_admin_address_file() -> Result
     let fixed = https_backend(&pki).await?;
     let own = https_backend(&pki).await?;
     own.set_ready(false);
-    let other_own = FakeApiserver::https(&pki)
-        .random_loopback()?
-        .ready(false)
-        .start()
-        .await?;
+    let other_own = https_backend_unready(&pki).await?;
     let own_file = dir.join("address");
     let listen = listen_addr()?;
     let pod = sidecar(&pki, listen)
