@@ -19,6 +19,7 @@ use tokio::sync::{watch, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{Backends, Tier};
+use crate::handoff::Handoff;
 use crate::lifecycle::State;
 use crate::listener::Listeners;
 use crate::metrics::Metrics;
@@ -39,8 +40,8 @@ pub struct AdminView {
     pub metrics: Metrics,
     /// Readiness needs the own backend (`--own-backend-file` given), not just any backend.
     pub own_required: bool,
-    /// Peer summary for `/status` (from the handoff module), if handoff is on.
-    pub peers: Option<Arc<dyn Fn() -> serde_json::Value + Send + Sync>>,
+    /// The handoff side, if on: `/status` lists its peers.
+    pub handoff: Option<Arc<Handoff>>,
 }
 
 impl AdminView {
@@ -79,7 +80,11 @@ impl AdminView {
             "ready": self.ready(),
             "listeners": self.listeners.info(),
             "backends": backends,
-            "peers": self.peers.as_ref().map(|p| p()).unwrap_or_else(|| serde_json::json!([])),
+            "peers": self
+                .handoff
+                .as_ref()
+                .map(|h| h.peers_json())
+                .unwrap_or_else(|| serde_json::json!([])),
             "version": env!("CARGO_PKG_VERSION"),
         })
     }

@@ -3,7 +3,6 @@
 //! [`order`] is the pure selection rule; [`Backends`] holds the live set that health checks
 //! update and the accept path reads.
 
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use tokio::sync::watch;
@@ -53,7 +52,6 @@ pub struct Backend {
     pub addr: BackendAddr,
     pub tier: Tier,
     state: Mutex<HealthState>,
-    active: AtomicI64,
     /// Cancelled when the backend dies; connections to it watch it.
     dead: Mutex<CancellationToken>,
     /// Stops this backend's health checks when it is removed.
@@ -73,7 +71,6 @@ impl Backend {
             addr,
             tier,
             state: Mutex::new(HealthState::new(health.rise, health.fall)),
-            active: AtomicI64::new(0),
             dead: Mutex::new(CancellationToken::new()),
             checks,
             metrics: metrics.backend(addr),
@@ -84,8 +81,9 @@ impl Backend {
         self.state.lock().expect("health lock").health()
     }
 
+    /// Connections carried to this backend now (the `backend_active_connections` gauge).
     pub fn active(&self) -> i64 {
-        self.active.load(Ordering::Relaxed)
+        self.metrics.active.get()
     }
 
     fn candidate(&self) -> Candidate {
@@ -103,7 +101,6 @@ impl Backend {
 
     /// Counts a connection carried to this backend until the guard drops.
     pub fn track(self: &Arc<Self>) -> ActiveGuard {
-        self.active.fetch_add(1, Ordering::Relaxed);
         self.metrics.active.inc();
         ActiveGuard(self.clone())
     }
@@ -151,7 +148,6 @@ pub struct ActiveGuard(Arc<Backend>);
 
 impl Drop for ActiveGuard {
     fn drop(&mut self) {
-        self.0.active.fetch_sub(1, Ordering::Relaxed);
         self.0.metrics.active.dec();
     }
 }

@@ -108,11 +108,7 @@ pub async fn run(
         registry,
         metrics: metrics.clone(),
         own_required: config.discovery.own_backend_file.is_some(),
-        peers: handoff.clone().map(|h| {
-            let f: Arc<dyn Fn() -> serde_json::Value + Send + Sync> =
-                Arc::new(move || h.peers_json());
-            f
-        }),
+        handoff: handoff.clone(),
     });
     tracing::info!(admin.addr = %admin_listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), "admin endpoint listening");
     tokio::spawn(admin::serve(admin_listener, view, admin_stop.clone()));

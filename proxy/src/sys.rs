@@ -10,7 +10,7 @@
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::net::SocketAddr;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use nix::sys::socket::{
     getsockopt, recvmsg, sendmsg, sockopt, ControlMessage, ControlMessageOwned, MsgFlags, SockType,
@@ -136,14 +136,10 @@ pub fn tcp_migrate_req() -> Option<i64> {
         .and_then(|s| s.trim().parse().ok())
 }
 
-/// Borrows the descriptor of anything that has one.
-pub fn borrow<T: AsFd>(t: &T) -> BorrowedFd<'_> {
-    t.as_fd()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsFd;
     use std::os::unix::net::UnixStream;
 
     #[test]

@@ -166,18 +166,19 @@ impl Handoff {
     /// Draining: offers our sockets to a Serving peer until one acknowledges all of them or
     /// `deadline` passes. Returns whether a peer took them.
     pub async fn hand_over(&self, deadline: Instant) -> bool {
-        let mut rounds = 0u64;
-        loop {
-            let held = match self.listeners.duplicates() {
-                Ok(h) => h,
-                Err(e) => {
-                    tracing::warn!(error = %e, "handoff: cannot duplicate listening sockets");
-                    return false;
-                }
-            };
-            if held.is_empty() {
-                return true;
+        // The set we hold does not change while draining (adoption is refused then).
+        let held = match self.listeners.duplicates() {
+            Ok(h) => h,
+            Err(e) => {
+                tracing::warn!(error = %e, "handoff: cannot duplicate listening sockets");
+                return false;
             }
+        };
+        if held.is_empty() {
+            return true;
+        }
+        let mut first_round = true;
+        loop {
             for path in self.peer_paths() {
                 match self.offer(&path, &held).await {
                     Ok(true) => {
@@ -192,12 +193,12 @@ impl Handoff {
                     }
                 }
             }
-            if rounds == 0 {
+            if first_round {
                 tracing::info!(
                     "handoff: no serving peer yet; still accepting while looking for one"
                 );
+                first_round = false;
             }
-            rounds += 1;
             if Instant::now() + RETRY_INTERVAL >= deadline {
                 self.metrics.handoff("adopt_sent", "no_peer");
                 tracing::warn!(
@@ -205,10 +206,7 @@ impl Handoff {
                 );
                 return false;
             }
-            tokio::select! {
-                _ = tokio::time::sleep(RETRY_INTERVAL) => {}
-                _ = tokio::time::sleep_until(deadline) => return false,
-            }
+            tokio::time::sleep(RETRY_INTERVAL).await;
         }
     }
 
