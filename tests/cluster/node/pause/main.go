@@ -1,0 +1,27 @@
+// Command pause is the pod sandbox image's only binary: it blocks until SIGTERM or SIGINT
+// and exits 0, reaping any child re-parented to it in the meantime (it is PID 1 of the
+// sandbox when the pod shares its process namespace).
+package main
+
+import (
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGCHLD)
+	for s := range sigs {
+		if s != syscall.SIGCHLD {
+			os.Exit(0)
+		}
+		for {
+			var ws syscall.WaitStatus
+			pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+			if pid <= 0 || err != nil {
+				break
+			}
+		}
+	}
+}
