@@ -4,17 +4,18 @@
 //! - `SO_COOKIE` has no safe wrapper in nix or socket2, so it is read with `libc::getsockopt`.
 //! - File descriptors received with `SCM_RIGHTS` arrive as raw integers; turning them into
 //!   `OwnedFd` (so they are closed exactly once) is `unsafe` by nature. It is done immediately
-//!   on receipt, for every descriptor, before anything can fail.
+//!   on receipt, for every descriptor, before anything can fail — also when the control message
+//!   was truncated, which nix's safe iterator would not let us see (so `recvmsg` and the
+//!   `CMSG_*` walk are done with libc here).
 //!
 //! Everything else (credentials, socket type and state, addresses) uses nix's safe API.
 
-use std::io::{self, IoSlice, IoSliceMut};
+use std::io::{self, IoSlice};
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use nix::sys::socket::{
-    getsockopt, recvmsg, sendmsg, sockopt, ControlMessage, ControlMessageOwned, MsgFlags, SockType,
-    UnixCredentials,
+    getsockopt, sendmsg, sockopt, ControlMessage, MsgFlags, SockType, UnixCredentials,
 };
 
 /// `SO_COOKIE` (Linux 4.13+): a 64-bit identity unique to one socket for the boot.
@@ -99,34 +100,81 @@ pub fn send_with_fds(
 }
 
 /// Receives bytes and any descriptors from a Unix stream socket. Every received descriptor is
-/// owned at once (closed on drop) and carries `CLOEXEC` (`MSG_CMSG_CLOEXEC`). A truncated
-/// control message is an error (some descriptors would have been lost).
+/// owned at once (closed on drop) and carries `CLOEXEC` (`MSG_CMSG_CLOEXEC`). The control
+/// buffer holds the kernel's maximum ([`SCM_MAX_FD`]), so no peer can make it truncate; a
+/// truncated control message is still an error, after the descriptors that did arrive are owned
+/// (and so closed).
 pub fn recv_with_fds(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
-    let mut cmsg = nix::cmsg_space!([RawFd; MAX_FDS]);
-    let mut iov = [IoSliceMut::new(buf)];
-    let msg = recvmsg::<()>(
-        sock.as_raw_fd(),
-        &mut iov,
-        Some(&mut cmsg),
-        MsgFlags::MSG_CMSG_CLOEXEC | MsgFlags::MSG_DONTWAIT,
-    )?;
+    recv_with_fds_upto(sock, buf, SCM_MAX_FD)
+}
+
+/// Most descriptors the kernel passes in one `SCM_RIGHTS` message (`SCM_MAX_FD`).
+pub const SCM_MAX_FD: usize = 253;
+
+fn recv_with_fds_upto(
+    sock: BorrowedFd<'_>,
+    buf: &mut [u8],
+    max_fds: usize,
+) -> io::Result<(usize, Vec<OwnedFd>)> {
+    // nix's `RecvMsg::cmsgs` refuses to iterate a truncated control buffer, which would leave
+    // the descriptors the kernel did install unowned: parse the headers here instead.
+    let data_len = (max_fds * std::mem::size_of::<RawFd>()) as libc::c_uint;
+    // SAFETY: CMSG_SPACE is a pure size computation.
+    let space = unsafe { libc::CMSG_SPACE(data_len) } as usize;
+    // u64 elements: the buffer is aligned for `cmsghdr`.
+    let mut control = vec![0u64; space.div_ceil(8)];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: an all-zero msghdr is a valid empty one.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    // SAFETY: `msg` points at `iov` (valid for `buf.len()` bytes) and at `control` (valid for
+    // `space` bytes), both alive for the call.
+    let n = unsafe {
+        libc::recvmsg(
+            sock.as_raw_fd(),
+            &mut msg,
+            libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT,
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
     let mut fds = Vec::new();
-    for c in msg.cmsgs()? {
-        if let ControlMessageOwned::ScmRights(received) = c {
-            for fd in received {
-                // SAFETY: the kernel just installed `fd` in our table for this message; nothing
+    // SAFETY: `msg` was filled by the kernel; CMSG_FIRSTHDR/CMSG_NXTHDR stay within
+    // `msg_controllen`, which the kernel set to what it wrote.
+    let mut header = unsafe { libc::CMSG_FIRSTHDR(&msg) };
+    while !header.is_null() {
+        // SAFETY: non-null headers returned by CMSG_FIRSTHDR/CMSG_NXTHDR lie within `control`.
+        let h = unsafe { &*header };
+        if h.cmsg_level == libc::SOL_SOCKET && h.cmsg_type == libc::SCM_RIGHTS {
+            // SAFETY: pure size computation.
+            let payload = h.cmsg_len as usize - unsafe { libc::CMSG_LEN(0) } as usize;
+            // SAFETY: the payload of this header lies within `control`.
+            let data = unsafe { libc::CMSG_DATA(header) }.cast::<RawFd>();
+            for i in 0..payload / std::mem::size_of::<RawFd>() {
+                // SAFETY: `i` is within the payload; it may be unaligned, so read it so. The
+                // kernel just installed this descriptor in our table for this message; nothing
                 // else owns it, and it is wrapped exactly once here.
-                fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
+                fds.push(unsafe { OwnedFd::from_raw_fd(data.add(i).read_unaligned()) });
             }
         }
+        // SAFETY: as above.
+        header = unsafe { libc::CMSG_NXTHDR(&msg, header) };
     }
-    if msg.flags.contains(MsgFlags::MSG_CTRUNC) {
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        // `fds` is dropped here: what arrived is closed.
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             "control message truncated",
         ));
     }
-    Ok((msg.bytes, fds))
+    Ok((n as usize, fds))
 }
 
 /// Reads `net.ipv4.tcp_migrate_req`; `None` when the kernel has no such sysctl.
@@ -158,6 +206,33 @@ mod tests {
             identity(listener.as_fd()).unwrap()
         );
         assert_eq!(listening_tcp_addr(fds[0].as_fd()).unwrap(), addr);
+    }
+
+    /// More descriptors than the control buffer holds: the call fails, and the descriptors
+    /// that did arrive are closed, not leaked (a leaked listener would stay in the reuseport
+    /// group with nobody accepting: its share of new connections would time out).
+    #[test]
+    fn truncated_descriptors_are_closed_not_leaked() {
+        // Room for one descriptor is room for two after alignment: send three.
+        let listeners: Vec<_> = (0..3)
+            .map(|_| crate::net::bind_reuseport("127.0.0.1:0".parse().unwrap()).unwrap())
+            .collect();
+        let addrs: Vec<_> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
+        let (a, b) = UnixStream::pair().unwrap();
+        let fds: Vec<_> = listeners.iter().map(|l| l.as_fd()).collect();
+        send_with_fds(a.as_fd(), b"x", &fds).unwrap();
+        drop(listeners);
+        let mut buf = [0u8; 8];
+        let err = recv_with_fds_upto(b.as_fd(), &mut buf, 1).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+        for addr in addrs {
+            let connect = std::net::TcpStream::connect(addr);
+            assert_eq!(
+                connect.map(|_| ()).unwrap_err().kind(),
+                io::ErrorKind::ConnectionRefused,
+                "{addr}: a received listener is still open"
+            );
+        }
     }
 
     #[test]
