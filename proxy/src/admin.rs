@@ -18,11 +18,12 @@ use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{Backends, Tier};
+use crate::backend::Backends;
 use crate::handoff::Handoff;
 use crate::lifecycle::State;
 use crate::listener::Listeners;
 use crate::metrics::Metrics;
+use crate::readiness::Readiness;
 
 /// Most admin connections served at once; more wait in the kernel backlog.
 const MAX_ADMIN_CONNECTIONS: usize = 32;
@@ -38,8 +39,8 @@ pub struct AdminView {
     pub listeners: Arc<Listeners>,
     pub registry: Registry,
     pub metrics: Metrics,
-    /// Readiness needs the own backend (`--own-backend-file` given), not just any backend.
-    pub own_required: bool,
+    /// `/readyz`: Serving and the own backend (or any backend) up.
+    pub readiness: Readiness,
     /// The handoff side, if on: `/status` lists its peers.
     pub handoff: Option<Arc<Handoff>>,
 }
@@ -47,16 +48,7 @@ pub struct AdminView {
 impl AdminView {
     /// Ready: Serving, and the own backend is up (or, without `--own-backend-file`, any backend).
     pub fn ready(&self) -> bool {
-        if *self.state.borrow() != State::Serving {
-            return false;
-        }
-        let backends = self.backends.snapshot();
-        let own: Vec<_> = backends.iter().filter(|b| b.tier == Tier::Own).collect();
-        if own.is_empty() && !self.own_required {
-            backends.iter().any(|b| b.health().is_up())
-        } else {
-            own.iter().any(|b| b.health().is_up())
-        }
+        self.readiness.ready()
     }
 
     fn status(&self) -> serde_json::Value {

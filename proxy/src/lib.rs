@@ -13,6 +13,7 @@
 //! - [`addr`]: newtypes for listen, backend, client and admin addresses.
 //! - [`server`]: `run`, driving one instance through its lifecycle.
 //! - [`lifecycle`]: the lifecycle states on a watch channel.
+//! - [`readiness`]: ready = Serving and the own backend up; `/readyz` and peers read it.
 //! - [`signal`]: SIGTERM/SIGINT mapped to intent.
 //! - [`listener`]: held listening sockets and their accept loops.
 //! - [`forward`]: one proxied connection, from backend choice to the last byte.
@@ -55,6 +56,7 @@ pub mod lograte;
 pub mod metrics;
 pub mod net;
 pub mod probe;
+pub mod readiness;
 pub mod server;
 pub mod signal;
 #[allow(unsafe_code)]

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::sync::{watch, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -41,11 +41,39 @@ struct Entry {
     stop: CancellationToken,
 }
 
+/// The set and whether it is still open to new sockets.
+struct Held {
+    entries: Vec<Entry>,
+    /// Set when draining starts ([`Listeners::freeze`]): from then on no socket is added, so
+    /// the set handed to a successor is the whole set (an adoption racing the drain is refused
+    /// instead of acknowledged and then closed).
+    frozen: bool,
+}
+
+/// A duplicate of one held socket, for sending to a peer.
+#[derive(Debug)]
+pub struct HeldSocket {
+    pub addr: ListenAddr,
+    pub identity: SocketIdentity,
+    pub fd: OwnedFd,
+}
+
+/// Why a socket was not taken.
+#[derive(Debug, thiserror::Error)]
+pub enum HoldError {
+    #[error("draining: no longer taking sockets")]
+    Frozen,
+    #[error("{0}")]
+    Io(#[from] io::Error),
+}
+
 /// The listening sockets held by this instance.
 pub struct Listeners {
-    entries: Mutex<Vec<Entry>>,
+    held: Mutex<Held>,
     ctx: Arc<ForwardContext>,
     limit: Arc<Semaphore>,
+    /// Whether the accept loops accept; while false, clients wait in the kernel queue.
+    accepting: watch::Sender<bool>,
     /// Connection tasks; drained at shutdown.
     pub connections: TaskTracker,
     accept_loops: TaskTracker,
@@ -54,26 +82,34 @@ pub struct Listeners {
 impl Listeners {
     pub fn new(ctx: Arc<ForwardContext>, max_connections: u32) -> Self {
         Listeners {
-            entries: Mutex::new(Vec::new()),
+            held: Mutex::new(Held {
+                entries: Vec::new(),
+                frozen: false,
+            }),
             ctx,
             limit: Arc::new(Semaphore::new(max_connections as usize)),
+            accepting: watch::channel(true).0,
             connections: TaskTracker::new(),
             accept_loops: TaskTracker::new(),
         }
     }
 
-    /// Starts accepting on `socket` unless the same socket is already held. Returns whether it
-    /// was new. `origin` says where it came from (`bound`, `shared`, `adopted`).
+    /// Starts accepting on `socket` unless the same socket is already held. Returns its
+    /// identity and whether it was new. `origin` says where it came from (`bound`, `shared`,
+    /// `adopted`). Refused once draining started ([`Self::freeze`]).
     pub fn hold(
         &self,
         addr: ListenAddr,
         socket: std::net::TcpListener,
         origin: &'static str,
-    ) -> io::Result<bool> {
+    ) -> Result<(SocketIdentity, bool), HoldError> {
         let identity = sys::identity(socket.as_fd())?;
-        let mut entries = self.entries.lock().expect("listeners lock");
-        if entries.iter().any(|e| e.identity == identity) {
-            return Ok(false);
+        let mut held = self.held.lock().expect("listeners lock");
+        if held.frozen {
+            return Err(HoldError::Frozen);
+        }
+        if held.entries.iter().any(|e| e.identity == identity) {
+            return Ok((identity, false));
         }
         socket.set_nonblocking(true)?;
         crate::net::tune_listener(&socket)?;
@@ -87,24 +123,29 @@ impl Listeners {
             self.ctx.clone(),
             self.limit.clone(),
             self.connections.clone(),
+            self.accepting.subscribe(),
         ));
         tracing::info!(listen.addr = %addr, cookie = identity.cookie, inode = identity.inode, origin, "listening");
-        entries.push(Entry {
+        held.entries.push(Entry {
             addr,
             identity,
             origin,
             fd,
             stop,
         });
-        self.ctx.metrics.listening_sockets.set(entries.len() as i64);
-        Ok(true)
+        self.ctx
+            .metrics
+            .listening_sockets
+            .set(held.entries.len() as i64);
+        Ok((identity, true))
     }
 
     /// Addresses for which at least one socket is held.
     pub fn addresses(&self) -> HashSet<ListenAddr> {
-        self.entries
+        self.held
             .lock()
             .expect("listeners lock")
+            .entries
             .iter()
             .map(|e| e.addr)
             .collect()
@@ -112,9 +153,10 @@ impl Listeners {
 
     /// What `/status` shows.
     pub fn info(&self) -> Vec<ListenerInfo> {
-        self.entries
+        self.held
             .lock()
             .expect("listeners lock")
+            .entries
             .iter()
             .map(|e| ListenerInfo {
                 address: e.addr.to_string(),
@@ -126,19 +168,54 @@ impl Listeners {
     }
 
     /// Duplicates of every held socket, for sending to a peer.
-    pub fn duplicates(&self) -> io::Result<Vec<(ListenAddr, OwnedFd)>> {
-        self.entries
-            .lock()
-            .expect("listeners lock")
-            .iter()
-            .map(|e| Ok((e.addr, e.fd.try_clone()?)))
-            .collect()
+    pub fn duplicates(&self) -> io::Result<Vec<HeldSocket>> {
+        duplicate(&self.held.lock().expect("listeners lock").entries)
+    }
+
+    /// Closes the set to new sockets (draining starts) and returns duplicates of every socket
+    /// in it, in one step: whatever was adopted before is in the result, whatever comes after
+    /// is refused.
+    pub fn freeze(&self) -> io::Result<Vec<HeldSocket>> {
+        let mut held = self.held.lock().expect("listeners lock");
+        held.frozen = true;
+        duplicate(&held.entries)
+    }
+
+    /// Lets the accept loops accept (`true`) or leaves clients in the kernel queue (`false`).
+    /// Returns whether that changed.
+    pub fn set_accepting(&self, accepting: bool) -> bool {
+        self.accepting.send_if_modified(|a| {
+            let changed = *a != accepting;
+            *a = accepting;
+            changed
+        })
+    }
+
+    /// Stops accepting on the sockets with these cookies and closes our descriptors of them
+    /// (a peer acknowledged them: it accepts on them now).
+    pub fn release(&self, cookies: &[u64]) {
+        let mut held = self.held.lock().expect("listeners lock");
+        held.entries.retain(|e| {
+            let release = cookies.contains(&e.identity.cookie);
+            if release {
+                e.stop.cancel();
+                tracing::info!(listen.addr = %e.addr, cookie = e.identity.cookie, "released to peer");
+            }
+            !release
+        });
+        self.ctx
+            .metrics
+            .listening_sockets
+            .set(held.entries.len() as i64);
     }
 
     /// Stops accepting on every socket and closes our descriptors (never `shutdown()`).
     pub async fn stop_all(&self) {
-        let entries: Vec<Entry> =
-            std::mem::take(&mut *self.entries.lock().expect("listeners lock"));
+        let entries: Vec<Entry> = {
+            let mut held = self.held.lock().expect("listeners lock");
+            held.frozen = true;
+            std::mem::take(&mut held.entries)
+        };
         for e in &entries {
             e.stop.cancel();
         }
@@ -147,6 +224,19 @@ impl Listeners {
         drop(entries);
         self.ctx.metrics.listening_sockets.set(0);
     }
+}
+
+fn duplicate(entries: &[Entry]) -> io::Result<Vec<HeldSocket>> {
+    entries
+        .iter()
+        .map(|e| {
+            Ok(HeldSocket {
+                addr: e.addr,
+                identity: e.identity,
+                fd: e.fd.try_clone()?,
+            })
+        })
+        .collect()
 }
 
 const BACKOFF_MIN: Duration = Duration::from_millis(5);
@@ -162,12 +252,20 @@ async fn accept_loop(
     ctx: Arc<ForwardContext>,
     limit: Arc<Semaphore>,
     connections: TaskTracker,
+    mut accepting: watch::Receiver<bool>,
 ) {
     let mut backoff = BACKOFF_MIN;
     loop {
+        // While not accepting, clients wait in the kernel queue (for a successor to adopt it).
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => break,
+            r = accepting.wait_for(|a| *a) => if r.is_err() { break },
+        }
         let accepted = tokio::select! {
             biased;
             _ = stop.cancelled() => break,
+            _ = accepting.wait_for(|a| !*a) => continue,
             r = listener.accept() => r,
         };
         match accepted {

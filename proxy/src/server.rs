@@ -21,9 +21,10 @@ use crate::discovery;
 use crate::forward::ForwardContext;
 use crate::handoff::{Handoff, HandoffError};
 use crate::lifecycle::{Lifecycle, State};
-use crate::listener::Listeners;
+use crate::listener::{HoldError, Listeners};
 use crate::metrics::Metrics;
 use crate::net;
+use crate::readiness::Readiness;
 use crate::sys;
 
 /// Why the instance could not run.
@@ -90,12 +91,17 @@ pub async fn run(
             addr: config.admin_listen.to_string(),
             source,
         })?;
+    let readiness = Readiness::new(
+        lifecycle.subscribe(),
+        backends.clone(),
+        config.discovery.own_backend_file.is_some(),
+    );
     let handoff = match &config.handoff {
         Some(h) => Some(Handoff::start(
             h.clone(),
             config.listen.clone(),
             listeners.clone(),
-            lifecycle.subscribe(),
+            readiness.clone(),
             metrics.clone(),
         )?),
         None => None,
@@ -107,7 +113,7 @@ pub async fn run(
         listeners: listeners.clone(),
         registry,
         metrics: metrics.clone(),
-        own_required: config.discovery.own_backend_file.is_some(),
+        readiness,
         handoff: handoff.clone(),
     });
     tracing::info!(admin.addr = %admin_listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), "admin endpoint listening");
@@ -129,7 +135,7 @@ pub async fn run(
         lifecycle.advance(State::Draining);
         let deadline = Instant::now() + config.drain_timeout;
         if let Some(h) = &handoff {
-            h.hand_over(deadline).await;
+            h.hand_over(deadline, || backends.any_healthy()).await;
         }
         listeners.stop_all().await;
         drain(&listeners, &ctx, deadline).await;
@@ -156,6 +162,7 @@ async fn acquire_listeners(
     if let Some(h) = handoff {
         for (addr, socket) in h.share_from_peers().await {
             if let Err(e) = listeners.hold(addr, socket, "shared") {
+                // Only a socket we cannot use lands here; the address is bound fresh below.
                 tracing::warn!(listen.addr = %addr, error = %e, "cannot use shared socket");
             }
         }
@@ -171,9 +178,12 @@ async fn acquire_listeners(
         })?;
         listeners
             .hold(*addr, socket, "bound")
-            .map_err(|source| RunError::Listen {
+            .map_err(|e| RunError::Listen {
                 addr: *addr,
-                source,
+                source: match e {
+                    HoldError::Io(e) => e,
+                    other => std::io::Error::other(other.to_string()),
+                },
             })?;
     }
     Ok(())

@@ -9,8 +9,9 @@ use serde::{Deserialize, Serialize};
 
 /// Frame magic.
 pub const MAGIC: &[u8; 4] = b"KAPH";
-/// Protocol version spoken here.
-pub const VERSION: u8 = 1;
+/// Protocol version spoken here. Version 2: `Status` says whether the peer is ready, `Ack`
+/// names sockets by cookie. Instances of different versions do not exchange sockets.
+pub const VERSION: u8 = 2;
 /// Header length: magic, version, flags, length.
 pub const HEADER_LEN: usize = 10;
 /// Largest payload accepted.
@@ -22,16 +23,22 @@ pub const MAX_PAYLOAD: usize = 16 * 1024;
 pub enum Message {
     /// "What state are you in?"
     StatusRequest,
-    /// Answer to `StatusRequest`.
-    Status { pid: u32, state: String },
+    /// Answer to `StatusRequest`: the lifecycle state, and whether the instance is ready
+    /// (Serving with its own backend healthy; only a ready peer is handed sockets).
+    Status {
+        pid: u32,
+        state: String,
+        ready: bool,
+    },
     /// A starting instance asks for duplicates of the listening sockets bound to `addrs`.
     ShareRequest { addrs: Vec<String> },
     /// Listening sockets, one descriptor per entry of `addrs`.
     Sockets { addrs: Vec<String> },
     /// A draining instance offers its listening sockets, one descriptor per entry of `addrs`.
     Adopt { addrs: Vec<String> },
-    /// The receiver now accepts on sockets bound to `held`.
-    Ack { held: Vec<String> },
+    /// The receiver now accepts on the offered sockets with these `SO_COOKIE`s; the sender
+    /// closes exactly those and keeps offering the rest.
+    Ack { cookies: Vec<u64> },
     /// The request was refused.
     Refuse { reason: String },
 }
@@ -119,6 +126,7 @@ mod tests {
             Message::Status {
                 pid: 42,
                 state: "Serving".into(),
+                ready: true,
             },
             Message::ShareRequest {
                 addrs: vec!["127.0.0.1:6443".into(), "[::1]:6443".into()],
@@ -128,7 +136,7 @@ mod tests {
             },
             Message::Adopt { addrs: vec![] },
             Message::Ack {
-                held: vec!["127.0.0.1:6443".into()],
+                cookies: vec![4096, 1 << 40],
             },
             Message::Refuse {
                 reason: "not serving".into(),
@@ -154,9 +162,9 @@ mod tests {
     fn rejects_bad_headers_early() {
         assert_eq!(decode(b"GET / HTTP/1.1\r\n"), Err(DecodeError::BadMagic));
         assert_eq!(decode(b"KAPX"), Err(DecodeError::BadMagic));
-        assert_eq!(decode(b"KAPH\x02"), Err(DecodeError::Version(2)));
-        assert_eq!(decode(b"KAPH\x01\x01"), Err(DecodeError::Flags(1)));
-        let mut big = b"KAPH\x01\x00".to_vec();
+        assert_eq!(decode(b"KAPH\x01"), Err(DecodeError::Version(1)));
+        assert_eq!(decode(b"KAPH\x02\x01"), Err(DecodeError::Flags(1)));
+        let mut big = b"KAPH\x02\x00".to_vec();
         big.extend_from_slice(&(MAX_PAYLOAD as u32 + 1).to_be_bytes());
         assert_eq!(decode(&big), Err(DecodeError::TooLarge(MAX_PAYLOAD + 1)));
         big.truncate(6);
@@ -171,9 +179,10 @@ mod tests {
             b"not json",
             br#"{"type":"nope"}"#,
             br#"{"type":"ack"}"#,
-            br#"{"type":"ack","held":"x"}"#,
+            br#"{"type":"ack","cookies":"x"}"#,
+            br#"{"type":"status","pid":1,"state":"Serving"}"#,
         ] {
-            let mut frame = b"KAPH\x01\x00".to_vec();
+            let mut frame = b"KAPH\x02\x00".to_vec();
             frame.extend_from_slice(&(payload.len() as u32).to_be_bytes());
             frame.extend_from_slice(payload);
             assert!(
@@ -198,7 +207,7 @@ mod tests {
             let mut buf: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
             if i % 2 == 0 {
                 // Valid header, random payload: exercises the JSON path.
-                let mut frame = b"KAPH\x01\x00".to_vec();
+                let mut frame = b"KAPH\x02\x00".to_vec();
                 frame.extend_from_slice(&(buf.len() as u32).to_be_bytes());
                 frame.append(&mut buf);
                 buf = frame;
@@ -234,12 +243,14 @@ mod tests {
         fn message() -> impl Strategy<Value = Message> {
             prop_oneof![
                 Just(Message::StatusRequest),
-                (any::<u32>(), ".{0,20}").prop_map(|(pid, state)| Message::Status { pid, state }),
+                (any::<u32>(), ".{0,20}", any::<bool>())
+                    .prop_map(|(pid, state, ready)| Message::Status { pid, state, ready }),
                 prop::collection::vec(addr(), 0..8)
                     .prop_map(|addrs| Message::ShareRequest { addrs }),
                 prop::collection::vec(addr(), 0..8).prop_map(|addrs| Message::Sockets { addrs }),
                 prop::collection::vec(addr(), 0..8).prop_map(|addrs| Message::Adopt { addrs }),
-                prop::collection::vec(addr(), 0..8).prop_map(|held| Message::Ack { held }),
+                prop::collection::vec(any::<u64>(), 0..8)
+                    .prop_map(|cookies| Message::Ack { cookies }),
                 ".{0,100}".prop_map(|reason| Message::Refuse { reason }),
             ]
         }
@@ -268,7 +279,7 @@ mod tests {
             /// or a request for more bytes than announced.
             #[test]
             fn arbitrary_payload_is_safe(payload in prop::collection::vec(any::<u8>(), 0..512)) {
-                let mut frame = b"KAPH\x01\x00".to_vec();
+                let mut frame = b"KAPH\x02\x00".to_vec();
                 frame.extend_from_slice(&(payload.len() as u32).to_be_bytes());
                 frame.extend_from_slice(&payload);
                 prop_assert!(!matches!(decode(&frame), Ok(None)));

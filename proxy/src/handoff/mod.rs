@@ -4,8 +4,11 @@
 //!
 //! - **Share** (a new instance, once a backend is healthy): `ShareRequest` → `Sockets` with
 //!   duplicates of the peer's listening sockets. Both then accept from one kernel queue.
-//! - **Adopt** (a draining instance): `StatusRequest` → `Status`; to a `Serving` peer, `Adopt`
-//!   with our sockets → `Ack` naming the addresses it now holds. Only then do we stop accepting.
+//! - **Adopt** (a draining instance): `StatusRequest` → `Status`; to a *ready* peer (Serving,
+//!   its own backend healthy), `Adopt` with our sockets → `Ack` naming, by `SO_COOKIE`, the
+//!   sockets it now accepts on. We stop accepting on exactly those and keep offering the rest.
+//!   The receiver takes sockets only until its own drain starts ([`Listeners::freeze`]), so
+//!   nothing it acknowledged is missing from what it hands on.
 //!
 //! Peers are authenticated with `SO_PEERCRED` on both ends (our uid, or `--handoff-allow-uid`).
 //! Received sockets are verified (listening TCP, bound to one of our `--listen` addresses) and
@@ -24,15 +27,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::net::UnixListener;
-use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::addr::ListenAddr;
 use crate::config::HandoffConfig;
-use crate::lifecycle::State;
-use crate::listener::Listeners;
+use crate::listener::{HeldSocket, Listeners};
 use crate::metrics::Metrics;
+use crate::readiness::Readiness;
 use crate::sys;
 
 pub use codec::Message;
@@ -62,11 +64,13 @@ pub struct Handoff {
     allowed_uids: HashSet<u32>,
     listen: HashSet<ListenAddr>,
     listeners: Arc<Listeners>,
-    state: watch::Receiver<State>,
+    readiness: Readiness,
     metrics: Metrics,
     stop: CancellationToken,
     /// What we last learned of each peer, for `/status`.
     peers: Mutex<Vec<serde_json::Value>>,
+    #[cfg(test)]
+    hooks: tests::Hooks,
 }
 
 impl Handoff {
@@ -75,7 +79,7 @@ impl Handoff {
         config: HandoffConfig,
         listen: Vec<ListenAddr>,
         listeners: Arc<Listeners>,
-        state: watch::Receiver<State>,
+        readiness: Readiness,
         metrics: Metrics,
     ) -> Result<Arc<Self>, HandoffError> {
         let dir = config.dir.clone();
@@ -106,10 +110,12 @@ impl Handoff {
             allowed_uids,
             listen: listen.into_iter().collect(),
             listeners,
-            state,
+            readiness,
             metrics,
             stop: CancellationToken::new(),
             peers: Mutex::new(Vec::new()),
+            #[cfg(test)]
+            hooks: tests::Hooks::default(),
         });
         tracing::info!(socket = %handoff.path.display(), "handoff socket listening");
         tokio::spawn(peer::serve(handoff.clone(), listener));
@@ -163,46 +169,57 @@ impl Handoff {
         got
     }
 
-    /// Draining: offers our sockets to a Serving peer until one acknowledges all of them or
-    /// `deadline` passes. Returns whether a peer took them.
-    pub async fn hand_over(&self, deadline: Instant) -> bool {
-        // The set we hold does not change while draining (adoption is refused then).
-        let held = match self.listeners.duplicates() {
+    /// Draining: offers our sockets to a ready peer until peers have acknowledged all of them
+    /// or `deadline` passes. Meanwhile the sockets not yet taken are accepted on only while
+    /// `usable()` says a backend can serve: otherwise clients wait in the kernel queue for the
+    /// successor that will adopt the socket. Returns whether peers took every socket.
+    pub async fn hand_over(&self, deadline: Instant, usable: impl Fn() -> bool) -> bool {
+        // From here on the set no longer grows (adoption is refused): this is all of it.
+        let mut remaining: Vec<HeldSocket> = match self.listeners.freeze() {
             Ok(h) => h,
             Err(e) => {
                 tracing::warn!(error = %e, "handoff: cannot duplicate listening sockets");
                 return false;
             }
         };
-        if held.is_empty() {
+        if remaining.is_empty() {
             return true;
         }
         let mut first_round = true;
         loop {
             for path in self.peer_paths() {
-                match self.offer(&path, &held).await {
-                    Ok(true) => {
+                match self.offer(&path, &remaining).await {
+                    Ok(acked) if !acked.is_empty() => {
+                        remaining.retain(|s| !acked.contains(&s.identity.cookie));
+                        self.listeners.release(&acked);
                         self.metrics.handoff("adopt_sent", "ok");
-                        tracing::info!(peer = %path.display(), sockets = held.len(), "handoff: listening sockets adopted by peer");
-                        return true;
+                        tracing::info!(peer = %path.display(), sockets = acked.len(), left = remaining.len(), "handoff: listening sockets adopted by peer");
+                        if remaining.is_empty() {
+                            return true;
+                        }
                     }
-                    Ok(false) => {}
+                    Ok(_) => {}
                     Err(e) => {
                         self.metrics.handoff("adopt_sent", "error");
                         tracing::debug!(peer = %path.display(), error = %e, "handoff: offer failed");
                     }
                 }
             }
-            if first_round {
-                tracing::info!(
-                    "handoff: no serving peer yet; still accepting while looking for one"
-                );
+            let accept = usable();
+            if self.listeners.set_accepting(accept) || first_round {
+                if accept {
+                    tracing::info!("handoff: no ready peer yet; accepting while a backend is usable and looking for one");
+                } else {
+                    tracing::info!("handoff: no ready peer and no usable backend; not accepting (clients wait in the kernel queue for a successor)");
+                }
                 first_round = false;
             }
             if Instant::now() + RETRY_INTERVAL >= deadline {
+                self.listeners.set_accepting(true);
                 self.metrics.handoff("adopt_sent", "no_peer");
                 tracing::warn!(
-                    "handoff: no serving peer before the drain deadline; closing listeners"
+                    sockets = remaining.len(),
+                    "handoff: no ready peer before the drain deadline; closing listeners"
                 );
                 return false;
             }
@@ -210,37 +227,26 @@ impl Handoff {
         }
     }
 
-    /// One offer to one peer: `Ok(true)` when it acknowledged every address we hold.
-    async fn offer(
-        &self,
-        path: &Path,
-        held: &[(ListenAddr, OwnedFd)],
-    ) -> Result<bool, wire::WireError> {
+    /// One offer to one peer: the cookies of the offered sockets it acknowledged (empty when it
+    /// is not ready or refused).
+    async fn offer(&self, path: &Path, held: &[HeldSocket]) -> Result<Vec<u64>, wire::WireError> {
         let (status, _) = self.exchange(path, &Message::StatusRequest, &[]).await?;
-        let Message::Status { state, .. } = status else {
-            return Ok(false);
+        let Message::Status { ready: true, .. } = status else {
+            return Ok(Vec::new());
         };
-        if state != State::Serving.as_str() {
-            return Ok(false);
-        }
-        let addrs: Vec<String> = held.iter().map(|(a, _)| a.to_string()).collect();
-        let fds: Vec<_> = held.iter().map(|(_, fd)| fd.as_fd()).collect();
-        match self
-            .exchange(
-                path,
-                &Message::Adopt {
-                    addrs: addrs.clone(),
-                },
-                &fds,
-            )
-            .await?
-        {
-            (Message::Ack { held: acked }, _) => Ok(addrs.iter().all(|a| acked.contains(a))),
+        let addrs: Vec<String> = held.iter().map(|s| s.addr.to_string()).collect();
+        let fds: Vec<_> = held.iter().map(|s| s.fd.as_fd()).collect();
+        match self.exchange(path, &Message::Adopt { addrs }, &fds).await? {
+            (Message::Ack { cookies }, _) => Ok(held
+                .iter()
+                .map(|s| s.identity.cookie)
+                .filter(|c| cookies.contains(c))
+                .collect()),
             (Message::Refuse { reason }, _) => {
                 tracing::info!(peer = %path.display(), reason, "handoff: peer refused adoption");
-                Ok(false)
+                Ok(Vec::new())
             }
-            _ => Ok(false),
+            _ => Ok(Vec::new()),
         }
     }
 
@@ -286,9 +292,9 @@ impl Handoff {
 
     fn remember_peer(&self, path: &Path, answer: &Message, pid: i32) {
         let last = match answer {
-            Message::Status { state, .. } => format!("status {state}"),
+            Message::Status { state, ready, .. } => format!("status {state}, ready {ready}"),
             Message::Sockets { addrs } => format!("shared {} sockets", addrs.len()),
-            Message::Ack { held } => format!("adopted {} sockets", held.len()),
+            Message::Ack { cookies } => format!("adopted {} sockets", cookies.len()),
             Message::Refuse { reason } => format!("refused: {reason}"),
             other => format!("{other:?}"),
         };
@@ -351,6 +357,9 @@ impl Handoff {
         serde_json::Value::Array(self.peers.lock().expect("peers lock").clone())
     }
 }
+
+#[cfg(test)]
+mod tests;
 
 /// Checks an existing handoff directory without changing anything (used while validating the
 /// configuration, before anything is bound): a missing one is fine, it is created at start.

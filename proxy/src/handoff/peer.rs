@@ -8,6 +8,7 @@ use tokio::net::{UnixListener, UnixStream};
 use super::codec::Message;
 use super::{wire, Handoff, EXCHANGE_TIMEOUT};
 use crate::lifecycle::State;
+use crate::listener::HoldError;
 use crate::sys;
 
 /// Accepts peer connections until the handoff is closed.
@@ -63,16 +64,17 @@ async fn answer(handoff: &Handoff, stream: UnixStream) {
             return;
         }
     };
-    let state = *handoff.state.borrow();
+    let state = handoff.readiness.state();
     let reply = match request {
         Message::StatusRequest => Message::Status {
             pid: std::process::id(),
             state: state.as_str().to_string(),
+            ready: handoff.readiness.ready(),
         },
         Message::ShareRequest { addrs } => {
             return share(handoff, &stream, state, &addrs, cred.pid()).await;
         }
-        Message::Adopt { addrs } => adopt(handoff, state, &addrs, fds, cred.pid()),
+        Message::Adopt { addrs } => adopt(handoff, state, &addrs, fds, cred.pid()).await,
         other => {
             handoff.metrics.handoff_messages_rejected.inc();
             tracing::warn!(peer.pid = cred.pid(), message = ?other, "handoff: unexpected message rejected");
@@ -95,10 +97,10 @@ async fn share(handoff: &Handoff, stream: &UnixStream, state: State, asked: &[St
     };
     let give: Vec<_> = held
         .into_iter()
-        .filter(|(addr, _)| asked.iter().any(|a| *a == addr.to_string()))
+        .filter(|s| asked.iter().any(|a| *a == s.addr.to_string()))
         .collect();
-    let addrs = give.iter().map(|(a, _)| a.to_string()).collect();
-    let fds: Vec<_> = give.iter().map(|(_, fd)| fd.as_fd()).collect();
+    let addrs = give.iter().map(|s| s.addr.to_string()).collect();
+    let fds: Vec<_> = give.iter().map(|s| s.fd.as_fd()).collect();
     match wire::send(stream, &Message::Sockets { addrs }, &fds).await {
         Ok(()) => {
             handoff.metrics.handoff("share_sent", "ok");
@@ -115,8 +117,10 @@ async fn share(handoff: &Handoff, stream: &UnixStream, state: State, asked: &[St
     }
 }
 
-/// Takes over a draining peer's sockets (only while Serving).
-fn adopt(
+/// Takes over a draining peer's sockets (only while Serving, and only until our own drain
+/// starts: [`crate::listener::Listeners::hold`] refuses once the set is frozen, so an adoption
+/// racing our drain is refused rather than acknowledged and then closed).
+async fn adopt(
     handoff: &Handoff,
     state: State,
     addrs: &[String],
@@ -129,27 +133,42 @@ fn adopt(
             reason: format!("not serving ({state})"),
         };
     }
+    #[cfg(test)]
+    handoff.hooks.after_state_read().await;
     // Acknowledge exactly the sockets we now accept on (newly held, or held already because
-    // they were shared with us at start): the peer closes only those.
+    // they were shared with us at start), by cookie: the peer closes only those.
     let mut fresh = 0;
-    let mut held = Vec::new();
+    let mut cookies = Vec::new();
+    let mut frozen = false;
     for (addr, socket) in handoff.verify(addrs, fds) {
+        #[cfg(test)]
+        if handoff.hooks.fail_hold() {
+            continue;
+        }
         match handoff.listeners.hold(addr, socket, "adopted") {
-            Ok(new) => {
+            Ok((identity, new)) => {
                 fresh += usize::from(new);
-                held.push(addr.to_string());
+                cookies.push(identity.cookie);
             }
+            Err(HoldError::Frozen) => frozen = true,
             Err(e) => {
                 tracing::warn!(listen.addr = %addr, error = %e, "handoff: cannot accept on adopted socket")
             }
         }
     }
+    if frozen && cookies.is_empty() {
+        handoff.metrics.handoff("adopt_received", "refused");
+        return Message::Refuse {
+            reason: "draining".into(),
+        };
+    }
     handoff.metrics.handoff("adopt_received", "ok");
     tracing::info!(
         peer.pid = pid,
         offered = addrs.len(),
+        taken = cookies.len(),
         new = fresh,
         "handoff: adopted peer's listening sockets"
     );
-    Message::Ack { held }
+    Message::Ack { cookies }
 }

@@ -441,7 +441,7 @@ fn inner_foreign_peer_client() -> Result<()> {
     let mut stream = std::os::unix::net::UnixStream::connect(&socket).context("connect")?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     let payload = format!(r#"{{"type":"share_request","addrs":["{listen}"]}}"#);
-    let mut frame = b"KAPH\x01\x00".to_vec();
+    let mut frame = b"KAPH\x02\x00".to_vec();
     frame.extend_from_slice(&(payload.len() as u32).to_be_bytes());
     frame.extend_from_slice(payload.as_bytes());
     let _ = stream.write_all(&frame);

@@ -403,20 +403,20 @@ async fn garbage_on_the_handoff_socket_is_rejected_and_counted() -> Result<()> {
     let before = proxy.status().await?["listeners"].clone();
     let socket = handoff_socket(&handoff)?;
     let frame = |payload: &[u8]| {
-        let mut f = b"KAPH\x01\x00".to_vec();
+        let mut f = b"KAPH\x02\x00".to_vec();
         f.extend_from_slice(&(payload.len() as u32).to_be_bytes());
         f.extend_from_slice(payload);
         f
     };
-    let mut big = b"KAPH\x01\x00".to_vec();
+    let mut big = b"KAPH\x02\x00".to_vec();
     big.extend_from_slice(&u32::MAX.to_be_bytes());
     let cases: Vec<Vec<u8>> = vec![
         b"GET / HTTP/1.1\r\n\r\n".to_vec(),
         (0..4096).map(|i| (i * 7 % 251) as u8).collect(),
         big,
         frame(b"{not json"),
-        frame(br#"{"type":"ack","held":[]}"#),
-        b"KAPH\x01\x00\x00\x00\x01".to_vec(), // truncated: peer closes mid-message
+        frame(br#"{"type":"ack","cookies":[]}"#),
+        b"KAPH\x02\x00\x00\x00\x01".to_vec(), // truncated: peer closes mid-message
     ];
     for case in &cases {
         let mut s = UnixStream::connect(&socket)?;
