@@ -440,7 +440,7 @@ async fn garbage_on_the_handoff_socket_is_rejected_and_counted() -> Result<()> {
     let _ = std::io::Read::read_to_end(&mut &s, &mut answer);
     let answer = String::from_utf8_lossy(&answer).into_owned();
     ensure!(
-        answer.contains(r#""held":[]"#),
+        answer.contains(r#""cookies":[]"#),
         "a pipe was adopted: {answer}"
     );
     eventually(DEADLINE, || async {
