@@ -69,7 +69,7 @@ pub enum HoldError {
 
 /// The listening sockets held by this instance.
 pub struct Listeners {
-    held: Mutex<Held>,
+    held: Arc<Mutex<Held>>,
     ctx: Arc<ForwardContext>,
     limit: Arc<Semaphore>,
     /// Whether the accept loops accept; while false, clients wait in the kernel queue.
@@ -82,10 +82,10 @@ pub struct Listeners {
 impl Listeners {
     pub fn new(ctx: Arc<ForwardContext>, max_connections: u32) -> Self {
         Listeners {
-            held: Mutex::new(Held {
+            held: Arc::new(Mutex::new(Held {
                 entries: Vec::new(),
                 frozen: false,
-            }),
+            })),
             ctx,
             limit: Arc::new(Semaphore::new(max_connections as usize)),
             accepting: watch::channel(true).0,
@@ -116,15 +116,17 @@ impl Listeners {
         let fd = socket.as_fd().try_clone_to_owned()?;
         let listener = TcpListener::from_std(socket)?;
         let stop = CancellationToken::new();
-        self.accept_loops.spawn(accept_loop(
+        self.accept_loops.spawn(accept_loop(AcceptLoop {
             listener,
             addr,
-            stop.clone(),
-            self.ctx.clone(),
-            self.limit.clone(),
-            self.connections.clone(),
-            self.accepting.subscribe(),
-        ));
+            identity,
+            stop: stop.clone(),
+            ctx: self.ctx.clone(),
+            limit: self.limit.clone(),
+            connections: self.connections.clone(),
+            accepting: self.accepting.subscribe(),
+            held: self.held.clone(),
+        }));
         tracing::info!(listen.addr = %addr, cookie = identity.cookie, inode = identity.inode, origin, "listening");
         held.entries.push(Entry {
             addr,
@@ -245,15 +247,51 @@ const BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// once every 5 s, with the count of those suppressed.
 static ACCEPT_FAILED_LOG: LogRate = LogRate::new(Duration::from_secs(5));
 
-async fn accept_loop(
+/// What an `accept()` error says about the socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AcceptFailure {
+    /// The socket can no longer accept (no longer listening, e.g. after someone called
+    /// `shutdown()` on the shared socket; not a socket): retrying would spin forever.
+    Fatal,
+    /// This process is short of descriptors or memory, or one queued connection failed
+    /// (aborted, refused by a firewall): later accepts may succeed. Backed off all the same.
+    Transient,
+}
+
+/// Classifies an `accept()` error. Pure.
+pub fn classify_accept_error(e: &io::Error) -> AcceptFailure {
+    match e.raw_os_error() {
+        Some(libc::EINVAL | libc::EBADF | libc::ENOTSOCK | libc::EOPNOTSUPP | libc::EFAULT) => {
+            AcceptFailure::Fatal
+        }
+        _ => AcceptFailure::Transient,
+    }
+}
+
+struct AcceptLoop {
     listener: TcpListener,
     addr: ListenAddr,
+    identity: SocketIdentity,
     stop: CancellationToken,
     ctx: Arc<ForwardContext>,
     limit: Arc<Semaphore>,
     connections: TaskTracker,
-    mut accepting: watch::Receiver<bool>,
-) {
+    accepting: watch::Receiver<bool>,
+    held: Arc<Mutex<Held>>,
+}
+
+async fn accept_loop(l: AcceptLoop) {
+    let AcceptLoop {
+        listener,
+        addr,
+        identity,
+        stop,
+        ctx,
+        limit,
+        connections,
+        mut accepting,
+        held,
+    } = l;
     let mut backoff = BACKOFF_MIN;
     loop {
         // While not accepting, clients wait in the kernel queue (for a successor to adopt it).
@@ -283,20 +321,56 @@ async fn accept_loop(
                     drop(permit);
                 });
             }
+            Err(e) if classify_accept_error(&e) == AcceptFailure::Fatal => {
+                ctx.metrics.connection_failed(FailReason::AcceptError);
+                let mut held = held.lock().expect("listeners lock");
+                held.entries.retain(|e| e.identity != identity);
+                ctx.metrics.listening_sockets.set(held.entries.len() as i64);
+                ctx.metrics.listening_sockets_dropped.inc();
+                tracing::error!(listen.addr = %addr, cookie = identity.cookie, error = %e, sockets_left = held.entries.len(), "listening socket can no longer accept: dropped");
+                break;
+            }
             Err(e) => {
                 ctx.metrics.connection_failed(FailReason::AcceptError);
                 if let Some(suppressed) = ACCEPT_FAILED_LOG.allow() {
                     tracing::warn!(listen.addr = %addr, error = %e, suppressed, "accept failed");
                 }
-                if crate::net::is_local_exhaustion(&e) {
-                    tokio::select! {
-                        _ = stop.cancelled() => break,
-                        _ = tokio::time::sleep(backoff) => {}
-                    }
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                // Every kind of failure backs off: an error that repeats must not spin.
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = tokio::time::sleep(backoff) => {}
                 }
+                backoff = (backoff * 2).min(BACKOFF_MAX);
             }
         }
     }
     tracing::debug!(listen.addr = %addr, "accept loop stopped");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_that_end_a_socket_are_told_apart_from_passing_ones() {
+        let err = |n| io::Error::from_raw_os_error(n);
+        for n in [libc::EINVAL, libc::EBADF, libc::ENOTSOCK, libc::EOPNOTSUPP] {
+            assert_eq!(classify_accept_error(&err(n)), AcceptFailure::Fatal, "{n}");
+        }
+        for n in [
+            libc::EMFILE,
+            libc::ENFILE,
+            libc::ENOBUFS,
+            libc::ENOMEM,
+            libc::ECONNABORTED,
+            libc::EPERM,
+            libc::EPROTO,
+        ] {
+            assert_eq!(
+                classify_accept_error(&err(n)),
+                AcceptFailure::Transient,
+                "{n}"
+            );
+        }
+    }
 }

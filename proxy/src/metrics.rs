@@ -29,6 +29,7 @@ pub const HANDOFFS: &str = "handoffs_total";
 pub const HANDOFF_PEERS_REFUSED: &str = "handoff_peers_refused_total";
 pub const HANDOFF_MESSAGES_REJECTED: &str = "handoff_messages_rejected_total";
 pub const LISTENING_SOCKETS: &str = "listening_sockets";
+pub const LISTENING_SOCKETS_DROPPED: &str = "listening_sockets_dropped_total";
 pub const TCP_MIGRATE_REQ: &str = "tcp_migrate_req";
 pub const ADMIN_REQUESTS_REJECTED: &str = "admin_requests_rejected_total";
 pub const RUNTIME_ALIVE_TASKS: &str = "runtime_alive_tasks";
@@ -75,6 +76,7 @@ pub struct Metrics {
     pub handoff_peers_refused: IntCounter,
     pub handoff_messages_rejected: IntCounter,
     pub listening_sockets: IntGauge,
+    pub listening_sockets_dropped: IntCounter,
     pub tcp_migrate_req: IntGauge,
     pub admin_requests_rejected: IntCounter,
     runtime_alive_tasks: IntGauge,
@@ -242,6 +244,13 @@ impl Metrics {
             listening_sockets: register!(
                 r,
                 IntGauge::with_opts(opts(LISTENING_SOCKETS, "Listening sockets held."))
+            ),
+            listening_sockets_dropped: register!(
+                r,
+                IntCounter::with_opts(opts(
+                    LISTENING_SOCKETS_DROPPED,
+                    "Listening sockets dropped because they could no longer accept."
+                ))
             ),
             tcp_migrate_req: register!(
                 r,

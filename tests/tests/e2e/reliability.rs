@@ -465,6 +465,65 @@ async fn garbage_on_the_handoff_socket_is_rejected_and_counted() -> Result<()> {
     Ok(())
 }
 
+/// A peer shuts the shared listening socket down (which every holder then sees as "not
+/// listening": `accept()` fails with EINVAL, at once and forever). The proxy must drop that
+/// socket from its set and say so, not retry it in a loop at full speed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_socket_that_can_no_longer_accept_is_dropped_and_reported() -> Result<()> {
+    let backend = echo_backend().await?;
+    let listen = listen_addr()?;
+    let dir = TempDir::new("shutdown-listener")?;
+    let handoff = dir.join("handoff");
+    let proxy = serving(
+        tcp_proxy(listen, &[&backend])
+            .fast_health()
+            .arg("--handoff-dir")
+            .arg(&handoff),
+    )
+    .await?;
+    let listeners = proxy.status().await?["listeners"].clone();
+    ensure!(
+        listeners.as_array().is_some_and(|l| l.len() == 1),
+        "expected one listener: {listeners}"
+    );
+    let fds =
+        kube_apiserver_proxy_tests::sockets::share_request(&handoff_socket(&handoff)?, listen)?;
+    socket2::SockRef::from(&fds[0]).shutdown(std::net::Shutdown::Both)?;
+    eventually(DEADLINE, || async {
+        let status = proxy.status().await?;
+        ensure!(
+            status["listeners"].as_array().is_some_and(|l| l.is_empty()),
+            "still listed: {}",
+            status["listeners"]
+        );
+        Ok(())
+    })
+    .await?;
+    ensure!(
+        proxy
+            .stderr()
+            .contains("listening socket can no longer accept: dropped"),
+        "drop not logged"
+    );
+    let dropped = proxy
+        .metric_or_zero("listening_sockets_dropped_total", &[])
+        .await?;
+    ensure!(
+        dropped == 1.0,
+        "listening_sockets_dropped_total = {dropped}"
+    );
+    let errors = proxy
+        .metric_or_zero("connections_failed_total", &[("reason", "accept_error")])
+        .await?;
+    ensure!(
+        errors <= 1.0,
+        "{errors} accept errors counted for one dead socket"
+    );
+    let (code, _) = proxy.admin_get("/healthz").await?;
+    ensure!(code == 200, "/healthz {code}");
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_admin_requests_are_rejected_and_counted() -> Result<()> {
     let backend = echo_backend().await?;
