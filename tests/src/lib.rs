@@ -5,7 +5,8 @@
 //! uses a fixed port, and waiting is done on conditions with deadlines.
 //!
 //! Layout:
-//! - [`util`]: `eventually` polling, random loopback addresses, free ports, temp dirs.
+//! - [`util`]: `eventually` polling, random loopback addresses, free ports, temp dirs, and
+//!   [`util::skip`], the one way a test skips (never in CI).
 //! - [`certs`]: rcgen test PKI (CA, serving cert for `kubernetes`, client certs, PEM files).
 //! - [`fake_apiserver`]: the fake kube-apiserver (https or raw TCP echo/sink) and its controls.
 //! - [`client`]: HTTP/HTTPS/watch/raw TCP clients with bounded waits.

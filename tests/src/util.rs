@@ -87,6 +87,29 @@ pub async fn connection_refused(addr: SocketAddr) -> bool {
     }
 }
 
+/// Whether this run is CI (`CI` set to anything but empty, `false` or `0`): there a test that
+/// cannot run in its environment fails instead of skipping.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
+}
+
+/// The one way a test skips: call it where `test` cannot run here because of `reason`, and
+/// return what it returns. Outside CI it says `SKIPPED test: reason` on stderr and returns
+/// `Ok(())`; in CI it returns an error, so a missing privilege or tool fails the run instead of
+/// passing it silently.
+pub fn skip(test: &str, reason: &str) -> Result<()> {
+    if in_ci() {
+        bail!("{test} cannot run here ({reason}) and CI is set: failing instead of skipping");
+    }
+    eprintln!("SKIPPED {test}: {reason}");
+    Ok(())
+}
+
+/// Whether this process runs as root (network namespaces, other uids, chroot).
+pub fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
 /// A temporary directory under `std::env::temp_dir()` with a random name, removed on drop.
 #[derive(Debug)]
 pub struct TempDir {
@@ -171,6 +194,13 @@ mod tests {
         let listener = TcpListener::bind(addr).unwrap();
         assert!(!connection_refused(addr).await);
         drop(listener);
+    }
+
+    #[test]
+    fn skipping_fails_in_ci_only() {
+        // The test process's own environment decides; check the branch it takes.
+        let result = skip("unit", "reason");
+        assert_eq!(result.is_err(), in_ci(), "{result:?}");
     }
 
     #[test]

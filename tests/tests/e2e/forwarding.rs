@@ -239,8 +239,10 @@ async fn max_connections_is_enforced() -> Result<()> {
 #[tokio::test]
 async fn ipv6_listen_address() -> Result<()> {
     if !ipv6_loopback_available() {
-        eprintln!("skipped: [::1] not available");
-        return Ok(());
+        return kube_apiserver_proxy_tests::util::skip(
+            "ipv6_listen_address",
+            "[::1] not available",
+        );
     }
     let backend = echo_backend().await?;
     let listen = free_addr("::1".parse()?)?;

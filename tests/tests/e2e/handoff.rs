@@ -3,8 +3,8 @@
 //!
 //! The load tests run in a private network namespace (`unshare --net`) so that
 //! `net.ipv4.tcp_migrate_req` can be set to 0 without touching the host: this test binary
-//! re-runs one of its own `#[ignore]`d tests there. They need root; without it they say they
-//! are skipped and why.
+//! re-runs one of its own `#[ignore]`d tests there. They need root; without it they fail in CI
+//! and say they are skipped (and why) elsewhere (`util::skip`).
 
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
@@ -17,7 +17,9 @@ use anyhow::{bail, ensure, Context, Result};
 use kube_apiserver_proxy_tests::fake_apiserver::FakeApiserver;
 use kube_apiserver_proxy_tests::load::{Load, LoadReport};
 use kube_apiserver_proxy_tests::proxy::{Proxy, ProxyBuilder};
-use kube_apiserver_proxy_tests::util::{eventually, free_random_loopback_addr, TempDir};
+use kube_apiserver_proxy_tests::util::{
+    eventually, free_random_loopback_addr, is_root, skip, TempDir,
+};
 
 /// Set in the environment of the re-run inside the namespace.
 const INNER_ENV: &str = "KAP_TEST_IN_NETNS";
@@ -28,17 +30,13 @@ const HANDOFFS: usize = 100;
 /// Overrides [`HANDOFFS`] for a longer proof run (docs/handoff.md quotes one of 1000).
 const HANDOFFS_ENV: &str = "KAP_TEST_HANDOFFS";
 
-fn is_root() -> bool {
-    nix::unistd::geteuid().is_root()
-}
-
 /// Runs test `name` of this binary again inside a fresh network namespace with loopback up.
 fn run_in_netns(name: &str) -> Result<()> {
     if !is_root() {
-        eprintln!(
-            "SKIPPED {name}: needs root to create a private network namespace (unshare --net)"
+        return skip(
+            name,
+            "needs root to create a private network namespace (unshare --net)",
         );
-        return Ok(());
     }
     let exe = std::env::current_exe()?;
     let out = Command::new("unshare")
@@ -355,7 +353,14 @@ async fn allowed_uid_is_answered() -> Result<()> {
 /// `None` when not root (skipped).
 async fn foreign_peer_asks(allow: bool) -> Result<Option<ForeignPeerRun>> {
     if !is_root() {
-        eprintln!("SKIPPED: needs root to run a child as another uid");
+        skip(
+            if allow {
+                "allowed_uid_is_answered"
+            } else {
+                "foreign_uid_is_refused"
+            },
+            "needs root to run a child as another uid",
+        )?;
         return Ok(None);
     }
     let backend = FakeApiserver::tcp_echo().start().await?;
