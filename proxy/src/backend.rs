@@ -52,8 +52,6 @@ pub struct Backend {
     pub addr: BackendAddr,
     pub tier: Tier,
     state: Mutex<HealthState>,
-    /// Cancelled when the backend dies; connections to it watch it.
-    dead: Mutex<CancellationToken>,
     /// Stops this backend's health checks when it is removed.
     checks: CancellationToken,
     pub metrics: BackendMetrics,
@@ -71,7 +69,6 @@ impl Backend {
             addr,
             tier,
             state: Mutex::new(HealthState::new(health.rise, health.fall)),
-            dead: Mutex::new(CancellationToken::new()),
             checks,
             metrics: metrics.backend(addr),
         }
@@ -94,11 +91,6 @@ impl Backend {
         }
     }
 
-    /// Token cancelled if this backend dies while the connection lives.
-    pub fn death_token(&self) -> CancellationToken {
-        self.dead.lock().expect("dead lock").clone()
-    }
-
     /// Counts a connection carried to this backend until the guard drops.
     pub fn track(self: &Arc<Self>) -> ActiveGuard {
         self.metrics.active.inc();
@@ -108,16 +100,9 @@ impl Backend {
     fn apply(&self, change: Option<Health>) -> Option<Health> {
         let health = change?;
         self.metrics.up.set(i64::from(health.is_up()));
-        tracing::info!(backend = %self.addr, health = ?health, "backend health changed");
-        if health == Health::Dead {
-            let mut dead = self.dead.lock().expect("dead lock");
-            let closing = self.active();
-            if closing > 0 {
-                tracing::warn!(backend = %self.addr, connections = closing, "backend dead: closing its connections");
-            }
-            dead.cancel();
-            *dead = CancellationToken::new();
-        }
+        // Its established connections are left alone whatever the health: a backend that stops
+        // listening (kube-apiserver at shutdown) goes on serving the connections it has.
+        tracing::info!(backend = %self.addr, health = ?health, connections = self.active(), "backend health changed");
         Some(health)
     }
 
@@ -195,6 +180,7 @@ impl Backends {
         next.push(backend.clone());
         *list = Arc::new(next);
         tracing::info!(backend = %addr, tier = ?tier, "backend added");
+        self.notify();
         self.checks.spawn(check::run_loop(
             backend.clone(),
             self.clone(),
@@ -249,6 +235,11 @@ impl Backends {
     /// True when any backend is up.
     pub fn any_healthy(&self) -> bool {
         self.snapshot().iter().any(|b| b.health().is_up())
+    }
+
+    /// A receiver that sees every change of the set or of a backend's health.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
     }
 
     /// Records a health change for waiters.

@@ -164,7 +164,7 @@ pub struct RunArgs {
     )]
     pub health_rise: u32,
 
-    /// Consecutive failing checks before a backend counts as unhealthy (refused this often: dead).
+    /// Consecutive failing checks before a backend counts as unhealthy (refused this often: dead; its connections are kept).
     #[arg(
         long,
         value_name = "N",
@@ -206,7 +206,7 @@ pub struct RunArgs {
     )]
     pub health_client_key: Option<PathBuf>,
 
-    /// Time a backend connect may take before the next backend is tried.
+    /// Time a backend connect may take before the next backend is tried; with none reachable, how long a new client is held while every backend is tried again.
     #[arg(long, value_name = "DURATION", env = "KUBE_APISERVER_PROXY_CONNECT_TIMEOUT", default_value = "3s", value_parser = parse_duration)]
     pub connect_timeout: Duration,
 

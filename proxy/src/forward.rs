@@ -1,5 +1,11 @@
 //! One proxied connection: choose a backend, connect (falling over to the next one on failure,
-//! before the client has seen anything), then copy bytes both ways until both sides are done.
+//! before the client has seen anything; with none reachable, holding the client and trying
+//! again within `--connect-timeout`), then copy bytes both ways until both sides are done.
+//!
+//! An established connection ends only when one side closes it, the kernel finds it dead
+//! (reset, keepalive, `TCP_USER_TIMEOUT`), or the drain deadline cuts it — never because its
+//! backend stopped listening: kube-apiserver closes its listener first and then goes on
+//! draining the requests and watches on the connections it has.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -39,12 +45,11 @@ pub async fn serve(client: TcpStream, client_addr: ClientAddr, ctx: Arc<ForwardC
     let Some((backend, upstream)) = connect_any(&ctx).await else {
         ctx.metrics.connection_failed(FailReason::NoBackend);
         if let Some(suppressed) = NO_BACKEND_LOG.allow() {
-            tracing::warn!(client.addr = %client_addr, suppressed, "no backend could be reached: closing client");
+            tracing::warn!(client.addr = %client_addr, suppressed, hold = ?ctx.connect_timeout, "no backend could be reached within the connect timeout: closing client");
         }
         return;
     };
     let _tracked = backend.track();
-    let dead = backend.death_token();
     let cut = async {
         ctx.cut.cancelled().await;
         let window = ctx.close_window;
@@ -65,12 +70,6 @@ pub async fn serve(client: TcpStream, client_addr: ClientAddr, ctx: Arc<ForwardC
             if let Err(e) = result {
                 tracing::debug!(client.addr = %client_addr, backend = %backend.addr, error = %e, "connection ended with error");
             }
-        }
-        _ = dead.cancelled() => {
-            backend.metrics.connections_closed.inc();
-            tracing::debug!(client.addr = %client_addr, backend = %backend.addr, "closing: backend dead");
-            drop(upstream);
-            close_gracefully(client).await;
         }
         _ = cut => {
             tracing::debug!(client.addr = %client_addr, backend = %backend.addr, "closing: drain deadline");
@@ -109,37 +108,61 @@ async fn close_gracefully(client: TcpStream) {
     let _ = tokio::time::timeout(CLOSE_LINGER, drain).await;
 }
 
-/// Tries backends in selection order; each failure marks that backend suspect.
+/// First pause before trying every backend again for a held client; doubles up to
+/// [`HOLD_RETRY_MAX`].
+const HOLD_RETRY_MIN: Duration = Duration::from_millis(50);
+const HOLD_RETRY_MAX: Duration = Duration::from_millis(500);
+
+/// Finds a backend for a new client: tries every backend in selection order (each failure
+/// marks that backend suspect). When none could be reached, the client is held (it has seen
+/// nothing yet, and holding is cheap) and every backend — including any added meanwhile, by
+/// discovery — is tried again, at the latest when the backends change, until
+/// `--connect-timeout` has passed since the first round started. `None`: give up.
 async fn connect_any(ctx: &ForwardContext) -> Option<(Arc<Backend>, TcpStream)> {
-    for backend in ctx.backends.candidates() {
-        let started = Instant::now();
-        match net::connect(backend.addr.0, ctx.connect_timeout).await {
-            Ok(stream) => {
-                backend
-                    .metrics
-                    .connect_duration
-                    .observe(started.elapsed().as_secs_f64());
-                if let Err(e) = net::tune(&stream) {
-                    tracing::debug!(backend = %backend.addr, error = %e, "cannot tune backend socket");
+    let hold_until = tokio::time::Instant::now() + ctx.connect_timeout;
+    let mut changes = ctx.backends.subscribe();
+    let mut pause = HOLD_RETRY_MIN;
+    loop {
+        changes.mark_unchanged();
+        for backend in ctx.backends.candidates() {
+            let started = Instant::now();
+            match net::connect(backend.addr.0, ctx.connect_timeout).await {
+                Ok(stream) => {
+                    backend
+                        .metrics
+                        .connect_duration
+                        .observe(started.elapsed().as_secs_f64());
+                    if let Err(e) = net::tune(&stream) {
+                        tracing::debug!(backend = %backend.addr, error = %e, "cannot tune backend socket");
+                    }
+                    return Some((backend, stream));
                 }
-                return Some((backend, stream));
-            }
-            Err(e) if net::is_local_exhaustion(&e) => {
-                // Out of descriptors here: no backend is to blame, and none would do better.
-                tracing::debug!(backend = %backend.addr, error = %e, "cannot open a backend socket");
-                return None;
-            }
-            Err(e) => {
-                if let Some(suppressed) = CONNECT_FAILED_LOG.allow() {
-                    tracing::warn!(backend = %backend.addr, error = %e, suppressed, "backend connect failed: trying the next");
+                Err(e) if net::is_local_exhaustion(&e) => {
+                    // Out of descriptors here: no backend is to blame, and none would do better.
+                    tracing::debug!(backend = %backend.addr, error = %e, "cannot open a backend socket");
+                    return None;
                 }
-                if backend.suspect().is_some() {
-                    ctx.backends.notify();
+                Err(e) => {
+                    if let Some(suppressed) = CONNECT_FAILED_LOG.allow() {
+                        tracing::warn!(backend = %backend.addr, error = %e, suppressed, "backend connect failed: trying the next");
+                    }
+                    if backend.suspect().is_some() {
+                        ctx.backends.notify();
+                    }
                 }
             }
         }
+        let now = tokio::time::Instant::now();
+        if now >= hold_until {
+            return None;
+        }
+        tokio::select! {
+            _ = changes.changed() => {}
+            _ = tokio::time::sleep(pause) => {}
+            _ = tokio::time::sleep_until(hold_until) => {}
+        }
+        pause = (pause * 2).min(HOLD_RETRY_MAX);
     }
-    None
 }
 
 /// Keeps `connections_active` right on every exit path.

@@ -3,7 +3,9 @@
 //! A backend starts `Unknown` (not used while anything else is healthy). `rise` consecutive
 //! passing checks make it `Up`. `fall` consecutive failing checks make an `Up` backend `Down`
 //! (not ready: no new connections, existing ones kept). `fall` consecutive *refused* connects
-//! make it `Dead` (its established connections are closed so clients reconnect elsewhere). A
+//! make it `Dead` (nothing listens; its established connections are kept all the same: a
+//! closed listener is no evidence that they are dead — kube-apiserver closes its listener and
+//! then drains the connections it has). A
 //! connect failure on client traffic marks an `Up` backend `Down` at once ([`HealthState::suspect`]).
 
 use std::num::NonZeroU32;
@@ -45,7 +47,8 @@ pub enum Health {
     Up,
     /// Not ready: no new connections, existing ones kept.
     Down,
-    /// Refusing connections: existing connections are closed.
+    /// Refusing connections (nothing listens): no new connections; existing ones are kept
+    /// until the kernel finds them dead.
     Dead,
 }
 

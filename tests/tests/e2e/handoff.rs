@@ -13,7 +13,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use tokio::io::AsyncReadExt as _;
+
 use anyhow::{bail, ensure, Context, Result};
+use kube_apiserver_proxy_tests::client::TcpClient;
 use kube_apiserver_proxy_tests::fake_apiserver::FakeApiserver;
 use kube_apiserver_proxy_tests::load::{Load, LoadReport};
 use kube_apiserver_proxy_tests::proxy::{Proxy, ProxyBuilder};
@@ -298,6 +301,77 @@ async fn inner_sigkill_after_share_fails_only_carried_connections() -> Result<()
     );
     old.sigkill()?;
     old.wait_exit(Duration::from_secs(5)).await?;
+    Ok(())
+}
+
+/// DESIGN §5: an instance draining with no ready peer and no usable backend stops accepting,
+/// so new clients wait in the kernel queue; a successor that shares the socket then carries
+/// them. Its backend closed its listener and kept its connections (kube-apiserver's drain):
+/// the connection established through the old instance goes on working throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn draining_without_peer_or_backend_leaves_clients_queued_for_the_successor() -> Result<()> {
+    let old_backend = FakeApiserver::tcp_echo().start().await?;
+    let new_backend = FakeApiserver::tcp_echo().start().await?;
+    let listen = free_random_loopback_addr()?;
+    let dir = TempDir::new("handoff-queue")?;
+    let handoff_dir = dir.join("handoff");
+    let old = start_instance_with(
+        listen,
+        old_backend.addr(),
+        Some(&handoff_dir),
+        &["--connect-timeout", "500ms"],
+    )
+    .await?;
+    let mut established = crate::connect_echo(listen).await?;
+    old.sigterm()?;
+    old.wait_state("Draining").await?;
+    old_backend.stop_listening().await;
+    old.wait_backend_health(old_backend.addr(), "dead").await?;
+    eventually(Duration::from_secs(10), || async {
+        ensure!(
+            old.stderr().contains("not accepting"),
+            "the draining instance still accepts"
+        );
+        Ok(())
+    })
+    .await?;
+
+    // These connects complete in the kernel; nobody accepts them yet.
+    let mut queued = Vec::new();
+    for i in 0..5u8 {
+        let mut client = TcpClient::connect(listen).await?;
+        client.write_all(&[b'q', i]).await?;
+        queued.push(client);
+    }
+    let accepted = old
+        .metric_or_zero("connections_accepted_total", &[])
+        .await?;
+    let new = start_instance(listen, new_backend.addr(), Some(&handoff_dir)).await?;
+    for (i, client) in queued.iter_mut().enumerate() {
+        let mut echo = [0u8; 2];
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            client.stream().read_exact(&mut echo),
+        )
+        .await
+        .context("queued client never answered")??;
+        ensure!(echo == [b'q', i as u8], "client {i} got {echo:?}");
+    }
+    ensure!(
+        old.metric_or_zero("connections_accepted_total", &[])
+            .await?
+            == accepted,
+        "the draining instance accepted clients it had no backend for"
+    );
+    let no_backend = old
+        .metric_or_zero("connections_failed_total", &[("reason", "no_backend")])
+        .await?;
+    ensure!(no_backend == 0.0, "{no_backend} clients turned away");
+    established.round_trip(b"old connection goes on").await?;
+    drop(established);
+    let status = old.wait_exit(Duration::from_secs(15)).await?;
+    ensure!(status.success(), "old instance: {status}");
+    new.ensure_running()?;
     Ok(())
 }
 
