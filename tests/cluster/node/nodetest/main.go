@@ -1,8 +1,9 @@
 // Command nodetest is the test image's only binary.
 //
-//	nodetest serve ADDR   listen on ADDR (TCP), answer each connection with "nodetest ok\n",
-//	                      write /tmp/ready once listening; exit 0 on SIGTERM
-//	nodetest probe ADDR   exit 0 if /tmp/ready exists and ADDR answers "nodetest ok"
+//	nodetest serve ADDR [MARKER]  listen on ADDR (TCP), answer each connection with
+//	                              "nodetest ok\n", write /tmp/ready once listening; on
+//	                              SIGTERM write MARKER (if given) and exit 0
+//	nodetest probe ADDR           exit 0 if /tmp/ready exists and ADDR answers "nodetest ok"
 //
 // The smoke test runs serve as a hostNetwork container and probe as its exec readiness
 // probe, so a ready container proves the runtime, the exec path and the host network.
@@ -24,13 +25,17 @@ const (
 )
 
 func main() {
-	if len(os.Args) != 3 {
-		fmt.Fprintln(os.Stderr, "usage: nodetest serve|probe ADDR")
+	if len(os.Args) < 3 || len(os.Args) > 4 || (os.Args[1] != "serve" && len(os.Args) != 3) {
+		fmt.Fprintln(os.Stderr, "usage: nodetest serve ADDR [MARKER] | nodetest probe ADDR")
 		os.Exit(2)
 	}
 	switch os.Args[1] {
 	case "serve":
-		serve(os.Args[2])
+		marker := ""
+		if len(os.Args) == 4 {
+			marker = os.Args[3]
+		}
+		serve(os.Args[2], marker)
 	case "probe":
 		if err := probe(os.Args[2]); err != nil {
 			fmt.Fprintln(os.Stderr, "probe:", err)
@@ -42,7 +47,7 @@ func main() {
 	}
 }
 
-func serve(addr string) {
+func serve(addr, marker string) {
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	ln, err := net.Listen("tcp", addr)
@@ -73,6 +78,12 @@ func serve(addr string) {
 	s := <-sigs
 	fmt.Println("nodetest: got", s, "- exiting")
 	_ = ln.Close()
+	if marker != "" {
+		if err := os.WriteFile(marker, []byte(s.String()+"\n"), 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, "marker:", err)
+			os.Exit(1)
+		}
+	}
 }
 
 func probe(addr string) error {
