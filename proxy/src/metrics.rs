@@ -21,6 +21,7 @@ pub const BACKEND_UP: &str = "backend_up";
 pub const BACKEND_ACTIVE: &str = "backend_active_connections";
 pub const BACKEND_CONNECT_FAILURES: &str = "backend_connect_failures_total";
 pub const BACKEND_CONNECT_DURATION: &str = "backend_connect_duration_seconds";
+pub const BACKEND_CONNECTIONS_CLOSED: &str = "backend_connections_closed_total";
 pub const HEALTH_CHECKS: &str = "health_checks_total";
 pub const LIFECYCLE_STATE: &str = "lifecycle_state";
 pub const BUILD_INFO: &str = "build_info";
@@ -68,6 +69,7 @@ pub struct Metrics {
     backend_active: IntGaugeVec,
     backend_connect_failures: IntCounterVec,
     backend_connect_duration: HistogramVec,
+    backend_connections_closed: IntCounterVec,
     health_checks: IntCounterVec,
     lifecycle_state: IntGaugeVec,
     handoffs: IntCounterVec,
@@ -89,6 +91,8 @@ pub struct BackendMetrics {
     pub active: IntGauge,
     pub connect_failures: IntCounter,
     pub connect_duration: Histogram,
+    /// Created so the series reads 0 per backend; never incremented.
+    _connections_closed: IntCounter,
     pub checks_ok: IntCounter,
     pub checks_not_ready: IntCounter,
     pub checks_failed: IntCounter,
@@ -190,6 +194,17 @@ impl Metrics {
                         0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                         0.25, 0.5, 1.0, 2.5
                     ]),
+                    &["backend"]
+                )
+            ),
+            backend_connections_closed: register!(
+                r,
+                IntCounterVec::new(
+                    opts(
+                        BACKEND_CONNECTIONS_CLOSED,
+                        "Connections the proxy closed because of their backend's health. Stays 0: \
+                         a backend that stops listening keeps its connections (kept for dashboards)."
+                    ),
                     &["backend"]
                 )
             ),
@@ -331,6 +346,7 @@ impl Metrics {
             active: self.backend_active.with_label_values(&[&b]),
             connect_failures: self.backend_connect_failures.with_label_values(&[&b]),
             connect_duration: self.backend_connect_duration.with_label_values(&[&b]),
+            _connections_closed: self.backend_connections_closed.with_label_values(&[&b]),
             checks_ok: check("ok"),
             checks_not_ready: check("not_ready"),
             checks_failed: check("failed"),

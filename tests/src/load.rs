@@ -37,6 +37,9 @@ pub struct Failure {
     pub started: Instant,
     /// Whether the TCP connect had succeeded.
     pub connected: bool,
+    /// The client's own address, once connected: the proxy instance that accepted the
+    /// connection sees it as its peer address.
+    pub local: Option<SocketAddr>,
     pub error: String,
 }
 
@@ -90,13 +93,14 @@ fn classify(e: &io::Error) -> FailureKind {
     }
 }
 
-async fn one_request(addr: SocketAddr, n: u64) -> Result<(), (bool, io::Error)> {
+async fn one_request(addr: SocketAddr, n: u64) -> Result<(), (Option<SocketAddr>, io::Error)> {
     let timeout = |what: &str| io::Error::new(io::ErrorKind::TimedOut, what.to_string());
     let mut stream = match tokio::time::timeout(REQUEST_TIMEOUT, TcpStream::connect(addr)).await {
         Ok(Ok(s)) => s,
-        Ok(Err(e)) => return Err((false, e)),
-        Err(_) => return Err((false, timeout("connect timed out"))),
+        Ok(Err(e)) => return Err((None, e)),
+        Err(_) => return Err((None, timeout("connect timed out"))),
     };
+    let local = stream.local_addr().ok();
     let request = n.to_be_bytes();
     let work = async {
         stream.write_all(&request).await?;
@@ -109,8 +113,8 @@ async fn one_request(addr: SocketAddr, n: u64) -> Result<(), (bool, io::Error)> 
     };
     match tokio::time::timeout(REQUEST_TIMEOUT, work).await {
         Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err((true, e)),
-        Err(_) => Err((true, timeout("answer timed out"))),
+        Ok(Err(e)) => Err((local, e)),
+        Err(_) => Err((local, timeout("answer timed out"))),
     }
 }
 
@@ -134,11 +138,12 @@ impl Load {
                             Ok(()) => {
                                 shared.ok.fetch_add(1, Ordering::Relaxed);
                             }
-                            Err((connected, e)) => {
+                            Err((local, e)) => {
                                 shared.failures.lock().unwrap().push(Failure {
                                     kind: classify(&e),
                                     started,
-                                    connected,
+                                    connected: local.is_some(),
+                                    local,
                                     error: e.to_string(),
                                 });
                             }

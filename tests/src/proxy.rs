@@ -416,6 +416,11 @@ impl Proxy {
         self.process.signal(Signal::SIGKILL)
     }
 
+    /// Sends any signal (SIGSTOP freezes the instance: it accepts nothing more).
+    pub fn signal(&self, signal: Signal) -> Result<()> {
+        self.process.signal(signal)
+    }
+
     /// Waits for the process to exit, at most `deadline`, then for its output to be read.
     pub async fn wait_exit(&self, deadline: Duration) -> Result<ExitStatus> {
         self.process.wait_exit(deadline).await

@@ -608,19 +608,30 @@ async fn failure_storm_logs_are_rate_limited() -> Result<()> {
     let backend = echo_backend().await?;
     let listen = listen_addr()?;
     // Long interval: the backend stays "up" after it vanishes, so every client tries it.
+    // Each client is held for --connect-timeout while the backend is retried: keep it short
+    // and the clients concurrent.
     let proxy = serving(tcp_proxy(listen, &[&backend]).args([
         "--health-interval",
         "1m",
         "--health-rise",
         "1",
+        "--connect-timeout",
+        "300ms",
     ]))
     .await?;
     backend.vanish().await;
     let started = Instant::now();
+    let mut clients = tokio::task::JoinSet::new();
     for _ in 0..CLIENTS {
-        let mut c = TcpStream::connect(listen).await?;
-        let mut buf = Vec::new();
-        let _ = tokio::time::timeout(DEADLINE, c.read_to_end(&mut buf)).await;
+        clients.spawn(async move {
+            let mut c = TcpStream::connect(listen).await?;
+            let mut buf = Vec::new();
+            let _ = tokio::time::timeout(DEADLINE, c.read_to_end(&mut buf)).await;
+            anyhow::Ok(())
+        });
+    }
+    while let Some(done) = clients.join_next().await {
+        done??;
     }
     let failed = proxy
         .metric_or_zero("connections_failed_total", &[("reason", "no_backend")])
