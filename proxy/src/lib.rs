@@ -28,6 +28,7 @@
 //! - [`sys`]: the only `unsafe`: raw descriptor work (`SO_COOKIE`, `SCM_RIGHTS`).
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz`, `/status`.
 //! - [`metrics`]: every Prometheus metric, in one struct.
+//! - [`limits`]: `RLIMIT_NOFILE` raised to the hard limit at start, checked against `--max-connections`.
 //! - [`lograte`]: rate limits for log lines that client traffic can trigger.
 //! - [`probe`]: the `probe` subcommand for exec probes.
 //! - [`install`]: the `install` subcommand: the binary copies itself (init containers).
@@ -51,6 +52,7 @@ pub mod health;
 pub mod install;
 pub mod launch;
 pub mod lifecycle;
+pub mod limits;
 pub mod listener;
 pub mod lograte;
 pub mod metrics;

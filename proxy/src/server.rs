@@ -57,6 +57,7 @@ pub async fn run(
 ) -> Result<(), RunError> {
     let metrics = Metrics::new(&registry);
     let lifecycle = Lifecycle::new(metrics.clone());
+    crate::limits::raise_and_report(config.max_connections.get());
     report_tcp_migrate_req(&metrics);
 
     let backends = Backends::new(config.health.clone(), metrics.clone());

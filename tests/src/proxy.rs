@@ -114,7 +114,8 @@ pub struct ProxyBuilder {
     args: Vec<OsString>,
     envs: Vec<(OsString, OsString)>,
     admin_listen: Option<String>,
-    nofile: Option<u64>,
+    default_admin_listen: bool,
+    nofile: Option<(u64, u64)>,
 }
 
 impl ProxyBuilder {
@@ -180,6 +181,13 @@ impl ProxyBuilder {
         self
     }
 
+    /// Leaves `--admin-listen` out (the binary's default applies); `--admin-address-file` is
+    /// still given so the handle learns the address.
+    pub fn default_admin_listen(mut self) -> Self {
+        self.default_admin_listen = true;
+        self
+    }
+
     /// One more argument.
     pub fn arg(mut self, arg: impl AsRef<OsStr>) -> Self {
         self.args.push(arg.as_ref().to_owned());
@@ -200,7 +208,13 @@ impl ProxyBuilder {
     /// Runs the child with `RLIMIT_NOFILE` set to `limit` (through `prlimit`, which execs it:
     /// the pid is the proxy's).
     pub fn nofile_limit(mut self, limit: u64) -> Self {
-        self.nofile = Some(limit);
+        self.nofile = Some((limit, limit));
+        self
+    }
+
+    /// Runs the child with a soft `RLIMIT_NOFILE` of `soft` and a hard one of `hard`.
+    pub fn nofile_soft_hard(mut self, soft: u64, hard: u64) -> Self {
+        self.nofile = Some((soft, hard));
         self
     }
 
@@ -217,11 +231,9 @@ impl ProxyBuilder {
         let dir = TempDir::new("proxy")?;
         let admin_file = dir.join("admin-address");
         let mut command = match self.nofile {
-            Some(limit) => {
+            Some((soft, hard)) => {
                 let mut c = Command::new("prlimit");
-                c.arg(format!("--nofile={limit}:{limit}"))
-                    .arg("--")
-                    .arg(&bin);
+                c.arg(format!("--nofile={soft}:{hard}")).arg("--").arg(&bin);
                 c
             }
             None => Command::new(&bin),
@@ -229,10 +241,13 @@ impl ProxyBuilder {
         if let Some(subcommand) = &self.subcommand {
             command.arg(subcommand);
         }
+        command.args(&self.args);
+        if !self.default_admin_listen {
+            command
+                .arg("--admin-listen")
+                .arg(self.admin_listen.as_deref().unwrap_or("127.0.0.1:0"));
+        }
         command
-            .args(&self.args)
-            .arg("--admin-listen")
-            .arg(self.admin_listen.as_deref().unwrap_or("127.0.0.1:0"))
             .arg("--admin-address-file")
             .arg(&admin_file)
             .env_remove("RUST_LOG")

@@ -465,6 +465,57 @@ async fn garbage_on_the_handoff_socket_is_rejected_and_counted() -> Result<()> {
     Ok(())
 }
 
+/// The soft descriptor limit (often 1024 in a pod) is raised to the hard limit at start.
+#[tokio::test]
+async fn the_soft_descriptor_limit_is_raised_to_the_hard_limit() -> Result<()> {
+    let backend = echo_backend().await?;
+    let listen = listen_addr()?;
+    let proxy = serving(
+        tcp_proxy(listen, &[&backend])
+            .fast_health()
+            .args(["--max-connections", "100"])
+            .nofile_soft_hard(64, 4096),
+    )
+    .await?;
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", proxy.pid()))?;
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .context("no open files limit")?;
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    ensure!(
+        fields[3] == "4096" && fields[4] == "4096",
+        "limit not raised: {line}"
+    );
+    ensure!(
+        !proxy
+            .stderr()
+            .contains("below what --max-connections needs"),
+        "warned although the limit suffices"
+    );
+    Ok(())
+}
+
+/// A hard limit below what `--max-connections` needs is said at start, naming the flag.
+#[tokio::test]
+async fn a_descriptor_limit_too_low_for_max_connections_is_warned_about() -> Result<()> {
+    let backend = echo_backend().await?;
+    let listen = listen_addr()?;
+    let proxy = serving(
+        tcp_proxy(listen, &[&backend])
+            .fast_health()
+            .args(["--max-connections", "10000"])
+            .nofile_soft_hard(512, 1024),
+    )
+    .await?;
+    let stderr = proxy.stderr();
+    ensure!(
+        stderr.contains("RLIMIT_NOFILE is below what --max-connections needs"),
+        "no warning: {stderr}"
+    );
+    Ok(())
+}
+
 /// A peer shuts the shared listening socket down (which every holder then sees as "not
 /// listening": `accept()` fails with EINVAL, at once and forever). The proxy must drop that
 /// socket from its set and say so, not retry it in a loop at full speed.
