@@ -112,12 +112,12 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", env = "KUBE_APISERVER_PROXY_BACKEND_EXPIRY", default_value = "30s", value_parser = parse_duration)]
     pub backend_expiry: Duration,
 
-    /// Admin HTTP address (/metrics, /healthz, /readyz, /status); port 0 picks a free port.
+    /// Admin HTTP address (/metrics, /healthz, /readyz, /status); port 0 (the default) picks a free port, so instances on one host coexist: the address is logged and written to --admin-address-file.
     #[arg(
         long,
         value_name = "ADDR",
         env = "KUBE_APISERVER_PROXY_ADMIN_LISTEN",
-        default_value = "127.0.0.1:9444"
+        default_value = "127.0.0.1:0"
     )]
     pub admin_listen: String,
 

@@ -97,7 +97,7 @@ pub struct Config {
     pub backends: Vec<BackendAddr>,
     /// Own and node-local backends found at run time.
     pub discovery: DiscoveryConfig,
-    /// Admin HTTP address (default 127.0.0.1:9444).
+    /// Admin HTTP address (default 127.0.0.1:0: a free port, so instances coexist).
     pub admin_listen: AdminAddr,
     /// File the bound admin address is written to.
     pub admin_address_file: Option<PathBuf>,

@@ -131,6 +131,42 @@ async fn healthz_readyz_and_metrics_follow_the_lifecycle() -> Result<()> {
     Ok(())
 }
 
+/// Two instances on one host (a surge on one node) start with no admin flag at all: the
+/// default admin address picks a free port, so neither collides with the other.
+#[tokio::test]
+async fn two_instances_coexist_with_the_default_admin_address() -> Result<()> {
+    let backend = echo_backend().await?;
+    let first = serving(
+        tcp_proxy(listen_addr()?, &[&backend])
+            .fast_health()
+            .default_admin_listen(),
+    )
+    .await?;
+    let second = serving(
+        tcp_proxy(listen_addr()?, &[&backend])
+            .fast_health()
+            .default_admin_listen(),
+    )
+    .await?;
+    ensure!(
+        first.admin_addr() != second.admin_addr(),
+        "one admin address for two instances"
+    );
+    for proxy in [&first, &second] {
+        ensure!(
+            proxy.admin_addr().ip().is_loopback(),
+            "admin not on loopback"
+        );
+        let (code, _) = proxy.admin_get("/readyz").await?;
+        ensure!(code == 200, "/readyz {code}");
+        ensure!(
+            proxy.stderr().contains(&proxy.admin_addr().to_string()),
+            "admin address not logged"
+        );
+    }
+    Ok(())
+}
+
 #[tokio::test]
 async fn status_json_shape() -> Result<()> {
     let backend = echo_backend().await?;
