@@ -64,6 +64,10 @@ impl AdminView {
                     "healthy": health.is_up(),
                     "health": health,
                     "active_connections": b.active(),
+                    "last_check": b.last_check().map(|c| serde_json::json!({
+                        "result": c.obs.as_str(),
+                        "cause": c.cause,
+                    })),
                 })
             })
             .collect();

@@ -10,10 +10,14 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::addr::BackendAddr;
-use crate::check;
+use crate::check::{self, CheckResult};
 use crate::config::HealthConfig;
 use crate::health::{Health, HealthState, Observation};
+use crate::lograte::LogRate;
 use crate::metrics::{BackendMetrics, Metrics};
+
+/// While a check keeps failing for the same cause, the cause is logged this often.
+pub const CAUSE_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Where a backend came from; lower tiers are preferred.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
@@ -52,6 +56,12 @@ pub struct Backend {
     pub addr: BackendAddr,
     pub tier: Tier,
     state: Mutex<HealthState>,
+    /// The last active check's result and failure cause, for `/status`.
+    last_check: Mutex<Option<CheckResult>>,
+    /// Failure causes are logged when they change (at most once a second), else at most
+    /// every [`CAUSE_LOG_EVERY`].
+    cause_log: LogRate,
+    cause_change_log: LogRate,
     /// Stops this backend's health checks when it is removed.
     checks: CancellationToken,
     pub metrics: BackendMetrics,
@@ -69,6 +79,9 @@ impl Backend {
             addr,
             tier,
             state: Mutex::new(HealthState::new(health.rise, health.fall)),
+            last_check: Mutex::new(None),
+            cause_log: LogRate::new(CAUSE_LOG_EVERY),
+            cause_change_log: LogRate::new(std::time::Duration::from_secs(1)),
             checks,
             metrics: metrics.backend(addr),
         }
@@ -106,8 +119,32 @@ impl Backend {
         Some(health)
     }
 
-    /// Feeds an active check result.
-    pub fn observe(&self, obs: Observation) -> Option<Health> {
+    /// The last active check, for `/status`: its result and, when it failed, why.
+    pub fn last_check(&self) -> Option<CheckResult> {
+        self.last_check.lock().expect("last check lock").clone()
+    }
+
+    /// Feeds an active check result; a failure's cause is logged when it changes, and at most
+    /// every [`CAUSE_LOG_EVERY`] while it stays the same.
+    pub fn observe(&self, result: CheckResult) -> Option<Health> {
+        let obs = result.obs;
+        {
+            let mut last = self.last_check.lock().expect("last check lock");
+            let changed = last.as_ref().map(|l| &l.cause) != Some(&result.cause);
+            if let Some(cause) = &result.cause {
+                let allowed = if changed {
+                    // Restart the same-cause interval from this line.
+                    let _ = self.cause_log.allow();
+                    self.cause_change_log.allow()
+                } else {
+                    self.cause_log.allow()
+                };
+                if let Some(suppressed) = allowed {
+                    tracing::warn!(backend = %self.addr, result = obs.as_str(), cause, suppressed, "health check failed");
+                }
+            }
+            *last = Some(result);
+        }
         let m = &self.metrics;
         match obs {
             Observation::Ok => m.checks_ok.inc(),

@@ -15,35 +15,66 @@ use crate::backend::{Backend, Backends};
 use crate::config::{HealthCheck, HealthConfig};
 use crate::health::Observation;
 
-/// Runs one check against `backend` within `timeout`.
+/// What one check found, and why when it did not pass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckResult {
+    pub obs: Observation,
+    /// The cause of a failure, for the log and `/status` (`None` when the check passed).
+    pub cause: Option<String>,
+}
+
+impl CheckResult {
+    fn ok() -> Self {
+        CheckResult {
+            obs: Observation::Ok,
+            cause: None,
+        }
+    }
+
+    fn fail(obs: Observation, cause: impl Into<String>) -> Self {
+        CheckResult {
+            obs,
+            cause: Some(cause.into()),
+        }
+    }
+}
+
+/// Runs one check against `addr` within `timeout`.
 pub async fn check_once(
     check: &HealthCheck,
     addr: std::net::SocketAddr,
     timeout: Duration,
-) -> Observation {
+) -> CheckResult {
     match tokio::time::timeout(timeout, run_check(check, addr)).await {
-        Ok(obs) => obs,
-        Err(_) => Observation::Failed,
+        Ok(result) => result,
+        Err(_) => CheckResult::fail(
+            Observation::Failed,
+            format!("no answer within {timeout:?} (--health-timeout)"),
+        ),
     }
 }
 
-async fn run_check(check: &HealthCheck, addr: std::net::SocketAddr) -> Observation {
+async fn run_check(check: &HealthCheck, addr: std::net::SocketAddr) -> CheckResult {
     let tcp = match tokio::net::TcpStream::connect(addr).await {
         Ok(s) => s,
-        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => return Observation::Refused,
-        Err(e) if crate::net::is_local_exhaustion(&e) => return Observation::Skipped,
-        Err(_) => return Observation::Failed,
+        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+            return CheckResult::fail(Observation::Refused, format!("connect: {e}"))
+        }
+        Err(e) if crate::net::is_local_exhaustion(&e) => {
+            return CheckResult::fail(Observation::Skipped, format!("no descriptor here: {e}"))
+        }
+        Err(e) => return CheckResult::fail(Observation::Failed, format!("connect: {e}")),
     };
     let _ = tcp.set_nodelay(true);
     match check {
-        HealthCheck::Tcp => Observation::Ok,
+        HealthCheck::Tcp => CheckResult::ok(),
         HealthCheck::Tls { tls, server_name } => {
             match TlsConnector::from(tls.clone())
                 .connect(server_name.clone(), tcp)
                 .await
             {
-                Ok(_) => Observation::Ok,
-                Err(_) => Observation::Failed,
+                Ok(_) => CheckResult::ok(),
+                Err(e) => CheckResult::fail(Observation::Failed, format!("tls handshake: {e}")),
             }
         }
         HealthCheck::Https {
@@ -56,7 +87,9 @@ async fn run_check(check: &HealthCheck, addr: std::net::SocketAddr) -> Observati
                 .await
             {
                 Ok(s) => s,
-                Err(_) => return Observation::Failed,
+                Err(e) => {
+                    return CheckResult::fail(Observation::Failed, format!("tls handshake: {e}"))
+                }
             };
             https_get(stream, server_name, path).await
         }
@@ -67,11 +100,14 @@ async fn https_get(
     stream: tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
     server_name: &rustls::pki_types::ServerName<'static>,
     path: &str,
-) -> Observation {
-    let Ok((mut sender, conn)) =
-        hyper::client::conn::http1::handshake::<_, Empty<Bytes>>(TokioIo::new(stream)).await
-    else {
-        return Observation::Failed;
+) -> CheckResult {
+    let (mut sender, conn) = match hyper::client::conn::http1::handshake::<_, Empty<Bytes>>(
+        TokioIo::new(stream),
+    )
+    .await
+    {
+        Ok(h) => h,
+        Err(e) => return CheckResult::fail(Observation::Failed, format!("http: {e}")),
     };
     let conn = tokio::spawn(conn);
     let host = match server_name {
@@ -85,16 +121,20 @@ async fn https_get(
             concat!("kube-apiserver-proxy/", env!("CARGO_PKG_VERSION")),
         )
         .body(Empty::new());
-    let Ok(req) = req else {
-        return Observation::Failed;
+    let req = match req {
+        Ok(r) => r,
+        Err(e) => return CheckResult::fail(Observation::Failed, format!("GET {path}: {e}")),
     };
-    let obs = match sender.send_request(req).await {
-        Ok(resp) if resp.status() == hyper::StatusCode::OK => Observation::Ok,
-        Ok(_) => Observation::NotReady,
-        Err(_) => Observation::Failed,
+    let result = match sender.send_request(req).await {
+        Ok(resp) if resp.status() == hyper::StatusCode::OK => CheckResult::ok(),
+        Ok(resp) => CheckResult::fail(
+            Observation::NotReady,
+            format!("GET {path}: HTTP {}", resp.status()),
+        ),
+        Err(e) => CheckResult::fail(Observation::Failed, format!("GET {path}: {e}")),
     };
     conn.abort();
-    obs
+    result
 }
 
 /// Checks `backend` every interval (with up to 10% jitter) until `stop`; the first check runs at once.
@@ -105,12 +145,12 @@ pub async fn run_loop(
     stop: CancellationToken,
 ) {
     loop {
-        let obs = tokio::select! {
-            obs = check_once(&health.check, backend.addr.0, health.timeout) => obs,
+        let result = tokio::select! {
+            r = check_once(&health.check, backend.addr.0, health.timeout) => r,
             _ = stop.cancelled() => return,
         };
-        tracing::trace!(backend = %backend.addr, result = obs.as_str(), "health check");
-        if backend.observe(obs).is_some() {
+        tracing::trace!(backend = %backend.addr, result = result.obs.as_str(), "health check");
+        if backend.observe(result).is_some() {
             backends.notify();
         }
         let jitter = health

@@ -290,6 +290,73 @@ async fn not_ready_backend_gets_no_new_connections_but_keeps_existing() -> Resul
     Ok(())
 }
 
+/// A check that fails says why, in `/status` and in the log, and the log line is not repeated
+/// for every check: a CA that did not sign the backend's certificate, then a backend whose
+/// `/readyz` answers 503.
+#[tokio::test]
+async fn health_check_failure_causes_are_logged_at_a_bounded_rate_and_shown() -> Result<()> {
+    let pki = Pki::new()?;
+    let other_ca = Pki::new()?;
+    let backend = https_backend(&pki).await?;
+    let listen = listen_addr()?;
+    let proxy = https_proxy(&other_ca, listen, &[&backend])
+        .fast_health()
+        .spawn()
+        .await?;
+    eventually(DEADLINE, || async {
+        let entry = proxy.backend_status(backend.addr()).await?;
+        let c = entry["last_check"]["cause"].as_str().unwrap_or("");
+        ensure!(c.contains("certificate"), "cause {c:?}");
+        Ok(())
+    })
+    .await?;
+    // Twenty more failing checks (100 ms apart) with the same cause.
+    let failed = checks(&proxy, &backend, "failed").await?;
+    eventually(DEADLINE, || async {
+        ensure!(
+            checks(&proxy, &backend, "failed").await? >= failed + 20.0,
+            "checks not running"
+        );
+        Ok(())
+    })
+    .await?;
+    let stderr = proxy.stderr();
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("health check failed"))
+        .collect();
+    ensure!(
+        !lines.is_empty() && lines[0].contains("certificate"),
+        "cause not logged: {stderr}"
+    );
+    ensure!(
+        lines.len() <= 2,
+        "{} lines for one cause: {lines:?}",
+        lines.len()
+    );
+    proxy.ensure_running()?;
+    drop(proxy);
+
+    let unready = https_backend_unready(&pki).await?;
+    let proxy = https_proxy(&pki, listen_addr()?, &[&unready])
+        .fast_health()
+        .spawn()
+        .await?;
+    eventually(DEADLINE, || async {
+        let entry = proxy.backend_status(unready.addr()).await?;
+        let c = entry["last_check"]["cause"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        ensure!(c.contains("HTTP 503"), "cause {c:?}");
+        ensure!(entry["last_check"]["result"] == "not_ready", "{entry}");
+        Ok(())
+    })
+    .await?;
+    ensure!(proxy.stderr().contains("HTTP 503"), "503 not logged");
+    Ok(())
+}
+
 /// A backend that closes its listener and keeps its established connections (what
 /// kube-apiserver does at shutdown: the listener closes, in-flight requests and watches go on)
 /// is dead for new connections, but the connections it carries are not cut.
