@@ -172,14 +172,52 @@ async fn half_close_propagates(mode: &str) -> Result<()> {
     Ok(())
 }
 
+/// How long the idle connection below stays idle: longer than any timeout an operator might
+/// expect by default (and than the keepalive idle time, so keepalive probes flow meanwhile).
+const IDLE: Duration = Duration::from_secs(5 * 60 + 5);
+
+/// No idle timeout: a connection through the proxy with no traffic at all for over five
+/// minutes (watches, `logs -f` and `exec` idle for longer) still carries bytes afterwards.
+/// Keepalive is on on both of the proxy's sockets of it (that, not a timeout, finds dead peers).
+/// Runs in `cargo test --workspace`, in parallel with the rest.
 #[tokio::test]
 async fn idle_connection_is_not_timed_out() -> Result<()> {
     let backend = echo_backend().await?;
     let listen = listen_addr()?;
-    let _proxy = serving(tcp_proxy(listen, &[&backend]).fast_health()).await?;
+    let proxy = serving(tcp_proxy(listen, &[&backend]).fast_health()).await?;
     let mut client = connect_echo(listen).await?;
-    // Let 15 health intervals pass with no traffic at all.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let client_addr = client.stream().local_addr()?;
+    let sockets = tcp_connections(proxy.pid())?;
+    let client_side = sockets
+        .iter()
+        .find(|s| s.peer == client_addr)
+        .context("proxy has no socket for the client")?;
+    let backend_side = sockets
+        .iter()
+        .find(|s| s.peer == backend.addr())
+        .context("proxy has no socket to the backend")?;
+    ensure!(
+        client_side.keepalive && backend_side.keepalive,
+        "keepalive off: {client_side:?} {backend_side:?}"
+    );
+    let started = std::time::Instant::now();
+    // Idle: no byte either way. Meanwhile the proxy must keep holding both sockets.
+    while started.elapsed() < IDLE {
+        let held = tcp_connections(proxy.pid())?;
+        ensure!(
+            held.iter().any(|s| s.peer == client_addr)
+                && held.iter().any(|s| s.peer == backend.addr()),
+            "the proxy dropped the idle connection after {:?}",
+            started.elapsed()
+        );
+        ensure!(
+            backend.active_sessions() == 1,
+            "backend session gone after {:?}",
+            started.elapsed()
+        );
+        tokio::time::sleep(Duration::from_secs(10).min(IDLE.saturating_sub(started.elapsed())))
+            .await;
+    }
     client.round_trip(b"still here after idling").await?;
     ensure!(
         backend.active_sessions() == 1,
