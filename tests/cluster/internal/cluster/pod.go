@@ -1,0 +1,319 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Design is what stands in front of each pod's apiserver on the node address.
+type Design string
+
+const (
+	// Sidecar is this project: the manifests' kube-apiserver-proxy sidecar.
+	Sidecar Design = "kube-apiserver-proxy"
+	// HAProxy is the design Lokomotive shipped in 2020: an HAProxy sidecar per pod in TCP mode
+	// (SO_REUSEPORT on the node address, one server: the pod's own apiserver, no health
+	// check), started once the apiserver accepts connections, stopped by the same SIGTERM.
+	HAProxy Design = "haproxy-sidecar"
+)
+
+// Gate is what the rollout waits for before it stops the old pod.
+type Gate string
+
+const (
+	// GatePod is the pod's readiness as the manifests define it (every container's probe).
+	GatePod Gate = "pod-ready"
+	// GateAPIServer is the new apiserver's /readyz alone: the order a static-pod swap gives.
+	GateAPIServer Gate = "apiserver-ready"
+)
+
+// PodOptions describe one pod of the Deployment.
+type PodOptions struct {
+	Name      string
+	Design    Design
+	APIServer string // kube-apiserver binary (the image's)
+	Proxy     string // kube-apiserver-proxy binary (the image's)
+	HAProxy   string // haproxy binary, for Design HAProxy
+	// ExtraAPIServerArgs and ExtraProxyArgs are appended to the manifest's (later flags win).
+	ExtraAPIServerArgs []string
+	ExtraProxyArgs     []string
+}
+
+// Pod is one running pod: its apiserver container and its sidecar, as the kubelet runs them.
+type Pod struct {
+	Opts      PodOptions
+	Dir       string
+	Shared    string
+	Started   time.Time
+	node      *Node
+	tmpl      *Template
+	mapping   Mapping
+	apiserver *Proc
+	sidecar   *Proc
+	probes    [][]string
+	period    time.Duration
+	grace     time.Duration
+}
+
+// StartPod runs the pod's init container, then its containers.
+func StartPod(ctx context.Context, node *Node, tmpl *Template, opts PodOptions) (*Pod, error) {
+	dir := filepath.Join(node.Dir, "pods", opts.Name)
+	p := &Pod{Opts: opts, Dir: dir, Shared: filepath.Join(dir, "shared"), node: node, tmpl: tmpl, Started: time.Now()}
+	bin := filepath.Join(dir, "proxy-bin")
+	for _, d := range []string{p.Shared, bin} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	// emptyDirs are world-writable, as the kubelet makes them.
+	for _, d := range []string{p.Shared, bin} {
+		if err := os.Chmod(d, 0o777); err != nil {
+			return nil, err
+		}
+	}
+	p.mapping = Mapping{
+		Exact: map[string]string{"kube-apiserver": opts.APIServer, "/kube-apiserver-proxy": opts.Proxy},
+		Prefix: [][2]string{
+			{"/proxy-bin/", bin + "/"},
+			{"/shared/", p.Shared + "/"},
+			{"/etc/kubernetes/pki", node.PKI},
+			{"/run/kube-apiserver-proxy", node.Run},
+			{"$(HOST_IP)", node.IP},
+		},
+	}
+	p.grace = 30 * time.Second
+	if g := tmpl.Spec.TerminationGracePeriodSeconds; g != nil {
+		p.grace = time.Duration(*g) * time.Second
+	}
+	logs := filepath.Join(dir, "logs")
+
+	install, err := tmpl.Container("install-proxy")
+	if err != nil {
+		return nil, err
+	}
+	initProc, err := Start("install-proxy", filepath.Join(logs, "install-proxy.log"), node.ProxyUID, p.mapping.Apply(Argv(install))...)
+	if err != nil {
+		return nil, err
+	}
+	if !initProc.Wait(30*time.Second) || initProc.ExitCode() != 0 {
+		initProc.Kill()
+		return nil, fmt.Errorf("pod %s: init container failed: %s", opts.Name, Tail(initProc.Log, 5))
+	}
+
+	api, err := tmpl.Container("kube-apiserver")
+	if err != nil {
+		return nil, err
+	}
+	apiArgv := append(p.mapping.Apply(Argv(api)), opts.ExtraAPIServerArgs...)
+	if p.apiserver, err = Start("kube-apiserver", filepath.Join(logs, "kube-apiserver.log"), -1, apiArgv...); err != nil {
+		return nil, err
+	}
+	p.period = 2 * time.Second
+	if api.ReadinessProbe != nil && api.ReadinessProbe.PeriodSeconds > 0 {
+		p.period = time.Duration(api.ReadinessProbe.PeriodSeconds) * time.Second
+	}
+
+	switch opts.Design {
+	case Sidecar:
+		proxy, err := tmpl.Container("proxy")
+		if err != nil {
+			return nil, err
+		}
+		argv := append(p.mapping.Apply(Argv(proxy)), opts.ExtraProxyArgs...)
+		if p.sidecar, err = Start("proxy", filepath.Join(logs, "proxy.log"), node.ProxyUID, argv...); err != nil {
+			p.kill()
+			return nil, err
+		}
+		for _, c := range []string{"kube-apiserver", "proxy"} {
+			ct, _ := tmpl.Container(c)
+			if ct.ReadinessProbe == nil || ct.ReadinessProbe.Exec == nil {
+				p.kill()
+				return nil, fmt.Errorf("manifest: container %s has no exec readiness probe", c)
+			}
+			p.probes = append(p.probes, p.mapping.Apply(ct.ReadinessProbe.Exec.Command))
+		}
+	case HAProxy:
+		if err := p.startHAProxy(ctx); err != nil {
+			p.kill()
+			return nil, err
+		}
+		p.probes = [][]string{p.apiserverReadyz()}
+	default:
+		return nil, fmt.Errorf("unknown design %q", opts.Design)
+	}
+	return p, nil
+}
+
+// apiserverReadyz is the probe of the pod's apiserver /readyz on its own loopback address.
+func (p *Pod) apiserverReadyz() []string {
+	return []string{
+		filepath.Join(p.Dir, "proxy-bin", "kube-apiserver-proxy"), "probe",
+		"--address-file=" + filepath.Join(p.Shared, "address"),
+		"--ca-file=" + filepath.Join(p.node.PKI, "ca.crt"),
+		"--path=/readyz", "--timeout=3s",
+	}
+}
+
+// startHAProxy starts Lokomotive's sidecar: wait until the apiserver accepts connections
+// (its `nc -z` loop), then haproxy in TCP mode with its timeouts, in front of that one server.
+func (p *Pod) startHAProxy(ctx context.Context) error {
+	var backend string
+	ok := Eventually(3*time.Minute, 200*time.Millisecond, func() bool {
+		if p.apiserver.Exited() {
+			return true
+		}
+		b, err := os.ReadFile(filepath.Join(p.Shared, "address"))
+		if err != nil {
+			return false
+		}
+		backend = strings.TrimSpace(string(b))
+		c, err := net.DialTimeout("tcp", backend, time.Second)
+		if err != nil {
+			return false
+		}
+		c.Close()
+		return true
+	})
+	if !ok || p.apiserver.Exited() {
+		return fmt.Errorf("pod %s: apiserver never accepted connections: %s", p.Opts.Name, Tail(p.apiserver.Log, 10))
+	}
+	cfg := fmt.Sprintf(`global
+    maxconn 20000
+defaults
+    mode tcp
+    timeout connect 5s
+    timeout client 30s
+    timeout client-fin 30s
+    timeout server 30s
+    timeout tunnel 21d
+frontend kube-apiserver
+    bind %s:6443
+    default_backend kube-apiserver
+backend kube-apiserver
+    server kube-apiserver %s
+`, p.node.IP, backend)
+	path := filepath.Join(p.Shared, "haproxy.cfg")
+	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
+		return err
+	}
+	var err error
+	p.sidecar, err = Start("haproxy", filepath.Join(p.Dir, "logs", "haproxy.log"), p.node.ProxyUID, p.Opts.HAProxy, "-W", "-db", "-f", path)
+	return err
+}
+
+// WaitReady waits until gate holds, probing every period as the kubelet does; it fails early
+// when a container exits.
+func (p *Pod) WaitReady(ctx context.Context, gate Gate, timeout time.Duration) error {
+	probes := p.probes
+	if gate == GateAPIServer {
+		probes = [][]string{p.apiserverReadyz()}
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		if err := p.Crashed(); err != nil {
+			return err
+		}
+		ready := true
+		for _, probe := range probes {
+			if !runProbe(ctx, probe) {
+				ready = false
+				break
+			}
+		}
+		if ready {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("pod %s not %s within %s", p.Opts.Name, gate, timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(p.period):
+		}
+	}
+}
+
+// Ready runs the pod's readiness probes once.
+func (p *Pod) Ready(ctx context.Context) bool {
+	for _, probe := range p.probes {
+		if !runProbe(ctx, probe) {
+			return false
+		}
+	}
+	return true
+}
+
+func runProbe(ctx context.Context, argv []string) bool {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	return exec.CommandContext(ctx, argv[0], argv[1:]...).Run() == nil
+}
+
+// Crashed says which container exited, if one did.
+func (p *Pod) Crashed() error {
+	for _, c := range []*Proc{p.apiserver, p.sidecar} {
+		if c != nil && c.Exited() {
+			return fmt.Errorf("pod %s: container %s exited with %d: %s", p.Opts.Name, c.Name, c.ExitCode(), Tail(c.Log, 8))
+		}
+	}
+	return nil
+}
+
+// Termination is how a pod's containers ended.
+type Termination struct {
+	APIServerExit    int           `json:"apiserver_exit"`
+	SidecarExit      int           `json:"sidecar_exit"`
+	APIServerStopped time.Duration `json:"apiserver_stopped_ns"`
+	SidecarStopped   time.Duration `json:"sidecar_stopped_ns"`
+	Killed           []string      `json:"killed,omitempty"`
+}
+
+// Terminate stops the pod as the kubelet does: SIGTERM to every container at once, SIGKILL to
+// what is left after terminationGracePeriodSeconds.
+func (p *Pod) Terminate() Termination {
+	began := time.Now()
+	procs := []*Proc{p.apiserver, p.sidecar}
+	for _, c := range procs {
+		if c != nil {
+			c.Signal(syscall.SIGTERM)
+		}
+	}
+	var t Termination
+	stopped := make([]time.Duration, 2)
+	for i, c := range procs {
+		if c == nil {
+			continue
+		}
+		remaining := p.grace - time.Since(began)
+		if !c.Wait(remaining) {
+			t.Killed = append(t.Killed, c.Name)
+			c.Kill()
+		}
+		stopped[i] = time.Since(began)
+	}
+	t.APIServerStopped, t.SidecarStopped = stopped[0], stopped[1]
+	t.APIServerExit = p.apiserver.ExitCode()
+	if p.sidecar != nil {
+		t.SidecarExit = p.sidecar.ExitCode()
+	}
+	return t
+}
+
+func (p *Pod) kill() {
+	for _, c := range []*Proc{p.apiserver, p.sidecar} {
+		if c != nil {
+			c.Kill()
+		}
+	}
+}
+
+// Kill ends the pod's containers at once (cleanup).
+func (p *Pod) Kill() { p.kill() }

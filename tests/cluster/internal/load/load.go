@@ -1,0 +1,381 @@
+// Package load is a client-go load generator: the clients a real control plane has, with
+// what each of them saw counted.
+//
+//   - informers on several resource types with event handlers (their own client, one shared
+//     HTTP/2 connection, as controllers have); relists and watch restarts counted on the wire;
+//   - writers: create, update and delete loops on ConfigMaps;
+//   - readers: LIST and GET loops on one shared HTTP/2 connection;
+//   - kubectl-like clients: a fresh connection (new transport) for every request;
+//   - streams: long-lived watch requests, resumed from their last resourceVersion when the
+//     apiserver ends them (as a reflector does), counted as cut when they end with an error.
+//
+// Nothing here talks HTTP itself: every request goes through client-go.
+package load
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// Config says how much of each workload to run.
+type Config struct {
+	// Kubeconfig of the clients (its server is the address under test).
+	Kubeconfig string
+	// Namespace the writers, readers and streams work in (created if missing).
+	Namespace string
+	// Writers, Readers, Kubectls and Streams: goroutines of each workload.
+	Writers, Readers, Kubectls, Streams int
+	// Pause between two requests of one worker.
+	Pause time.Duration
+}
+
+// DefaultConfig is a load that a 2-core machine running two apiservers and etcd carries.
+func DefaultConfig(kubeconfig string) Config {
+	return Config{
+		Kubeconfig: kubeconfig,
+		Namespace:  "load",
+		Writers:    4,
+		Readers:    4,
+		Kubectls:   4,
+		Streams:    4,
+		Pause:      50 * time.Millisecond,
+	}
+}
+
+// Load is a running load generator.
+type Load struct {
+	cfg     Config
+	rec     *recorder
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	closing atomic.Bool
+}
+
+// Start connects the clients, waits until the informers have synced and starts every
+// workload. The informers' first sync is not counted as a relist.
+func Start(parent context.Context, cfg Config) (*Load, error) {
+	base, err := clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig %s: %w", cfg.Kubeconfig, err)
+	}
+	// No client-side throttling: the load is bounded by its workers and pauses.
+	base.QPS, base.Burst = -1, 0
+	base.UserAgent = "kube-apiserver-proxy-cluster-load"
+
+	ctx, cancel := context.WithCancel(parent)
+	l := &Load{cfg: cfg, rec: newRecorder(), cancel: cancel}
+	// Every client dials through l.dial (which also keeps client-go from sharing one cached
+	// transport between them: each clientset below has its own connection).
+	base.Dial = l.dial
+
+	shared, err := kubernetes.NewForConfig(base)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	if err := ensureNamespace(ctx, shared, cfg.Namespace); err != nil {
+		cancel()
+		return nil, err
+	}
+	if err := l.startInformers(ctx, base); err != nil {
+		cancel()
+		return nil, err
+	}
+	streams, err := kubernetes.NewForConfig(l.observed(base, func(_, how string, _ time.Duration, _ int64) {
+		l.rec.withStreams(func(s *StreamCount) {
+			switch how {
+			case EndedByServer, EndedByServerGoaway:
+				s.EndedByServer++
+			case StoppedByClient:
+			default:
+				s.Cut[how]++
+			}
+		})
+	}, nil))
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	for i := 0; i < cfg.Writers; i++ {
+		l.spawn(ctx, func(ctx context.Context) { l.writer(ctx, shared, i) })
+	}
+	for i := 0; i < cfg.Readers; i++ {
+		l.spawn(ctx, func(ctx context.Context) { l.reader(ctx, shared) })
+	}
+	for i := 0; i < cfg.Kubectls; i++ {
+		l.spawn(ctx, func(ctx context.Context) { l.kubectl(ctx, base) })
+	}
+	for i := 0; i < cfg.Streams; i++ {
+		l.spawn(ctx, func(ctx context.Context) { l.stream(ctx, streams) })
+	}
+	return l, nil
+}
+
+// Stop ends every workload and returns what was seen.
+func (l *Load) Stop() Report {
+	l.closing.Store(true)
+	l.cancel()
+	l.wg.Wait()
+	return l.rec.finish()
+}
+
+// Snapshot returns what was seen so far, the load still running.
+func (l *Load) Snapshot() Report {
+	return l.rec.finish()
+}
+
+func (l *Load) spawn(ctx context.Context, f func(context.Context)) {
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		f(ctx)
+	}()
+}
+
+// observed is base with a transport that reports requests and how watch bodies ended.
+func (l *Load) observed(base *rest.Config, ended watchObserver, request func(string, bool, bool, error)) *rest.Config {
+	cfg := rest.CopyConfig(base)
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+		return &observingTransport{next: rt, request: request, ended: ended, closing: &l.closing}
+	})
+	return cfg
+}
+
+func (l *Load) startInformers(ctx context.Context, base *rest.Config) error {
+	cfg := l.observed(base,
+		func(resource, how string, open time.Duration, bytes int64) {
+			l.rec.withInformer(resource, func(c *InformerCount) {
+				c.WatchEnds[how]++
+				c.lastEnd = how
+				c.Ends = append(c.Ends, WatchEnd{
+					At: time.Since(l.rec.start).Seconds(), How: how, Open: open.Seconds(), Bytes: bytes,
+				})
+			})
+		},
+		func(resource string, isWatch, initial bool, err error) {
+			l.rec.withInformer(resource, func(c *InformerCount) {
+				if err != nil {
+					c.Errors[Classify(err)]++
+				}
+				if !isWatch || initial {
+					c.Lists++
+					switch {
+					case c.Lists == 1:
+					case c.lastEnd == ErrorEventPrefix+"Expired" || c.lastEnd == ErrorEventPrefix+"Gone":
+						c.RelistsExpired++
+					default:
+						c.Relists++
+					}
+				} else {
+					c.Watches++
+				}
+			})
+		})
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	factory := informers.NewSharedInformerFactory(client, 0)
+	handled := map[string]cache.SharedIndexInformer{
+		"configmaps":      factory.Core().V1().ConfigMaps().Informer(),
+		"namespaces":      factory.Core().V1().Namespaces().Informer(),
+		"serviceaccounts": factory.Core().V1().ServiceAccounts().Informer(),
+		"endpointslices":  factory.Discovery().V1().EndpointSlices().Informer(),
+		"leases":          factory.Coordination().V1().Leases().Informer(),
+	}
+	for resource, inf := range handled {
+		count := func() { l.rec.withInformer(resource, func(c *InformerCount) { c.Events++ }) }
+		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(any) { count() },
+			UpdateFunc: func(any, any) { count() },
+			DeleteFunc: func(any) { count() },
+		}); err != nil {
+			return err
+		}
+		if err := inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
+			l.rec.withInformer(resource, func(c *InformerCount) { c.Errors["watch-handler-"+Classify(err)]++ })
+		}); err != nil {
+			return err
+		}
+	}
+	factory.Start(ctx.Done())
+	l.spawn(ctx, func(ctx context.Context) {
+		<-ctx.Done()
+		factory.Shutdown()
+	})
+	syncCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	for resource, synced := range factory.WaitForCacheSync(syncCtx.Done()) {
+		if !synced {
+			return fmt.Errorf("informer for %v did not sync within 2m", resource)
+		}
+	}
+	return nil
+}
+
+func ensureNamespace(ctx context.Context, c kubernetes.Interface, name string) error {
+	_, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create namespace %s: %w", name, err)
+	}
+	return nil
+}
+
+// pause waits between two requests; false when the run is over.
+func (l *Load) pause(ctx context.Context) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(l.cfg.Pause):
+		return true
+	}
+}
+
+// call runs one request and records it, unless the run ended under it.
+func (l *Load) call(ctx context.Context, kind string, f func() error) error {
+	began := time.Now()
+	err := f()
+	if err != nil && ctx.Err() != nil {
+		return err
+	}
+	l.rec.request(kind, began, err)
+	return err
+}
+
+// writer creates a ConfigMap, updates it twice and deletes it, again and again.
+func (l *Load) writer(ctx context.Context, c kubernetes.Interface, id int) {
+	cms := c.CoreV1().ConfigMaps(l.cfg.Namespace)
+	for n := 0; ; n++ {
+		name := fmt.Sprintf("w%d-%d-%d", id, time.Now().UnixNano(), n)
+		var cm *corev1.ConfigMap
+		err := l.call(ctx, "create", func() (err error) {
+			cm, err = cms.Create(ctx, &corev1.ConfigMap{
+				ObjectMeta: metav1.ObjectMeta{Name: name},
+				Data:       map[string]string{"n": "0"},
+			}, metav1.CreateOptions{})
+			return err
+		})
+		for u := 1; err == nil && u <= 2; u++ {
+			if !l.pause(ctx) {
+				return
+			}
+			cm.Data["n"] = fmt.Sprint(u)
+			err = l.call(ctx, "update", func() (err error) {
+				cm, err = cms.Update(ctx, cm, metav1.UpdateOptions{})
+				return err
+			})
+		}
+		if err == nil && l.pause(ctx) {
+			_ = l.call(ctx, "delete", func() error { return cms.Delete(ctx, name, metav1.DeleteOptions{}) })
+		}
+		if !l.pause(ctx) {
+			return
+		}
+	}
+}
+
+// reader lists the namespace's ConfigMaps and gets a namespace, on the shared connection.
+func (l *Load) reader(ctx context.Context, c kubernetes.Interface) {
+	for l.pause(ctx) {
+		_ = l.call(ctx, "list", func() error {
+			_, err := c.CoreV1().ConfigMaps(l.cfg.Namespace).List(ctx, metav1.ListOptions{Limit: 50})
+			return err
+		})
+		_ = l.call(ctx, "get", func() error {
+			_, err := c.CoreV1().Namespaces().Get(ctx, "default", metav1.GetOptions{})
+			return err
+		})
+	}
+}
+
+// kubectl makes every request on a connection of its own, as one kubectl command does.
+func (l *Load) kubectl(ctx context.Context, base *rest.Config) {
+	for l.pause(ctx) {
+		// base.Dial is set, so this is a new transport and a new connection.
+		cfg := rest.CopyConfig(base)
+		httpClient, err := rest.HTTPClientFor(cfg)
+		if err != nil {
+			l.rec.request("kubectl", time.Now(), err)
+			continue
+		}
+		c, err := kubernetes.NewForConfigAndClient(cfg, httpClient)
+		if err != nil {
+			l.rec.request("kubectl", time.Now(), err)
+			continue
+		}
+		_ = l.call(ctx, "kubectl", func() error {
+			_, err := c.CoreV1().ConfigMaps(l.cfg.Namespace).List(ctx, metav1.ListOptions{Limit: 10})
+			return err
+		})
+		httpClient.CloseIdleConnections()
+	}
+}
+
+// stream keeps one watch request open for as long as the apiserver lets it, and resumes from
+// the last resourceVersion seen when it ends, as a reflector does.
+func (l *Load) stream(ctx context.Context, c kubernetes.Interface) {
+	rv := ""
+	for ctx.Err() == nil {
+		if rv == "" {
+			err := l.call(ctx, "stream", func() error {
+				list, err := c.CoreV1().ConfigMaps(l.cfg.Namespace).List(ctx, metav1.ListOptions{Limit: 1})
+				if err == nil {
+					rv = list.ResourceVersion
+				}
+				return err
+			})
+			if err != nil {
+				l.pause(ctx)
+				continue
+			}
+		}
+		timeout := int64(3600)
+		var w watch.Interface
+		err := l.call(ctx, "stream", func() (err error) {
+			w, err = c.CoreV1().ConfigMaps(l.cfg.Namespace).Watch(ctx, metav1.ListOptions{
+				ResourceVersion: rv, TimeoutSeconds: &timeout, AllowWatchBookmarks: true,
+			})
+			return err
+		})
+		if err != nil {
+			l.pause(ctx)
+			continue
+		}
+		l.rec.withStreams(func(s *StreamCount) { s.Opened++ })
+		for ev := range w.ResultChan() {
+			if ev.Type == watch.Error {
+				status := apierrors.FromObject(ev.Object)
+				if apierrors.IsResourceExpired(status) || apierrors.IsGone(status) {
+					// The new apiserver's watch cache does not reach back to rv: list
+					// again, as a reflector does (counted, not a failure of the path).
+					rv = ""
+					l.rec.withStreams(func(s *StreamCount) { s.Expired++ })
+				} else if ctx.Err() == nil {
+					l.rec.mu.Lock()
+					l.rec.failure("stream", status)
+					l.rec.mu.Unlock()
+				}
+				break
+			}
+			if m, ok := ev.Object.(metav1.Object); ok {
+				rv = m.GetResourceVersion()
+			}
+			l.rec.withStreams(func(s *StreamCount) { s.Events++ })
+		}
+		w.Stop()
+	}
+}

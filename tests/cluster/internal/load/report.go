@@ -1,0 +1,311 @@
+package load
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+)
+
+// Report is what one run of the load generator saw, written as JSON.
+type Report struct {
+	Started  time.Time     `json:"started"`
+	Duration time.Duration `json:"duration_ns"`
+	// Requests counts client-go calls by workload ("write", "read", "kubectl", …): ok and failed.
+	Requests map[string]*Count `json:"requests"`
+	// Failures counts failed calls (after client-go's own retries) by error kind.
+	Failures map[string]int64 `json:"failures"`
+	// Samples keeps the first few error messages of each kind.
+	Samples map[string][]string `json:"samples,omitempty"`
+	// Informers: per resource, the initial sync, watch restarts and relists.
+	Informers map[string]*InformerCount `json:"informers"`
+	// Streams: long-lived watch requests, how they ended.
+	Streams StreamCount `json:"streams"`
+	// Connections: every TCP connection of every client.
+	Connections ConnCount `json:"connections"`
+	// Latency per second of the run (all request workloads together).
+	Latency []Window `json:"latency"`
+	// Overall latency percentiles, milliseconds.
+	Overall Window `json:"overall"`
+}
+
+// Count is ok/failed for one workload.
+type Count struct {
+	OK     int64 `json:"ok"`
+	Failed int64 `json:"failed"`
+}
+
+// InformerCount tells how an informer's reflector talked to the apiserver. The first list (or
+// watch-list) fills the cache; every later one is a relist, which client-go does only after a
+// watch ended with an error or could not be resumed. A relist that follows an ERROR event
+// "Expired" (the resourceVersion is older than the new apiserver's watch cache reaches back,
+// which any apiserver restart causes for a resource that did not change meanwhile) is
+// counted apart from the rest, which are caused by errors.
+type InformerCount struct {
+	Lists          int64 `json:"lists"`
+	Watches        int64 `json:"watches"`
+	Relists        int64 `json:"relists"`
+	RelistsExpired int64 `json:"relists_expired"`
+	lastEnd        string
+	WatchRestarts  int64            `json:"watch_restarts"`
+	Events         int64            `json:"events"`
+	WatchEnds      map[string]int64 `json:"watch_ends"`
+	Ends           []WatchEnd       `json:"ends,omitempty"`
+	Errors         map[string]int64 `json:"errors"`
+}
+
+// WatchEnd is one watch response that ended: when (seconds into the run), how, after how long
+// open (seconds) and with how many bytes received.
+type WatchEnd struct {
+	At    float64 `json:"at_s"`
+	How   string  `json:"how"`
+	Open  float64 `json:"open_s"`
+	Bytes int64   `json:"bytes"`
+}
+
+// StreamCount counts the long-lived watch requests of the streaming workload.
+type StreamCount struct {
+	Opened int64 `json:"opened"`
+	Events int64 `json:"events"`
+	// EndedByServer: the stream ended cleanly (the apiserver finished it, e.g. while draining).
+	EndedByServer int64 `json:"ended_by_server"`
+	// Expired: the stream's resourceVersion was too old for the apiserver it resumed on.
+	Expired int64 `json:"expired"`
+	// Cut: the stream ended with an error (reset, unexpected EOF, decode error).
+	Cut map[string]int64 `json:"cut"`
+}
+
+// Window holds latency percentiles (milliseconds) of the requests that completed in one window.
+type Window struct {
+	At    float64 `json:"at_s"`
+	Count int     `json:"count"`
+	P50   float64 `json:"p50_ms"`
+	P99   float64 `json:"p99_ms"`
+	P999  float64 `json:"p999_ms"`
+	Max   float64 `json:"max_ms"`
+}
+
+// recorder collects the report from many goroutines.
+type recorder struct {
+	mu        sync.Mutex
+	start     time.Time
+	report    Report
+	latencies map[int][]time.Duration
+	all       []time.Duration
+}
+
+func newRecorder() *recorder {
+	now := time.Now()
+	return &recorder{
+		start: now,
+		report: Report{
+			Started:     now,
+			Requests:    map[string]*Count{},
+			Failures:    map[string]int64{},
+			Samples:     map[string][]string{},
+			Informers:   map[string]*InformerCount{},
+			Streams:     StreamCount{Cut: map[string]int64{}},
+			Connections: ConnCount{DialErrors: map[string]int64{}, Errors: map[string]int64{}},
+		},
+		latencies: map[int][]time.Duration{},
+	}
+}
+
+// request records one client-go call of workload `kind`.
+func (r *recorder) request(kind string, began time.Time, err error) {
+	took := time.Since(began)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	c := r.report.Requests[kind]
+	if c == nil {
+		c = &Count{}
+		r.report.Requests[kind] = c
+	}
+	if err != nil {
+		c.Failed++
+		r.failure(kind, err)
+		return
+	}
+	c.OK++
+	second := int(began.Sub(r.start) / time.Second)
+	r.latencies[second] = append(r.latencies[second], took)
+	r.all = append(r.all, took)
+}
+
+// failure counts err under its kind; the caller holds the lock.
+func (r *recorder) failure(workload string, err error) {
+	kind := Classify(err)
+	r.report.Failures[kind]++
+	if len(r.report.Samples[kind]) < 3 {
+		r.report.Samples[kind] = append(r.report.Samples[kind], workload+": "+err.Error())
+	}
+}
+
+func (r *recorder) informer(resource string) *InformerCount {
+	c := r.report.Informers[resource]
+	if c == nil {
+		c = &InformerCount{WatchEnds: map[string]int64{}, Errors: map[string]int64{}}
+		r.report.Informers[resource] = c
+	}
+	return c
+}
+
+func (r *recorder) withInformer(resource string, f func(*InformerCount)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	f(r.informer(resource))
+}
+
+func (r *recorder) withStreams(f func(*StreamCount)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	f(&r.report.Streams)
+}
+
+// finish computes the latency windows and returns the report.
+func (r *recorder) finish() Report {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.report.Duration = time.Since(r.start)
+	seconds := make([]int, 0, len(r.latencies))
+	for s := range r.latencies {
+		seconds = append(seconds, s)
+	}
+	sort.Ints(seconds)
+	r.report.Latency = r.report.Latency[:0]
+	for _, s := range seconds {
+		w := percentiles(r.latencies[s])
+		w.At = float64(s)
+		r.report.Latency = append(r.report.Latency, w)
+	}
+	r.report.Overall = percentiles(r.all)
+	return r.report
+}
+
+func percentiles(d []time.Duration) Window {
+	if len(d) == 0 {
+		return Window{}
+	}
+	s := append([]time.Duration(nil), d...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	at := func(q float64) float64 {
+		i := int(q * float64(len(s)-1))
+		return float64(s[i]) / float64(time.Millisecond)
+	}
+	return Window{Count: len(s), P50: at(0.50), P99: at(0.99), P999: at(0.999), Max: at(1)}
+}
+
+// TotalFailed is the number of failed requests of every workload.
+func (r *Report) TotalFailed() int64 {
+	var n int64
+	for _, c := range r.Requests {
+		n += c.Failed
+	}
+	return n
+}
+
+// TotalOK is the number of successful requests of every workload.
+func (r *Report) TotalOK() int64 {
+	var n int64
+	for _, c := range r.Requests {
+		n += c.OK
+	}
+	return n
+}
+
+// TotalRelists is the number of informer relists (every one caused by an error).
+func (r *Report) TotalRelists() int64 {
+	var n int64
+	for _, c := range r.Informers {
+		n += c.Relists
+	}
+	return n
+}
+
+// TotalRelistsExpired is the number of relists after an Expired watch (see InformerCount).
+func (r *Report) TotalRelistsExpired() int64 {
+	var n int64
+	for _, c := range r.Informers {
+		n += c.RelistsExpired
+	}
+	return n
+}
+
+// TotalStreamCuts is the number of long-lived watch requests that ended with an error.
+func (r *Report) TotalStreamCuts() int64 {
+	var n int64
+	for _, c := range r.Streams.Cut {
+		n += c
+	}
+	return n
+}
+
+// TotalConnErrors is the number of connections that failed (dial errors included).
+func (r *Report) TotalConnErrors() int64 {
+	var n int64
+	for _, c := range r.Connections.Errors {
+		n += c
+	}
+	for _, c := range r.Connections.DialErrors {
+		n += c
+	}
+	return n
+}
+
+// Classify names the kind of a client-side error: what a user would see.
+func Classify(err error) string {
+	if err == nil {
+		return "none"
+	}
+	var status apierrors.APIStatus
+	if errors.As(err, &status) {
+		s := status.Status()
+		return "http-" + strconv.Itoa(int(s.Code)) + "-" + strings.ToLower(string(s.Reason))
+	}
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return "refused"
+	case errors.Is(err, syscall.ECONNRESET):
+		return "reset"
+	case errors.Is(err, syscall.EPIPE):
+		return "broken-pipe"
+	case errors.Is(err, context.DeadlineExceeded):
+		return "timeout"
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return "unexpected-eof"
+	case errors.Is(err, io.EOF):
+		return "eof"
+	}
+	var netErr net.Error
+	if errors.As(err, &netErr) && netErr.Timeout() {
+		return "timeout"
+	}
+	msg := err.Error()
+	switch {
+	case strings.Contains(msg, "connection refused"):
+		return "refused"
+	case strings.Contains(msg, "connection reset"):
+		return "reset"
+	case strings.Contains(msg, "GOAWAY"):
+		return "goaway"
+	case strings.Contains(msg, "client connection lost"):
+		return "http2-connection-lost"
+	case strings.Contains(msg, "unexpected EOF"):
+		return "unexpected-eof"
+	case strings.Contains(msg, "EOF"):
+		return "eof"
+	case strings.Contains(msg, "tls:"), strings.Contains(msg, "x509:"):
+		return "tls"
+	case strings.Contains(msg, "Timeout"), strings.Contains(msg, "timeout"):
+		return "timeout"
+	}
+	return "other"
+}

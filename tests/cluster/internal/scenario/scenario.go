@@ -1,0 +1,244 @@
+// Package scenario holds the rehearsal's scenarios: one node, one etcd, the Deployment's pods
+// replaced one by one under a client-go load.
+package scenario
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"kube-apiserver-proxy/tests/cluster/internal/cluster"
+	"kube-apiserver-proxy/tests/cluster/internal/load"
+)
+
+// Options of a run.
+type Options struct {
+	Repo, Proxy, HAProxy     string
+	APIServerOld, OldVersion string
+	APIServer, Version       string
+	Kubeadm, Etcd, NodeIP    string
+	Work                     string
+	Rollouts, ProxyUID       int
+	Only                     map[string]bool
+	APIServerArgs            []string
+}
+
+// Results of a run, written as JSON.
+type Results struct {
+	Node      string        `json:"node_ip"`
+	Versions  []string      `json:"versions"`
+	Duration  time.Duration `json:"duration_ns"`
+	Scenarios []*Result     `json:"scenarios"`
+}
+
+// Result of one scenario.
+type Result struct {
+	Name         string              `json:"name"`
+	Design       cluster.Design      `json:"design,omitempty"`
+	Gate         cluster.Gate        `json:"gate,omitempty"`
+	Passed       bool                `json:"passed"`
+	Problems     []string            `json:"problems,omitempty"`
+	Duration     time.Duration       `json:"duration_ns"`
+	Rollouts     []Rollout           `json:"rollouts,omitempty"`
+	Load         *load.Report        `json:"load,omitempty"`
+	TCP          cluster.TCPCounters `json:"tcp,omitempty"`
+	EmptyKubeSvc []cluster.Gap       `json:"kubernetes_service_empty,omitempty"`
+	Notes        []string            `json:"notes,omitempty"`
+}
+
+// Rollout is one pod replaced by the next.
+type Rollout struct {
+	From        string              `json:"from"`
+	To          string              `json:"to"`
+	Ready       time.Duration       `json:"ready_after_ns"`
+	OldStopped  time.Duration       `json:"old_stopped_after_ns"`
+	Termination cluster.Termination `json:"termination"`
+}
+
+func (r *Result) fail(format string, args ...any) {
+	r.Problems = append(r.Problems, fmt.Sprintf(format, args...))
+}
+
+// env is the state shared by the scenarios: the node and the pod currently serving.
+type env struct {
+	o       Options
+	node    *cluster.Node
+	tmpl    *cluster.Template
+	current *cluster.Pod
+	seq     int
+	eps     *cluster.EndpointsWatcher
+}
+
+// RunAll sets the node up and runs every scenario in order (each starts from the pod the
+// previous one left serving).
+func RunAll(ctx context.Context, o Options) *Results {
+	res := &Results{Node: o.NodeIP, Versions: []string{o.OldVersion, o.Version}}
+	e := &env{o: o}
+	defer e.cleanup()
+	setup := &Result{Name: "setup"}
+	res.Scenarios = append(res.Scenarios, setup)
+	began := time.Now()
+	if err := e.setup(ctx); err != nil {
+		setup.fail("%v", err)
+		report(setup)
+		return res
+	}
+	setup.Passed = true
+	setup.Duration = time.Since(began)
+	report(setup)
+
+	for _, s := range scenarios() {
+		if o.Only != nil && !o.Only[s.name] {
+			continue
+		}
+		r := &Result{Name: s.name}
+		res.Scenarios = append(res.Scenarios, r)
+		began := time.Now()
+		e.eps.Take()
+		s.run(ctx, e, r)
+		r.EmptyKubeSvc = e.eps.Take()
+		r.Duration = time.Since(began)
+		r.Passed = len(r.Problems) == 0
+		report(r)
+		if e.current == nil || ctx.Err() != nil {
+			break
+		}
+	}
+	return res
+}
+
+func (e *env) setup(ctx context.Context) error {
+	var err error
+	if e.tmpl, err = cluster.LoadTemplate(filepath.Join(e.o.Repo, "manifests", "base", "deployment.yaml")); err != nil {
+		return err
+	}
+	if e.node, err = cluster.NewNode(ctx, e.o.Kubeadm, filepath.Join(e.o.Work, "node"), e.o.NodeIP, e.o.Version, e.o.ProxyUID); err != nil {
+		return fmt.Errorf("kubeadm: %w", err)
+	}
+	if err := e.node.StartEtcd(e.o.Etcd); err != nil {
+		return err
+	}
+	// The first pod runs the older version: the upgrade scenario rolls it to the newer one.
+	if e.current, err = e.startPod(ctx, cluster.Sidecar, e.o.APIServerOld, nil, nil); err != nil {
+		return err
+	}
+	if err := e.current.WaitReady(ctx, cluster.GatePod, 3*time.Minute); err != nil {
+		return err
+	}
+	if err := e.grantAdmins(ctx); err != nil {
+		return err
+	}
+	if e.eps, err = cluster.WatchEndpoints(ctx, e.node.AdminConf); err != nil {
+		return err
+	}
+	return nil
+}
+
+// grantAdmins binds kubeadm's admin.conf group to cluster-admin, as `kubeadm init` does
+// (with super-admin.conf, whose group is system:masters).
+func (e *env) grantAdmins(ctx context.Context) error {
+	cfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(e.node.Dir, "super-admin.conf"))
+	if err != nil {
+		return err
+	}
+	c, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	_, err = c.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "kubeadm:cluster-admins"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "cluster-admin"},
+		Subjects:   []rbacv1.Subject{{Kind: "Group", APIGroup: "rbac.authorization.k8s.io", Name: "kubeadm:cluster-admins"}},
+	}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create ClusterRoleBinding kubeadm:cluster-admins: %w", err)
+	}
+	return nil
+}
+
+func (e *env) startPod(ctx context.Context, design cluster.Design, apiserver string, apiArgs, proxyArgs []string) (*cluster.Pod, error) {
+	e.seq++
+	return cluster.StartPod(ctx, e.node, e.tmpl, cluster.PodOptions{
+		Name:               fmt.Sprintf("pod-%02d", e.seq),
+		Design:             design,
+		APIServer:          apiserver,
+		Proxy:              e.o.Proxy,
+		HAProxy:            e.o.HAProxy,
+		ExtraAPIServerArgs: append(append([]string{}, e.o.APIServerArgs...), apiArgs...),
+		ExtraProxyArgs:     proxyArgs,
+	})
+}
+
+// rollout replaces the current pod as the Deployment does with maxSurge 1, maxUnavailable 0:
+// start the new pod beside the old one, wait for gate, then stop the old pod (SIGTERM to all
+// its containers together, SIGKILL after the grace period), and wait until it is gone.
+func (e *env) rollout(ctx context.Context, r *Result, design cluster.Design, gate cluster.Gate, apiserver string, apiArgs, proxyArgs []string) bool {
+	began := time.Now()
+	next, err := e.startPod(ctx, design, apiserver, apiArgs, proxyArgs)
+	if err != nil {
+		r.fail("start pod: %v", err)
+		return false
+	}
+	if err := next.WaitReady(ctx, gate, 3*time.Minute); err != nil {
+		r.fail("%v", err)
+		next.Kill()
+		return false
+	}
+	ready := time.Since(began)
+	old := e.current
+	e.current = next
+	t := old.Terminate()
+	r.Rollouts = append(r.Rollouts, Rollout{
+		From: old.Opts.Name, To: next.Opts.Name, Ready: ready, OldStopped: time.Since(began), Termination: t,
+	})
+	if len(t.Killed) > 0 {
+		r.fail("rollout %s -> %s: %v did not exit within the grace period (SIGKILLed)", old.Opts.Name, next.Opts.Name, t.Killed)
+	}
+	return true
+}
+
+func (e *env) cleanup() {
+	if e.eps != nil {
+		e.eps.Stop()
+	}
+	if e.current != nil {
+		e.current.Kill()
+	}
+	if e.node != nil {
+		e.node.Stop()
+	}
+}
+
+func report(r *Result) {
+	status := "PASS"
+	if !r.Passed {
+		status = "FAIL"
+	}
+	line := fmt.Sprintf("%s %s (%s)", status, r.Name, r.Duration.Round(time.Second))
+	if r.Load != nil {
+		l := r.Load
+		line += fmt.Sprintf(": %d rollouts, %d requests ok, %d failed %v, %d relists (+%d after Expired), %d streams cut, %d of %d connections failed",
+			len(r.Rollouts), l.TotalOK(), l.TotalFailed(), l.Failures, l.TotalRelists(), l.TotalRelistsExpired(), l.TotalStreamCuts(), l.TotalConnErrors(), l.Connections.Dialed)
+	}
+	if len(r.EmptyKubeSvc) > 0 {
+		var longest time.Duration
+		for _, g := range r.EmptyKubeSvc {
+			longest = max(longest, g.Duration)
+		}
+		line += fmt.Sprintf("; default/kubernetes without a ready address %d times (longest %s)", len(r.EmptyKubeSvc), longest.Round(100*time.Millisecond))
+	}
+	fmt.Println(line)
+	for _, p := range r.Problems {
+		fmt.Println("    " + p)
+	}
+	for _, n := range r.Notes {
+		fmt.Println("    note: " + n)
+	}
+}
