@@ -107,7 +107,8 @@ impl FakeApiserverBuilder {
         self
     }
 
-    /// Makes `/readyz` answer 200 exactly while `path` exists (overrides [`Self::ready`]).
+    /// Makes `/readyz` answer 200 only while `path` exists (and the server is ready: shutting
+    /// down fails `/readyz` whatever the file says).
     pub fn ready_file(mut self, path: impl Into<PathBuf>) -> Self {
         self.ready_file = Some(path.into());
         self
@@ -334,11 +335,10 @@ struct Shared {
 }
 
 impl Shared {
+    /// Ready while the flag is set (cleared at shutdown, as kube-apiserver's /readyz fails at
+    /// SIGTERM) and, with a ready file, while that file exists.
     fn is_ready(&self) -> bool {
-        match &self.ready_file {
-            Some(path) => path.exists(),
-            None => self.ready.load(Ordering::SeqCst),
-        }
+        self.ready.load(Ordering::SeqCst) && self.ready_file.as_ref().is_none_or(|p| p.exists())
     }
 }
 
@@ -692,5 +692,8 @@ mod tests {
         assert_eq!(client.get(fake.addr(), "/readyz").await.unwrap().0, 503);
         std::fs::write(&file, b"").unwrap();
         assert_eq!(client.get(fake.addr(), "/readyz").await.unwrap().0, 200);
+        // Shutting down (SIGTERM in the binary) fails /readyz although the file is there.
+        fake.set_ready(false);
+        assert_eq!(client.get(fake.addr(), "/readyz").await.unwrap().0, 503);
     }
 }

@@ -9,8 +9,8 @@
 //!                [--address-file F] [--mode https|echo|sink] [--watch-interval-ms N]
 //! ```
 //!
-//! With `--ready-file`, `/readyz` answers 200 exactly while that file exists. Prints
-//! `listening on ADDR` on stdout once bound; exits 0 on SIGTERM or SIGINT.
+//! With `--ready-file`, `/readyz` answers 200 only while that file exists, and never after
+//! SIGTERM. Prints `listening on ADDR` on stdout once bound; exits 0 on SIGTERM or SIGINT.
 
 #![forbid(unsafe_code)]
 
