@@ -104,7 +104,6 @@ impl AdminView {
                 }
             }
             "/metrics" => {
-                self.metrics.refresh();
                 let mut buf = Vec::with_capacity(16 * 1024);
                 let encoder = TextEncoder::new();
                 if encoder.encode(&self.registry.gather(), &mut buf).is_err() {
@@ -169,8 +168,13 @@ pub async fn serve(listener: TcpListener, view: Arc<AdminView>, stop: Cancellati
         let view = view.clone();
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                let resp = view.respond(&req);
-                async move { Ok::<_, Infallible>(resp) }
+                let view = view.clone();
+                async move {
+                    if req.uri().path() == "/metrics" {
+                        view.metrics.refresh().await;
+                    }
+                    Ok::<_, Infallible>(view.respond(&req))
+                }
             });
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())

@@ -71,6 +71,10 @@ pub fn live_entries(
 }
 
 /// Keeps the own and local backends in step with the file and the directory until `stop`.
+///
+/// Every file-system call runs on the blocking pool (`spawn_blocking`), never on a runtime
+/// worker: a read or write stuck behind a slow disk, a hung mount or a FIFO must not stall the
+/// connections carried by that worker.
 pub async fn run(config: DiscoveryConfig, backends: Arc<Backends>, stop: CancellationToken) {
     let entry = format!(
         "{}-{:08x}.backend",
@@ -81,23 +85,29 @@ pub async fn run(config: DiscoveryConfig, backends: Arc<Backends>, stop: Cancell
     let mut waiting_logged = false;
     let mut last_refresh: Option<Instant> = None;
     let mut own_dead_since: Option<Instant> = None;
-    if let Some(dir) = &config.backend_dir {
-        use std::os::unix::fs::DirBuilderExt;
-        if let Err(e) = std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-        {
-            tracing::warn!(dir = %dir.display(), error = %e, "cannot create --backend-dir");
+    if let Some(dir) = config.backend_dir.clone() {
+        let created = blocking(&stop, move || {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&dir)
+        })
+        .await;
+        match created {
+            None => return,
+            Some(Err(e)) => {
+                tracing::warn!(dir = %config.backend_dir.as_ref().map(|d| d.display().to_string()).unwrap_or_default(), error = %e, "cannot create --backend-dir")
+            }
+            Some(Ok(())) => {}
         }
     }
     loop {
-        if let Some(file) = &config.own_backend_file {
-            match std::fs::read_to_string(file)
-                .ok()
-                .as_deref()
-                .and_then(parse_backend)
-            {
+        if let Some(file) = config.own_backend_file.clone() {
+            let Some(read) = blocking(&stop, move || std::fs::read_to_string(file)).await else {
+                break;
+            };
+            match read.ok().as_deref().and_then(parse_backend) {
                 Some(addr) if own != Some(addr) => {
                     if let Some(old) = own {
                         tracing::info!(old = %old, new = %addr, "own backend address changed");
@@ -109,13 +119,15 @@ pub async fn run(config: DiscoveryConfig, backends: Arc<Backends>, stop: Cancell
                 }
                 Some(_) => {}
                 None if own.is_none() && !waiting_logged => {
-                    tracing::info!(file = %file.display(), "waiting for the own backend address file");
+                    if let Some(file) = &config.own_backend_file {
+                        tracing::info!(file = %file.display(), "waiting for the own backend address file");
+                    }
                     waiting_logged = true;
                 }
                 None => {}
             }
         }
-        if let Some(dir) = &config.backend_dir {
+        if let Some(dir) = config.backend_dir.clone() {
             let own_health = own.and_then(|a| {
                 backends
                     .snapshot()
@@ -128,20 +140,41 @@ pub async fn run(config: DiscoveryConfig, backends: Arc<Backends>, stop: Cancell
                 _ => None,
             };
             let own_dead_too_long = own_dead_since.is_some_and(|t| t.elapsed() > config.expiry);
-            if let Some(addr) = own.filter(|_| !own_dead_too_long) {
-                if last_refresh.is_none_or(|t| t.elapsed() >= config.expiry / 3) {
-                    match crate::fsutil::write_atomic(
-                        &dir.join(&entry),
+            let register = own
+                .filter(|_| !own_dead_too_long)
+                .filter(|_| last_refresh.is_none_or(|t| t.elapsed() >= config.expiry / 3));
+            let (entry_name, expiry) = (entry.clone(), config.expiry);
+            let Some((registered, wanted)) = blocking(&stop, move || {
+                let registered = register.map(|addr| {
+                    crate::fsutil::write_atomic(
+                        &dir.join(&entry_name),
                         format!("{addr}\n").as_bytes(),
-                    ) {
-                        Ok(()) => last_refresh = Some(Instant::now()),
-                        Err(e) => {
-                            tracing::warn!(dir = %dir.display(), error = %e, "cannot register own backend")
-                        }
+                    )
+                    .map_err(|e| (dir.display().to_string(), e))
+                });
+                (registered, scan_dir(&dir, &entry_name, expiry))
+            })
+            .await
+            else {
+                break;
+            };
+            match registered {
+                Some(Ok(())) => last_refresh = Some(Instant::now()),
+                Some(Err((dir, e))) => {
+                    tracing::warn!(dir, error = %e, "cannot register own backend")
+                }
+                None => {}
+            }
+            if let Some(wanted) = wanted {
+                for addr in &wanted {
+                    backends.add(*addr, Tier::Local);
+                }
+                for addr in backends.of_tier(Tier::Local) {
+                    if !wanted.contains(&addr) {
+                        backends.remove(addr);
                     }
                 }
             }
-            sync_dir(dir, &entry, config.expiry, &backends);
         }
         tokio::select! {
             _ = stop.cancelled() => break,
@@ -149,14 +182,29 @@ pub async fn run(config: DiscoveryConfig, backends: Arc<Backends>, stop: Cancell
         }
     }
     if let Some(dir) = &config.backend_dir {
-        let _ = std::fs::remove_file(dir.join(&entry));
+        let path = dir.join(&entry);
+        let remove = tokio::task::spawn_blocking(move || std::fs::remove_file(path));
+        let _ = tokio::time::timeout(Duration::from_secs(1), remove).await;
     }
 }
 
-fn sync_dir(dir: &Path, own_entry: &str, expiry: Duration, backends: &Arc<Backends>) {
-    let Ok(read) = std::fs::read_dir(dir) else {
-        return;
-    };
+/// Runs `work` on the blocking pool; `None` when `stop` fires first (the work is left to
+/// finish on its own thread).
+async fn blocking<T: Send + 'static>(
+    stop: &CancellationToken,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
+    let task = tokio::task::spawn_blocking(work);
+    tokio::select! {
+        _ = stop.cancelled() => None,
+        r = task => r.ok(),
+    }
+}
+
+/// Reads the directory: removes stale entries and returns the live entries' backends (`None`
+/// when the directory cannot be read). Blocking.
+fn scan_dir(dir: &Path, own_entry: &str, expiry: Duration) -> Option<HashSet<BackendAddr>> {
+    let read = std::fs::read_dir(dir).ok()?;
     let now = SystemTime::now();
     let entries: Vec<(String, Duration)> = read
         .filter_map(|e| e.ok())
@@ -165,8 +213,13 @@ fn sync_dir(dir: &Path, own_entry: &str, expiry: Duration, backends: &Arc<Backen
             if !name.ends_with(".backend") {
                 return None;
             }
+            let meta = e.metadata().ok()?;
+            // Only regular files: a FIFO or device would block the read.
+            if !meta.is_file() {
+                return None;
+            }
             let age = now
-                .duration_since(e.metadata().ok()?.modified().ok()?)
+                .duration_since(meta.modified().ok()?)
                 .unwrap_or_default();
             Some((name, age))
         })
@@ -176,19 +229,12 @@ fn sync_dir(dir: &Path, own_entry: &str, expiry: Duration, backends: &Arc<Backen
         tracing::info!(entry = name, "removing stale backend registration");
         let _ = std::fs::remove_file(dir.join(name));
     }
-    let wanted: HashSet<BackendAddr> = live
-        .iter()
-        .filter_map(|name| std::fs::read_to_string(dir.join(name)).ok())
-        .filter_map(|text| parse_backend(&text))
-        .collect();
-    for addr in &wanted {
-        backends.add(*addr, Tier::Local);
-    }
-    for addr in backends.of_tier(Tier::Local) {
-        if !wanted.contains(&addr) {
-            backends.remove(addr);
-        }
-    }
+    Some(
+        live.iter()
+            .filter_map(|name| std::fs::read_to_string(dir.join(name)).ok())
+            .filter_map(|text| parse_backend(&text))
+            .collect(),
+    )
 }
 
 #[cfg(test)]

@@ -4,6 +4,10 @@ use std::io::{self, Write};
 use std::path::Path;
 
 /// Writes `data` to `path` atomically: a temporary file in the same directory, then rename.
+///
+/// Not fsynced: every file written this way (addresses, registrations) describes processes
+/// that are running now and is worthless after a reboot, while an fsync can stall behind a
+/// busy disk (etcd's) for seconds.
 pub fn write_atomic(path: &Path, data: &[u8]) -> io::Result<()> {
     let dir = path
         .parent()
@@ -19,7 +23,6 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> io::Result<()> {
     ));
     let mut file = std::fs::File::create(&tmp)?;
     file.write_all(data)?;
-    file.sync_all()?;
     std::fs::rename(&tmp, path).inspect_err(|_| {
         let _ = std::fs::remove_file(&tmp);
     })

@@ -59,7 +59,10 @@ fn run(args: RunArgs) -> ExitCode {
         let _runtime = runtime.enter();
         signal::shutdown()
     };
-    match runtime.block_on(server::run(config, prometheus::Registry::new(), shutdown)) {
+    let result = runtime.block_on(server::run(config, prometheus::Registry::new(), shutdown));
+    // A file-system call stuck on the blocking pool (a hung mount) must not keep us from exiting.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = format!("{:#}", anyhow::Error::from(e)), "exiting");

@@ -317,16 +317,20 @@ impl Metrics {
         }
     }
 
-    /// Refreshes the gauges that are read rather than counted (call before gathering).
-    pub fn refresh(&self) {
+    /// Refreshes the gauges that are read rather than counted (call before gathering). The
+    /// descriptor count walks `/proc/self/fd`, so it is done on the blocking pool.
+    pub async fn refresh(&self) {
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             self.runtime_alive_tasks
                 .set(handle.metrics().num_alive_tasks() as i64);
         }
         self.pipes_pooled.set(crate::copy::pooled_pipes() as i64);
-        if let Ok(dir) = std::fs::read_dir("/proc/self/fd") {
+        let count = tokio::task::spawn_blocking(|| {
             // Minus the descriptor of the directory being read.
-            self.open_fds.set(dir.count() as i64 - 1);
+            std::fs::read_dir("/proc/self/fd").map(|dir| dir.count() as i64 - 1)
+        });
+        if let Ok(Ok(n)) = count.await {
+            self.open_fds.set(n);
         }
     }
 

@@ -5,6 +5,7 @@
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd as _;
+use std::os::unix::fs::PermissionsExt as _;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
@@ -462,6 +463,43 @@ async fn garbage_on_the_handoff_socket_is_rejected_and_counted() -> Result<()> {
     round_trip(listen).await?;
     let (code, _) = proxy.admin_get("/readyz").await?;
     ensure!(code == 200, "/readyz {code} after hostile handoff input");
+    Ok(())
+}
+
+/// File-system work never runs on the runtime's workers: with one worker thread and an own
+/// backend "file" whose read never returns (a FIFO nobody writes: a stand-in for a hung mount
+/// or an fsync stuck behind etcd's disk), health checks, forwarding and `/metrics` go on, a
+/// `--backend-dir` FIFO entry is ignored, and SIGTERM still ends the process.
+#[tokio::test]
+async fn a_stuck_file_read_does_not_stall_the_runtime() -> Result<()> {
+    let backend = echo_backend().await?;
+    let listen = listen_addr()?;
+    let dir = TempDir::new("stuck-read")?;
+    let fifo = dir.join("own-backend");
+    let backend_dir = dir.join("backends");
+    std::fs::create_dir(&backend_dir)?;
+    std::fs::set_permissions(&backend_dir, std::fs::Permissions::from_mode(0o700))?;
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))?;
+    nix::unistd::mkfifo(
+        &backend_dir.join("1-00000000.backend"),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )?;
+    let proxy = serving(
+        tcp_proxy(listen, &[&backend])
+            .fast_health()
+            .args(["--worker-threads", "1"])
+            .arg("--own-backend-file")
+            .arg(&fifo)
+            .arg("--backend-dir")
+            .arg(&backend_dir),
+    )
+    .await?;
+    round_trip(listen).await?;
+    let metrics = proxy.metrics().await?;
+    ensure!(metrics.contains("open_fds"), "no /metrics");
+    proxy.sigterm()?;
+    let status = proxy.wait_exit(DEADLINE).await?;
+    ensure!(status.success(), "exit {status}");
     Ok(())
 }
 
