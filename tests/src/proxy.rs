@@ -287,6 +287,15 @@ impl Proxy {
         self.process.stderr()
     }
 
+    /// Waits until the captured stderr contains `text` (the capture lags the process a little).
+    pub async fn wait_stderr(&self, text: &str) -> Result<()> {
+        eventually(DEFAULT_DEADLINE, || async {
+            ensure!(self.stderr().contains(text), "no {text:?} in stderr yet");
+            Ok(())
+        })
+        .await
+    }
+
     /// Everything the process wrote to stdout so far.
     pub fn stdout(&self) -> String {
         self.process.stdout()

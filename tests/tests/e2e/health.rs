@@ -320,6 +320,7 @@ async fn health_check_failure_causes_are_logged_at_a_bounded_rate_and_shown() ->
         Ok(())
     })
     .await?;
+    proxy.wait_stderr("health check failed").await?;
     let stderr = proxy.stderr();
     let lines: Vec<&str> = stderr
         .lines()
@@ -353,7 +354,7 @@ async fn health_check_failure_causes_are_logged_at_a_bounded_rate_and_shown() ->
         Ok(())
     })
     .await?;
-    ensure!(proxy.stderr().contains("HTTP 503"), "503 not logged");
+    proxy.wait_stderr("HTTP 503").await?;
     Ok(())
 }
 
