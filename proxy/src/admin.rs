@@ -17,6 +17,7 @@ use prometheus::{Encoder, Registry, TextEncoder};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::backend::Backends;
 use crate::handoff::Handoff;
@@ -146,8 +147,13 @@ pub async fn bind(addr: SocketAddr, address_file: Option<&Path>) -> std::io::Res
     Ok(listener)
 }
 
-/// Serves admin requests until `stop`.
-pub async fn serve(listener: TcpListener, view: Arc<AdminView>, stop: CancellationToken) {
+/// Serves admin requests until `stop`; each connection is a task on `tasks` and ends at `stop`.
+pub async fn serve(
+    listener: TcpListener,
+    view: Arc<AdminView>,
+    stop: CancellationToken,
+    tasks: TaskTracker,
+) {
     let slots = Arc::new(Semaphore::new(MAX_ADMIN_CONNECTIONS));
     loop {
         let permit = tokio::select! {
@@ -166,7 +172,8 @@ pub async fn serve(listener: TcpListener, view: Arc<AdminView>, stop: Cancellati
             },
         };
         let view = view.clone();
-        tokio::spawn(async move {
+        let stop = stop.clone();
+        tasks.spawn(async move {
             let service = hyper::service::service_fn(move |req: Request<Incoming>| {
                 let view = view.clone();
                 async move {
@@ -182,8 +189,11 @@ pub async fn serve(listener: TcpListener, view: Arc<AdminView>, stop: Cancellati
                 .max_buf_size(MAX_REQUEST_HEAD)
                 .keep_alive(true)
                 .serve_connection(TokioIo::new(stream), service);
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "admin connection ended with error");
+            tokio::select! {
+                r = conn => if let Err(e) = r {
+                    tracing::debug!(error = %e, "admin connection ended with error");
+                },
+                _ = stop.cancelled() => {}
             }
             drop(permit);
         });

@@ -10,8 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::addr::BackendAddr;
-use crate::check::{self, CheckResult};
-use crate::config::HealthConfig;
+use crate::check::{self, CheckResult, HealthConfig};
 use crate::health::{Health, HealthState, Observation};
 use crate::lograte::LogRate;
 use crate::metrics::{BackendMetrics, Metrics};
@@ -187,13 +186,15 @@ pub struct Backends {
 }
 
 impl Backends {
-    pub fn new(health: HealthConfig, metrics: Metrics) -> Arc<Self> {
+    /// The set, its health checks stopped when `stop` (a branch of the instance's cancellation
+    /// tree) is cancelled.
+    pub fn new(health: HealthConfig, metrics: Metrics, stop: CancellationToken) -> Arc<Self> {
         Arc::new(Backends {
             list: RwLock::new(Arc::new(Vec::new())),
             changed: watch::channel(0).0,
             health,
             metrics,
-            stop: CancellationToken::new(),
+            stop,
             checks: TaskTracker::new(),
         })
     }
@@ -218,10 +219,18 @@ impl Backends {
         *list = Arc::new(next);
         tracing::info!(backend = %addr, tier = ?tier, "backend added");
         self.notify();
+        // The check loop reports through this callback and knows nothing of backends.
+        let (target, set) = (backend.clone(), Arc::downgrade(self));
         self.checks.spawn(check::run_loop(
-            backend.clone(),
-            self.clone(),
+            addr.0,
             self.health.clone(),
+            move |result| {
+                if target.observe(result).is_some() {
+                    if let Some(set) = set.upgrade() {
+                        set.notify();
+                    }
+                }
+            },
             backend.checks.clone(),
         ));
         true

@@ -1,6 +1,9 @@
-//! Active health checks: one check of one backend, and the loop that runs them.
+//! Active health checks: their configuration, one check of one backend, and the loop that runs
+//! them. The loop reports each result through a callback; it knows nothing of the backend set.
 
 use std::io;
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,9 +14,50 @@ use rand::Rng;
 use tokio_rustls::TlsConnector;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{Backend, Backends};
-use crate::config::{HealthCheck, HealthConfig};
 use crate::health::Observation;
+
+/// How the active health check reaches a backend.
+#[derive(Clone)]
+pub enum HealthCheck {
+    /// TLS handshake then `GET path`; 200 means ready.
+    Https {
+        tls: Arc<rustls::ClientConfig>,
+        server_name: rustls::pki_types::ServerName<'static>,
+        path: String,
+    },
+    /// TLS handshake only.
+    Tls {
+        tls: Arc<rustls::ClientConfig>,
+        server_name: rustls::pki_types::ServerName<'static>,
+    },
+    /// TCP connect only.
+    Tcp,
+}
+
+impl std::fmt::Debug for HealthCheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HealthCheck::Https { path, .. } => write!(f, "https {path}"),
+            HealthCheck::Tls { .. } => write!(f, "tls"),
+            HealthCheck::Tcp => write!(f, "tcp"),
+        }
+    }
+}
+
+/// Health check timing and thresholds.
+#[derive(Debug, Clone)]
+pub struct HealthConfig {
+    /// What a check does.
+    pub check: HealthCheck,
+    /// Time between checks of one backend (default 2s), jittered by up to 10%.
+    pub interval: Duration,
+    /// Time one check may take (default 1s).
+    pub timeout: Duration,
+    /// Consecutive passes before healthy (default 2).
+    pub rise: NonZeroU32,
+    /// Consecutive failures before unhealthy; refused this often: dead (default 3).
+    pub fall: NonZeroU32,
+}
 
 /// What one check found, and why when it did not pass.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -109,7 +153,6 @@ async fn https_get(
         Ok(h) => h,
         Err(e) => return CheckResult::fail(Observation::Failed, format!("http: {e}")),
     };
-    let conn = tokio::spawn(conn);
     let host = match server_name {
         rustls::pki_types::ServerName::DnsName(n) => n.as_ref().to_string(),
         other => format!("{other:?}"),
@@ -125,34 +168,39 @@ async fn https_get(
         Ok(r) => r,
         Err(e) => return CheckResult::fail(Observation::Failed, format!("GET {path}: {e}")),
     };
-    let result = match sender.send_request(req).await {
+    // The connection is driven here, beside the request, rather than on a task of its own.
+    let response = tokio::select! {
+        r = sender.send_request(req) => r,
+        r = conn => {
+            let why = r.err().map(|e| e.to_string()).unwrap_or_else(|| "connection closed".into());
+            return CheckResult::fail(Observation::Failed, format!("GET {path}: {why}"));
+        }
+    };
+    match response {
         Ok(resp) if resp.status() == hyper::StatusCode::OK => CheckResult::ok(),
         Ok(resp) => CheckResult::fail(
             Observation::NotReady,
             format!("GET {path}: HTTP {}", resp.status()),
         ),
         Err(e) => CheckResult::fail(Observation::Failed, format!("GET {path}: {e}")),
-    };
-    conn.abort();
-    result
+    }
 }
 
-/// Checks `backend` every interval (with up to 10% jitter) until `stop`; the first check runs at once.
+/// Checks `addr` every interval (with up to 10% jitter) until `stop`, handing every result to
+/// `report`; the first check runs at once.
 pub async fn run_loop(
-    backend: Arc<Backend>,
-    backends: Arc<Backends>,
+    addr: SocketAddr,
     health: HealthConfig,
+    report: impl Fn(CheckResult) + Send,
     stop: CancellationToken,
 ) {
     loop {
         let result = tokio::select! {
-            r = check_once(&health.check, backend.addr.0, health.timeout) => r,
+            r = check_once(&health.check, addr, health.timeout) => r,
             _ = stop.cancelled() => return,
         };
-        tracing::trace!(backend = %backend.addr, result = result.obs.as_str(), "health check");
-        if backend.observe(result).is_some() {
-            backends.notify();
-        }
+        tracing::trace!(backend = %addr, result = result.obs.as_str(), "health check");
+        report(result);
         let jitter = health
             .interval
             .mul_f64(rand::thread_rng().gen_range(0.0..0.1));

@@ -7,12 +7,13 @@ use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use crate::addr::{AdminAddr, BackendAddr, ListenAddr};
+use crate::check::{HealthCheck, HealthConfig};
 use crate::cli::{parse_socket_addr, CopyMode, HealthCheckKind, LogFormat, RunArgs};
 use crate::discovery::DiscoveryConfig;
+use crate::handoff::HandoffConfig;
 use crate::tls::{self, TlsError};
 
 /// A configuration error: which flag, and what is wrong with it.
@@ -34,58 +35,6 @@ fn invalid(flag: &'static str, message: impl Into<String>) -> ConfigError {
         flag,
         message: message.into(),
     }
-}
-
-/// How the active health check reaches a backend.
-#[derive(Clone)]
-pub enum HealthCheck {
-    /// TLS handshake then `GET path`; 200 means ready.
-    Https {
-        tls: Arc<rustls::ClientConfig>,
-        server_name: rustls::pki_types::ServerName<'static>,
-        path: String,
-    },
-    /// TLS handshake only.
-    Tls {
-        tls: Arc<rustls::ClientConfig>,
-        server_name: rustls::pki_types::ServerName<'static>,
-    },
-    /// TCP connect only.
-    Tcp,
-}
-
-impl std::fmt::Debug for HealthCheck {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            HealthCheck::Https { path, .. } => write!(f, "https {path}"),
-            HealthCheck::Tls { .. } => write!(f, "tls"),
-            HealthCheck::Tcp => write!(f, "tcp"),
-        }
-    }
-}
-
-/// Health check timing and thresholds.
-#[derive(Debug, Clone)]
-pub struct HealthConfig {
-    /// What a check does.
-    pub check: HealthCheck,
-    /// Time between checks of one backend (default 2s), jittered by up to 10%.
-    pub interval: Duration,
-    /// Time one check may take (default 1s).
-    pub timeout: Duration,
-    /// Consecutive passes before healthy (default 2).
-    pub rise: NonZeroU32,
-    /// Consecutive failures before unhealthy; refused this often: dead (default 3).
-    pub fall: NonZeroU32,
-}
-
-/// Listener handoff between instances on one node.
-#[derive(Debug, Clone)]
-pub struct HandoffConfig {
-    /// Directory shared by all instances (0700), holding one Unix socket per instance.
-    pub dir: PathBuf,
-    /// Uids allowed as peers besides our own.
-    pub allow_uids: Vec<u32>,
 }
 
 /// The whole configuration of `run`.

@@ -74,13 +74,16 @@ pub struct Listeners {
     limit: Arc<Semaphore>,
     /// Whether the accept loops accept; while false, clients wait in the kernel queue.
     accepting: watch::Sender<bool>,
+    /// Parent of every accept loop's token.
+    stop: CancellationToken,
     /// Connection tasks; drained at shutdown.
     pub connections: TaskTracker,
     accept_loops: TaskTracker,
 }
 
 impl Listeners {
-    pub fn new(ctx: Arc<ForwardContext>, max_connections: u32) -> Self {
+    /// `stop`: the instance's cancellation tree; every accept loop stops with it.
+    pub fn new(ctx: Arc<ForwardContext>, max_connections: u32, stop: CancellationToken) -> Self {
         Listeners {
             held: Arc::new(Mutex::new(Held {
                 entries: Vec::new(),
@@ -89,6 +92,7 @@ impl Listeners {
             ctx,
             limit: Arc::new(Semaphore::new(max_connections as usize)),
             accepting: watch::channel(true).0,
+            stop,
             connections: TaskTracker::new(),
             accept_loops: TaskTracker::new(),
         }
@@ -115,7 +119,7 @@ impl Listeners {
         crate::net::tune_listener(&socket)?;
         let fd = socket.as_fd().try_clone_to_owned()?;
         let listener = TcpListener::from_std(socket)?;
-        let stop = CancellationToken::new();
+        let stop = self.stop.child_token();
         self.accept_loops.spawn(accept_loop(AcceptLoop {
             listener,
             addr,

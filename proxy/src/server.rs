@@ -12,6 +12,7 @@ use std::time::Duration;
 use prometheus::Registry;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::addr::ListenAddr;
 use crate::admin::{self, AdminView};
@@ -60,31 +61,39 @@ pub async fn run(
     crate::limits::raise_and_report(config.max_connections.get());
     report_tcp_migrate_req(&metrics);
 
-    let backends = Backends::new(config.health.clone(), metrics.clone());
+    // One cancellation tree: every token below is a child of `root`, and every task spawned
+    // here or by the modules is tracked (`tasks`, or the backends' and listeners' own
+    // trackers, which are waited for too). Any early return cancels the whole tree.
+    let root = CancellationToken::new();
+    let _cancel_all_on_return = root.clone().drop_guard();
+    let tasks = TaskTracker::new();
+
+    let backends = Backends::new(config.health.clone(), metrics.clone(), root.child_token());
     for addr in &config.backends {
         backends.add(*addr, Tier::Static);
     }
-    let discovery_stop = CancellationToken::new();
-    let discovery = {
-        let d = &config.discovery;
-        (d.own_backend_file.is_some() || d.backend_dir.is_some()).then(|| {
-            tokio::spawn(discovery::run(
-                d.clone(),
-                backends.clone(),
-                discovery_stop.clone(),
-            ))
-        })
-    };
+    let d = &config.discovery;
+    if d.own_backend_file.is_some() || d.backend_dir.is_some() {
+        tasks.spawn(discovery::run(
+            d.clone(),
+            backends.clone(),
+            root.child_token(),
+        ));
+    }
 
     let ctx = Arc::new(ForwardContext {
         backends: backends.clone(),
         metrics: metrics.clone(),
         connect_timeout: config.connect_timeout,
-        cut: CancellationToken::new(),
+        cut: root.child_token(),
         close_window: config.drain_close_window,
         copy_mode: config.copy_mode,
     });
-    let listeners = Arc::new(Listeners::new(ctx.clone(), config.max_connections.get()));
+    let listeners = Arc::new(Listeners::new(
+        ctx.clone(),
+        config.max_connections.get(),
+        root.child_token(),
+    ));
 
     let admin_listener = admin::bind(config.admin_listen.0, config.admin_address_file.as_deref())
         .await
@@ -104,10 +113,11 @@ pub async fn run(
             listeners.clone(),
             readiness.clone(),
             metrics.clone(),
+            root.child_token(),
+            tasks.clone(),
         )?),
         None => None,
     };
-    let admin_stop = CancellationToken::new();
     let view = Arc::new(AdminView {
         state: lifecycle.subscribe(),
         backends: backends.clone(),
@@ -118,7 +128,12 @@ pub async fn run(
         handoff: handoff.clone(),
     });
     tracing::info!(admin.addr = %admin_listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), "admin endpoint listening");
-    tokio::spawn(admin::serve(admin_listener, view, admin_stop.clone()));
+    tasks.spawn(admin::serve(
+        admin_listener,
+        view,
+        root.child_token(),
+        tasks.clone(),
+    ));
 
     lifecycle.advance(State::WaitingForBackend);
     tokio::pin!(shutdown);
@@ -144,13 +159,11 @@ pub async fn run(
     if let Some(h) = &handoff {
         h.close();
     }
-    discovery_stop.cancel();
-    if let Some(task) = discovery {
-        let _ = task.await;
-    }
-    backends.stop().await;
     lifecycle.advance(State::Stopped);
-    admin_stop.cancel();
+    root.cancel();
+    tasks.close();
+    backends.stop().await;
+    tasks.wait().await;
     Ok(())
 }
 

@@ -29,9 +29,9 @@ use std::time::Duration;
 use tokio::net::UnixListener;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::addr::ListenAddr;
-use crate::config::HandoffConfig;
 use crate::listener::{HeldSocket, Listeners};
 use crate::metrics::Metrics;
 use crate::readiness::Readiness;
@@ -57,6 +57,15 @@ pub enum HandoffError {
     },
 }
 
+/// Listener handoff between instances on one node.
+#[derive(Debug, Clone)]
+pub struct HandoffConfig {
+    /// Directory shared by all instances (0700), holding one Unix socket per instance.
+    pub dir: PathBuf,
+    /// Uids allowed as peers besides our own.
+    pub allow_uids: Vec<u32>,
+}
+
 /// The handoff side of one instance.
 pub struct Handoff {
     dir: PathBuf,
@@ -67,6 +76,8 @@ pub struct Handoff {
     readiness: Readiness,
     metrics: Metrics,
     stop: CancellationToken,
+    /// Tracks the peer server and each exchange it answers.
+    tasks: TaskTracker,
     /// What we last learned of each peer, for `/status`.
     peers: Mutex<Vec<serde_json::Value>>,
     #[cfg(test)]
@@ -81,6 +92,8 @@ impl Handoff {
         listeners: Arc<Listeners>,
         readiness: Readiness,
         metrics: Metrics,
+        stop: CancellationToken,
+        tasks: TaskTracker,
     ) -> Result<Arc<Self>, HandoffError> {
         let dir = config.dir.clone();
         let dir_err = |source| HandoffError::Io {
@@ -112,13 +125,14 @@ impl Handoff {
             listeners,
             readiness,
             metrics,
-            stop: CancellationToken::new(),
+            stop,
+            tasks,
             peers: Mutex::new(Vec::new()),
             #[cfg(test)]
             hooks: tests::Hooks::default(),
         });
         tracing::info!(socket = %handoff.path.display(), "handoff socket listening");
-        tokio::spawn(peer::serve(handoff.clone(), listener));
+        handoff.tasks.spawn(peer::serve(handoff.clone(), listener));
         Ok(handoff)
     }
 

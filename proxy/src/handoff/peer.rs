@@ -25,8 +25,9 @@ pub(super) async fn serve(handoff: Arc<Handoff>, listener: UnixListener) {
                 }
             },
         };
-        let handoff = handoff.clone();
-        tokio::spawn(async move {
+        let task = handoff.clone();
+        handoff.tasks.spawn(async move {
+            let handoff = task;
             if tokio::time::timeout(EXCHANGE_TIMEOUT, answer(&handoff, stream))
                 .await
                 .is_err()

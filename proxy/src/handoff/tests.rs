@@ -12,9 +12,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::Handoff;
+use super::HandoffConfig;
 use crate::addr::ListenAddr;
 use crate::backend::Backends;
-use crate::config::{HandoffConfig, HealthCheck, HealthConfig};
+use crate::check::{HealthCheck, HealthConfig};
 use crate::forward::ForwardContext;
 use crate::lifecycle::State;
 use crate::listener::Listeners;
@@ -68,15 +69,16 @@ impl Instance {
             rise: std::num::NonZeroU32::MIN,
             fall: std::num::NonZeroU32::MIN,
         };
+        let stop = CancellationToken::new();
         let ctx = Arc::new(ForwardContext {
-            backends: Backends::new(health, metrics.clone()),
+            backends: Backends::new(health, metrics.clone(), stop.child_token()),
             metrics: metrics.clone(),
             connect_timeout: Duration::from_secs(1),
             cut: CancellationToken::new(),
             close_window: Duration::ZERO,
             copy_mode: crate::copy::Mode::Auto,
         });
-        let listeners = Arc::new(Listeners::new(ctx, 100));
+        let listeners = Arc::new(Listeners::new(ctx, 100, stop.child_token()));
         let (state, rx) = watch::channel(state);
         let handoff = Handoff::start(
             HandoffConfig {
@@ -87,6 +89,8 @@ impl Instance {
             listeners.clone(),
             Readiness::from_fn(rx, move || backend_ready),
             metrics,
+            stop,
+            tokio_util::task::TaskTracker::new(),
         )
         .unwrap();
         Instance {
