@@ -147,7 +147,7 @@ impl Handoff {
     pub async fn share_from_peers(&self) -> Vec<(ListenAddr, std::net::TcpListener)> {
         let wanted: Vec<String> = self.listen.iter().map(|a| a.to_string()).collect();
         let mut got: Vec<(ListenAddr, std::net::TcpListener)> = Vec::new();
-        for path in self.peer_paths() {
+        for path in self.peer_paths().await {
             let covered: HashSet<ListenAddr> = got.iter().map(|(a, _)| *a).collect();
             if self.listen.iter().all(|a| covered.contains(a)) {
                 break;
@@ -201,7 +201,7 @@ impl Handoff {
         }
         let mut first_round = true;
         loop {
-            for path in self.peer_paths() {
+            for path in self.peer_paths().await {
                 match self.offer(&path, &remaining).await {
                     Ok(acked) if !acked.is_empty() => {
                         remaining.retain(|s| !acked.contains(&s.identity.cookie));
@@ -278,7 +278,9 @@ impl Handoff {
                     // Nobody listens: the instance is gone (sockets are renamed into place only
                     // once listening, so this is never one that is starting).
                     tracing::info!(socket = %path.display(), "handoff: removing stale peer socket");
-                    let _ = std::fs::remove_file(path);
+                    let stale = path.to_path_buf();
+                    self.tasks
+                        .spawn_blocking(move || std::fs::remove_file(stale));
                     return Err(e.into());
                 }
                 Err(e) => return Err(e.into()),
@@ -318,23 +320,28 @@ impl Handoff {
         peers.push(serde_json::json!({ "socket": socket, "pid": pid, "last_exchange": last }));
     }
 
-    /// Peer socket files in the directory, ours excluded.
-    fn peer_paths(&self) -> Vec<PathBuf> {
-        let Ok(entries) = std::fs::read_dir(&self.dir) else {
-            return Vec::new();
-        };
-        let mut paths: Vec<PathBuf> = entries
-            .filter_map(|e| e.ok())
-            .map(|e| e.path())
-            .filter(|p| {
-                p != &self.path
-                    && p.file_name()
-                        .and_then(|n| n.to_str())
-                        .is_some_and(|n| n.starts_with("kap-") && n.ends_with(".sock"))
-            })
-            .collect();
-        paths.sort();
-        paths
+    /// Peer socket files in the directory, ours excluded. The directory is read on the
+    /// blocking pool (a draining instance reads it every 100 ms).
+    async fn peer_paths(&self) -> Vec<PathBuf> {
+        let (dir, own) = (self.dir.clone(), self.path.clone());
+        let read = self.tasks.spawn_blocking(move || {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                return Vec::new();
+            };
+            let mut paths: Vec<PathBuf> = entries
+                .filter_map(|e| e.ok())
+                .map(|e| e.path())
+                .filter(|p| {
+                    p != &own
+                        && p.file_name()
+                            .and_then(|n| n.to_str())
+                            .is_some_and(|n| n.starts_with("kap-") && n.ends_with(".sock"))
+                })
+                .collect();
+            paths.sort();
+            paths
+        });
+        read.await.unwrap_or_default()
     }
 
     /// Turns received descriptors into listeners we may use: listening TCP sockets bound to one
