@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -239,6 +240,21 @@ func (p *Pod) WaitReady(ctx context.Context, gate Gate, timeout time.Duration) e
 		case <-time.After(p.period):
 		}
 	}
+}
+
+// APIServerReadyz asks the pod's apiserver for /readyz on its own loopback address with
+// client (see Node.APIServerClient): true on 200.
+func (p *Pod) APIServerReadyz(client *http.Client) bool {
+	b, err := os.ReadFile(filepath.Join(p.Shared, "address"))
+	if err != nil {
+		return false
+	}
+	resp, err := client.Get("https://" + strings.TrimSpace(string(b)) + "/readyz")
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
 }
 
 // Ready runs the pod's readiness probes once.

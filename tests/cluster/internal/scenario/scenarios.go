@@ -3,6 +3,7 @@ package scenario
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"sort"
 	"time"
 
@@ -96,8 +97,15 @@ func brokenRolloutStalls(ctx context.Context, e *env, r *Result) {
 			return
 		}
 		// The apiserver itself becomes ready (its /readyz answers a client certificate)…
-		if err := broken.WaitReady(ctx, cluster.GateAPIServer, 3*time.Minute); err != nil {
-			r.fail("broken pod's apiserver: %v", err)
+		client, err := e.node.APIServerClient(
+			filepath.Join(e.node.PKI, "apiserver-kubelet-client.crt"),
+			filepath.Join(e.node.PKI, "apiserver-kubelet-client.key"))
+		if err != nil {
+			r.fail("%v", err)
+		} else if !cluster.Eventually(3*time.Minute, time.Second, func() bool {
+			return broken.Crashed() != nil || broken.APIServerReadyz(client)
+		}) || broken.Crashed() != nil {
+			r.fail("broken pod's apiserver never became ready: %v", broken.Crashed())
 		}
 		// …but the pod must not, however long it is given: 10 probe periods after that.
 		if err := broken.WaitReady(ctx, cluster.GatePod, 20*time.Second); err == nil {
