@@ -178,6 +178,15 @@ async fn https_get(
     };
     match response {
         Ok(resp) if resp.status() == hyper::StatusCode::OK => CheckResult::ok(),
+        // 4xx: the apiserver refuses the request itself (no access for the check's identity, a
+        // wrong path); that is a failing check, not an apiserver saying it is not ready.
+        Ok(resp) if resp.status().is_client_error() => CheckResult::fail(
+            Observation::Failed,
+            format!(
+                "GET {path}: HTTP {} (check --health-path and the check's credentials)",
+                resp.status()
+            ),
+        ),
         Ok(resp) => CheckResult::fail(
             Observation::NotReady,
             format!("GET {path}: HTTP {}", resp.status()),

@@ -355,6 +355,25 @@ async fn health_check_failure_causes_are_logged_at_a_bounded_rate_and_shown() ->
     })
     .await?;
     proxy.wait_stderr("HTTP 503").await?;
+
+    // A request the apiserver refuses (here a path it does not serve; a 401 or 403 for a check
+    // without access is the same) is a failed check, with the status as its cause.
+    let proxy = https_proxy(&pki, listen_addr()?, &[&backend])
+        .fast_health()
+        .args(["--health-path", "/nope"])
+        .spawn()
+        .await?;
+    eventually(DEADLINE, || async {
+        let entry = proxy.backend_status(backend.addr()).await?;
+        let c = entry["last_check"]["cause"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        ensure!(c.contains("HTTP 404"), "cause {c:?}");
+        ensure!(entry["last_check"]["result"] == "failed", "{entry}");
+        Ok(())
+    })
+    .await?;
     Ok(())
 }
 
