@@ -3,7 +3,8 @@
 //	nodetest serve ADDR [MARKER]  listen on ADDR (TCP), answer each connection with
 //	                              "nodetest ok\n", write /tmp/ready once listening; on
 //	                              SIGTERM write MARKER (if given) and exit 0
-//	nodetest probe ADDR           exit 0 if /tmp/ready exists and ADDR answers "nodetest ok"
+//	nodetest probe ADDR [DIAL...] exit 0 if /tmp/ready exists, ADDR answers "nodetest ok"
+//	                              and each DIAL address accepts a TCP connection
 //
 // The smoke test runs serve as a hostNetwork container and probe as its exec readiness
 // probe, so a ready container proves the runtime, the exec path and the host network.
@@ -25,8 +26,8 @@ const (
 )
 
 func main() {
-	if len(os.Args) < 3 || len(os.Args) > 4 || (os.Args[1] != "serve" && len(os.Args) != 3) {
-		fmt.Fprintln(os.Stderr, "usage: nodetest serve ADDR [MARKER] | nodetest probe ADDR")
+	if len(os.Args) < 3 || (os.Args[1] == "serve" && len(os.Args) > 4) {
+		fmt.Fprintln(os.Stderr, "usage: nodetest serve ADDR [MARKER] | nodetest probe ADDR [DIAL...]")
 		os.Exit(2)
 	}
 	switch os.Args[1] {
@@ -37,7 +38,7 @@ func main() {
 		}
 		serve(os.Args[2], marker)
 	case "probe":
-		if err := probe(os.Args[2]); err != nil {
+		if err := probe(os.Args[2], os.Args[3:]); err != nil {
 			fmt.Fprintln(os.Stderr, "probe:", err)
 			os.Exit(1)
 		}
@@ -86,9 +87,16 @@ func serve(addr, marker string) {
 	}
 }
 
-func probe(addr string) error {
+func probe(addr string, dial []string) error {
 	if _, err := os.Stat(readyFile); err != nil {
 		return err
+	}
+	for _, d := range dial {
+		c, err := net.DialTimeout("tcp", d, 2*time.Second)
+		if err != nil {
+			return err
+		}
+		_ = c.Close()
 	}
 	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
 	if err != nil {
