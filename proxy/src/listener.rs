@@ -28,7 +28,8 @@ pub struct ListenerInfo {
     pub address: String,
     pub cookie: u64,
     pub inode: u64,
-    /// `bound` here, or `shared`/`adopted` from a peer.
+    /// `bound` here, `shared`/`adopted` from a peer, or `rebound` here after the last socket
+    /// for the address could no longer accept.
     pub origin: &'static str,
 }
 
@@ -102,7 +103,7 @@ impl Listeners {
     /// identity and whether it was new. `origin` says where it came from (`bound`, `shared`,
     /// `adopted`). Refused once draining started ([`Self::freeze`]).
     pub fn hold(
-        &self,
+        self: &Arc<Self>,
         addr: ListenAddr,
         socket: std::net::TcpListener,
         origin: &'static str,
@@ -130,6 +131,7 @@ impl Listeners {
             connections: self.connections.clone(),
             accepting: self.accepting.subscribe(),
             held: self.held.clone(),
+            owner: Arc::downgrade(self),
         }));
         tracing::info!(listen.addr = %addr, cookie = identity.cookie, inode = identity.inode, origin, "listening");
         held.entries.push(Entry {
@@ -144,6 +146,19 @@ impl Listeners {
             .listening_sockets
             .set(held.entries.len() as i64);
         Ok((identity, true))
+    }
+
+    /// Binds a fresh socket for `addr` (after the last one held for it could no longer accept).
+    fn rebind(self: &Arc<Self>, addr: ListenAddr) {
+        let bound = crate::net::bind_reuseport(addr.0).map_err(HoldError::Io);
+        match bound.and_then(|socket| self.hold(addr, socket, "rebound")) {
+            Ok(_) => {
+                tracing::warn!(listen.addr = %addr, "no socket was left for the address: bound a fresh one")
+            }
+            Err(e) => {
+                tracing::error!(listen.addr = %addr, error = %e, "no socket left for the address, and binding a fresh one failed")
+            }
+        }
     }
 
     /// Addresses for which at least one socket is held.
@@ -282,6 +297,7 @@ struct AcceptLoop {
     connections: TaskTracker,
     accepting: watch::Receiver<bool>,
     held: Arc<Mutex<Held>>,
+    owner: std::sync::Weak<Listeners>,
 }
 
 async fn accept_loop(l: AcceptLoop) {
@@ -295,6 +311,7 @@ async fn accept_loop(l: AcceptLoop) {
         connections,
         mut accepting,
         held,
+        owner,
     } = l;
     let mut backoff = BACKOFF_MIN;
     loop {
@@ -327,11 +344,21 @@ async fn accept_loop(l: AcceptLoop) {
             }
             Err(e) if classify_accept_error(&e) == AcceptFailure::Fatal => {
                 ctx.metrics.connection_failed(FailReason::AcceptError);
-                let mut held = held.lock().expect("listeners lock");
-                held.entries.retain(|e| e.identity != identity);
-                ctx.metrics.listening_sockets.set(held.entries.len() as i64);
-                ctx.metrics.listening_sockets_dropped.inc();
-                tracing::error!(listen.addr = %addr, cookie = identity.cookie, error = %e, sockets_left = held.entries.len(), "listening socket can no longer accept: dropped");
+                let orphaned = {
+                    let mut held = held.lock().expect("listeners lock");
+                    held.entries.retain(|e| e.identity != identity);
+                    ctx.metrics.listening_sockets.set(held.entries.len() as i64);
+                    ctx.metrics.listening_sockets_dropped.inc();
+                    tracing::error!(listen.addr = %addr, cookie = identity.cookie, error = %e, sockets_left = held.entries.len(), "listening socket can no longer accept: dropped");
+                    !held.frozen && !held.entries.iter().any(|e| e.addr == addr)
+                };
+                // The address has no socket left while serving: bind a fresh one rather than
+                // leave it dark (every holder of a socket that was shut down lost it at once).
+                if orphaned {
+                    if let Some(listeners) = owner.upgrade() {
+                        listeners.rebind(addr);
+                    }
+                }
                 break;
             }
             Err(e) => {

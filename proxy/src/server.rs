@@ -170,7 +170,7 @@ pub async fn run(
 /// Gets a listening socket for every `--listen` address: from peers first, else bound fresh.
 async fn acquire_listeners(
     config: &Config,
-    listeners: &Listeners,
+    listeners: &Arc<Listeners>,
     handoff: Option<&Handoff>,
 ) -> Result<(), RunError> {
     if let Some(h) = handoff {

@@ -558,7 +558,8 @@ async fn a_descriptor_limit_too_low_for_max_connections_is_warned_about() -> Res
 
 /// A peer shuts the shared listening socket down (which every holder then sees as "not
 /// listening": `accept()` fails with EINVAL, at once and forever). The proxy must drop that
-/// socket from its set and say so, not retry it in a loop at full speed.
+/// socket from its set and say so, not retry it in a loop at full speed; and as the address
+/// has no socket left, bind a fresh one so it serves again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_socket_that_can_no_longer_accept_is_dropped_and_reported() -> Result<()> {
     let backend = echo_backend().await?;
@@ -580,16 +581,19 @@ async fn a_socket_that_can_no_longer_accept_is_dropped_and_reported() -> Result<
     let fds =
         kube_apiserver_proxy_tests::sockets::share_request(&handoff_socket(&handoff)?, listen)?;
     socket2::SockRef::from(&fds[0]).shutdown(std::net::Shutdown::Both)?;
+    let old_cookie = listeners[0]["cookie"].clone();
     eventually(DEADLINE, || async {
         let status = proxy.status().await?;
+        let now = status["listeners"].as_array().context("listeners")?;
         ensure!(
-            status["listeners"].as_array().is_some_and(|l| l.is_empty()),
-            "still listed: {}",
+            now.len() == 1 && now[0]["cookie"] != old_cookie && now[0]["origin"] == "rebound",
+            "not replaced: {}",
             status["listeners"]
         );
         Ok(())
     })
     .await?;
+    round_trip(listen).await?;
     proxy
         .wait_stderr("listening socket can no longer accept: dropped")
         .await?;
