@@ -1,5 +1,5 @@
 // Builds the CNI plugins macvlan, host-local and loopback at v1.10.0.
-module kube-apiserver-proxy/tests/cluster/build/cni-plugins-v1.10.0
+module kube-apiserver-proxy/tests/cluster/node/cni-plugins-v1.10.0
 
 go 1.26.8
 
