@@ -1,7 +1,7 @@
 //go:build tools
 
-// Package tools pins the CNI plugins this module builds: the node's pod network is a
-// macvlan (this kernel has no veth) with host-local addresses, plus loopback.
+// Package tools pins the CNI plugins this module builds: the node's pod network is
+// macvlan with host-local addresses, plus loopback.
 package tools
 
 import (
