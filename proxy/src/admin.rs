@@ -83,6 +83,7 @@ impl AdminView {
                 .map(|h| h.peers_json())
                 .unwrap_or_else(|| serde_json::json!([])),
             "version": env!("CARGO_PKG_VERSION"),
+            "pid": std::process::id(),
         })
     }
 
@@ -138,9 +139,17 @@ fn text(status: StatusCode, body: &str) -> Response<Full<Bytes>> {
         .expect("valid response")
 }
 
-/// Binds the admin endpoint; writes the bound address to `address_file` if given.
+/// Binds the admin endpoint (or takes the socket inherited from the predecessor of an
+/// in-place upgrade); writes the bound address to `address_file` if given.
 pub async fn bind(addr: SocketAddr, address_file: Option<&Path>) -> std::io::Result<TcpListener> {
-    let listener = TcpListener::bind(addr).await?;
+    let listener = match crate::upgrade::inherited_admin(addr) {
+        Some(inherited) => {
+            inherited.set_nonblocking(true)?;
+            tracing::info!("admin socket inherited from the predecessor");
+            TcpListener::from_std(inherited)?
+        }
+        None => TcpListener::bind(addr).await?,
+    };
     if let Some(path) = address_file {
         crate::fsutil::write_atomic(path, format!("{}\n", listener.local_addr()?).as_bytes())?;
     }

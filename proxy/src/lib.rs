@@ -14,7 +14,9 @@
 //! - [`server`]: `run`, driving one instance through its lifecycle.
 //! - [`lifecycle`]: the lifecycle states on a watch channel.
 //! - [`readiness`]: ready = Serving and the own backend up; `/readyz` and peers read it.
-//! - [`signal`]: SIGTERM/SIGINT mapped to intent.
+//! - [`signal`]: SIGTERM/SIGINT/SIGUSR2 mapped to intent.
+//! - [`upgrade`]: in-place upgrade: start the successor from our path, wait until it is ready.
+//! - [`notify`]: systemd readiness and main-pid notifications.
 //! - [`listener`]: held listening sockets and their accept loops.
 //! - [`forward`]: one proxied connection, from backend choice to the last byte.
 //! - [`copy`]: moving bytes both ways: splice through pooled pipes, or a transient buffer.
@@ -57,6 +59,7 @@ pub mod listener;
 pub mod lograte;
 pub mod metrics;
 pub mod net;
+pub mod notify;
 pub mod probe;
 pub mod readiness;
 pub mod server;
@@ -64,3 +67,4 @@ pub mod signal;
 #[allow(unsafe_code)]
 pub mod sys;
 pub mod tls;
+pub mod upgrade;

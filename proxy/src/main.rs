@@ -55,11 +55,11 @@ fn run(args: RunArgs) -> ExitCode {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    let shutdown = {
+    let intents = {
         let _runtime = runtime.enter();
-        signal::shutdown()
+        signal::intents()
     };
-    let result = runtime.block_on(server::run(config, prometheus::Registry::new(), shutdown));
+    let result = runtime.block_on(server::run(config, prometheus::Registry::new(), intents));
     // A file-system call stuck on the blocking pool (a hung mount) must not keep us from exiting.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     match result {

@@ -4,12 +4,16 @@
 //! Serving (sockets shared by a peer, else bound fresh) → Draining (listeners handed to a
 //! peer or closed; connections finish until the drain deadline, then are closed spread over a
 //! window) → Stopped.
+//!
+//! SIGUSR2 while Serving is an in-place upgrade ([`crate::upgrade`]): once the successor is
+//! ready, this instance drains exactly as on SIGTERM; if the successor fails, it goes on serving.
 
-use std::future::Future;
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus::Registry;
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -26,7 +30,9 @@ use crate::listener::{HoldError, Listeners};
 use crate::metrics::Metrics;
 use crate::net;
 use crate::readiness::Readiness;
+use crate::signal::Intent;
 use crate::sys;
+use crate::upgrade::{self, StartCommand};
 
 /// Why the instance could not run.
 #[derive(Debug, thiserror::Error)]
@@ -50,12 +56,14 @@ pub enum RunError {
 /// Extra time after the close window for connection tasks to finish closing.
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
-/// Runs one instance until `shutdown` resolves and the drain is done.
+/// Runs one instance until a shutdown intent arrives (or an upgrade succeeds) and the drain is
+/// done.
 pub async fn run(
     config: Config,
     registry: Registry,
-    shutdown: impl Future<Output = &'static str>,
+    mut intents: mpsc::Receiver<Intent>,
 ) -> Result<(), RunError> {
+    let start_command = StartCommand::current();
     let metrics = Metrics::new(&registry);
     let lifecycle = Lifecycle::new(metrics.clone());
     crate::limits::raise_and_report(config.max_connections.get());
@@ -128,25 +136,57 @@ pub async fn run(
         handoff: handoff.clone(),
     });
     tracing::info!(admin.addr = %admin_listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), "admin endpoint listening");
+    // Kept for a successor to inherit (in-place upgrade).
+    let admin_fd = admin_listener.as_fd().try_clone_to_owned().ok();
+    let admin_stop = root.child_token();
     tasks.spawn(admin::serve(
         admin_listener,
         view,
-        root.child_token(),
+        admin_stop.clone(),
         tasks.clone(),
     ));
 
     lifecycle.advance(State::WaitingForBackend);
-    tokio::pin!(shutdown);
-    let signal = tokio::select! {
-        _ = backends.wait_healthy() => None,
-        s = &mut shutdown => Some(s),
+    // Started (configuration valid, admin endpoint up): what systemd's `Type=notify` waits for.
+    // Not Serving: a start must not fail because every apiserver is down at that moment.
+    crate::notify::notify("READY=1");
+    let signal = loop {
+        tokio::select! {
+            _ = backends.wait_healthy() => break None,
+            i = next_intent(&mut intents) => match i {
+                Intent::Shutdown(s) => break Some(s),
+                Intent::Upgrade => tracing::info!("SIGUSR2 before serving: nothing to upgrade; ignored"),
+            },
+        }
     };
     if let Some(signal) = signal {
         tracing::info!(signal, "shutdown before serving");
     } else {
         acquire_listeners(&config, &listeners, handoff.as_deref()).await?;
         lifecycle.advance(State::Serving);
-        let signal = shutdown.await;
+        let signal = loop {
+            match next_intent(&mut intents).await {
+                Intent::Shutdown(s) => break s,
+                Intent::Upgrade => {
+                    let upgraded = upgrade_in_place(
+                        &start_command,
+                        admin_fd.as_ref(),
+                        handoff.as_deref(),
+                        &mut intents,
+                    )
+                    .await;
+                    match upgraded {
+                        Upgraded::Yes => {
+                            // The successor answers on the shared admin socket from now on.
+                            admin_stop.cancel();
+                            break "SIGUSR2";
+                        }
+                        Upgraded::No => {}
+                        Upgraded::Interrupted(s) => break s,
+                    }
+                }
+            }
+        };
         tracing::info!(signal, drain_timeout = ?config.drain_timeout, "shutdown requested: draining");
         lifecycle.advance(State::Draining);
         let deadline = Instant::now() + config.drain_timeout;
@@ -165,6 +205,75 @@ pub async fn run(
     backends.stop().await;
     tasks.wait().await;
     Ok(())
+}
+
+/// The next intent; none ever comes once the signal handlers are gone.
+async fn next_intent(intents: &mut mpsc::Receiver<Intent>) -> Intent {
+    match intents.recv().await {
+        Some(i) => i,
+        None => std::future::pending().await,
+    }
+}
+
+/// What an upgrade request came to.
+enum Upgraded {
+    /// A successor is ready: drain now.
+    Yes,
+    /// Abandoned; go on serving.
+    No,
+    /// A shutdown signal arrived meanwhile (the successor, if it becomes ready, adopts our
+    /// listeners in the drain as any peer would).
+    Interrupted(&'static str),
+}
+
+/// SIGUSR2: starts the successor and waits until it is ready.
+async fn upgrade_in_place(
+    start: &std::io::Result<StartCommand>,
+    admin_fd: Option<&std::os::fd::OwnedFd>,
+    handoff: Option<&Handoff>,
+    intents: &mut mpsc::Receiver<Intent>,
+) -> Upgraded {
+    let (start, admin_fd, handoff) = match (start, admin_fd, handoff) {
+        (Ok(s), Some(a), Some(h)) => (s, a, h),
+        (Err(e), _, _) => {
+            tracing::warn!(error = %e, "SIGUSR2: in-place upgrade impossible: own command line unknown; still serving");
+            return Upgraded::No;
+        }
+        (_, None, _) => {
+            tracing::warn!(
+                "SIGUSR2: in-place upgrade impossible: no admin socket to pass on; still serving"
+            );
+            return Upgraded::No;
+        }
+        (_, _, None) => {
+            let e = upgrade::UpgradeError::NoHandoff;
+            tracing::warn!(error = %e, "SIGUSR2: in-place upgrade impossible; still serving");
+            return Upgraded::No;
+        }
+    };
+    tracing::info!(path = %start.exe.display(), "SIGUSR2: in-place upgrade: starting the successor");
+    let attempt =
+        upgrade::start_successor(start, admin_fd.as_fd(), handoff, upgrade::READY_TIMEOUT);
+    tokio::pin!(attempt);
+    loop {
+        tokio::select! {
+            r = &mut attempt => return match r {
+                Ok(pid) => {
+                    tracing::info!(successor.pid = pid, "in-place upgrade: successor ready; handing over and draining");
+                    crate::notify::notify(&format!("MAINPID={pid}"));
+                    Upgraded::Yes
+                }
+                Err(e) => {
+                    tracing::warn!(error = format!("{:#}", anyhow::Error::from(e)), "in-place upgrade failed; still serving");
+                    Upgraded::No
+                }
+            },
+            i = next_intent(intents) => match i {
+                Intent::Shutdown(s) => return Upgraded::Interrupted(s),
+                Intent::Upgrade => tracing::info!("SIGUSR2: an in-place upgrade is already in progress; ignored"),
+            },
+        }
+    }
 }
 
 /// Gets a listening socket for every `--listen` address: from peers first, else bound fresh.

@@ -7,6 +7,9 @@
 //!   on receipt, for every descriptor, before anything can fail — also when the control message
 //!   was truncated, which nix's safe iterator would not let us see (so `recvmsg` and the
 //!   `CMSG_*` walk are done with libc here).
+//! - The in-place upgrade passes the admin listening socket to the successor process by
+//!   inheritance: clearing `CLOEXEC` in the forked child before `exec` needs `pre_exec`, and the
+//!   successor turns the inherited descriptor number back into an `OwnedFd`.
 //!
 //! Everything else (credentials, socket type and state, addresses) uses nix's safe API.
 
@@ -177,6 +180,53 @@ fn recv_with_fds_upto(
     Ok((n as usize, fds))
 }
 
+/// Makes `fd` survive the `exec` of `command` (at the same number) without ever clearing
+/// `CLOEXEC` in this process, where another thread's spawn could leak it.
+pub fn keep_across_exec(command: &mut std::process::Command, fd: BorrowedFd<'_>) {
+    use std::os::unix::process::CommandExt;
+    let raw = fd.as_raw_fd();
+    // SAFETY: the closure runs in the forked child before exec and calls only `fcntl`, which
+    // is async-signal-safe; it touches no memory of the parent. `raw` stays open in the parent
+    // until the spawn returns (the caller holds the borrow), so the child has it too.
+    unsafe {
+        command.pre_exec(move || {
+            let flags = libc::fcntl(raw, libc::F_GETFD);
+            if flags < 0 || libc::fcntl(raw, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Takes ownership of a listening TCP socket inherited at descriptor number `raw` (see
+/// [`keep_across_exec`]) and returns it with `CLOEXEC` set. A number that is not open, or not a
+/// listening TCP socket, is left alone (it is not ours to close) and is an error.
+pub fn take_inherited_listener(raw: RawFd) -> io::Result<(OwnedFd, SocketAddr)> {
+    if raw <= 2 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not an inherited descriptor",
+        ));
+    }
+    // SAFETY: F_GETFD only reads the descriptor flags; an unknown number gives EBADF.
+    if unsafe { libc::fcntl(raw, libc::F_GETFD) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is open (checked just above) and nothing closes it while borrowed here.
+    let borrowed = unsafe { BorrowedFd::borrow_raw(raw) };
+    let addr = listening_tcp_addr(borrowed)?;
+    // SAFETY: a listening TCP socket at this number, named to us by our parent for us to own,
+    // exists in no other object of this process (nothing else in it opens listening sockets
+    // before the admin endpoint is set up): it is wrapped exactly once.
+    let owned = unsafe { OwnedFd::from_raw_fd(raw) };
+    nix::fcntl::fcntl(
+        owned.as_raw_fd(),
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    )?;
+    Ok((owned, addr))
+}
+
 /// Reads `net.ipv4.tcp_migrate_req`; `None` when the kernel has no such sysctl.
 pub fn tcp_migrate_req() -> Option<i64> {
     std::fs::read_to_string("/proc/sys/net/ipv4/tcp_migrate_req")
@@ -233,6 +283,23 @@ mod tests {
                 "{addr}: a received listener is still open"
             );
         }
+    }
+
+    #[test]
+    fn inherited_listener_is_taken_only_when_it_is_one() {
+        let listener = crate::net::bind_reuseport("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let dup = listener.as_fd().try_clone_to_owned().unwrap();
+        let raw = std::os::fd::IntoRawFd::into_raw_fd(dup);
+        let (owned, got) = take_inherited_listener(raw).unwrap();
+        assert_eq!(got, addr);
+        let flags = nix::fcntl::fcntl(owned.as_raw_fd(), nix::fcntl::FcntlArg::F_GETFD).unwrap();
+        assert!(flags & libc::FD_CLOEXEC != 0);
+        // A descriptor that is not a listening socket stays open (it is not ours).
+        let (a, _b) = UnixStream::pair().unwrap();
+        assert!(take_inherited_listener(a.as_raw_fd()).is_err());
+        assert!(nix::fcntl::fcntl(a.as_raw_fd(), nix::fcntl::FcntlArg::F_GETFD).is_ok());
+        assert!(take_inherited_listener(1).is_err());
     }
 
     #[test]

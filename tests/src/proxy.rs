@@ -110,6 +110,7 @@ fn locate_and_build() -> Result<PathBuf> {
 /// Builds the command line of one proxy instance.
 #[derive(Debug, Clone, Default)]
 pub struct ProxyBuilder {
+    bin: Option<PathBuf>,
     subcommand: Option<String>,
     args: Vec<OsString>,
     envs: Vec<(OsString, OsString)>,
@@ -225,9 +226,19 @@ impl ProxyBuilder {
         self
     }
 
+    /// Runs the binary at `path` instead of the one built for the tests (a copy that a test
+    /// may replace, for in-place upgrades).
+    pub fn bin(mut self, path: impl Into<PathBuf>) -> Self {
+        self.bin = Some(path.into());
+        self
+    }
+
     /// Starts the process without waiting for anything (for bad-input tests).
     pub fn spawn_raw(self) -> Result<Proxy> {
-        let bin = proxy_bin()?;
+        let bin = match &self.bin {
+            Some(bin) => bin.clone(),
+            None => proxy_bin()?,
+        };
         let dir = TempDir::new("proxy")?;
         let admin_file = dir.join("admin-address");
         let mut command = match self.nofile {

@@ -183,6 +183,36 @@ impl Handoff {
         got
     }
 
+    /// What the peer process `pid` says of itself (its state and whether it is ready), when it
+    /// serves a handoff socket and answers. Used by the in-place upgrade to wait for the
+    /// successor it started.
+    pub async fn peer_status(&self, pid: u32) -> Option<(String, bool)> {
+        let prefix = format!("kap-{pid}-");
+        for path in self.peer_paths().await {
+            let named = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&prefix));
+            if !named {
+                continue;
+            }
+            if let Ok((
+                Message::Status {
+                    pid: p,
+                    state,
+                    ready,
+                },
+                _,
+            )) = self.exchange(&path, &Message::StatusRequest, &[]).await
+            {
+                if p == pid {
+                    return Some((state, ready));
+                }
+            }
+        }
+        None
+    }
+
     /// Draining: offers our sockets to a ready peer until peers have acknowledged all of them
     /// or `deadline` passes. Meanwhile the sockets not yet taken are accepted on only while
     /// `usable()` says a backend can serve: otherwise clients wait in the kernel queue for the

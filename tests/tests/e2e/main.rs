@@ -11,6 +11,7 @@
 //! - `lifecycle`: SIGTERM/SIGINT drain and exit codes, lifecycle log lines.
 //! - `admin`: `/healthz`, `/readyz`, `/metrics`, `/status`, `probe`.
 //! - `fake_binary`: the `fake-apiserver` binary behind the proxy.
+//! - `upgrade`: in-place upgrade on SIGUSR2 (`systemctl reload`) to a replaced binary.
 
 mod admin;
 mod cli;
@@ -25,6 +26,7 @@ mod manifests;
 mod pod;
 mod reliability;
 mod static_binary;
+mod upgrade;
 
 use std::net::SocketAddr;
 use std::time::Duration;

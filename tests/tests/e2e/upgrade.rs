@@ -1,0 +1,312 @@
+//! In-place upgrade (SIGUSR2, `systemctl reload`): the running instance starts the binary now
+//! at its path with the same arguments, waits until it is ready, hands over and drains.
+//!
+//! The binary is run from a copy in a temporary directory, which the tests replace between the
+//! start and the reload (with the same program plus trailing bytes, so the successor's
+//! `/proc/<pid>/exe` tells which file it runs; or with a script that fails). Successors are
+//! not children of the test: they are found through `/status` (its `pid`) on the admin address,
+//! which the predecessor passes on, and killed by pid when the test ends.
+
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context, Result};
+use kube_apiserver_proxy_tests::client::{http_get, TcpClient};
+use kube_apiserver_proxy_tests::fake_apiserver::FakeApiserver;
+use kube_apiserver_proxy_tests::load::Load;
+use kube_apiserver_proxy_tests::proxy::{proxy_bin, Proxy, ProxyBuilder};
+use kube_apiserver_proxy_tests::util::{eventually, free_random_loopback_addr, TempDir};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+/// Deadline for a successor to become ready and its predecessor to be gone.
+const UPGRADE_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Kills a process that is not our child (a successor) when the test ends.
+pub struct PidGuard(pub u32);
+
+impl Drop for PidGuard {
+    fn drop(&mut self) {
+        if alive(self.0) {
+            let _ = kill(Pid::from_raw(self.0 as i32), Signal::SIGKILL);
+        }
+    }
+}
+
+/// Whether `pid` is a live process (not gone, not a zombie).
+pub fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X')),
+        Err(_) => false,
+    }
+}
+
+/// Copies the proxy binary to `path` (0755), with `marker` appended (an ELF runs the same with
+/// trailing bytes), through a rename so a running process keeps its old file.
+pub fn install_binary(path: &Path, marker: &str) -> Result<u64> {
+    let mut bytes = std::fs::read(proxy_bin()?)?;
+    bytes.extend_from_slice(marker.as_bytes());
+    install_bytes(path, &bytes)
+}
+
+fn install_bytes(path: &Path, bytes: &[u8]) -> Result<u64> {
+    let tmp = path.with_extension("new");
+    std::fs::write(&tmp, bytes)?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))?;
+    std::fs::rename(&tmp, path)?;
+    Ok(bytes.len() as u64)
+}
+
+/// The instance answering on an admin address: its pid and whether it is ready.
+pub async fn admin_pid(admin: SocketAddr) -> Result<(u32, bool)> {
+    let (code, body) = http_get(admin, "/status").await?;
+    ensure!(code == 200, "/status {code}");
+    let status: serde_json::Value = serde_json::from_str(&body)?;
+    let pid = status["pid"].as_u64().context("no pid in /status")? as u32;
+    Ok((pid, status["ready"].as_bool() == Some(true)))
+}
+
+/// Listener cookies as `/status` on `admin` shows them (never empty).
+pub async fn cookies_at(admin: SocketAddr) -> Result<Vec<u64>> {
+    let (_, body) = http_get(admin, "/status").await?;
+    let status: serde_json::Value = serde_json::from_str(&body)?;
+    let mut cookies: Vec<u64> = status["listeners"]
+        .as_array()
+        .context("listeners")?
+        .iter()
+        .map(|l| l["cookie"].as_u64().context("cookie"))
+        .collect::<Result<_>>()?;
+    ensure!(!cookies.is_empty(), "no listener: {status}");
+    cookies.sort();
+    Ok(cookies)
+}
+
+/// Sends SIGUSR2 to `pid` and waits until another instance answers ready on `admin`; returns
+/// its pid. The predecessor may still be draining.
+pub async fn upgrade(pid: u32, admin: SocketAddr) -> Result<u32> {
+    kill(Pid::from_raw(pid as i32), Signal::SIGUSR2).context("kill -USR2")?;
+    eventually(UPGRADE_DEADLINE, || async {
+        let (now, ready) = admin_pid(admin).await?;
+        ensure!(
+            now != pid && ready,
+            "admin answers for pid {now} (ready {ready})"
+        );
+        Ok(now)
+    })
+    .await
+}
+
+/// Waits until `pid` is gone (it is not our child: its exit status is its new parent's).
+pub async fn wait_gone(pid: u32) -> Result<()> {
+    eventually(UPGRADE_DEADLINE, || async {
+        ensure!(!alive(pid), "pid {pid} still running");
+        Ok(())
+    })
+    .await
+}
+
+fn cmdline(pid: u32) -> Result<Vec<u8>> {
+    Ok(std::fs::read(format!("/proc/{pid}/cmdline"))?)
+}
+
+/// One instance run from a replaceable copy of the binary, with a handoff directory.
+pub struct Upgradable {
+    pub dir: TempDir,
+    pub bin: PathBuf,
+    pub first: Proxy,
+}
+
+impl Upgradable {
+    /// Starts the first instance; `customize` adds to its command line and environment.
+    pub async fn start(
+        listen: SocketAddr,
+        backend: SocketAddr,
+        customize: impl FnOnce(ProxyBuilder) -> ProxyBuilder,
+    ) -> Result<Self> {
+        let dir = TempDir::new("upgrade")?;
+        std::fs::create_dir_all(dir.join("bin"))?;
+        let bin = dir.join("bin").join("kube-apiserver-proxy");
+        install_binary(&bin, "")?;
+        let first = customize(ProxyBuilder::new())
+            .bin(&bin)
+            .listen(listen)
+            .backend(backend)
+            .health_check("tcp")
+            .fast_health()
+            .drain_timeout(Duration::from_secs(10))
+            .arg("--handoff-dir")
+            .arg(dir.join("handoff"))
+            .spawn()
+            .await?;
+        eventually(Duration::from_secs(10), || async {
+            first.ensure_running()?;
+            let (code, _) = first.admin_get("/readyz").await?;
+            ensure!(code == 200, "/readyz {code}");
+            Ok(())
+        })
+        .await?;
+        Ok(Upgradable { dir, bin, first })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigusr2_runs_the_replaced_binary_and_loses_nothing() -> Result<()> {
+    let backend = FakeApiserver::tcp_echo().start().await?;
+    let listen = free_random_loopback_addr()?;
+    let notify_dir = TempDir::new("notify")?;
+    let notify_path = notify_dir.join("notify");
+    let notify = UnixDatagram::bind(&notify_path)?;
+    notify.set_nonblocking(true)?;
+    let Upgradable {
+        bin,
+        first,
+        dir: _dir,
+    } = Upgradable::start(listen, backend.addr(), |b| {
+        b.env("NOTIFY_SOCKET", &notify_path)
+    })
+    .await?;
+    let admin = first.admin_addr();
+    let cookies = cookies_at(admin).await?;
+    let args = cmdline(first.pid())?;
+    let load = Load::start(listen, 20);
+    let mut pid = first.pid();
+    let mut guards = Vec::new();
+    let mut messages = String::new();
+    for i in 0..3 {
+        // A connection carried by the old instance keeps working while it drains.
+        let mut carried = TcpClient::connect(listen).await?;
+        carried.round_trip(b"before").await?;
+        let size = install_binary(&bin, &format!("\nupgrade {i}\n"))?;
+        let next = upgrade(pid, admin).await?;
+        guards.push(PidGuard(next));
+        carried.round_trip(b"while draining").await?;
+        drop(carried);
+        if i == 0 {
+            let status = first.wait_exit(UPGRADE_DEADLINE).await?;
+            ensure!(status.success(), "first instance exited with {status}");
+        } else {
+            wait_gone(pid).await?;
+        }
+        let exe = std::fs::read_link(format!("/proc/{next}/exe"))?;
+        ensure!(
+            exe == bin,
+            "successor runs {} rather than {}",
+            exe.display(),
+            bin.display()
+        );
+        let ran = std::fs::metadata(format!("/proc/{next}/exe"))?.len();
+        ensure!(
+            ran == size,
+            "successor runs a file of {ran} bytes, the replaced one has {size}"
+        );
+        ensure!(
+            cmdline(next)? == args,
+            "successor started with other arguments"
+        );
+        ensure!(
+            cookies_at(admin).await? == cookies,
+            "listener identity changed"
+        );
+        let mut buf = [0u8; 256];
+        while let Ok(n) = notify.recv(&mut buf) {
+            messages.push_str(&String::from_utf8_lossy(&buf[..n]));
+            messages.push('\n');
+        }
+        ensure!(
+            messages.contains(&format!("MAINPID={next}")),
+            "systemd was not told the new main pid {next}: {messages:?}"
+        );
+        pid = next;
+    }
+    ensure!(messages.contains("READY=1"), "no READY=1: {messages:?}");
+    let report = load.stop().await;
+    ensure!(report.ok > 0, "no request completed");
+    if !report.failures.is_empty() {
+        bail!("{}; first: {:?}", report.summary(), &report.failures[..1]);
+    }
+    drop(guards);
+    Ok(())
+}
+
+/// A successor that cannot start (here: a replaced "binary" that rejects its input) leaves the
+/// old instance serving, with its listeners and admin endpoint; a later good binary upgrades.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_successor_leaves_the_old_instance_serving() -> Result<()> {
+    let backend = FakeApiserver::tcp_echo().start().await?;
+    let listen = free_random_loopback_addr()?;
+    let up = Upgradable::start(listen, backend.addr(), |b| b).await?;
+    let admin = up.first.admin_addr();
+    let load = Load::start(listen, 10);
+    install_bytes(&up.bin, b"#!/bin/sh\necho 'error: bad input' >&2\nexit 2\n")?;
+    kill(Pid::from_raw(up.first.pid() as i32), Signal::SIGUSR2)?;
+    up.first.wait_stderr("in-place upgrade failed").await?;
+    up.first.ensure_running()?;
+    ensure!(
+        admin_pid(admin).await? == (up.first.pid(), true),
+        "old instance not serving"
+    );
+    TcpClient::connect(listen)
+        .await?
+        .round_trip(b"still here")
+        .await?;
+    install_binary(&up.bin, "\ngood\n")?;
+    let next = upgrade(up.first.pid(), admin).await?;
+    let _guard = PidGuard(next);
+    up.first.wait_exit(UPGRADE_DEADLINE).await?;
+    let report = load.stop().await;
+    ensure!(
+        report.failures.is_empty() && report.ok > 0,
+        "{}",
+        report.summary()
+    );
+    Ok(())
+}
+
+/// Without `--handoff-dir` there is no way to hand over: SIGUSR2 is refused with a log line
+/// and the instance goes on serving (the default action of SIGUSR2 would have killed it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigusr2_without_handoff_dir_keeps_serving() -> Result<()> {
+    let backend = FakeApiserver::tcp_echo().start().await?;
+    let listen = free_random_loopback_addr()?;
+    let proxy = ProxyBuilder::new()
+        .listen(listen)
+        .backend(backend.addr())
+        .health_check("tcp")
+        .fast_health()
+        .spawn()
+        .await?;
+    proxy.wait_state("Serving").await?;
+    proxy.signal(Signal::SIGUSR2)?;
+    proxy
+        .wait_stderr("in-place upgrade needs --handoff-dir")
+        .await?;
+    proxy.ensure_running()?;
+    TcpClient::connect(listen).await?.round_trip(b"x").await?;
+    Ok(())
+}
+
+/// The systemd unit reloads in place: `systemctl reload` sends SIGUSR2 to the main process,
+/// and systemd follows the main pid to the successor.
+#[test]
+fn systemd_unit_reloads_in_place() -> Result<()> {
+    let unit = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../manifests/systemd/kube-apiserver-proxy.service"),
+    )?;
+    for line in [
+        "Type=notify",
+        "NotifyAccess=all",
+        "ExecReload=/bin/kill -USR2 $MAINPID",
+    ] {
+        ensure!(
+            unit.lines().any(|l| l.trim() == line),
+            "unit lacks {line:?}"
+        );
+    }
+    Ok(())
+}
