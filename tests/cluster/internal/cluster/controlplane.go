@@ -14,7 +14,7 @@ import (
 // Node is the control-plane node of a rehearsal: its address, its directories laid out as
 // kubeadm lays out /etc/kubernetes, and its etcd.
 type Node struct {
-	// IP is the node address (a dummy interface in the runner's network namespace).
+	// IP is the node address (a veth interface in the runner's network namespace).
 	IP string
 	// Dir holds everything: pki/, kubeconfigs, etcd data, pods/, run/.
 	Dir string

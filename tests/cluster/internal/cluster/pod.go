@@ -186,7 +186,7 @@ func (p *Pod) startHAProxy(ctx context.Context) error {
 		return fmt.Errorf("pod %s: apiserver never accepted connections: %s", p.Opts.Name, Tail(p.apiserver.Log, 10))
 	}
 	cfg := fmt.Sprintf(`global
-    maxconn 20000
+    # maxconn from the fd limit, as in Lokomotive's config (none set).
 defaults
     mode tcp
     timeout connect 5s

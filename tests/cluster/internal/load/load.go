@@ -7,7 +7,9 @@
 //   - readers: LIST and GET loops on one shared HTTP/2 connection;
 //   - kubectl-like clients: a fresh connection (new transport) for every request;
 //   - streams: long-lived watch requests, resumed from their last resourceVersion when the
-//     apiserver ends them (as a reflector does), counted as cut when they end with an error.
+//     apiserver ends them (as a reflector does), counted as cut when they end with an error;
+//   - long lists: a LIST of several megabytes, so that one is in flight when an apiserver
+//     starts to drain.
 //
 // Nothing here talks HTTP itself: every request goes through client-go.
 package load
@@ -16,6 +18,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,8 +40,11 @@ type Config struct {
 	Kubeconfig string
 	// Namespace the writers, readers and streams work in (created if missing).
 	Namespace string
-	// Writers, Readers, Kubectls and Streams: goroutines of each workload.
-	Writers, Readers, Kubectls, Streams int
+	// Writers, Readers, Kubectls, Streams and LongLists: goroutines of each workload.
+	Writers, Readers, Kubectls, Streams, LongLists int
+	// BulkObjects ConfigMaps of BulkSize bytes each make up the long LIST (in their own
+	// namespace, created once and kept).
+	BulkObjects, BulkSize int
 	// Pause between two requests of one worker.
 	Pause time.Duration
 }
@@ -52,7 +58,11 @@ func DefaultConfig(kubeconfig string) Config {
 		Readers:    4,
 		Kubectls:   4,
 		Streams:    4,
-		Pause:      50 * time.Millisecond,
+		LongLists:  1,
+		// 400 x 16 KiB: a 6.4 MiB LIST, about half a second here.
+		BulkObjects: 400,
+		BulkSize:    16 << 10,
+		Pause:       50 * time.Millisecond,
 	}
 }
 
@@ -91,6 +101,12 @@ func Start(parent context.Context, cfg Config) (*Load, error) {
 		cancel()
 		return nil, err
 	}
+	if cfg.LongLists > 0 {
+		if err := ensureBulk(ctx, shared, cfg); err != nil {
+			cancel()
+			return nil, err
+		}
+	}
 	if err := l.startInformers(ctx, base); err != nil {
 		cancel()
 		return nil, err
@@ -118,6 +134,9 @@ func Start(parent context.Context, cfg Config) (*Load, error) {
 	}
 	for i := 0; i < cfg.Kubectls; i++ {
 		l.spawn(ctx, func(ctx context.Context) { l.kubectl(ctx, base) })
+	}
+	for i := 0; i < cfg.LongLists; i++ {
+		l.spawn(ctx, func(ctx context.Context) { l.longList(ctx, shared) })
 	}
 	for i := 0; i < cfg.Streams; i++ {
 		l.spawn(ctx, func(ctx context.Context) { l.stream(ctx, streams) })
@@ -160,7 +179,7 @@ func (l *Load) startInformers(ctx context.Context, base *rest.Config) error {
 		func(resource, how string, open time.Duration, bytes int64) {
 			l.rec.withInformer(resource, func(c *InformerCount) {
 				c.WatchEnds[how]++
-				c.lastEnd = how
+				c.lastEnd, c.lastOpen = how, open
 				c.Ends = append(c.Ends, WatchEnd{
 					At: time.Since(l.rec.start).Seconds(), How: how, Open: open.Seconds(), Bytes: bytes,
 				})
@@ -177,6 +196,8 @@ func (l *Load) startInformers(ctx context.Context, base *rest.Config) error {
 					case c.Lists == 1:
 					case c.lastEnd == ErrorEventPrefix+"Expired" || c.lastEnd == ErrorEventPrefix+"Gone":
 						c.RelistsExpired++
+					case (c.lastEnd == EndedByServer || c.lastEnd == EndedByServerGoaway) && c.lastOpen < time.Second:
+						c.RelistsShortWatch++
 					default:
 						c.Relists++
 					}
@@ -377,5 +398,60 @@ func (l *Load) stream(ctx context.Context, c kubernetes.Interface) {
 			l.rec.withStreams(func(s *StreamCount) { s.Events++ })
 		}
 		w.Stop()
+	}
+}
+
+// bulkNamespace holds the objects of the long LIST.
+const bulkNamespace = "load-bulk"
+
+// ensureBulk creates the long LIST's objects unless they are there from an earlier run.
+func ensureBulk(ctx context.Context, c kubernetes.Interface, cfg Config) error {
+	if err := ensureNamespace(ctx, c, bulkNamespace); err != nil {
+		return err
+	}
+	cms := c.CoreV1().ConfigMaps(bulkNamespace)
+	have, err := cms.List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return fmt.Errorf("list %s: %w", bulkNamespace, err)
+	}
+	data := strings.Repeat("x", cfg.BulkSize)
+	var wg sync.WaitGroup
+	errs := make(chan error, cfg.BulkObjects)
+	next := make(chan int)
+	for w := 0; w < 8; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				_, err := cms.Create(ctx, &corev1.ConfigMap{
+					ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("bulk-%04d", i)},
+					Data:       map[string]string{"data": data},
+				}, metav1.CreateOptions{})
+				if err != nil && !apierrors.IsAlreadyExists(err) {
+					errs <- err
+				}
+			}
+		}()
+	}
+	for i := len(have.Items); i < cfg.BulkObjects; i++ {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return fmt.Errorf("create the long LIST's objects: %w", err)
+	}
+	return nil
+}
+
+// longList lists every object of the bulk namespace, again and again, on the shared
+// connection.
+func (l *Load) longList(ctx context.Context, c kubernetes.Interface) {
+	for l.pause(ctx) {
+		_ = l.call(ctx, "long-list", func() error {
+			_, err := c.CoreV1().ConfigMaps(bulkNamespace).List(ctx, metav1.ListOptions{})
+			return err
+		})
 	}
 }

@@ -45,21 +45,32 @@ type Count struct {
 
 // InformerCount tells how an informer's reflector talked to the apiserver. The first list (or
 // watch-list) fills the cache; every later one is a relist, which client-go does only after a
-// watch ended with an error or could not be resumed. A relist that follows an ERROR event
-// "Expired" (the resourceVersion is older than the new apiserver's watch cache reaches back,
-// which any apiserver restart causes for a resource that did not change meanwhile) is
-// counted apart from the rest, which are caused by errors.
+// watch ended with an error or could not be resumed. Relists are counted by what came before:
+//
+//   - RelistsExpired: the watch got an ERROR event "Expired": its resourceVersion is older
+//     than a new apiserver's watch cache reaches back (any apiserver restart causes it for a
+//     resource that did not change meanwhile);
+//   - RelistsShortWatch: the apiserver ended the watch cleanly (end of stream, or GOAWAY with
+//     NO_ERROR) less than a second after it began, which client-go treats as an error: a
+//     watch that started on a connection to an apiserver about to end its watches at shutdown;
+//   - Relists: everything else, i.e. a watch cut on the way (reset, unexpected EOF) or a
+//     request that failed: errors of the path, which must not happen.
+//
+// A clean end of a stream can only come from the apiserver (the proxy does not speak HTTP).
 type InformerCount struct {
-	Lists          int64 `json:"lists"`
-	Watches        int64 `json:"watches"`
-	Relists        int64 `json:"relists"`
-	RelistsExpired int64 `json:"relists_expired"`
-	lastEnd        string
-	WatchRestarts  int64            `json:"watch_restarts"`
-	Events         int64            `json:"events"`
-	WatchEnds      map[string]int64 `json:"watch_ends"`
-	Ends           []WatchEnd       `json:"ends,omitempty"`
-	Errors         map[string]int64 `json:"errors"`
+	Lists int64 `json:"lists"`
+	// Watches: plain watch requests, each resuming from a resourceVersion without a relist
+	// (with client-go's watch-list the first sync is itself a watch and counts as a list).
+	Watches           int64            `json:"watches"`
+	Relists           int64            `json:"relists"`
+	RelistsExpired    int64            `json:"relists_expired"`
+	RelistsShortWatch int64            `json:"relists_short_watch"`
+	Events            int64            `json:"events"`
+	WatchEnds         map[string]int64 `json:"watch_ends"`
+	Ends              []WatchEnd       `json:"ends,omitempty"`
+	Errors            map[string]int64 `json:"errors"`
+	lastEnd           string
+	lastOpen          time.Duration
 }
 
 // WatchEnd is one watch response that ended: when (seconds into the run), how, after how long
@@ -235,6 +246,15 @@ func (r *Report) TotalRelistsExpired() int64 {
 	var n int64
 	for _, c := range r.Informers {
 		n += c.RelistsExpired
+	}
+	return n
+}
+
+// TotalRelistsShortWatch is the number of relists after a very short watch (see InformerCount).
+func (r *Report) TotalRelistsShortWatch() int64 {
+	var n int64
+	for _, c := range r.Informers {
+		n += c.RelistsShortWatch
 	}
 	return n
 }

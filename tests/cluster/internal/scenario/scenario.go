@@ -224,8 +224,8 @@ func report(r *Result) {
 	line := fmt.Sprintf("%s %s (%s)", status, r.Name, r.Duration.Round(time.Second))
 	if r.Load != nil {
 		l := r.Load
-		line += fmt.Sprintf(": %d rollouts, %d requests ok, %d failed %v, %d relists (+%d after Expired), %d streams cut, %d of %d connections failed",
-			len(r.Rollouts), l.TotalOK(), l.TotalFailed(), l.Failures, l.TotalRelists(), l.TotalRelistsExpired(), l.TotalStreamCuts(), l.TotalConnErrors(), l.Connections.Dialed)
+		line += fmt.Sprintf(": %d rollouts, %d requests ok, %d failed %v, %d relists (+%d after Expired, +%d after a very short watch), %d streams cut, %d of %d connections failed",
+			len(r.Rollouts), l.TotalOK(), l.TotalFailed(), l.Failures, l.TotalRelists(), l.TotalRelistsExpired(), l.TotalRelistsShortWatch(), l.TotalStreamCuts(), l.TotalConnErrors(), l.Connections.Dialed)
 	}
 	if len(r.EmptyKubeSvc) > 0 {
 		var longest time.Duration
