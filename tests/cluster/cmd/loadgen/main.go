@@ -43,9 +43,16 @@ func run(kubeconfig, out, ready string, duration, startTimeout time.Duration) er
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
-	startCtx, cancelStart := context.WithTimeout(ctx, startTimeout)
-	l, err := load.Start(startCtx, load.DefaultConfig(kubeconfig))
-	cancelStart()
+	// The load runs under the context Start is given, so the start deadline cancels it only
+	// while Start has not returned.
+	loadCtx, cancelLoad := context.WithCancel(ctx)
+	defer cancelLoad()
+	deadline := time.AfterFunc(startTimeout, cancelLoad)
+	l, err := load.Start(loadCtx, load.DefaultConfig(kubeconfig))
+	if !deadline.Stop() && err == nil {
+		l.Stop()
+		return fmt.Errorf("start: not running within %s", startTimeout)
+	}
 	if err != nil {
 		return fmt.Errorf("start: %w", err)
 	}
@@ -70,9 +77,9 @@ func run(kubeconfig, out, ready string, duration, startTimeout time.Duration) er
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(os.Stderr, "loadgen: %d ok, %d failed, %d relists, %d stream cuts, %d connection errors in %s\n",
-		rep.TotalOK(), rep.TotalFailed(), rep.TotalRelists(), rep.TotalStreamCuts(), rep.TotalConnErrors(),
-		rep.Duration.Round(time.Millisecond))
+	fmt.Fprintf(os.Stderr, "loadgen: %d ok, %d failed, %d relists (+%d after Expired), %d stream cuts, %d connection errors in %s\n",
+		rep.TotalOK(), rep.TotalFailed(), rep.TotalRelists(), rep.TotalRelistsExpired(), rep.TotalStreamCuts(),
+		rep.TotalConnErrors(), rep.Duration.Round(time.Millisecond))
 	if out == "" {
 		_, err = os.Stdout.Write(append(data, '\n'))
 		return err

@@ -4,6 +4,10 @@
 //
 //	mkimage -name localhost/kube-apiserver-proxy/pause:1 -out pause.tar \
 //	        -entrypoint /pause ./pause=/pause
+//
+// A destination may be nested (SRC=/usr/local/bin/NAME); its parent directories are added,
+// mode 0755. -env replaces the default PATH=/ and -user sets the image's user, for images
+// laid out like the upstream ones.
 package main
 
 import (
@@ -31,8 +35,10 @@ func main() {
 	ref := flag.String("name", "", "image name with tag, e.g. localhost/kube-apiserver-proxy/pause:1")
 	out := flag.String("out", "", "docker-archive tarball to write")
 	entrypoint := flag.String("entrypoint", "", "entrypoint, space-separated words")
+	env := flag.String("env", "PATH=/", "environment, comma-separated NAME=VALUE pairs")
+	user := flag.String("user", "", "user of the image, e.g. 65532:65532 (default: root)")
 	flag.Usage = func() {
-		fmt.Fprintln(os.Stderr, "usage: mkimage -name NAME:TAG -out FILE.tar [-entrypoint CMD] SRC=/DEST...")
+		fmt.Fprintln(os.Stderr, "usage: mkimage -name NAME:TAG -out FILE.tar [-entrypoint CMD] [-env K=V,...] [-user UID:GID] SRC=/DEST...")
 		flag.PrintDefaults()
 	}
 	flag.Parse()
@@ -40,13 +46,13 @@ func main() {
 		flag.Usage()
 		os.Exit(2)
 	}
-	if err := run(*ref, *out, strings.Fields(*entrypoint), flag.Args()); err != nil {
+	if err := run(*ref, *out, strings.Fields(*entrypoint), strings.Split(*env, ","), *user, flag.Args()); err != nil {
 		fmt.Fprintln(os.Stderr, "mkimage:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ref, out string, entrypoint, files []string) error {
+func run(ref, out string, entrypoint, env []string, user string, files []string) error {
 	tag, err := name.NewTag(ref, name.StrictValidation)
 	if err != nil {
 		return err
@@ -74,7 +80,8 @@ func run(ref, out string, entrypoint, files []string) error {
 	cfg.Architecture = runtime.GOARCH
 	cfg.Created = v1.Time{Time: epoch}
 	cfg.Config.Entrypoint = entrypoint
-	cfg.Config.Env = []string{"PATH=/"}
+	cfg.Config.Env = env
+	cfg.Config.User = user
 	cfg.Config.WorkingDir = "/"
 	img, err = mutate.ConfigFile(img, cfg)
 	if err != nil {
@@ -92,7 +99,7 @@ func run(ref, out string, entrypoint, files []string) error {
 }
 
 // buildLayer makes an uncompressed layer tarball holding /tmp (mode 1777) and each
-// SRC=/DEST file, executable, owned by root.
+// SRC=/DEST file, executable, owned by root, with DEST's parent directories (mode 0755).
 func buildLayer(files []string) ([]byte, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
@@ -100,10 +107,23 @@ func buildLayer(files []string) ([]byte, error) {
 	if err := tw.WriteHeader(dir); err != nil {
 		return nil, err
 	}
+	dirs := map[string]bool{"tmp/": true}
 	for _, spec := range files {
 		src, dest, ok := strings.Cut(spec, "=")
-		if !ok || !strings.HasPrefix(dest, "/") || strings.Count(dest, "/") != 1 {
-			return nil, fmt.Errorf("file %q: want SRC=/NAME (a file at the image root)", spec)
+		if !ok || !strings.HasPrefix(dest, "/") || strings.HasSuffix(dest, "/") || strings.Contains(dest, "//") {
+			return nil, fmt.Errorf("file %q: want SRC=/PATH (an absolute file path)", spec)
+		}
+		parts := strings.Split(strings.TrimPrefix(dest, "/"), "/")
+		for i := 1; i < len(parts); i++ {
+			d := strings.Join(parts[:i], "/") + "/"
+			if dirs[d] {
+				continue
+			}
+			dirs[d] = true
+			hdr := &tar.Header{Typeflag: tar.TypeDir, Name: d, Mode: 0o755, ModTime: epoch, Format: tar.FormatPAX}
+			if err := tw.WriteHeader(hdr); err != nil {
+				return nil, err
+			}
 		}
 		data, err := os.ReadFile(src)
 		if err != nil {

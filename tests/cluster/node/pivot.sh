@@ -1,0 +1,413 @@
+# shellcheck shell=bash
+# shellcheck disable=SC2154 # here, S, CTR and the rest come from smoke, which sources this
+# The pivot of issue 12, sourced by `smoke --pivot` inside its namespaces once the
+# kubeadm-style control plane runs (etcd, kube-apiserver, kube-controller-manager and
+# kube-scheduler as static pods, the node registered):
+#
+#   1. the node is prepared as docs/operations.md says (manifests/node/tmpfiles.d, the
+#      control-plane label and taint from `kubeadm init phase mark-control-plane`);
+#   2. manifests/single-controller is rendered with `kubectl kustomize`, through an overlay
+#      whose only content is a kustomize `images:` entry per image (the local ones);
+#   3. the pivot in the order docs/operations.md gives: apply the Deployment, wait until it
+#      runs, then remove kubeadm's static kube-apiserver manifest; when the Deployment does
+#      not become ready beside the static apiserver, the manifest is removed anyway and the
+#      pivot completes the only way left, with the outage measured;
+#   4. rollouts by the real controllers under the client-go load (cmd/loadgen);
+#   5. a broken rollout, which must stall with the old pod serving, and `kubectl rollout undo`.
+#
+# A TCP connect loop on NODE_IP:6443 (every 20 ms) runs through every step and counts
+# refused connections; every step is timed. Uses from smoke: S, CTR, NODE_IP, NODE_NAME,
+# IMAGE_REPO, MANIFESTS, pass, fail, note, wait_for, now_ms, since, api.
+
+PIVOT_ADMIN=/etc/kubernetes/super-admin.conf
+PROXY_IMAGE="$IMAGE_REPO/kube-apiserver-proxy:dev"
+ROLLOUT_RESTARTS="${ROLLOUT_RESTARTS:-5}"
+OLD_APISERVER_VERSION="${OLD_APISERVER_VERSION:-v1.36.3}"
+
+kc() { "$S/bins/kubectl" --kubeconfig "$PIVOT_ADMIN" --request-timeout=10s "$@"; }
+kcs() { kc -n kube-system "$@"; }
+
+# connloop_start NAME / connloop_stop NAME: a TCP connect loop on NODE_IP:6443; the summary
+# (attempts, refused, timeouts, and the first and last refusal) lands in $S/connloop-NAME.json.
+connloop_start() {
+  python3 - "$NODE_IP" 6443 "$S/connloop-$1.json" <<'EOF' &
+import json, signal, socket, sys, time
+host, port, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+st = {"attempts": 0, "ok": 0, "refused": 0, "timeouts": 0, "other": 0,
+      "first_refused": None, "last_refused": None, "refused_windows": []}
+stop = False
+def done(*_):
+    global stop
+    stop = True
+signal.signal(signal.SIGTERM, done)
+win = None
+while not stop:
+    t = time.time()
+    st["attempts"] += 1
+    s = socket.socket()
+    s.settimeout(1)
+    try:
+        s.connect((host, port))
+        st["ok"] += 1
+        if win:
+            st["refused_windows"].append([win[0], win[1], round(win[1] - win[0], 3)])
+            win = None
+    except ConnectionRefusedError:
+        st["refused"] += 1
+        st["first_refused"] = st["first_refused"] or t
+        st["last_refused"] = t
+        win = [win[0], t] if win else [t, t]
+    except socket.timeout:
+        st["timeouts"] += 1
+    except OSError as e:
+        st["other"] += 1
+        st.setdefault("other_errors", []).append(str(e))
+    finally:
+        s.close()
+    time.sleep(max(0.0, 0.02 - (time.time() - t)))
+if win:
+    st["refused_windows"].append([win[0], win[1], round(win[1] - win[0], 3)])
+json.dump(st, open(out, "w"))
+EOF
+  eval "CONNLOOP_$1=$!"
+}
+
+connloop_stop() {
+  local var="CONNLOOP_$1"
+  kill -TERM "${!var}" 2>/dev/null || true
+  wait "${!var}" 2>/dev/null || true
+}
+
+# connloop_summary NAME: "N refused of M connects (windows: …)".
+connloop_summary() {
+  python3 - "$S/connloop-$1.json" <<'EOF'
+import json, sys
+st = json.load(open(sys.argv[1]))
+w = ", ".join("%.3f s" % x[2] for x in st["refused_windows"])
+print("%d refused, %d timeouts, %d other errors of %d connects%s" % (
+    st["refused"], st["timeouts"], st["other"], st["attempts"],
+    " (refused for " + w + ")" if w else ""))
+EOF
+}
+
+connloop_refused() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["refused"])' "$S/connloop-$1.json"; }
+
+# loadgen_start NAME / loadgen_stop NAME: the client-go load on NODE_IP:6443; the report lands
+# in $S/load-NAME.json.
+loadgen_start() {
+  rm -f "$S/load-$1.ready"
+  "$S/bins/loadgen" -kubeconfig "$PIVOT_ADMIN" -out "$S/load-$1.json" -ready "$S/load-$1.ready" \
+    >"$S/load-$1.log" 2>&1 &
+  eval "LOADGEN_$1=$!"
+  if wait_for 180 test -f "$S/load-$1.ready"; then
+    return 0
+  fi
+  fail "client-go load ($1) did not start within 180 s: $(tail -n 3 "$S/load-$1.log")"
+  return 1
+}
+
+loadgen_stop() {
+  local var="LOADGEN_$1"
+  kill -TERM "${!var}" 2>/dev/null || true
+  wait_for 60 eval "! kill -0 ${!var} 2>/dev/null" || kill -KILL "${!var}" 2>/dev/null || true
+  wait "${!var}" 2>/dev/null || true
+}
+
+# load_summary NAME: the load's own summary line, and its failures by kind.
+load_summary() {
+  local line
+  line="$(grep '^loadgen: ' "$S/load-$1.log" | tail -n 1)"
+  echo "${line#loadgen: }; failures: $(python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1])).get("failures") or {}))' "$S/load-$1.json" 2>&1)"
+}
+
+load_failed() {
+  python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(sum(c["failed"] for c in r["requests"].values()))' "$S/load-$1.json"
+}
+
+# log_mark NAME: remember how long each control-plane log is; log_errors NAME: the klog
+# error lines (E....) the controller-manager, the scheduler and the kubelet wrote since.
+log_files() {
+  local f
+  for f in "$S"/pod-logs/kube-system_kube-controller-manager-*/*/*.log \
+    "$S"/pod-logs/kube-system_kube-scheduler-*/*/*.log "$S/kubelet.log"; do
+    [ -f "$f" ] && echo "$f"
+  done
+}
+log_mark() {
+  local f
+  : >"$S/logmark-$1"
+  while read -r f; do echo "$f $(wc -l <"$f")" >>"$S/logmark-$1"; done < <(log_files)
+}
+log_errors() {
+  local f n
+  while read -r f; do
+    n="$(awk -v f="$f" '$1 == f { print $2 }' "$S/logmark-$1")"
+    tail -n +"$((${n:-0} + 1))" "$f" | grep -E '(^| )E[0-9]{4} ' | sed "s|^|$(basename "$(dirname "$(dirname "$f")")")/$(basename "$f"): |" || true
+  done < <(log_files)
+}
+log_error_summary() {
+  local errs
+  errs="$(log_errors "$1")"
+  if [ -z "$errs" ]; then
+    echo "no error lines"
+  else
+    echo "$(wc -l <<<"$errs") error lines, e.g.:"
+    grep -oE '(kube-controller-manager|kube-scheduler|kubelet)[^ ]*: .{0,250}' <<<"$errs" | head -n 6
+  fi
+}
+
+# deploy_ready: what `kubectl rollout status` checks, through the API.
+deploy_ready() {
+  api /apis/apps/v1/namespaces/kube-system/deployments/kube-apiserver 2>/dev/null | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+st, want = d.get("status") or {}, d["spec"]["replicas"]
+ok = (st.get("observedGeneration", 0) >= d["metadata"]["generation"]
+      and st.get("updatedReplicas") == want and st.get("replicas") == want
+      and st.get("availableReplicas") == want and st.get("readyReplicas") == want)
+sys.exit(0 if ok else 1)'
+}
+
+# deploy_pods: "name phase ready restarts" of the Deployment's pods (mirror pods excluded).
+deploy_pods() {
+  kcs get pods -l component=kube-apiserver,pod-template-hash \
+    -o custom-columns=NAME:.metadata.name,PHASE:.status.phase,READY:.status.containerStatuses[*].ready,RESTARTS:.status.containerStatuses[*].restartCount,WAITING:.status.containerStatuses[*].state.waiting.reason --no-headers 2>&1
+}
+
+# pod_diagnostics: events, container states and the last log lines of the Deployment's pods.
+pod_diagnostics() {
+  local p c
+  for p in $(kcs get pods -l component=kube-apiserver,pod-template-hash -o name 2>/dev/null); do
+    note "$p:"
+    kcs get "$p" -o jsonpath='{range .status.initContainerStatuses[*]}{.name}{" "}{.state}{"\n"}{end}{range .status.containerStatuses[*]}{.name}{" ready="}{.ready}{" restarts="}{.restartCount}{" "}{.state}{" last="}{.lastState}{"\n"}{end}' 2>&1 | sed 's/^/#     /'
+    for c in kube-apiserver proxy; do
+      note "  $c log (last 6 lines):"
+      kcs logs "$p" -c "$c" --tail=6 2>&1 | cut -c1-400 | sed 's/^/#     /'
+      kcs logs "$p" -c "$c" --previous --tail=4 2>/dev/null | cut -c1-400 | sed 's/^/#     previous: /'
+    done
+  done
+  note "events:"
+  kcs get events --sort-by=.lastTimestamp 2>&1 | grep -i 'kube-apiserver-[0-9a-f]\{5,\}' | tail -n 12 | cut -c1-300 | sed 's/^/#     /'
+}
+
+pivot_prepare_node() {
+  # manifests/node/tmpfiles.d, as `systemd-tmpfiles --create` would (no systemd here): the
+  # "d" lines, with their mode and owner.
+  local conf="$here/../../../manifests/node/tmpfiles.d/kube-apiserver-proxy.conf" typ path mode uid gid
+  while read -r typ path mode uid gid _; do
+    [ "$typ" = d ] || continue
+    mkdir -p "$path" && chmod "$mode" "$path" && chown "$uid:$gid" "$path" || return 1
+  done < <(grep -v '^#' "$conf")
+  pass "node prepared from manifests/node/tmpfiles.d: $(stat -c '%n %a %u:%g' /run/kube-apiserver-proxy /run/kube-apiserver-proxy/* | tr '\n' ' ')"
+  if "$S/bins/kubeadm" init phase mark-control-plane --config "$S/kubeadm.yaml" >>"$S/kubeadm.log" 2>&1; then
+    pass "kubeadm init phase mark-control-plane: node labelled node-role.kubernetes.io/control-plane and tainted"
+  else
+    fail "kubeadm init phase mark-control-plane failed: $(tail -n 3 "$S/kubeadm.log")"
+    return 1
+  fi
+}
+
+# pivot_render: manifests/single-controller through `kubectl kustomize`, the only change an
+# `images:` entry per image; checked against the plain rendering (only image lines differ).
+pivot_render() {
+  local src="$here/../../../manifests" k="$S/kustomize"
+  mkdir -p "$k/local"
+  cp -r "$src" "$k/manifests"
+  cat >"$k/local/kustomization.yaml" <<EOF
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - ../manifests/single-controller
+images:
+  - name: ghcr.io/example/kube-apiserver-proxy
+    newName: ${PROXY_IMAGE%:*}
+    newTag: ${PROXY_IMAGE##*:}
+  - name: registry.k8s.io/kube-apiserver
+    newName: $IMAGE_REPO/kube-apiserver
+    newTag: $APISERVER_VERSION
+EOF
+  if ! kc kustomize "$k/local" >"$S/deployment.yaml" 2>"$S/kustomize.err" \
+    || ! kc kustomize "$k/manifests/single-controller" >"$S/deployment-shipped.yaml" 2>>"$S/kustomize.err"; then
+    fail "kubectl kustomize failed: $(head -c 300 "$S/kustomize.err")"
+    return 1
+  fi
+  local changed
+  changed="$(diff "$S/deployment-shipped.yaml" "$S/deployment.yaml" | grep '^[<>]' | grep -vc 'image: ' || true)"
+  if [ "$changed" = 0 ]; then
+    pass "manifests/single-controller rendered with kubectl kustomize; only the image lines differ: $(diff "$S/deployment-shipped.yaml" "$S/deployment.yaml" | grep '^>' | sed 's/^> *//' | sort -u | tr '\n' ' ')"
+  else
+    fail "the rendering differs in more than the images: $(diff "$S/deployment-shipped.yaml" "$S/deployment.yaml" | head -n 10)"
+    return 1
+  fi
+}
+
+# pivot: the documented order, then what it takes to finish.
+pivot() {
+  local t0 t1 static_stopped
+  connloop_start pivot
+  loadgen_start pivot || true
+  t0="$(now_ms)"
+  if ! kc apply -f "$S/deployment.yaml" >"$S/apply.log" 2>&1; then
+    fail "kubectl apply of the rendered Deployment failed: $(cat "$S/apply.log")"
+    return 1
+  fi
+  pass "kubectl apply -f (the rendered single-controller overlay): $(tr '\n' ' ' <"$S/apply.log")"
+  # docs/operations.md: "Remove kubeadm's static kube-apiserver manifest once the Deployment
+  # runs". Wait for it to run (what `kubectl rollout status` waits for).
+  if wait_for "${PIVOT_WAIT:-120}" deploy_ready; then
+    pass "documented order: the Deployment is ready beside the static apiserver after $(since "$t0") s"
+  else
+    fail "documented order: the Deployment is not ready ${PIVOT_WAIT:-120} s after kubectl apply, beside kubeadm's static apiserver (binds 0.0.0.0:6443): $(deploy_pods | tr '\n' ' ')"
+    pod_diagnostics
+  fi
+  # Then the static manifest goes (either way: it is the only way to finish the pivot).
+  t1="$(now_ms)"
+  mv "$MANIFESTS/kube-apiserver.yaml" "$S/kube-apiserver.static.yaml"
+  if wait_for 60 static_apiserver_gone; then
+    static_stopped="$(since "$t1")"
+    note "static kube-apiserver container gone $static_stopped s after its manifest was removed"
+  fi
+  if wait_for 420 deploy_ready; then
+    pass "pivot complete: the Deployment is ready $(since "$t1") s after the static manifest was removed ($(since "$t0") s after kubectl apply): $(deploy_pods | tr '\n' ' ')"
+  else
+    fail "the Deployment is not ready 420 s after the static manifest was removed: $(deploy_pods | tr '\n' ' ')"
+    pod_diagnostics
+    connloop_stop pivot
+    loadgen_stop pivot
+    return 1
+  fi
+  pod_diagnostics
+  # Let the load see a few seconds of the new apiserver before it stops.
+  wait_for 10 false || true
+  connloop_stop pivot
+  loadgen_stop pivot
+  local refused
+  refused="$(connloop_refused pivot)"
+  if [ "$refused" = 0 ]; then
+    pass "no refused connection on $NODE_IP:6443 during the pivot: $(connloop_summary pivot)"
+  else
+    fail "refused connections on $NODE_IP:6443 during the pivot: $(connloop_summary pivot)"
+  fi
+  note "client-go load during the pivot: $(load_summary pivot 2>&1)"
+}
+
+# static_apiserver_gone: the kubelet runs no static pod kube-apiserver-NODE any more.
+static_apiserver_gone() {
+  # The kubelet's own view: no running static pod named kube-apiserver-NODE.
+  ! curl -fsS --max-time 2 "http://$NODE_IP:10255/pods" | python3 -c '
+import json, sys
+for p in json.load(sys.stdin).get("items") or []:
+    if p["metadata"]["name"] == sys.argv[1]:
+        sys.exit(0)
+sys.exit(1)' "kube-apiserver-$NODE_NAME"
+}
+
+# rollout NAME COMMAND...: run the change, then `kubectl rollout status`; timed.
+rollout() {
+  local what="$1" t0 out
+  shift
+  t0="$(now_ms)"
+  if ! out="$("$@" 2>&1)"; then
+    fail "$what: $out"
+    return 1
+  fi
+  if kcs rollout status deployment/kube-apiserver --timeout=300s >"$S/rollout-status.log" 2>&1 && wait_for 90 one_pod_left; then
+    pass "$what: rollout complete after $(since "$t0") s (kubectl rollout status: $(tail -n 1 "$S/rollout-status.log")); pods: $(deploy_pods | tr '\n' ' ')"
+  else
+    fail "$what: rollout not complete after $(since "$t0") s: $(tail -n 3 "$S/rollout-status.log" | tr '\n' ' ') pods: $(deploy_pods | tr '\n' ' ')"
+    pod_diagnostics
+    return 1
+  fi
+}
+
+one_pod_left() { [ "$(deploy_pods | grep -c .)" = 1 ]; }
+
+rollouts() {
+  local i
+  log_mark rollouts
+  connloop_start rollouts
+  loadgen_start rollouts || return 1
+  for i in $(seq 1 "$ROLLOUT_RESTARTS"); do
+    rollout "rollout restart $i/$ROLLOUT_RESTARTS" kcs rollout restart deployment/kube-apiserver
+  done
+  if [ "${IMAGE_CHANGE:-1}" = 1 ]; then
+    rollout "image change to kube-apiserver $OLD_APISERVER_VERSION" \
+      kcs set image deployment/kube-apiserver "kube-apiserver=$IMAGE_REPO/kube-apiserver:$OLD_APISERVER_VERSION"
+    rollout "image change from $OLD_APISERVER_VERSION to $APISERVER_VERSION" \
+      kcs set image deployment/kube-apiserver "kube-apiserver=$IMAGE_REPO/kube-apiserver:$APISERVER_VERSION"
+  fi
+  connloop_stop rollouts
+  loadgen_stop rollouts
+  if [ "$(connloop_refused rollouts)" = 0 ]; then
+    pass "no refused connection on $NODE_IP:6443 during the rollouts: $(connloop_summary rollouts)"
+  else
+    fail "refused connections on $NODE_IP:6443 during the rollouts: $(connloop_summary rollouts)"
+  fi
+  if [ "$(load_failed rollouts)" = 0 ]; then
+    pass "client-go load during the rollouts: $(load_summary rollouts)"
+  else
+    fail "client-go load during the rollouts: $(load_summary rollouts)"
+  fi
+  note "controller-manager, scheduler and kubelet logs during the rollouts: $(log_error_summary rollouts)"
+}
+
+# broken_rollout: a flag that never lets the new apiserver become ready (etcd on a closed
+# port); the rollout must stall with the old pod serving, then `kubectl rollout undo`.
+broken_rollout() {
+  local t0 before
+  log_mark broken
+  connloop_start broken
+  loadgen_start broken || return 1
+  before="$(deploy_pods | awk '{ print $1 }')"
+  t0="$(now_ms)"
+  kcs patch deployment/kube-apiserver --type=json -p \
+    '[{"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": "--etcd-servers=https://127.0.0.1:1"}]' >/dev/null
+  if kcs rollout status deployment/kube-apiserver --timeout=90s >"$S/rollout-broken.log" 2>&1; then
+    fail "broken rollout completed: $(tail -n 2 "$S/rollout-broken.log")"
+  else
+    pass "broken rollout stalls: kubectl rollout status after 90 s: $(tail -n 2 "$S/rollout-broken.log" | tr '\n' ' ')"
+  fi
+  if deploy_pods | grep -q "^$before .*true,true"; then
+    pass "the old pod $before still serves and is Ready: $(deploy_pods | tr '\n' ' ')"
+  else
+    fail "the old pod is not Ready during the broken rollout: $(deploy_pods | tr '\n' ' ')"
+  fi
+  t0="$(now_ms)"
+  rollout "kubectl rollout undo" kcs rollout undo deployment/kube-apiserver
+  connloop_stop broken
+  loadgen_stop broken
+  if [ "$(connloop_refused broken)" = 0 ]; then
+    pass "no refused connection on $NODE_IP:6443 during the broken rollout and its undo: $(connloop_summary broken)"
+  else
+    fail "refused connections on $NODE_IP:6443 during the broken rollout and its undo: $(connloop_summary broken)"
+  fi
+  if [ "$(load_failed broken)" = 0 ]; then
+    pass "client-go load during the broken rollout and its undo: $(load_summary broken)"
+  else
+    fail "client-go load during the broken rollout and its undo: $(load_summary broken)"
+  fi
+  note "controller-manager, scheduler and kubelet logs: $(log_error_summary broken)"
+}
+
+run_pivot() {
+  pivot_prepare_node || return 0
+  pivot_render || return 0
+  pivot || return 0
+  [ "${PIVOT_ONLY:-0}" = 1 ] || rollouts || true
+  [ "${PIVOT_ONLY:-0}" = 1 ] || [ "${BROKEN_ROLLOUT:-1}" = 0 ] || broken_rollout || true
+  # Keep every report beside the logs (KEEP_STATE=1 keeps them).
+  note "reports: $S/load-*.json, $S/connloop-*.json"
+}
+
+# pivot_teardown: the kubelet first (it would restart what is killed), then every task.
+pivot_teardown() {
+  if [ -n "${KUBELET_PID:-}" ]; then
+    stop "$KUBELET_PID" kubelet
+    KUBELET_PID=""
+  fi
+  local id
+  for id in $(running_tasks); do
+    "${CTR[@]}" tasks kill -s SIGKILL "$id" >/dev/null 2>&1 || true
+  done
+  wait_for 30 no_running_tasks || true
+}
