@@ -139,21 +139,29 @@ log_mark() {
   while read -r f; do echo "$f $(wc -l <"$f")" >>"$S/logmark-$1"; done < <(log_files)
 }
 log_errors() {
-  local f n
+  local f n label
   while read -r f; do
     n="$(awk -v f="$f" '$1 == f { print $2 }' "$S/logmark-$1")"
-    tail -n +"$((${n:-0} + 1))" "$f" | grep -E '(^| )E[0-9]{4} ' | sed "s|^|$(basename "$(dirname "$(dirname "$f")")")/$(basename "$f"): |" || true
+    case "$f" in
+      */kubelet.log) label=kubelet ;;
+      *) label="$(basename "$(dirname "$(dirname "$f")")" | sed -E 's/^kube-system_//; s/-'"$NODE_NAME"'_[0-9a-f]+$//')" ;;
+    esac
+    tail -n +"$((${n:-0} + 1))" "$f" | grep -E '(^| )E[0-9]{4} ' | sed "s|^|$label: |" || true
   done < <(log_files)
 }
+# log_error_summary NAME: how many error lines, how many of them about reaching the
+# apiserver, and the kinds (numbers and pod hashes blanked) with their counts.
 log_error_summary() {
-  local errs
+  local errs conn
   errs="$(log_errors "$1")"
   if [ -z "$errs" ]; then
     echo "no error lines"
-  else
-    echo "$(wc -l <<<"$errs") error lines, e.g.:"
-    grep -oE '(kube-controller-manager|kube-scheduler|kubelet)[^ ]*: .{0,250}' <<<"$errs" | head -n 6
+    return 0
   fi
+  conn="$(grep -cE 'connection refused|connection reset|EOF|http2|GOAWAY|i/o timeout|deadline exceeded|Too Many Requests|unable to handle the request|broken pipe|dial tcp|TLS handshake|no route' <<<"$errs" || true)"
+  echo "$(wc -l <<<"$errs") error lines, $conn of them about reaching the apiserver; by kind:"
+  sed -E 's/^([^:]*): (.* )?E[0-9]{4} [0-9:.]+ +[0-9]+ /\1: /; s/kube-apiserver-[0-9a-z]{8,10}(-[0-9a-z]{5})?/kube-apiserver-X/g; s/[0-9]{3,}/N/g; s/(task|containerID=)[^ ]*/\1 X/g' <<<"$errs" \
+    | cut -c1-230 | sort | uniq -c | sort -rn | head -n 12 | sed 's/^/#   /'
 }
 
 # deploy_ready: what `kubectl rollout status` checks, through the API.
@@ -241,9 +249,20 @@ EOF
   fi
 }
 
+# control_plane_restarts: the restart counts of the controller-manager and the scheduler
+# (their static pods' containers, as the mirror pods report them).
+control_plane_restarts() {
+  local c
+  for c in kube-controller-manager kube-scheduler; do
+    printf '%s %s; ' "$c" "$(kcs get pod "$c-$NODE_NAME" -o jsonpath='{.status.containerStatuses[0].restartCount}' 2>&1)"
+  done
+}
+
 # pivot: the documented order, then what it takes to finish.
 pivot() {
   local t0 t1 static_stopped
+  note "restarts before the pivot: $(control_plane_restarts)"
+  log_mark pivot
   connloop_start pivot
   loadgen_start pivot || true
   t0="$(now_ms)"
@@ -289,6 +308,8 @@ pivot() {
     fail "refused connections on $NODE_IP:6443 during the pivot: $(connloop_summary pivot)"
   fi
   note "client-go load during the pivot: $(load_summary pivot 2>&1)"
+  note "restarts after the pivot: $(control_plane_restarts)"
+  note "controller-manager, scheduler and kubelet logs during the pivot: $(log_error_summary pivot)"
 }
 
 # static_apiserver_gone: the kubelet runs no static pod kube-apiserver-NODE any more.
@@ -349,10 +370,13 @@ rollouts() {
     fail "client-go load during the rollouts: $(load_summary rollouts)"
   fi
   note "controller-manager, scheduler and kubelet logs during the rollouts: $(log_error_summary rollouts)"
+  note "restarts after the rollouts: $(control_plane_restarts)"
 }
 
-# broken_rollout: a flag that never lets the new apiserver become ready (etcd on a closed
-# port); the rollout must stall with the old pod serving, then `kubectl rollout undo`.
+# broken_rollout: a flag that never lets the new apiserver become ready: --etcd-servers
+# replaced by a closed port (appending a second --etcd-servers does not break it: the flag
+# is a list, and the apiserver uses the first server that answers). The rollout must stall
+# with the old pod serving, then `kubectl rollout undo`.
 broken_rollout() {
   local t0 before
   log_mark broken
@@ -360,20 +384,31 @@ broken_rollout() {
   loadgen_start broken || return 1
   before="$(deploy_pods | awk '{ print $1 }')"
   t0="$(now_ms)"
+  local idx
+  idx="$(kcs get deployment/kube-apiserver -o json | python3 -c '
+import json, sys
+c = json.load(sys.stdin)["spec"]["template"]["spec"]["containers"][0]
+print([i for i, a in enumerate(c["args"]) if a.startswith("--etcd-servers=")][0])')"
   kcs patch deployment/kube-apiserver --type=json -p \
-    '[{"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": "--etcd-servers=https://127.0.0.1:1"}]' >/dev/null
-  if kcs rollout status deployment/kube-apiserver --timeout=90s >"$S/rollout-broken.log" 2>&1; then
+    '[{"op": "replace", "path": "/spec/template/spec/containers/0/args/'"$idx"'", "value": "--etcd-servers=https://127.0.0.1:2"}]' >/dev/null
+  if kcs rollout status deployment/kube-apiserver --timeout=120s >"$S/rollout-broken.log" 2>&1; then
     fail "broken rollout completed: $(tail -n 2 "$S/rollout-broken.log")"
   else
-    pass "broken rollout stalls: kubectl rollout status after 90 s: $(tail -n 2 "$S/rollout-broken.log" | tr '\n' ' ')"
+    pass "broken rollout stalls: kubectl rollout status --timeout=120s: $(tail -n 2 "$S/rollout-broken.log" | tr '\n' ' ')"
   fi
   if deploy_pods | grep -q "^$before .*true,true"; then
     pass "the old pod $before still serves and is Ready: $(deploy_pods | tr '\n' ' ')"
   else
     fail "the old pod is not Ready during the broken rollout: $(deploy_pods | tr '\n' ' ')"
   fi
+  pod_diagnostics
   t0="$(now_ms)"
   rollout "kubectl rollout undo" kcs rollout undo deployment/kube-apiserver
+  if [ "$(deploy_pods | awk '{ print $1 }')" = "$before" ]; then
+    pass "after the undo the old pod $before is the one left, never restarted"
+  else
+    fail "after the undo: $(deploy_pods | tr '\n' ' ') (the old pod was $before)"
+  fi
   connloop_stop broken
   loadgen_stop broken
   if [ "$(connloop_refused broken)" = 0 ]; then
@@ -410,4 +445,20 @@ pivot_teardown() {
     "${CTR[@]}" tasks kill -s SIGKILL "$id" >/dev/null 2>&1 || true
   done
   wait_for 30 no_running_tasks || true
+  # The pods were never removed, so their sandboxes still hold shims: delete every task and
+  # container while containerd runs, and wait for the shims to exit.
+  for id in $("${CTR[@]}" tasks ls -q 2>/dev/null); do
+    "${CTR[@]}" tasks delete -f "$id" >/dev/null 2>&1 || true
+  done
+  for id in $("${CTR[@]}" containers ls -q 2>/dev/null); do
+    "${CTR[@]}" containers delete "$id" >/dev/null 2>&1 || true
+  done
+  wait_for 30 no_shims || note "shims still running 30 s after their tasks were deleted"
+}
+
+no_shims() {
+  local p
+  for p in /proc/[0-9]*; do
+    [ "$(cat "$p/comm" 2>/dev/null)" != containerd-shim ] || return 1
+  done
 }
