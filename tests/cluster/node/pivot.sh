@@ -272,8 +272,16 @@ pivot() {
   fi
   pass "kubectl apply -f (the rendered single-controller overlay): $(tr '\n' ' ' <"$S/apply.log")"
   # docs/operations.md: "Remove kubeadm's static kube-apiserver manifest once the Deployment
-  # runs". Wait for it to run (what `kubectl rollout status` waits for).
-  if wait_for "${PIVOT_WAIT:-120}" deploy_ready; then
+  # runs". Wait for it to run (what `kubectl rollout status` waits for). PIVOT_ORDER=scheduled
+  # instead removes the manifest as soon as the pod is bound to the node, before its
+  # kube-apiserver container has failed into a crash-loop back-off.
+  if [ "${PIVOT_ORDER:-documented}" = scheduled ]; then
+    if wait_for 120 pod_scheduled; then
+      note "PIVOT_ORDER=scheduled: the pod is bound to the node $(since "$t0") s after kubectl apply; the static manifest goes now"
+    else
+      fail "the Deployment's pod not bound to the node 120 s after kubectl apply: $(deploy_pods | tr '\n' ' ')"
+    fi
+  elif wait_for "${PIVOT_WAIT:-120}" deploy_ready; then
     pass "documented order: the Deployment is ready beside the static apiserver after $(since "$t0") s"
   else
     fail "documented order: the Deployment is not ready ${PIVOT_WAIT:-120} s after kubectl apply, beside kubeadm's static apiserver (binds 0.0.0.0:6443): $(deploy_pods | tr '\n' ' ')"
@@ -310,6 +318,11 @@ pivot() {
   note "client-go load during the pivot: $(load_summary pivot 2>&1)"
   note "restarts after the pivot: $(control_plane_restarts)"
   note "controller-manager, scheduler and kubelet logs during the pivot: $(log_error_summary pivot)"
+}
+
+# pod_scheduled: the Deployment's pod has a node.
+pod_scheduled() {
+  [ -n "$(kcs get pods -l component=kube-apiserver,pod-template-hash -o jsonpath='{.items[*].spec.nodeName}' 2>/dev/null)" ]
 }
 
 # static_apiserver_gone: the kubelet runs no static pod kube-apiserver-NODE any more.
