@@ -14,6 +14,13 @@
 //! buffer (lists, logs, bulk: no copy through user space), back to buffered when bursts shrink.
 //! Either way an idle connection holds no buffer and no pipe. When one side reaches EOF the
 //! other side's write half is shut down (half-close propagates) and the other direction goes on.
+//!
+//! A copy can be **paused** (connection handoff at an in-place upgrade): each direction stops
+//! at once, also in the middle of a burst, and returns the bytes it had read but not yet written
+//! (for splice: what is in the pipe, read out of it). Nothing more is read from either socket.
+//! A copy started with such pending bytes writes them first, then goes on as usual. A direction
+//! that had reached EOF reads EOF again when resumed (and shuts down the write half again,
+//! which is harmless), so no half-close state needs to travel.
 
 use std::cell::RefCell;
 use std::io;
@@ -25,6 +32,7 @@ use nix::sys::socket::{recv, MsgFlags};
 use prometheus::IntCounter;
 use tokio::io::Interest;
 use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
 
 /// Size of the per-thread scratch buffer; a read that fills it marks the direction as bulk.
 const SCRATCH_LEN: usize = 64 * 1024;
@@ -81,19 +89,43 @@ thread_local! {
     static SCRATCH: RefCell<Vec<u8>> = RefCell::new(vec![0; SCRATCH_LEN]);
 }
 
-/// Copies both ways until both directions reached EOF, or either failed. Bytes are added to
-/// the counters as they move.
+/// Bytes read from one side but not yet written to the other, per direction.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Pending {
+    /// Read from the client, for the backend.
+    pub up: Vec<u8>,
+    /// Read from the backend, for the client.
+    pub down: Vec<u8>,
+}
+
+/// How a copy in both directions ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Copied {
+    /// Both directions reached EOF.
+    Done,
+    /// `pause` was cancelled: nothing more was read; these bytes are still to be written.
+    Paused(Pending),
+}
+
+/// Copies both ways — `pending` bytes first — until both directions reached EOF, either
+/// failed, or `pause` is cancelled. Bytes are added to the counters as they are written.
 pub async fn bidirectional(
     client: &TcpStream,
     backend: &TcpStream,
     mode: Mode,
-    up: &IntCounter,
-    down: &IntCounter,
-) -> io::Result<()> {
-    let upstream = one_way(client, backend, mode, up);
-    let downstream = one_way(backend, client, mode, down);
-    tokio::try_join!(upstream, downstream)?;
-    Ok(())
+    counters: (&IntCounter, &IntCounter),
+    pending: Pending,
+    pause: &CancellationToken,
+) -> io::Result<Copied> {
+    let upstream = one_way(client, backend, mode, counters.0, pending.up, pause);
+    let downstream = one_way(backend, client, mode, counters.1, pending.down, pause);
+    match tokio::try_join!(upstream, downstream)? {
+        (None, None) => Ok(Copied::Done),
+        (up, down) => Ok(Copied::Paused(Pending {
+            up: up.unwrap_or_default(),
+            down: down.unwrap_or_default(),
+        })),
+    }
 }
 
 /// What one burst did.
@@ -105,36 +137,53 @@ enum Burst {
         bulk: bool,
     },
     Eof,
+    /// Paused with these bytes read but not written.
+    Paused(Vec<u8>),
 }
 
-/// One direction until EOF, then shuts down the write half of `dst`.
+/// One direction — `initial` bytes first — until EOF (then shuts down the write half of
+/// `dst`; `None`) or until `pause` (`Some`: the bytes read but not written).
 async fn one_way(
     src: &TcpStream,
     dst: &TcpStream,
     mode: Mode,
     counter: &IntCounter,
-) -> io::Result<()> {
+    initial: Vec<u8>,
+    pause: &CancellationToken,
+) -> io::Result<Option<Vec<u8>>> {
+    if !initial.is_empty() {
+        if let Some(rest) = write_all(dst, &initial, pause).await? {
+            counter.inc_by((initial.len() - rest.len()) as u64);
+            return Ok(Some(rest));
+        }
+        counter.inc_by(initial.len() as u64);
+    }
     let mut bulk = mode == Mode::Splice;
     loop {
-        src.readable().await?;
+        tokio::select! {
+            biased;
+            _ = pause.cancelled() => return Ok(Some(Vec::new())),
+            r = src.readable() => r?,
+        }
         let burst = if bulk && mode != Mode::Buffered {
             match Pipe::take() {
-                Ok(pipe) => splice_burst(src, dst, pipe, counter).await?,
+                Ok(pipe) => splice_burst(src, dst, pipe, counter, pause).await?,
                 Err(e) => {
                     tracing::debug!(error = %e, "no pipe for splice: copying through a buffer");
-                    buffered_burst(src, dst, counter).await?
+                    buffered_burst(src, dst, counter, pause).await?
                 }
             }
         } else {
-            buffered_burst(src, dst, counter).await?
+            buffered_burst(src, dst, counter, pause).await?
         };
         match burst {
             Burst::Eof => {
                 socket2::SockRef::from(dst)
                     .shutdown(std::net::Shutdown::Write)
                     .or_else(ignore_not_connected)?;
-                return Ok(());
+                return Ok(None);
             }
+            Burst::Paused(rest) => return Ok(Some(rest)),
             Burst::Moved { bytes, bulk: big } => {
                 if mode == Mode::Auto && bytes > 0 {
                     bulk = big;
@@ -219,6 +268,7 @@ async fn buffered_burst(
     src: &TcpStream,
     dst: &TcpStream,
     counter: &IntCounter,
+    pause: &CancellationToken,
 ) -> io::Result<Burst> {
     let mut moved = 0;
     let mut bulk = false;
@@ -239,7 +289,10 @@ async fn buffered_burst(
                 drained,
                 rest,
             } => {
-                write_all(dst, &rest).await?;
+                if let Some(left) = write_all(dst, &rest, pause).await? {
+                    counter.inc_by((read - left.len()) as u64);
+                    return Ok(Burst::Paused(left));
+                }
                 counter.inc_by(read as u64);
                 moved += read;
                 bulk |= read == SCRATCH_LEN;
@@ -251,16 +304,45 @@ async fn buffered_burst(
     }
 }
 
-async fn write_all(dst: &TcpStream, mut data: &[u8]) -> io::Result<()> {
+/// Writes all of `data`, unless `pause` comes first: then returns what is left.
+async fn write_all(
+    dst: &TcpStream,
+    mut data: &[u8],
+    pause: &CancellationToken,
+) -> io::Result<Option<Vec<u8>>> {
     while !data.is_empty() {
-        dst.writable().await?;
+        tokio::select! {
+            biased;
+            _ = pause.cancelled() => return Ok(Some(data.to_vec())),
+            r = dst.writable() => r?,
+        }
         match dst.try_write(data) {
             Ok(m) => data = &data[m..],
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(e) => return Err(e),
         }
     }
-    Ok(())
+    Ok(None)
+}
+
+/// Reads the `len` bytes left in `pipe` (spliced in, not yet out) into memory.
+fn drain_pipe(pipe: &Pipe, len: usize) -> io::Result<Vec<u8>> {
+    let mut out = vec![0u8; len];
+    let mut got = 0;
+    while got < len {
+        match nix::unistd::read(pipe.read.as_raw_fd(), &mut out[got..]) {
+            Ok(0) => break,
+            Ok(m) => got += m,
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if got != len {
+        return Err(io::Error::other(format!(
+            "pipe held {got} bytes where {len} were spliced in"
+        )));
+    }
+    Ok(out)
 }
 
 /// Splices what is readable now from `src` into `dst` through `pipe`.
@@ -269,6 +351,7 @@ async fn splice_burst(
     dst: &TcpStream,
     pipe: Pipe,
     counter: &IntCounter,
+    pause: &CancellationToken,
 ) -> io::Result<Burst> {
     let flags = SpliceFFlags::SPLICE_F_NONBLOCK | SpliceFFlags::SPLICE_F_MOVE;
     let mut moved = 0;
@@ -300,7 +383,16 @@ async fn splice_burst(
         };
         let mut pending = n;
         while pending > 0 {
-            dst.writable().await?;
+            tokio::select! {
+                biased;
+                _ = pause.cancelled() => {
+                    counter.inc_by((n - pending) as u64);
+                    let rest = drain_pipe(&pipe, pending)?;
+                    pipe.give_back();
+                    return Ok(Burst::Paused(rest));
+                }
+                r = dst.writable() => r?,
+            }
             match dst.try_io(Interest::WRITABLE, || {
                 splice(pipe.read.as_fd(), None, dst.as_fd(), None, pending, flags)
                     .map_err(io::Error::from)

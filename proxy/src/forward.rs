@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::addr::ClientAddr;
 use crate::backend::{Backend, Backends};
-use crate::copy;
+use crate::copy::{self, Copied, Pending};
 use crate::lograte::LogRate;
 use crate::metrics::{FailReason, Metrics};
 use crate::net;
@@ -36,6 +36,8 @@ pub struct ForwardContext {
     pub close_window: Duration,
     /// Zero-copy or buffered forwarding.
     pub copy_mode: copy::Mode,
+    /// Every carried connection, for the connection handoff of an in-place upgrade.
+    pub transfers: Arc<crate::transfer::Registry>,
 }
 
 /// Carries one client connection to its end.
@@ -50,6 +52,38 @@ pub async fn serve(client: TcpStream, client_addr: ClientAddr, ctx: Arc<ForwardC
         return;
     };
     let _tracked = backend.track();
+    carry(client, upstream, client_addr, Pending::default(), &ctx).await;
+}
+
+/// Carries on a connection handed over by the predecessor of an in-place upgrade: its pending
+/// bytes are written first.
+pub async fn resume(
+    client: TcpStream,
+    upstream: TcpStream,
+    client_addr: ClientAddr,
+    pending: Pending,
+    ctx: Arc<ForwardContext>,
+) {
+    let _active = ActiveConnection::new(&ctx.metrics);
+    let backend_addr = upstream.peer_addr().ok();
+    let _tracked = ctx
+        .backends
+        .snapshot()
+        .iter()
+        .find(|b| Some(b.addr.0) == backend_addr)
+        .map(|b| b.track());
+    carry(client, upstream, client_addr, pending, &ctx).await;
+}
+
+/// Copies until the connection ends, the drain deadline cuts it, or it is handed over.
+async fn carry(
+    client: TcpStream,
+    upstream: TcpStream,
+    client_addr: ClientAddr,
+    mut pending: Pending,
+    ctx: &ForwardContext,
+) {
+    let mut registration = ctx.transfers.register();
     let cut = async {
         ctx.cut.cancelled().await;
         let window = ctx.close_window;
@@ -58,23 +92,54 @@ pub async fn serve(client: TcpStream, client_addr: ClientAddr, ctx: Arc<ForwardC
             tokio::time::sleep(delay).await;
         }
     };
-    let copy = copy::bidirectional(
-        &client,
-        &upstream,
-        ctx.copy_mode,
+    tokio::pin!(cut);
+    let counters = (
         &ctx.metrics.bytes_client_to_backend,
         &ctx.metrics.bytes_backend_to_client,
     );
-    tokio::select! {
-        result = copy => {
-            if let Err(e) = result {
-                tracing::debug!(client.addr = %client_addr, backend = %backend.addr, error = %e, "connection ended with error");
+    loop {
+        let pause = CancellationToken::new();
+        let parked = {
+            let copy = copy::bidirectional(
+                &client,
+                &upstream,
+                ctx.copy_mode,
+                counters,
+                std::mem::take(&mut pending),
+                &pause,
+            );
+            tokio::pin!(copy);
+            tokio::select! {
+                result = &mut copy => {
+                    if let Err(e) = result {
+                        tracing::debug!(client.addr = %client_addr, error = %e, "connection ended with error");
+                    }
+                    return;
+                }
+                _ = &mut cut => None,
+                Some(park) = registration.parks.recv() => {
+                    pause.cancel();
+                    match copy.await {
+                        Ok(Copied::Paused(p)) => Some((park, p)),
+                        Ok(Copied::Done) => return,
+                        Err(e) => {
+                            tracing::debug!(client.addr = %client_addr, error = %e, "connection ended with error");
+                            return;
+                        }
+                    }
+                }
             }
-        }
-        _ = cut => {
-            tracing::debug!(client.addr = %client_addr, backend = %backend.addr, "closing: drain deadline");
+        };
+        let Some((park, paused)) = parked else {
+            tracing::debug!(client.addr = %client_addr, "closing: drain deadline");
             drop(upstream);
             close_gracefully(client).await;
+            return;
+        };
+        pending = paused;
+        if crate::transfer::offer(park, &client, &upstream, client_addr.0, &pending).await {
+            // The successor carries it on: close our descriptors only (never shutdown()).
+            return;
         }
     }
 }

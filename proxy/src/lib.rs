@@ -19,7 +19,9 @@
 //! - [`notify`]: systemd readiness and main-pid notifications.
 //! - [`listener`]: held listening sockets and their accept loops.
 //! - [`forward`]: one proxied connection, from backend choice to the last byte.
-//! - [`copy`]: moving bytes both ways: splice through pooled pipes, or a transient buffer.
+//! - [`copy`]: moving bytes both ways: splice through pooled pipes, or a transient buffer;
+//!   pausable, returning the bytes in flight.
+//! - [`transfer`]: connection handoff at an in-place upgrade: park, send, resume or release.
 //! - [`backend`]: the backend set and the selection rule.
 //! - [`health`]: the pure rise/fall health state machine.
 //! - [`check`]: active https/tls/tcp health checks.
@@ -67,4 +69,5 @@ pub mod signal;
 #[allow(unsafe_code)]
 pub mod sys;
 pub mod tls;
+pub mod transfer;
 pub mod upgrade;

@@ -11,7 +11,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -186,6 +186,32 @@ impl Listeners {
                 origin: e.origin,
             })
             .collect()
+    }
+
+    /// Whether draining started (the set is frozen): no socket or connection is taken any more.
+    pub fn is_frozen(&self) -> bool {
+        self.held.lock().expect("listeners lock").frozen
+    }
+
+    /// A connection slot under `--max-connections`, if one is free.
+    pub fn connection_slot(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.limit.clone().try_acquire_owned().ok()
+    }
+
+    /// Carries on a connection handed over by the predecessor of an in-place upgrade.
+    pub fn resume_connection(
+        &self,
+        client: TcpStream,
+        upstream: TcpStream,
+        client_addr: ClientAddr,
+        pending: crate::copy::Pending,
+        slot: tokio::sync::OwnedSemaphorePermit,
+    ) {
+        let ctx = self.ctx.clone();
+        self.connections.spawn(async move {
+            forward::resume(client, upstream, client_addr, pending, ctx).await;
+            drop(slot);
+        });
     }
 
     /// Duplicates of every held socket, for sending to a peer.

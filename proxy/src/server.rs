@@ -96,6 +96,7 @@ pub async fn run(
         cut: root.child_token(),
         close_window: config.drain_close_window,
         copy_mode: config.copy_mode,
+        transfers: Arc::default(),
     });
     let listeners = Arc::new(Listeners::new(
         ctx.clone(),
@@ -164,6 +165,7 @@ pub async fn run(
     } else {
         acquire_listeners(&config, &listeners, handoff.as_deref()).await?;
         lifecycle.advance(State::Serving);
+        let mut successor = None;
         let signal = loop {
             match next_intent(&mut intents).await {
                 Intent::Shutdown(s) => break s,
@@ -176,9 +178,10 @@ pub async fn run(
                     )
                     .await;
                     match upgraded {
-                        Upgraded::Yes => {
+                        Upgraded::Yes(pid) => {
                             // The successor answers on the shared admin socket from now on.
                             admin_stop.cancel();
+                            successor = Some(pid);
                             break "SIGUSR2";
                         }
                         Upgraded::No => {}
@@ -192,6 +195,9 @@ pub async fn run(
         let deadline = Instant::now() + config.drain_timeout;
         if let Some(h) = &handoff {
             h.hand_over(deadline, || backends.any_healthy()).await;
+            if let Some(pid) = successor {
+                hand_over_connections(h, &ctx, pid).await;
+            }
         }
         listeners.stop_all().await;
         drain(&listeners, &ctx, deadline).await;
@@ -217,8 +223,8 @@ async fn next_intent(intents: &mut mpsc::Receiver<Intent>) -> Intent {
 
 /// What an upgrade request came to.
 enum Upgraded {
-    /// A successor is ready: drain now.
-    Yes,
+    /// A successor (this pid) is ready: drain now.
+    Yes(u32),
     /// Abandoned; go on serving.
     No,
     /// A shutdown signal arrived meanwhile (the successor, if it becomes ready, adopts our
@@ -261,7 +267,7 @@ async fn upgrade_in_place(
                 Ok(pid) => {
                     tracing::info!(successor.pid = pid, "in-place upgrade: successor ready; handing over and draining");
                     crate::notify::notify(&format!("MAINPID={pid}"));
-                    Upgraded::Yes
+                    Upgraded::Yes(pid)
                 }
                 Err(e) => {
                     tracing::warn!(error = format!("{:#}", anyhow::Error::from(e)), "in-place upgrade failed; still serving");
@@ -274,6 +280,31 @@ async fn upgrade_in_place(
             },
         }
     }
+}
+
+/// In-place upgrade, after the listeners: hands the established connections to the successor
+/// (those it does not take stay and drain).
+async fn hand_over_connections(handoff: &Handoff, ctx: &ForwardContext, pid: u32) {
+    let carried = ctx.transfers.len();
+    if carried == 0 {
+        return;
+    }
+    let started = Instant::now();
+    let summary = crate::transfer::hand_over(&ctx.transfers, |parked| {
+        handoff.send_connections(pid, parked)
+    })
+    .await;
+    tracing::info!(
+        successor.pid = pid,
+        carried,
+        offered = summary.offered,
+        taken = summary.taken,
+        pause_p50_ms = summary.pause_quantile(0.5).as_secs_f64() * 1e3,
+        pause_p99_ms = summary.pause_quantile(0.99).as_secs_f64() * 1e3,
+        pause_max_ms = summary.pause_quantile(1.0).as_secs_f64() * 1e3,
+        took_ms = started.elapsed().as_secs_f64() * 1e3,
+        "in-place upgrade: established connections handed over"
+    );
 }
 
 /// Gets a listening socket for every `--listen` address: from peers first, else bound fresh.

@@ -74,6 +74,27 @@ pub fn listening_tcp_addr(fd: BorrowedFd<'_>) -> io::Result<SocketAddr> {
         .ok_or_else(|| bad("not an IP socket"))
 }
 
+/// Checks that `fd` is a connected TCP socket and returns its local and peer addresses.
+pub fn connected_tcp_addrs(fd: BorrowedFd<'_>) -> io::Result<(SocketAddr, SocketAddr)> {
+    let bad = |what: &str| io::Error::new(io::ErrorKind::InvalidInput, what.to_string());
+    if getsockopt(&fd, sockopt::SockType).map_err(|_| bad("not a socket"))? != SockType::Stream {
+        return Err(bad("not a stream socket"));
+    }
+    if getsockopt(&fd, sockopt::AcceptConn)? {
+        return Err(bad("socket is listening"));
+    }
+    let sock = socket2::SockRef::from(&fd);
+    let local = sock
+        .local_addr()?
+        .as_socket()
+        .ok_or_else(|| bad("not an IP socket"))?;
+    let peer = sock
+        .peer_addr()?
+        .as_socket()
+        .ok_or_else(|| bad("not an IP socket"))?;
+    Ok((local, peer))
+}
+
 /// The credentials of the peer of a connected Unix socket.
 pub fn peer_credentials(fd: BorrowedFd<'_>) -> io::Result<UnixCredentials> {
     Ok(getsockopt(&fd, sockopt::PeerCredentials)?)

@@ -13,6 +13,7 @@
 //! - [`process`]: a child process under test: captured output, exit, signals, kill on drop.
 //! - [`proxy`]: spawn and drive the real `kube-apiserver-proxy` binary.
 //! - [`load`]: bounded new-connection-per-request load that classifies every failure.
+//! - [`streams`]: long-lived echo streams that check every byte of a counting sequence.
 //! - [`sockets`]: socket options of another process's TCP connections (the one `unsafe` module).
 
 #![deny(unsafe_code)]
@@ -24,4 +25,5 @@ pub mod load;
 pub mod process;
 pub mod proxy;
 pub mod sockets;
+pub mod streams;
 pub mod util;

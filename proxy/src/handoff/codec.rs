@@ -3,7 +3,10 @@
 //! A frame is `b"KAPH"`, a version byte, a flags byte (0), a big-endian u32 payload length, and
 //! a JSON payload of at most [`MAX_PAYLOAD`] bytes. Listening sockets travel beside the frame as
 //! `SCM_RIGHTS` descriptors, in the order of the `addrs` list of `Sockets` and `Adopt`.
-//! Anything else — wrong magic, unknown version, oversize, malformed JSON — is an error.
+//! `Connections` carries two descriptors per connection (client, backend) and is followed on
+//! the stream by the connections' pending bytes ([`Message::tail_len`]), each direction at most
+//! [`MAX_PENDING`] bytes. Anything else — wrong magic, unknown version, oversize, malformed
+//! JSON — is an error.
 
 use serde::{Deserialize, Serialize};
 
@@ -16,6 +19,21 @@ pub const VERSION: u8 = 2;
 pub const HEADER_LEN: usize = 10;
 /// Largest payload accepted.
 pub const MAX_PAYLOAD: usize = 16 * 1024;
+/// Most pending bytes one direction of one handed-over connection may carry (the copy holds at
+/// most one 64 KiB buffer or pipe per direction).
+pub const MAX_PENDING: u32 = 256 * 1024;
+
+/// One connection in a `Connections` message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConnEntry {
+    /// The client's address (as the old instance saw it), for logs.
+    pub client: String,
+    /// Bytes read from the client, not yet written to the backend.
+    pub up: u32,
+    /// Bytes read from the backend, not yet written to the client.
+    pub down: u32,
+}
 
 /// A handoff message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -41,6 +59,10 @@ pub enum Message {
     Ack { cookies: Vec<u64> },
     /// The request was refused.
     Refuse { reason: String },
+    /// An instance upgrading in place hands over established connections: descriptors client,
+    /// backend for each entry, in order; the pending bytes follow the frame (up, then down, for
+    /// each entry in order). Answered with `Ack` naming the client sockets taken by cookie.
+    Connections { conns: Vec<ConnEntry> },
 }
 
 impl Message {
@@ -48,6 +70,17 @@ impl Message {
     pub fn fd_count(&self) -> usize {
         match self {
             Message::Sockets { addrs } | Message::Adopt { addrs } => addrs.len(),
+            Message::Connections { conns } => 2 * conns.len(),
+            _ => 0,
+        }
+    }
+
+    /// How many raw bytes follow the frame on the stream.
+    pub fn tail_len(&self) -> usize {
+        match self {
+            Message::Connections { conns } => {
+                conns.iter().map(|c| c.up as usize + c.down as usize).sum()
+            }
             _ => 0,
         }
     }
@@ -112,6 +145,16 @@ pub fn decode(buf: &[u8]) -> Result<Option<(Message, usize)>, DecodeError> {
             msg.fd_count()
         )));
     }
+    if let Message::Connections { conns } = &msg {
+        if conns
+            .iter()
+            .any(|c| c.up > MAX_PENDING || c.down > MAX_PENDING)
+        {
+            return Err(DecodeError::Payload(
+                "pending bytes of a connection exceed the limit".into(),
+            ));
+        }
+    }
     Ok(Some((msg, HEADER_LEN + len)))
 }
 
@@ -140,6 +183,13 @@ mod tests {
             },
             Message::Refuse {
                 reason: "not serving".into(),
+            },
+            Message::Connections {
+                conns: vec![ConnEntry {
+                    client: "10.0.0.1:40000".into(),
+                    up: 3,
+                    down: 65536,
+                }],
             },
         ]
     }
@@ -190,6 +240,31 @@ mod tests {
                 "{payload:?}"
             );
         }
+        let too_much = Message::Connections {
+            conns: vec![ConnEntry {
+                client: String::new(),
+                up: MAX_PENDING + 1,
+                down: 0,
+            }],
+        };
+        assert!(matches!(
+            decode(&encode(&too_much)),
+            Err(DecodeError::Payload(_))
+        ));
+        let too_many = Message::Connections {
+            conns: vec![
+                ConnEntry {
+                    client: String::new(),
+                    up: 0,
+                    down: 0
+                };
+                crate::sys::MAX_FDS / 2 + 1
+            ],
+        };
+        assert!(matches!(
+            decode(&encode(&too_many)),
+            Err(DecodeError::Payload(_))
+        ));
         let many = Message::Adopt {
             addrs: vec!["127.0.0.1:1".into(); crate::sys::MAX_FDS + 1],
         };
@@ -252,6 +327,14 @@ mod tests {
                 prop::collection::vec(any::<u64>(), 0..8)
                     .prop_map(|cookies| Message::Ack { cookies }),
                 ".{0,100}".prop_map(|reason| Message::Refuse { reason }),
+                prop::collection::vec((addr(), 0..=MAX_PENDING, 0..=MAX_PENDING), 0..8).prop_map(
+                    |c| Message::Connections {
+                        conns: c
+                            .into_iter()
+                            .map(|(client, up, down)| ConnEntry { client, up, down })
+                            .collect()
+                    }
+                ),
             ]
         }
 

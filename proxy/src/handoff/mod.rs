@@ -41,6 +41,12 @@ pub use codec::Message;
 
 /// Time one exchange with a peer may take.
 pub const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Longest wait for a successor's answer to a `connections` message (see
+/// [`Handoff::send_connections`]).
+pub const CONNECTIONS_ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+/// Time a successor has to write its `ack` to a `connections` message; it resumes the
+/// connections only if the whole answer was written within it.
+pub const ACK_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Pause between rounds of looking for a Serving peer while draining.
 pub const RETRY_INTERVAL: Duration = Duration::from_millis(100);
 
@@ -211,6 +217,98 @@ impl Handoff {
             }
         }
         None
+    }
+
+    /// In-place upgrade: offers `parked` connections to the successor `pid`; returns them with
+    /// the client-socket cookies it acknowledged (empty on any failure: they resume here).
+    ///
+    /// The answer is awaited until it arrives or the successor closes the connection: the
+    /// successor resumes a connection only after its `ack` is written, and bounds its own side
+    /// (it drops everything it received when it cannot answer in time), so an exchange that
+    /// ends without an `ack` means nothing was taken. Only a successor that hangs for
+    /// [`CONNECTIONS_ANSWER_TIMEOUT`] is given up on.
+    pub async fn send_connections(
+        &self,
+        pid: u32,
+        parked: Vec<crate::transfer::Parked>,
+    ) -> (Vec<crate::transfer::Parked>, HashSet<u64>) {
+        let prefix = format!("kap-{pid}-");
+        let Some(path) = self.peer_paths().await.into_iter().find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&prefix))
+        }) else {
+            tracing::warn!(
+                successor.pid = pid,
+                "handoff: successor's socket not found; connections stay"
+            );
+            return (parked, HashSet::new());
+        };
+        let conns = parked
+            .iter()
+            .map(|p| codec::ConnEntry {
+                client: p.client_addr.to_string(),
+                up: p.pending.up.len() as u32,
+                down: p.pending.down.len() as u32,
+            })
+            .collect();
+        let mut tail = Vec::new();
+        for p in &parked {
+            tail.extend_from_slice(&p.pending.up);
+            tail.extend_from_slice(&p.pending.down);
+        }
+        let fds: Vec<_> = parked
+            .iter()
+            .flat_map(|p| [p.client.as_fd(), p.backend.as_fd()])
+            .collect();
+        let msg = Message::Connections { conns };
+        let result = async {
+            let stream = self.connect_peer(&path).await?;
+            tokio::time::timeout(
+                EXCHANGE_TIMEOUT,
+                wire::send_with_tail(&stream, &msg, &fds, &tail),
+            )
+            .await
+            .map_err(|_| wire::WireError::Timeout)??;
+            tokio::time::timeout(CONNECTIONS_ANSWER_TIMEOUT, wire::recv(&stream))
+                .await
+                .map_err(|_| wire::WireError::Timeout)?
+        }
+        .await;
+        drop(fds);
+        let taken = match result {
+            Ok((Message::Ack { cookies }, _)) => {
+                self.metrics.handoff("connections_sent", "ok");
+                cookies.into_iter().collect()
+            }
+            Ok((other, _)) => {
+                self.metrics.handoff("connections_sent", "refused");
+                tracing::info!(successor.pid = pid, answer = ?other, "handoff: successor did not take connections");
+                HashSet::new()
+            }
+            Err(e) => {
+                self.metrics.handoff("connections_sent", "error");
+                tracing::warn!(successor.pid = pid, error = %e, "handoff: sending connections failed; they stay");
+                HashSet::new()
+            }
+        };
+        (parked, taken)
+    }
+
+    /// Connects to a peer's socket and checks its credentials.
+    async fn connect_peer(&self, path: &Path) -> Result<tokio::net::UnixStream, wire::WireError> {
+        let stream = tokio::time::timeout(EXCHANGE_TIMEOUT, tokio::net::UnixStream::connect(path))
+            .await
+            .map_err(|_| wire::WireError::Timeout)??;
+        let cred = sys::peer_credentials(stream.as_fd())?;
+        if !self.allowed_uids.contains(&cred.uid()) {
+            self.metrics.handoff_peers_refused.inc();
+            tracing::warn!(peer = %path.display(), uid = cred.uid(), "handoff: peer socket owned by a uid not allowed");
+            return Err(
+                io::Error::new(io::ErrorKind::PermissionDenied, "peer uid not allowed").into(),
+            );
+        }
+        Ok(stream)
     }
 
     /// Draining: offers our sockets to a ready peer until peers have acknowledged all of them

@@ -57,7 +57,7 @@ async fn answer(handoff: &Handoff, stream: UnixStream) {
         );
         return;
     }
-    let (request, fds) = match wire::recv(&stream).await {
+    let (request, fds, tail) = match wire::recv_with_tail(&stream).await {
         Ok(m) => m,
         Err(e) => {
             handoff.metrics.handoff_messages_rejected.inc();
@@ -76,6 +76,15 @@ async fn answer(handoff: &Handoff, stream: UnixStream) {
             return share(handoff, &stream, state, &addrs, cred.pid()).await;
         }
         Message::Adopt { addrs } => adopt(handoff, state, &addrs, fds, cred.pid()).await,
+        Message::Connections { conns } => {
+            match take_connections(handoff, state, &conns, fds, &tail, cred.pid()) {
+                Ok(taken) => {
+                    commit_connections(handoff, stream, taken, cred.pid());
+                    return;
+                }
+                Err(reason) => Message::Refuse { reason },
+            }
+        }
         other => {
             handoff.metrics.handoff_messages_rejected.inc();
             tracing::warn!(peer.pid = cred.pid(), message = ?other, "handoff: unexpected message rejected");
@@ -172,4 +181,123 @@ async fn adopt(
         "handoff: adopted peer's listening sockets"
     );
     Message::Ack { cookies }
+}
+
+/// Connections verified and ready to resume once the `ack` naming them is written.
+struct Taken {
+    cookies: Vec<u64>,
+    conns: Vec<(
+        tokio::net::TcpStream,
+        tokio::net::TcpStream,
+        crate::addr::ClientAddr,
+        crate::copy::Pending,
+        tokio::sync::OwnedSemaphorePermit,
+    )>,
+    offered: usize,
+}
+
+/// Verifies the connections a predecessor hands over (only while Serving and before our own
+/// drain): the client socket must be a connected TCP socket on one of our `--listen`
+/// addresses, the backend socket a connected TCP socket, and a connection slot must be free.
+/// The others are closed here (our duplicates only) and stay with the predecessor.
+fn take_connections(
+    handoff: &Handoff,
+    state: State,
+    conns: &[super::codec::ConnEntry],
+    fds: Vec<std::os::fd::OwnedFd>,
+    tail: &[u8],
+    pid: i32,
+) -> Result<Taken, String> {
+    if state != State::Serving || handoff.listeners.is_frozen() {
+        handoff.metrics.handoff("connections_received", "refused");
+        return Err(format!("not serving ({state})"));
+    }
+    let mut fds = fds.into_iter();
+    let mut offset = 0;
+    let mut taken = Taken {
+        cookies: Vec::new(),
+        conns: Vec::new(),
+        offered: conns.len(),
+    };
+    for entry in conns {
+        let (Some(client), Some(backend)) = (fds.next(), fds.next()) else {
+            break;
+        };
+        let up = tail[offset..offset + entry.up as usize].to_vec();
+        offset += entry.up as usize;
+        let down = tail[offset..offset + entry.down as usize].to_vec();
+        offset += entry.down as usize;
+        let client_ok = sys::connected_tcp_addrs(client.as_fd())
+            .ok()
+            .filter(|(local, _)| handoff.listen.contains(&crate::addr::ListenAddr(*local)));
+        let backend_ok = sys::connected_tcp_addrs(backend.as_fd()).is_ok();
+        let (Some((_, peer)), true) = (client_ok, backend_ok) else {
+            handoff.metrics.handoff_messages_rejected.inc();
+            tracing::warn!(peer.pid = pid, client = entry.client, "handoff: received connection is not a connected TCP pair on our --listen address; left to the predecessor");
+            continue;
+        };
+        let Some(slot) = handoff.listeners.connection_slot() else {
+            tracing::warn!(
+                peer.pid = pid,
+                client = entry.client,
+                "handoff: --max-connections reached; connection left to the predecessor"
+            );
+            continue;
+        };
+        let Ok(identity) = sys::identity(client.as_fd()) else {
+            continue;
+        };
+        let stream = |fd: std::os::fd::OwnedFd| {
+            let s = std::net::TcpStream::from(fd);
+            s.set_nonblocking(true)?;
+            tokio::net::TcpStream::from_std(s)
+        };
+        let (Ok(client), Ok(upstream)) = (stream(client), stream(backend)) else {
+            continue;
+        };
+        taken.cookies.push(identity.cookie);
+        taken.conns.push((
+            client,
+            upstream,
+            crate::addr::ClientAddr(peer),
+            crate::copy::Pending { up, down },
+            slot,
+        ));
+    }
+    Ok(taken)
+}
+
+/// Writes the `ack` and, only once all of it is written, resumes the connections it names.
+/// Runs apart from the exchange's own deadline, bounded by [`super::ACK_WRITE_TIMEOUT`]: when
+/// the answer cannot be written in time everything is dropped (our duplicates closed) and the
+/// predecessor, which sees no `ack`, resumes the connections itself.
+fn commit_connections(handoff: &Handoff, stream: UnixStream, taken: Taken, pid: i32) {
+    let listeners = handoff.listeners.clone();
+    let metrics = handoff.metrics.clone();
+    handoff.tasks.spawn(async move {
+        let ack = Message::Ack {
+            cookies: taken.cookies,
+        };
+        let written =
+            tokio::time::timeout(super::ACK_WRITE_TIMEOUT, wire::send(&stream, &ack, &[])).await;
+        if !matches!(written, Ok(Ok(()))) {
+            metrics.handoff("connections_received", "error");
+            tracing::warn!(
+                peer.pid = pid,
+                "handoff: cannot acknowledge connections; left to the predecessor"
+            );
+            return;
+        }
+        let n = taken.conns.len();
+        for (client, upstream, addr, pending, slot) in taken.conns {
+            listeners.resume_connection(client, upstream, addr, pending, slot);
+        }
+        metrics.handoff("connections_received", "ok");
+        tracing::debug!(
+            peer.pid = pid,
+            offered = taken.offered,
+            taken = n,
+            "handoff: took over established connections"
+        );
+    });
 }

@@ -32,7 +32,19 @@ pub async fn send(
     msg: &Message,
     fds: &[BorrowedFd<'_>],
 ) -> Result<(), WireError> {
-    let frame = encode(msg);
+    send_with_tail(stream, msg, fds, &[]).await
+}
+
+/// Sends one message followed by `tail` (its [`Message::tail_len`] raw bytes).
+pub async fn send_with_tail(
+    stream: &UnixStream,
+    msg: &Message,
+    fds: &[BorrowedFd<'_>],
+    tail: &[u8],
+) -> Result<(), WireError> {
+    debug_assert_eq!(tail.len(), msg.tail_len());
+    let mut frame = encode(msg);
+    frame.extend_from_slice(tail);
     let mut sent = 0;
     while sent < frame.len() {
         stream.writable().await?;
@@ -51,24 +63,47 @@ pub async fn send(
 /// Receives exactly one message and the descriptors it announces. Descriptors of a rejected
 /// message are closed (they are owned from the moment they arrive).
 pub async fn recv(stream: &UnixStream) -> Result<(Message, Vec<OwnedFd>), WireError> {
+    let (msg, fds, _) = recv_with_tail(stream).await?;
+    Ok((msg, fds))
+}
+
+/// [`recv`], and the raw bytes that follow the frame ([`Message::tail_len`] of them; anything
+/// beyond is an error).
+pub async fn recv_with_tail(
+    stream: &UnixStream,
+) -> Result<(Message, Vec<OwnedFd>, Vec<u8>), WireError> {
     let mut buf = Vec::with_capacity(512);
     let mut fds: Vec<OwnedFd> = Vec::new();
-    let mut chunk = [0u8; 4096];
+    let mut chunk = vec![0u8; 64 * 1024];
+    // The decoded message and where its frame ends, once complete.
+    let mut decoded: Option<(Message, usize)> = None;
     loop {
-        if let Some((msg, used)) = decode(&buf)? {
-            if used != buf.len() {
-                return Err(WireError::Trailing);
-            }
-            if fds.len() != msg.fd_count() {
-                return Err(WireError::Descriptors {
-                    expected: msg.fd_count(),
-                    got: fds.len(),
-                });
-            }
-            return Ok((msg, fds));
+        if decoded.is_none() {
+            decoded = decode(&buf)?;
         }
+        let want = match &decoded {
+            Some((msg, used)) => {
+                let total = used + msg.tail_len();
+                if buf.len() > total {
+                    return Err(WireError::Trailing);
+                }
+                if buf.len() == total {
+                    let (msg, used) = decoded.take().expect("decoded");
+                    if fds.len() != msg.fd_count() {
+                        return Err(WireError::Descriptors {
+                            expected: msg.fd_count(),
+                            got: fds.len(),
+                        });
+                    }
+                    let tail = buf.split_off(used);
+                    return Ok((msg, fds, tail));
+                }
+                total - buf.len()
+            }
+            None => HEADER_LEN + MAX_PAYLOAD - buf.len(),
+        };
         stream.readable().await?;
-        let want = (HEADER_LEN + MAX_PAYLOAD - buf.len()).min(chunk.len());
+        let want = want.min(chunk.len());
         match stream.try_io(Interest::READABLE, || {
             sys::recv_with_fds(stream.as_fd(), &mut chunk[..want])
         }) {

@@ -18,6 +18,7 @@ use kube_apiserver_proxy_tests::client::{http_get, TcpClient};
 use kube_apiserver_proxy_tests::fake_apiserver::FakeApiserver;
 use kube_apiserver_proxy_tests::load::Load;
 use kube_apiserver_proxy_tests::proxy::{proxy_bin, Proxy, ProxyBuilder};
+use kube_apiserver_proxy_tests::streams::Streams;
 use kube_apiserver_proxy_tests::util::{eventually, free_random_loopback_addr, TempDir};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -122,7 +123,8 @@ pub struct Upgradable {
 }
 
 impl Upgradable {
-    /// Starts the first instance; `customize` adds to its command line and environment.
+    /// Starts the first instance; `customize` adds to its command line and environment (the
+    /// drain timeout must be among them).
     pub async fn start(
         listen: SocketAddr,
         backend: SocketAddr,
@@ -132,17 +134,15 @@ impl Upgradable {
         std::fs::create_dir_all(dir.join("bin"))?;
         let bin = dir.join("bin").join("kube-apiserver-proxy");
         install_binary(&bin, "")?;
-        let first = customize(ProxyBuilder::new())
+        let defaults = ProxyBuilder::new()
             .bin(&bin)
             .listen(listen)
             .backend(backend)
             .health_check("tcp")
             .fast_health()
-            .drain_timeout(Duration::from_secs(10))
             .arg("--handoff-dir")
-            .arg(dir.join("handoff"))
-            .spawn()
-            .await?;
+            .arg(dir.join("handoff"));
+        let first = customize(defaults).spawn().await?;
         eventually(Duration::from_secs(10), || async {
             first.ensure_running()?;
             let (code, _) = first.admin_get("/readyz").await?;
@@ -233,13 +233,75 @@ async fn sigusr2_runs_the_replaced_binary_and_loses_nothing() -> Result<()> {
     Ok(())
 }
 
+/// Established connections move to the successor: with a drain timeout longer than the test's
+/// deadline, an old instance that kept any connection would still be running; every stream
+/// (some of them bulk, so bytes are in flight in the copy when it pauses) keeps its byte
+/// sequence intact and none is cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrade_hands_over_established_connections() -> Result<()> {
+    let backend = FakeApiserver::tcp_echo().start().await?;
+    let listen = free_random_loopback_addr()?;
+    let up = Upgradable::start(listen, backend.addr(), |b| {
+        b.drain_timeout(Duration::from_secs(120))
+    })
+    .await?;
+    let admin = up.first.admin_addr();
+    let load = Load::start(listen, 10);
+    let streams = Streams::start(listen, 24, Duration::from_millis(10), |i| {
+        if i % 4 == 0 {
+            8192
+        } else {
+            1
+        }
+    })
+    .await?;
+    let mut pid = up.first.pid();
+    let mut guards = Vec::new();
+    for _ in 0..3 {
+        let words = streams.words();
+        let next = upgrade(pid, admin).await?;
+        guards.push(PidGuard(next));
+        wait_gone(pid)
+            .await
+            .context("old instance kept connections")?;
+        ensure!(streams.failed() == 0, "a stream failed");
+        eventually(UPGRADE_DEADLINE, || async {
+            ensure!(streams.words() > words + 10_000, "streams stalled");
+            Ok(())
+        })
+        .await?;
+        pid = next;
+    }
+    let report = streams.stop().await;
+    let load = load.stop().await;
+    let log = up.first.stderr();
+    println!("{}; churn: {}", report.summary(), load.summary());
+    for line in log
+        .lines()
+        .filter(|l| l.contains("connections handed over"))
+    {
+        println!("{line}");
+    }
+    ensure!(report.failures.is_empty(), "{:?}", report.failures);
+    ensure!(load.failures.is_empty(), "{}", load.summary());
+    ensure!(
+        log.matches("established connections handed over").count() == 3,
+        "every upgrade hands connections over"
+    );
+    drop(guards);
+    Ok(())
+}
+
 /// A successor that cannot start (here: a replaced "binary" that rejects its input) leaves the
 /// old instance serving, with its listeners and admin endpoint; a later good binary upgrades.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_successor_leaves_the_old_instance_serving() -> Result<()> {
     let backend = FakeApiserver::tcp_echo().start().await?;
     let listen = free_random_loopback_addr()?;
-    let up = Upgradable::start(listen, backend.addr(), |b| b).await?;
+    let up = Upgradable::start(listen, backend.addr(), |b| {
+        b.drain_timeout(Duration::from_secs(10))
+    })
+    .await?;
     let admin = up.first.admin_addr();
     let load = Load::start(listen, 10);
     install_bytes(&up.bin, b"#!/bin/sh\necho 'error: bad input' >&2\nexit 2\n")?;
