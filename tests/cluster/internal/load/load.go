@@ -17,6 +17,7 @@ package load
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -323,17 +324,25 @@ func (l *Load) reader(ctx context.Context, c kubernetes.Interface) {
 	}
 }
 
-// kubectl makes every request on a connection of its own, as one kubectl command does.
+// kubectl makes every request on a connection of its own and then closes it, as one kubectl
+// command does when it exits. (http.Client.CloseIdleConnections does not reach through
+// client-go's wrapping round trippers, so the connections are closed where they are dialed.)
 func (l *Load) kubectl(ctx context.Context, base *rest.Config) {
 	for l.pause(ctx) {
-		// base.Dial is set, so this is a new transport and a new connection.
+		var mu sync.Mutex
+		var conns []net.Conn
+		// base.Dial is set, so this config gets a transport of its own: a new connection.
 		cfg := rest.CopyConfig(base)
-		httpClient, err := rest.HTTPClientFor(cfg)
-		if err != nil {
-			l.rec.request("kubectl", time.Now(), err)
-			continue
+		cfg.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := l.dial(ctx, network, addr)
+			if err == nil {
+				mu.Lock()
+				conns = append(conns, c)
+				mu.Unlock()
+			}
+			return c, err
 		}
-		c, err := kubernetes.NewForConfigAndClient(cfg, httpClient)
+		c, err := kubernetes.NewForConfig(cfg)
 		if err != nil {
 			l.rec.request("kubectl", time.Now(), err)
 			continue
@@ -342,7 +351,11 @@ func (l *Load) kubectl(ctx context.Context, base *rest.Config) {
 			_, err := c.CoreV1().ConfigMaps(l.cfg.Namespace).List(ctx, metav1.ListOptions{Limit: 10})
 			return err
 		})
-		httpClient.CloseIdleConnections()
+		mu.Lock()
+		for _, conn := range conns {
+			conn.Close()
+		}
+		mu.Unlock()
 	}
 }
 
