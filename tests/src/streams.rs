@@ -61,23 +61,14 @@ impl Streams {
             words: AtomicU64::new(0),
             failures: Mutex::new(Vec::new()),
         });
+        // Every stream is connected and has echoed once before any starts sending.
+        let connects: Vec<_> = (0..n).map(|i| tokio::spawn(open(addr, i))).collect();
+        let mut opened = Vec::new();
+        for c in connects {
+            opened.push(c.await??);
+        }
         let mut tasks = Vec::new();
-        for i in 0..n {
-            let mut stream = tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(addr))
-                .await
-                .context("connect timed out")?
-                .with_context(|| format!("stream {i}: connect"))?;
-            stream.set_nodelay(true)?;
-            // One round trip first: the stream is carried end to end.
-            stream.write_all(&u64::MAX.to_be_bytes()).await?;
-            let mut first = [0u8; 8];
-            tokio::time::timeout(Duration::from_secs(5), stream.read_exact(&mut first))
-                .await
-                .context("first echo timed out")??;
-            ensure!(
-                first == u64::MAX.to_be_bytes(),
-                "stream {i}: wrong first echo"
-            );
+        for (i, stream) in opened.into_iter().enumerate() {
             let shared = shared.clone();
             let per = words(i).max(1);
             tasks.push(tokio::spawn(async move {
@@ -116,6 +107,25 @@ impl Streams {
             failures: self.shared.failures.lock().unwrap().clone(),
         }
     }
+}
+
+/// Connects stream `i` and has one word echoed: it is carried end to end.
+async fn open(addr: SocketAddr, i: usize) -> Result<TcpStream> {
+    let mut stream = tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(addr))
+        .await
+        .context("connect timed out")?
+        .with_context(|| format!("stream {i}: connect"))?;
+    stream.set_nodelay(true)?;
+    stream.write_all(&u64::MAX.to_be_bytes()).await?;
+    let mut first = [0u8; 8];
+    tokio::time::timeout(Duration::from_secs(5), stream.read_exact(&mut first))
+        .await
+        .context("first echo timed out")??;
+    ensure!(
+        first == u64::MAX.to_be_bytes(),
+        "stream {i}: wrong first echo"
+    );
+    Ok(stream)
 }
 
 async fn run(stream: TcpStream, per: usize, interval: Duration, shared: &Shared) -> Result<()> {

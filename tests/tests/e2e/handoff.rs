@@ -36,7 +36,7 @@ const HANDOFFS: usize = 100;
 const HANDOFFS_ENV: &str = "KAP_TEST_HANDOFFS";
 
 /// Runs test `name` of this binary again inside a fresh network namespace with loopback up.
-fn run_in_netns(name: &str) -> Result<()> {
+pub(crate) fn run_in_netns(name: &str) -> Result<()> {
     if !is_root() {
         return skip(
             name,
@@ -80,7 +80,7 @@ fn run_in_netns(name: &str) -> Result<()> {
 }
 
 /// Inside the namespace: `tcp_migrate_req` off, so only the handoff can save queued connections.
-fn inner_setup() -> Result<()> {
+pub(crate) fn inner_setup() -> Result<()> {
     ensure!(
         std::env::var_os(INNER_ENV).is_some(),
         "this test runs only inside the network namespace set up by its wrapper"
