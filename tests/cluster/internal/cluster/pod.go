@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -255,6 +256,33 @@ func (p *Pod) APIServerReadyz(client *http.Client) bool {
 	}
 	resp.Body.Close()
 	return resp.StatusCode == http.StatusOK
+}
+
+// ListenerCookies are the SO_COOKIEs of the listening sockets the pod's proxy holds, from its
+// admin /status (the address it wrote to /shared/admin).
+func (p *Pod) ListenerCookies() ([]uint64, error) {
+	b, err := os.ReadFile(filepath.Join(p.Shared, "admin"))
+	if err != nil {
+		return nil, err
+	}
+	resp, err := (&http.Client{Timeout: 5 * time.Second}).Get("http://" + strings.TrimSpace(string(b)) + "/status")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var status struct {
+		Listeners []struct {
+			Cookie uint64 `json:"cookie"`
+		} `json:"listeners"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&status); err != nil {
+		return nil, fmt.Errorf("%s /status: %w", p.Opts.Name, err)
+	}
+	var cookies []uint64
+	for _, l := range status.Listeners {
+		cookies = append(cookies, l.Cookie)
+	}
+	return cookies, nil
 }
 
 // Ready runs the pod's readiness probes once.

@@ -50,9 +50,6 @@ func Start(name, log string, uid int, argv ...string) (*Proc, error) {
 	return p, nil
 }
 
-// Pid of the process.
-func (p *Proc) Pid() int { return p.cmd.Process.Pid }
-
 // Signal sends sig to the process.
 func (p *Proc) Signal(sig syscall.Signal) { _ = p.cmd.Process.Signal(sig) }
 
@@ -65,9 +62,6 @@ func (p *Proc) Exited() bool {
 		return false
 	}
 }
-
-// Done is closed when the process has exited.
-func (p *Proc) Done() <-chan struct{} { return p.done }
 
 // Wait waits up to timeout for the process to exit; false if it is still running.
 func (p *Proc) Wait(timeout time.Duration) bool {

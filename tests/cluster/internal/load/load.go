@@ -153,11 +153,6 @@ func (l *Load) Stop() Report {
 	return l.rec.finish()
 }
 
-// Snapshot returns what was seen so far, the load still running.
-func (l *Load) Snapshot() Report {
-	return l.rec.finish()
-}
-
 func (l *Load) spawn(ctx context.Context, f func(context.Context)) {
 	l.wg.Add(1)
 	go func() {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"sort"
 	"time"
 
@@ -53,13 +54,25 @@ func upgrade(ctx context.Context, e *env, r *Result) {
 	})
 }
 
-// rollouts replaces the pod --rollouts times, waiting for gate each time.
+// rollouts replaces the pod --rollouts times, waiting for gate each time. The node address
+// is served by one listening socket from the first pod to the last: handed from proxy to
+// proxy, never bound again (its SO_COOKIE stays).
 func rollouts(ctx context.Context, e *env, r *Result, gate cluster.Gate) {
 	r.Design, r.Gate = cluster.Sidecar, gate
+	first, err := e.current.ListenerCookies()
+	if err != nil || len(first) == 0 {
+		r.fail("pod %s holds no listening socket (%v)", e.current.Opts.Name, err)
+		return
+	}
 	underLoad(ctx, e, r, true, func() {
 		for i := 0; i < e.o.Rollouts && ctx.Err() == nil; i++ {
 			if !e.rollout(ctx, r, cluster.Sidecar, gate, e.o.APIServer, nil, nil) {
 				return
+			}
+			now, err := e.current.ListenerCookies()
+			if err != nil || !slices.Equal(now, first) {
+				r.fail("after rollout %d pod %s holds listening sockets %v (%v), want the first pod's %v",
+					i+1, e.current.Opts.Name, now, err, first)
 			}
 		}
 	})
