@@ -214,70 +214,47 @@ func percentiles(d []time.Duration) Window {
 	return Window{Count: len(s), P50: at(0.50), P99: at(0.99), P999: at(0.999), Max: at(1)}
 }
 
-// TotalFailed is the number of failed requests of every workload.
-func (r *Report) TotalFailed() int64 {
+// sum adds up f over the values of m.
+func sum[K comparable, V any](m map[K]V, f func(V) int64) int64 {
 	var n int64
-	for _, c := range r.Requests {
-		n += c.Failed
+	for _, v := range m {
+		n += f(v)
 	}
 	return n
+}
+
+func count(n int64) int64 { return n }
+
+// TotalFailed is the number of failed requests of every workload.
+func (r *Report) TotalFailed() int64 {
+	return sum(r.Requests, func(c *Count) int64 { return c.Failed })
 }
 
 // TotalOK is the number of successful requests of every workload.
-func (r *Report) TotalOK() int64 {
-	var n int64
-	for _, c := range r.Requests {
-		n += c.OK
-	}
-	return n
-}
+func (r *Report) TotalOK() int64 { return sum(r.Requests, func(c *Count) int64 { return c.OK }) }
 
-// TotalRelists is the number of informer relists (every one caused by an error).
+// TotalRelists is the number of informer relists caused by errors of the path (see
+// InformerCount).
 func (r *Report) TotalRelists() int64 {
-	var n int64
-	for _, c := range r.Informers {
-		n += c.Relists
-	}
-	return n
+	return sum(r.Informers, func(c *InformerCount) int64 { return c.Relists })
 }
 
 // TotalRelistsExpired is the number of relists after an Expired watch (see InformerCount).
 func (r *Report) TotalRelistsExpired() int64 {
-	var n int64
-	for _, c := range r.Informers {
-		n += c.RelistsExpired
-	}
-	return n
+	return sum(r.Informers, func(c *InformerCount) int64 { return c.RelistsExpired })
 }
 
 // TotalRelistsShortWatch is the number of relists after a very short watch (see InformerCount).
 func (r *Report) TotalRelistsShortWatch() int64 {
-	var n int64
-	for _, c := range r.Informers {
-		n += c.RelistsShortWatch
-	}
-	return n
+	return sum(r.Informers, func(c *InformerCount) int64 { return c.RelistsShortWatch })
 }
 
 // TotalStreamCuts is the number of long-lived watch requests that ended with an error.
-func (r *Report) TotalStreamCuts() int64 {
-	var n int64
-	for _, c := range r.Streams.Cut {
-		n += c
-	}
-	return n
-}
+func (r *Report) TotalStreamCuts() int64 { return sum(r.Streams.Cut, count) }
 
 // TotalConnErrors is the number of connections that failed (dial errors included).
 func (r *Report) TotalConnErrors() int64 {
-	var n int64
-	for _, c := range r.Connections.Errors {
-		n += c
-	}
-	for _, c := range r.Connections.DialErrors {
-		n += c
-	}
-	return n
+	return sum(r.Connections.Errors, count) + sum(r.Connections.DialErrors, count)
 }
 
 // Classify names the kind of a client-side error: what a user would see.
