@@ -22,6 +22,8 @@ pub struct StreamsReport {
     pub words: u64,
     /// One line per stream that failed.
     pub failures: Vec<String>,
+    /// The client-side address of each stream that failed.
+    pub failed_locals: Vec<SocketAddr>,
 }
 
 impl StreamsReport {
@@ -38,7 +40,7 @@ impl StreamsReport {
 struct Shared {
     stop: AtomicBool,
     words: AtomicU64,
-    failures: Mutex<Vec<String>>,
+    failures: Mutex<Vec<(SocketAddr, String)>>,
 }
 
 /// Running streams; stopped with [`Streams::stop`].
@@ -71,13 +73,14 @@ impl Streams {
         for (i, stream) in opened.into_iter().enumerate() {
             let shared = shared.clone();
             let per = words(i).max(1);
+            let local = stream.local_addr()?;
             tasks.push(tokio::spawn(async move {
                 if let Err(e) = run(stream, per, interval, &shared).await {
                     shared
                         .failures
                         .lock()
                         .unwrap()
-                        .push(format!("stream {i}: {e:#}"));
+                        .push((local, format!("stream {i} ({local}): {e:#}")));
                 }
             }));
         }
@@ -94,6 +97,12 @@ impl Streams {
         self.shared.failures.lock().unwrap().len()
     }
 
+    /// The client-side addresses of the streams failed so far.
+    pub fn failed_locals(&self) -> Vec<SocketAddr> {
+        let failures = self.shared.failures.lock().unwrap();
+        failures.iter().map(|(a, _)| *a).collect()
+    }
+
     /// Stops sending, waits for every stream to get all of its echo back, and reports.
     pub async fn stop(self) -> StreamsReport {
         self.shared.stop.store(true, Ordering::Relaxed);
@@ -101,10 +110,12 @@ impl Streams {
         for t in self.tasks {
             let _ = t.await;
         }
+        let failures = self.shared.failures.lock().unwrap().clone();
         StreamsReport {
             streams,
             words: self.shared.words.load(Ordering::Relaxed),
-            failures: self.shared.failures.lock().unwrap().clone(),
+            failed_locals: failures.iter().map(|(a, _)| *a).collect(),
+            failures: failures.into_iter().map(|(_, f)| f).collect(),
         }
     }
 }

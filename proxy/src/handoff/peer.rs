@@ -289,14 +289,17 @@ fn commit_connections(handoff: &Handoff, stream: UnixStream, taken: Taken, pid: 
             return;
         }
         let n = taken.conns.len();
+        let clients: Vec<String> = taken.conns.iter().map(|c| c.2.to_string()).collect();
         for (client, upstream, addr, pending, slot) in taken.conns {
             listeners.resume_connection(client, upstream, addr, pending, slot);
         }
         metrics.handoff("connections_received", "ok");
-        tracing::debug!(
+        // One line per batch (at most 32 connections), naming what we now own.
+        tracing::info!(
             peer.pid = pid,
             offered = taken.offered,
             taken = n,
+            clients = clients.join(","),
             "handoff: took over established connections"
         );
     });

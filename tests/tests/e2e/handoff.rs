@@ -391,7 +391,7 @@ async fn inner_sigkill_after_share_fails_only_carried_connections() -> Result<()
 
 /// Waits until every thread of `pid` is stopped (a signal is delivered asynchronously: a thread
 /// may still accept a connection after `kill()` returned).
-async fn wait_stopped(pid: u32) -> Result<()> {
+pub(crate) async fn wait_stopped(pid: u32) -> Result<()> {
     eventually(Duration::from_secs(5), || async {
         for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
             let stat = std::fs::read_to_string(task?.path().join("stat"))?;

@@ -7,6 +7,7 @@
 //! not children of the test: they are found through `/status` (its `pid`) on the admin address,
 //! which the predecessor passes on, and killed by pid when the test ends.
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixDatagram;
@@ -419,6 +420,129 @@ async fn inner_upgrades_under_load_cut_no_stream() -> Result<()> {
         p99s.len()
     );
     Ok(())
+}
+
+#[test]
+fn sigkill_mid_transfer_fails_only_connections_not_taken() -> Result<()> {
+    super::handoff::run_in_netns(
+        "upgrade::inner_sigkill_mid_transfer_fails_only_connections_not_taken",
+    )
+}
+
+/// The old instance is SIGKILLed in the middle of handing its connections over: right after the
+/// successor logged that it took the first batch. Connections the old instance still owned may
+/// fail; none that the successor acknowledged (the client addresses it logs per batch), and no
+/// connect fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "runs inside a network namespace through sigkill_mid_transfer_fails_only_connections_not_taken"]
+async fn inner_sigkill_mid_transfer_fails_only_connections_not_taken() -> Result<()> {
+    super::handoff::inner_setup()?;
+    let backend = FakeApiserver::tcp_echo().start().await?;
+    let listen = free_random_loopback_addr()?;
+    let up = Upgradable::start(listen, backend.addr(), |b| {
+        b.drain_timeout(Duration::from_secs(300))
+            .args(["--max-connections", "10000"])
+    })
+    .await?;
+    let admin = up.first.admin_addr();
+    let streams = Streams::start(listen, 150, Duration::from_millis(10), |i| {
+        if i % 30 == 0 {
+            8192
+        } else {
+            1
+        }
+    })
+    .await?;
+    let load = Load::start(listen, 50);
+    let mut pid = up.first.pid();
+    let mut guard = None;
+    let taken_line = "took over established connections";
+    // Per round: when it started, and the client addresses its successor took.
+    let mut rounds: Vec<(std::time::Instant, HashSet<SocketAddr>)> = Vec::new();
+    let mut failed_before = 0;
+    let mut taken_total = 0;
+    for round in 0..3 {
+        let before = up.first.stderr().matches(taken_line).count();
+        let words = streams.words();
+        let started = std::time::Instant::now();
+        kill(Pid::from_raw(pid as i32), Signal::SIGUSR2)?;
+        // Kill as soon as the successor has taken a first batch (polled tightly: the rest of
+        // the transfer takes milliseconds).
+        let deadline = started + UPGRADE_DEADLINE;
+        while up.first.stderr().matches(taken_line).count() == before {
+            ensure!(
+                std::time::Instant::now() < deadline,
+                "round {round}: no connection taken by a successor"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        kill(Pid::from_raw(pid as i32), Signal::SIGKILL)?;
+        wait_gone(pid).await?;
+        let next = eventually(UPGRADE_DEADLINE, || async {
+            let (now, ready) = admin_pid(admin).await?;
+            ensure!(now != pid && ready, "admin answers for {now}");
+            Ok(now)
+        })
+        .await?;
+        guard = Some(PidGuard(next));
+        eventually(UPGRADE_DEADLINE, || async {
+            ensure!(streams.words() > words + 1000, "streams stalled");
+            Ok(())
+        })
+        .await?;
+        let taken = taken_clients(&up.first.stderr(), taken_line, before);
+        let failed = streams.failed_locals();
+        for local in &failed[failed_before..] {
+            ensure!(
+                !taken.contains(local),
+                "round {round}: stream {local} failed although the successor had taken it"
+            );
+        }
+        println!(
+            "round {round}: successor took {} connections; {} streams cut with the old instance",
+            taken.len(),
+            failed.len() - failed_before
+        );
+        failed_before = failed.len();
+        taken_total += taken.len();
+        rounds.push((started, taken));
+        pid = next;
+    }
+    let report = streams.stop().await;
+    let load = load.stop().await;
+    drop(guard.take());
+    println!(
+        "3 SIGKILLs mid-transfer: {taken_total} connections taken by successors; streams: {}; churn: {}",
+        report.summary(),
+        load.summary()
+    );
+    for f in &load.failures {
+        let local = f.local.with_context(|| format!("connect failed: {f:?}"))?;
+        let round = rounds.iter().rev().find(|(t, _)| *t <= f.started);
+        ensure!(
+            !round.is_some_and(|(_, taken)| taken.contains(&local)),
+            "request {local} failed although the successor had taken it"
+        );
+    }
+    Ok(())
+}
+
+/// The client addresses successors logged as taken, in the log lines after the first `skip`.
+fn taken_clients(log: &str, line: &str, skip: usize) -> HashSet<SocketAddr> {
+    log.lines()
+        .filter(|l| l.contains(line))
+        .skip(skip)
+        .filter_map(|l| l.split("clients=").nth(1))
+        .flat_map(|c| {
+            c.split_whitespace()
+                .next()
+                .unwrap_or("")
+                .trim_matches('"')
+                .split(',')
+                .filter_map(|a| a.parse().ok())
+                .collect::<Vec<SocketAddr>>()
+        })
+        .collect()
 }
 
 /// A successor that cannot start (here: a replaced "binary" that rejects its input) leaves the
