@@ -354,6 +354,9 @@ rollout() {
   fi
 }
 
+# pod_ready_named NAME: the Deployment's pod NAME has both containers ready.
+pod_ready_named() { deploy_pods | grep -q "^$1 .*true,true"; }
+
 one_pod_left() { [ "$(deploy_pods | grep -c .)" = 1 ]; }
 
 rollouts() {
@@ -409,7 +412,8 @@ print([i for i, a in enumerate(c["args"]) if a.startswith("--etcd-servers=")][0]
   else
     pass "broken rollout stalls: kubectl rollout status --timeout=120s: $(tail -n 2 "$S/rollout-broken.log" | tr '\n' ' ')"
   fi
-  if deploy_pods | grep -q "^$before .*true,true"; then
+  # A kubectl call can fail on this busy machine: ask again for up to 15 s.
+  if wait_for 15 pod_ready_named "$before"; then
     pass "the old pod $before still serves and is Ready: $(deploy_pods | tr '\n' ' ')"
   else
     fail "the old pod is not Ready during the broken rollout: $(deploy_pods | tr '\n' ' ')"
