@@ -212,3 +212,195 @@ where
     }
     summary
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::addr::ClientAddr;
+    use crate::backend::Backends;
+    use crate::check::{HealthCheck, HealthConfig};
+    use crate::forward::{self, ForwardContext};
+    use crate::metrics::Metrics;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+    use tokio_util::sync::CancellationToken;
+
+    fn context(mode: crate::copy::Mode) -> Arc<ForwardContext> {
+        let metrics = Metrics::new(&prometheus::Registry::new());
+        let health = HealthConfig {
+            check: HealthCheck::Tcp,
+            interval: Duration::from_secs(1),
+            timeout: Duration::from_secs(1),
+            rise: std::num::NonZeroU32::MIN,
+            fall: std::num::NonZeroU32::MIN,
+        };
+        Arc::new(ForwardContext {
+            backends: Backends::new(health, metrics.clone(), CancellationToken::new()),
+            metrics,
+            connect_timeout: Duration::from_secs(1),
+            cut: CancellationToken::new(),
+            close_window: Duration::ZERO,
+            copy_mode: mode,
+            transfers: Arc::default(),
+        })
+    }
+
+    /// An echo server; returns its address.
+    async fn echo() -> SocketAddr {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = l.accept().await.unwrap();
+                tokio::spawn(async move {
+                    let (mut r, mut w) = s.split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                });
+            }
+        });
+        addr
+    }
+
+    /// A proxied pair: the client's end, and the proxy's client and backend sockets.
+    async fn pair(backend: SocketAddr) -> (TcpStream, TcpStream, TcpStream, SocketAddr) {
+        let front = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(front.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (proxied, peer) = front.accept().await.unwrap();
+        let upstream = TcpStream::connect(backend).await.unwrap();
+        (client, proxied, upstream, peer)
+    }
+
+    /// Writes a counting sequence of u64s on `client` from `from` and checks it comes back.
+    async fn round(client: &mut TcpStream, from: u64, words: u64) {
+        let out: Vec<u8> = (from..from + words).flat_map(|w| w.to_be_bytes()).collect();
+        let (mut r, mut w) = client.split();
+        let write = async { w.write_all(&out).await.unwrap() };
+        let mut back = vec![0u8; out.len()];
+        let read = async { r.read_exact(&mut back).await.unwrap() };
+        tokio::join!(write, read);
+        assert!(back == out, "echo differs");
+    }
+
+    /// Pending bytes are written first, in each direction; connections that are not taken
+    /// resume with nothing lost; taken ones leave the old carrier, and a new one carries on
+    /// from their descriptors and pending bytes with the byte sequence intact.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn parked_connections_resume_or_move_without_losing_a_byte() {
+        for mode in [crate::copy::Mode::Buffered, crate::copy::Mode::Splice] {
+            let backend = echo().await;
+            let old = context(mode);
+            let (mut client, proxied, upstream, peer) = pair(backend).await;
+            // Pending bytes: "up" goes to the echo and comes back after "down".
+            let pending = Pending {
+                up: 7u64.to_be_bytes().to_vec(),
+                down: 6u64.to_be_bytes().to_vec(),
+            };
+            tokio::spawn(forward::resume(
+                proxied,
+                upstream,
+                ClientAddr(peer),
+                pending,
+                old.clone(),
+            ));
+            let mut first = [0u8; 16];
+            client.read_exact(&mut first).await.unwrap();
+            assert_eq!(
+                first[..8],
+                6u64.to_be_bytes(),
+                "{mode:?}: pending down first"
+            );
+            assert_eq!(
+                first[8..],
+                7u64.to_be_bytes(),
+                "{mode:?}: pending up echoed"
+            );
+            round(&mut client, 0, 100_000).await;
+
+            // Not taken: resumes in place.
+            let summary =
+                hand_over(&old.transfers, |parked| async { (parked, HashSet::new()) }).await;
+            assert_eq!((summary.offered, summary.taken), (1, 0), "{mode:?}");
+            round(&mut client, 100_000, 100_000).await;
+
+            // Taken while stalled with bytes in flight: the client sends but does not read, so
+            // the echo fills its receive buffer and the copy towards it blocks mid-burst (for
+            // splice: with bytes in the pipe). A new carrier resumes it.
+            let new = context(mode);
+            let (tx, rx) = oneshot::channel();
+            let mut tx = Some(tx);
+            const WORDS: u64 = 4_000_000;
+            let (mut r, mut w) = client.into_split();
+            let write = tokio::spawn(async move {
+                let out: Vec<u8> = (200_000u64..200_000 + WORDS)
+                    .flat_map(|w| w.to_be_bytes())
+                    .collect();
+                w.write_all(&out).await.unwrap();
+                w
+            });
+            let counter = old.metrics.bytes_backend_to_client.clone();
+            // Stalled: data flowed towards the client, and no more flows.
+            let (base, mut last) = (counter.get(), u64::MAX);
+            let stalled_by = Instant::now() + Duration::from_secs(20);
+            while counter.get() != last || counter.get() < base + (1 << 20) {
+                assert!(Instant::now() < stalled_by, "{mode:?}: copy never stalled");
+                last = counter.get();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let summary = hand_over(&old.transfers, |parked| {
+                let tx = tx.take();
+                async move {
+                    let taken: HashSet<u64> = parked.iter().map(|p| p.cookie).collect();
+                    let moved: Vec<_> = parked
+                        .iter()
+                        .map(|p| {
+                            (
+                                p.client.try_clone().unwrap(),
+                                p.backend.try_clone().unwrap(),
+                                p.pending.clone(),
+                            )
+                        })
+                        .collect();
+                    let _ = tx.unwrap().send(moved);
+                    (parked, taken)
+                }
+            })
+            .await;
+            assert_eq!((summary.offered, summary.taken), (1, 1), "{mode:?}");
+            for (c, b, pending) in rx.await.unwrap() {
+                assert!(
+                    !pending.down.is_empty(),
+                    "{mode:?}: a stalled copy has bytes in flight"
+                );
+                let stream = |fd: OwnedFd| {
+                    let s = std::net::TcpStream::from(fd);
+                    s.set_nonblocking(true).unwrap();
+                    TcpStream::from_std(s).unwrap()
+                };
+                tokio::spawn(forward::resume(
+                    stream(c),
+                    stream(b),
+                    ClientAddr(peer),
+                    pending,
+                    new.clone(),
+                ));
+            }
+            let mut back = vec![0u8; WORDS as usize * 8];
+            r.read_exact(&mut back).await.unwrap();
+            let w = write.await.unwrap();
+            let ok = back
+                .chunks_exact(8)
+                .zip(200_000u64..)
+                .all(|(b, w)| b == w.to_be_bytes());
+            assert!(ok, "{mode:?}: byte sequence broken across the move");
+            // The old carrier let go.
+            assert!(
+                old.transfers.is_empty(),
+                "{mode:?}: old carrier still registered"
+            );
+            let mut client = r.reunite(w).unwrap();
+            round(&mut client, 5_000_000, 1000).await;
+        }
+    }
+}
