@@ -322,6 +322,12 @@ impl Proxy {
         self.process.ensure_running()
     }
 
+    /// The `--admin-address-file` it was given (a successor started by an in-place upgrade
+    /// writes the same file).
+    pub fn admin_file(&self) -> &Path {
+        &self.admin_file
+    }
+
     /// Whether the admin address file exists (it is written once the admin server is bound).
     pub fn admin_file_written(&self) -> bool {
         self.admin_file.exists()

@@ -545,6 +545,142 @@ fn taken_clients(log: &str, line: &str, skip: usize) -> HashSet<SocketAddr> {
         .collect()
 }
 
+/// Names another build of the proxy for [`version_skew_with_another_build`].
+const OTHER_BIN_ENV: &str = "KAP_TEST_OTHER_BIN";
+
+/// Version skew, both directions, against a build of another revision (one without the
+/// connection handoff, e.g. `git archive daa05a6`, built; docs/handoff.md):
+///
+/// - reload from this build to the other one (a rollback): the other build takes the
+///   listening sockets (share, then adopt: same wire version) but rejects the `connections`
+///   message it does not know, so this build keeps its established connections and drains them
+///   as on SIGTERM; no stream is cut, no request fails;
+/// - the other build hands its listening sockets to this one at SIGTERM (it has no SIGUSR2):
+///   no request fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs KAP_TEST_OTHER_BIN, a build of another revision"]
+async fn version_skew_with_another_build() -> Result<()> {
+    let other = PathBuf::from(std::env::var_os(OTHER_BIN_ENV).context(OTHER_BIN_ENV)?);
+    let backend = FakeApiserver::tcp_echo().start().await?;
+
+    // This build → the other one, by reload.
+    let listen = free_random_loopback_addr()?;
+    let up = Upgradable::start(listen, backend.addr(), |b| {
+        b.drain_timeout(Duration::from_secs(120))
+    })
+    .await?;
+    let streams = Streams::start(listen, 20, Duration::from_millis(10), |i| {
+        if i % 5 == 0 {
+            8192
+        } else {
+            1
+        }
+    })
+    .await?;
+    let load = Load::start(listen, 10);
+    install_bytes(&up.bin, &std::fs::read(&other)?)?;
+    kill(Pid::from_raw(up.first.pid() as i32), Signal::SIGUSR2)?;
+    // The other build binds an admin socket of its own (and its /status has no pid): follow
+    // the address file, and the pid the upgrade logged.
+    let admin_file = up.first.admin_file().to_path_buf();
+    let first_admin = up.first.admin_addr();
+    eventually(UPGRADE_DEADLINE, || async {
+        let addr: SocketAddr = std::fs::read_to_string(&admin_file)?.trim().parse()?;
+        ensure!(addr != first_admin, "admin file not rewritten yet");
+        let (code, _) = http_get(addr, "/readyz").await?;
+        ensure!(code == 200, "/readyz {code}");
+        Ok(())
+    })
+    .await?;
+    let next: u32 = up
+        .first
+        .stderr()
+        .split("successor started successor.pid=")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .context("no successor pid logged")?
+        .parse()?;
+    let _guard = PidGuard(next);
+    up.first
+        .wait_stderr("sending connections failed; they stay")
+        .await?;
+    let words = streams.words();
+    eventually(UPGRADE_DEADLINE, || async {
+        ensure!(streams.words() > words + 10_000, "streams stalled");
+        Ok(())
+    })
+    .await?;
+    up.first
+        .ensure_running()
+        .context("the connections it kept")?;
+    let report = streams.stop().await;
+    let status = up.first.wait_exit(UPGRADE_DEADLINE).await?;
+    ensure!(status.success(), "{status}");
+    let churn = load.stop().await;
+    println!(
+        "reload to the other build: streams {}; churn {}",
+        report.summary(),
+        churn.summary()
+    );
+    ensure!(report.failures.is_empty(), "{:?}", report.failures);
+    ensure!(
+        churn.failures.is_empty() && churn.ok > 0,
+        "{}",
+        churn.summary()
+    );
+
+    // The other build → this one, at SIGTERM.
+    let listen = free_random_loopback_addr()?;
+    let dir = TempDir::new("skew")?;
+    let start = |bin: Option<&Path>| {
+        let mut b = ProxyBuilder::new()
+            .listen(listen)
+            .backend(backend.addr())
+            .health_check("tcp")
+            .fast_health()
+            .drain_timeout(Duration::from_secs(10))
+            .arg("--handoff-dir")
+            .arg(dir.join("handoff"));
+        if let Some(bin) = bin {
+            b = b.bin(bin);
+        }
+        b
+    };
+    let old = start(Some(&other)).spawn().await?;
+    old.wait_state("Serving").await?;
+    let load = Load::start(listen, 10);
+    let new = start(None).spawn().await?;
+    new.wait_state("Serving").await?;
+    eventually(UPGRADE_DEADLINE, || async {
+        let (code, _) = new.admin_get("/readyz").await?;
+        ensure!(code == 200, "/readyz {code}");
+        Ok(())
+    })
+    .await?;
+    old.sigterm()?;
+    let status = old.wait_exit(UPGRADE_DEADLINE).await?;
+    ensure!(status.success(), "{status}");
+    ensure!(
+        old.stderr().contains("listening sockets adopted by peer"),
+        "the other build did not hand over"
+    );
+    TcpClient::connect(listen)
+        .await?
+        .round_trip(b"after")
+        .await?;
+    let churn = load.stop().await;
+    println!(
+        "other build to this one at SIGTERM: churn {}",
+        churn.summary()
+    );
+    ensure!(
+        churn.failures.is_empty() && churn.ok > 0,
+        "{}",
+        churn.summary()
+    );
+    Ok(())
+}
+
 /// A successor that cannot start (here: a replaced "binary" that rejects its input) leaves the
 /// old instance serving, with its listeners and admin endpoint; a later good binary upgrades.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
