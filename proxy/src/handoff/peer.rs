@@ -227,9 +227,16 @@ fn take_connections(
         offset += entry.up as usize;
         let down = tail[offset..offset + entry.down as usize].to_vec();
         offset += entry.down as usize;
+        // On one of our --listen addresses (a wildcard one: any address, that port).
+        let ours = |local: &std::net::SocketAddr| {
+            handoff
+                .listen
+                .iter()
+                .any(|l| l.0 == *local || (l.0.ip().is_unspecified() && l.0.port() == local.port()))
+        };
         let client_ok = sys::connected_tcp_addrs(client.as_fd())
             .ok()
-            .filter(|(local, _)| handoff.listen.contains(&crate::addr::ListenAddr(*local)));
+            .filter(|(local, _)| ours(local));
         let backend_ok = sys::connected_tcp_addrs(backend.as_fd()).is_ok();
         let (Some((_, peer)), true) = (client_ok, backend_ok) else {
             handoff.metrics.handoff_messages_rejected.inc();

@@ -545,6 +545,43 @@ fn taken_clients(log: &str, line: &str, skip: usize) -> HashSet<SocketAddr> {
         .collect()
 }
 
+#[test]
+fn wildcard_listener_hands_over_connections() -> Result<()> {
+    super::handoff::run_in_netns("upgrade::inner_wildcard_listener_hands_over_connections")
+}
+
+/// With `--listen 0.0.0.0:PORT` (in the private namespace: nothing is exposed) a client
+/// socket's own address is a concrete one; the successor still recognises it as on its
+/// listener and takes the connections: the old instance is gone long before its drain deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "runs inside a network namespace through wildcard_listener_hands_over_connections"]
+async fn inner_wildcard_listener_hands_over_connections() -> Result<()> {
+    super::handoff::inner_setup()?;
+    let backend = FakeApiserver::tcp_echo().start().await?;
+    let port = free_random_loopback_addr()?.port();
+    let listen = SocketAddr::from(([0, 0, 0, 0], port));
+    let up = Upgradable::start(listen, backend.addr(), |b| {
+        b.drain_timeout(Duration::from_secs(120))
+    })
+    .await?;
+    let streams = Streams::start(
+        SocketAddr::from(([127, 0, 0, 1], port)),
+        10,
+        Duration::from_millis(10),
+        |_| 1,
+    )
+    .await?;
+    let next = upgrade(up.first.pid(), up.first.admin_addr()).await?;
+    let _guard = PidGuard(next);
+    up.first
+        .wait_exit(UPGRADE_DEADLINE)
+        .await
+        .context("old instance kept connections")?;
+    let report = streams.stop().await;
+    ensure!(report.failures.is_empty(), "{:?}", report.failures);
+    Ok(())
+}
+
 /// Names another build of the proxy for [`version_skew_with_another_build`].
 const OTHER_BIN_ENV: &str = "KAP_TEST_OTHER_BIN";
 
