@@ -194,20 +194,16 @@ async fn rollout(handoff: bool, handoffs: usize) -> Result<(LoadReport, Vec<Vec<
     Ok((report, cookies))
 }
 
-#[test]
-fn handoffs_under_load_lose_nothing() -> Result<()> {
-    run_in_netns("handoff::inner_handoffs_under_load_lose_nothing")
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "runs inside a network namespace through handoffs_under_load_lose_nothing"]
-async fn inner_handoffs_under_load_lose_nothing() -> Result<()> {
-    inner_setup()?;
-    let handoffs = std::env::var(HANDOFFS_ENV)
+/// [`HANDOFFS`], or the count in [`HANDOFFS_ENV`].
+fn handoff_count() -> usize {
+    std::env::var(HANDOFFS_ENV)
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(HANDOFFS);
-    let (report, cookies) = rollout(true, handoffs).await?;
+        .unwrap_or(HANDOFFS)
+}
+
+/// Every request completed and one listening socket served throughout.
+fn ensure_lossless(report: &LoadReport, cookies: &[Vec<u64>]) -> Result<()> {
     ensure!(report.ok > 0, "no request completed");
     if !report.failures.is_empty() {
         bail!(
@@ -224,6 +220,20 @@ async fn inner_handoffs_under_load_lose_nothing() -> Result<()> {
 }
 
 #[test]
+fn handoffs_under_load_lose_nothing() -> Result<()> {
+    run_in_netns("handoff::inner_handoffs_under_load_lose_nothing")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "runs inside a network namespace through handoffs_under_load_lose_nothing"]
+async fn inner_handoffs_under_load_lose_nothing() -> Result<()> {
+    inner_setup()?;
+    let handoffs = handoff_count();
+    let (report, cookies) = rollout(true, handoffs).await?;
+    ensure_lossless(&report, &cookies)
+}
+
+#[test]
 fn adopt_at_drain_under_load_loses_nothing() -> Result<()> {
     run_in_netns("handoff::inner_adopt_at_drain_under_load_loses_nothing")
 }
@@ -236,10 +246,7 @@ fn adopt_at_drain_under_load_loses_nothing() -> Result<()> {
 #[ignore = "runs inside a network namespace through adopt_at_drain_under_load_loses_nothing"]
 async fn inner_adopt_at_drain_under_load_loses_nothing() -> Result<()> {
     inner_setup()?;
-    let handoffs = std::env::var(HANDOFFS_ENV)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(HANDOFFS);
+    let handoffs = handoff_count();
     let backend = FakeApiserver::tcp_echo().start().await?;
     let listen = free_random_loopback_addr()?;
     let dir = TempDir::new("adopt-at-drain")?;
@@ -292,19 +299,7 @@ async fn inner_adopt_at_drain_under_load_loses_nothing() -> Result<()> {
     );
     old.sigkill()?;
     old.wait_exit(Duration::from_secs(5)).await?;
-    ensure!(report.ok > 0, "no request completed");
-    if !report.failures.is_empty() {
-        bail!(
-            "{}; first failures: {:?}",
-            report.summary(),
-            &report.failures[..report.failures.len().min(5)]
-        );
-    }
-    ensure!(
-        cookies.iter().all(|c| *c == cookies[0]),
-        "listener identity changed across handoffs: {cookies:?}"
-    );
-    Ok(())
+    ensure_lossless(&report, &cookies)
 }
 
 #[test]
