@@ -132,14 +132,18 @@ func (w *EndpointsWatcher) observe(object string, ready bool) {
 	}
 }
 
-// Take returns the gaps recorded so far (open ones included, as open) and forgets them.
+// Take returns the gaps recorded since the last Take (an open one up to now, marked open)
+// and forgets them.
 func (w *EndpointsWatcher) Take() []Gap {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	gaps := w.gaps
 	w.gaps = nil
+	now := time.Now()
 	for object, from := range w.since {
-		gaps = append(gaps, Gap{Object: object, From: from, Duration: time.Since(from), Open: true})
+		gaps = append(gaps, Gap{Object: object, From: from, Duration: now.Sub(from), Open: true})
+		// The rest of this gap belongs to the next period: never report a stretch twice.
+		w.since[object] = now
 	}
 	return gaps
 }
