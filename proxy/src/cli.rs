@@ -37,6 +37,20 @@ pub enum Command {
     Launch(LaunchArgs),
     /// Copy this binary to DEST (mode 0755, atomically): for init containers without `cp`.
     Install(InstallArgs),
+    /// Print the `default/kubernetes` Endpoints and EndpointSlices of a single controller for
+    /// `kubectl apply -f -` (with kube-apiserver --endpoint-reconciler-type=none).
+    KubernetesEndpoints(KubernetesEndpointsArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct KubernetesEndpointsArgs {
+    /// The node address the proxy serves on (kube-apiserver's --advertise-address).
+    #[arg(long, value_name = "IP")]
+    pub address: std::net::IpAddr,
+
+    /// The port the proxy serves on.
+    #[arg(long, value_name = "PORT", default_value = "6443", value_parser = clap::value_parser!(u16).range(1..))]
+    pub port: u16,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -37,6 +37,8 @@
 //! - [`probe`]: the `probe` subcommand for exec probes.
 //! - [`install`]: the `install` subcommand: the binary copies itself (init containers).
 //! - [`launch`]: the `launch` subcommand: random loopback address for kube-apiserver.
+//! - [`kubernetes_endpoints`]: the `kubernetes-endpoints` subcommand: `default/kubernetes` of a
+//!   single controller, for `--endpoint-reconciler-type=none`.
 //! - [`fsutil`]: atomic file writes.
 
 #![deny(unsafe_code)]
@@ -54,6 +56,7 @@ pub mod fsutil;
 pub mod handoff;
 pub mod health;
 pub mod install;
+pub mod kubernetes_endpoints;
 pub mod launch;
 pub mod lifecycle;
 pub mod limits;

@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use kube_apiserver_proxy::cli::{self, Cli, Command, LogFormat, RunArgs};
 use kube_apiserver_proxy::config::Config;
-use kube_apiserver_proxy::{install, launch, probe, server, signal};
+use kube_apiserver_proxy::{install, kubernetes_endpoints, launch, probe, server, signal};
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -34,6 +34,19 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => bad_input(format!("error: {e:#}")),
         },
+        Some(Command::KubernetesEndpoints(args)) => {
+            if let Err(e) = kubernetes_endpoints::check_address(args.address) {
+                return bad_input(format!("error: {e}"));
+            }
+            let yaml = kubernetes_endpoints::render(args.address, args.port);
+            match std::io::Write::write_all(&mut std::io::stdout(), yaml.as_bytes()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: writing to stdout: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         // Returns only when it could not exec.
         Some(Command::Launch(args)) => bad_input(format!("error: {:#}", launch::launch(&args))),
     }

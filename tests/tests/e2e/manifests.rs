@@ -319,6 +319,80 @@ fn manifests_render_and_validate() -> Result<()> {
     Ok(())
 }
 
+/// `default/kubernetes` (docs/operations.md, "The kubernetes Service endpoints"): one
+/// controller runs kube-apiserver with `--endpoint-reconciler-type=none` and gets its endpoints
+/// from `kube-apiserver-proxy kubernetes-endpoints`, which must be valid objects; several
+/// controllers keep the apiserver's lease reconciler (the others' addresses stay listed while
+/// one node's pods roll).
+#[test]
+fn kubernetes_service_endpoints_per_overlay() -> Result<()> {
+    if !tools_available("kubernetes_service_endpoints_per_overlay")? {
+        return Ok(());
+    }
+    for (overlay, want) in [
+        ("single-controller", Some("none".to_string())),
+        ("ha", None),
+        ("ha-surge", None),
+    ] {
+        let objects = rendered_objects(overlay)?;
+        let apiserver = container(pod_spec(&objects)?, "kube-apiserver")?;
+        let got = flag(&argv(apiserver), "--endpoint-reconciler-type");
+        ensure!(
+            got == want,
+            "{overlay}: --endpoint-reconciler-type {got:?}, want {want:?}"
+        );
+    }
+    let out = Command::new(proxy_bin()?)
+        .args(["kubernetes-endpoints", "--address", "192.0.2.10"])
+        .output()?;
+    ensure!(out.status.success(), "kubernetes-endpoints failed: {out:?}");
+    let yaml = String::from_utf8(out.stdout)?;
+    for version in VALIDATE_VERSIONS {
+        let mut cmd = Command::new("kubernetes-validate");
+        cmd.args(["--strict", "--quiet"]);
+        if let Some(v) = version {
+            cmd.args(["-k", v]);
+        }
+        let (code, stdout, stderr) = run_with_input(cmd.arg("-"), &yaml)?;
+        ensure!(
+            code == 0,
+            "kubernetes-endpoints: kubernetes-validate {version:?} failed ({code}):\n{stdout}{stderr}"
+        );
+    }
+    let objects = yaml_to_json(&yaml)?;
+    let kinds: Vec<_> = objects
+        .iter()
+        .map(|o| {
+            format!(
+                "{}/{}",
+                o["kind"].as_str().unwrap_or("?"),
+                o["metadata"]["name"].as_str().unwrap_or("?")
+            )
+        })
+        .collect();
+    ensure!(
+        kinds
+            == [
+                "Endpoints/kubernetes",
+                "EndpointSlice/kubernetes",
+                "EndpointSlice/kubernetes-kube-apiserver-proxy"
+            ],
+        "kubernetes-endpoints printed {kinds:?}"
+    );
+    for o in &objects {
+        ensure!(o["metadata"]["namespace"] == "default", "{o}: namespace");
+    }
+    let bad = Command::new(proxy_bin()?)
+        .args(["kubernetes-endpoints", "--address", "127.0.0.1"])
+        .output()?;
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    ensure!(
+        bad.status.code() == Some(2) && bad.stdout.is_empty() && stderr.lines().count() == 1,
+        "a loopback address must be one line and exit 2: {bad:?}"
+    );
+    Ok(())
+}
+
 /// The properties docs/architecture.md and the issue promise for the pod.
 fn check_pod(overlay: &str, pod: &Value) -> Result<()> {
     ensure!(pod["hostNetwork"] == true, "{overlay}: hostNetwork");

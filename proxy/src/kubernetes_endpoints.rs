@@ -1,0 +1,143 @@
+//! `kube-apiserver-proxy kubernetes-endpoints --address NODE_IP`: the `default/kubernetes`
+//! endpoints of a single controller, printed as YAML for `kubectl apply -f -`.
+//!
+//! On one controller every kube-apiserver advertises the same node address. With the default
+//! `lease` endpoint reconciler the old apiserver's graceful shutdown removes that address
+//! (Kubernetes ≥ 1.28 removes even the last one), and so does a starting apiserver until it is
+//! ready: each rollout leaves `default/kubernetes` empty for seconds and in-cluster clients are
+//! refused. The single-controller overlay therefore runs kube-apiserver with
+//! `--endpoint-reconciler-type=none`, which never writes the endpoints, and the operator applies
+//! these objects once (docs/operations.md, "The kubernetes Service endpoints"):
+//!
+//! - `Endpoints default/kubernetes`, marked `endpointslice.kubernetes.io/skip-mirror` as the
+//!   apiserver marks it, for the clients that still read the v1 API;
+//! - `EndpointSlice default/kubernetes`, the slice the apiserver itself would write;
+//! - `EndpointSlice default/kubernetes-kube-apiserver-proxy`, a second slice of the same Service
+//!   that no apiserver ever touches (kube-proxy and CoreDNS merge every slice labelled
+//!   `kubernetes.io/service-name: kubernetes`): while a `lease` apiserver still runs (kubeadm's
+//!   static pod during the migration, or the pod of an older install), its shutdown empties the
+//!   first two objects, and this one keeps the Service's address in place.
+//!
+//! No API client: the binary only prints; applying is `kubectl`'s job.
+
+use std::fmt::Write as _;
+use std::net::IpAddr;
+
+/// Name of the slice no apiserver writes.
+pub const OWN_SLICE: &str = "kubernetes-kube-apiserver-proxy";
+
+/// Rejects what the API would reject as an endpoint address (or what no client could use).
+pub fn check_address(address: IpAddr) -> Result<(), String> {
+    let why = if address.is_unspecified() {
+        "is unspecified"
+    } else if address.is_loopback() {
+        "is a loopback address (pods cannot reach it)"
+    } else if address.is_multicast() {
+        "is a multicast address"
+    } else if matches!(address, IpAddr::V4(a) if a.is_link_local())
+        || matches!(address, IpAddr::V6(a) if (a.segments()[0] & 0xffc0) == 0xfe80)
+    {
+        "is link-local"
+    } else {
+        return Ok(());
+    };
+    Err(format!(
+        "--address {address} {why}: give the node address the proxy serves on"
+    ))
+}
+
+/// The objects, as one multi-document YAML stream.
+pub fn render(address: IpAddr, port: u16) -> String {
+    let family = match address {
+        IpAddr::V4(_) => "IPv4",
+        IpAddr::V6(_) => "IPv6",
+    };
+    let mut out = String::new();
+    let _ = write!(
+        out,
+        "\
+# default/kubernetes for kube-apiserver --endpoint-reconciler-type=none on one controller:
+# `kube-apiserver-proxy kubernetes-endpoints --address {address} --port {port} | kubectl apply -f -`
+# (docs/operations.md, \"The kubernetes Service endpoints\").
+apiVersion: v1
+kind: Endpoints
+metadata:
+  name: kubernetes
+  namespace: default
+  labels:
+    endpointslice.kubernetes.io/skip-mirror: \"true\"
+subsets:
+  - addresses:
+      - ip: \"{address}\"
+    ports:
+      - name: https
+        port: {port}
+        protocol: TCP
+"
+    );
+    for (name, managed_by) in [
+        ("kubernetes", None),
+        (OWN_SLICE, Some("kube-apiserver-proxy")),
+    ] {
+        let _ = write!(
+            out,
+            "\
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: {name}
+  namespace: default
+  labels:
+    kubernetes.io/service-name: kubernetes
+"
+        );
+        if let Some(m) = managed_by {
+            let _ = writeln!(out, "    endpointslice.kubernetes.io/managed-by: {m}");
+        }
+        let _ = write!(
+            out,
+            "\
+addressType: {family}
+endpoints:
+  - addresses:
+      - \"{address}\"
+    conditions:
+      ready: true
+ports:
+  - name: https
+    port: {port}
+    protocol: TCP
+"
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn three_documents_one_address_family() {
+        let v4 = render("192.0.2.10".parse().unwrap(), 6443);
+        assert_eq!(v4.matches("\n---\n").count(), 2);
+        assert_eq!(v4.matches("\"192.0.2.10\"").count(), 3);
+        assert!(v4.contains("addressType: IPv4"));
+        assert!(v4.contains(&format!("name: {OWN_SLICE}")));
+        for bad in [
+            "0.0.0.0",
+            "127.0.0.1",
+            "169.254.1.1",
+            "fe80::1",
+            "::1",
+            "224.0.0.1",
+        ] {
+            assert!(check_address(bad.parse().unwrap()).is_err(), "{bad}");
+        }
+        assert!(check_address("2001:db8::10".parse().unwrap()).is_ok());
+        let v6 = render("2001:db8::10".parse().unwrap(), 443);
+        assert_eq!(v6.matches("addressType: IPv6").count(), 2);
+        assert_eq!(v6.matches("port: 443").count(), 3);
+    }
+}
