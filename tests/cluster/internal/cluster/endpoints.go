@@ -2,18 +2,25 @@ package cluster
 
 import (
 	"context"
+	"fmt"
+	"os/exec"
+	"strings"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/util/retry"
 )
 
 // Gap is an interval in which default/kubernetes had no ready address.
@@ -22,6 +29,8 @@ type Gap struct {
 	From     time.Time     `json:"from"`
 	Duration time.Duration `json:"duration_ns"`
 	Open     bool          `json:"open,omitempty"` // still empty when the watcher stopped
+	// Expected: a gap the scenario caused on purpose and accounted for.
+	Expected bool `json:"expected,omitempty"`
 }
 
 // EndpointsWatcher records every interval in which the `kubernetes` Service's Endpoints or
@@ -44,6 +53,7 @@ func WatchEndpoints(parent context.Context, kubeconfig string) (*EndpointsWatche
 	if err != nil {
 		return nil, err
 	}
+	cfg.WarningHandler = rest.NoWarnings{}
 	ctx, cancel := context.WithCancel(parent)
 	w := &EndpointsWatcher{since: map[string]time.Time{}, cancel: cancel, done: make(chan struct{})}
 	eps := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace("default"),
@@ -152,4 +162,72 @@ func (w *EndpointsWatcher) Take() []Gap {
 func (w *EndpointsWatcher) Stop() {
 	w.cancel()
 	<-w.done
+}
+
+// Empty reports whether object ("endpoints" or "endpointslice") has been without a ready
+// address since the watcher last saw it change.
+func (w *EndpointsWatcher) Empty(object string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	_, empty := w.since[object]
+	return empty
+}
+
+// ApplyKubernetesEndpoints runs `proxy kubernetes-endpoints --address ip` and applies what it
+// prints, as `| kubectl apply -f -` does in docs/operations.md: each object created, or
+// replaced when it exists.
+func ApplyKubernetesEndpoints(ctx context.Context, kubeconfig, proxy, ip string) error {
+	out, err := exec.CommandContext(ctx, proxy, "kubernetes-endpoints", "--address", ip).Output()
+	if err != nil {
+		return fmt.Errorf("%s kubernetes-endpoints: %w", proxy, err)
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return err
+	}
+	// "v1 Endpoints is deprecated": known, and the objects are applied on purpose.
+	cfg.WarningHandler = rest.NoWarnings{}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	decode := scheme.Codecs.UniversalDeserializer()
+	for _, doc := range strings.Split(string(out), "\n---\n") {
+		obj, _, err := decode.Decode([]byte(doc), nil, nil)
+		if err != nil {
+			return fmt.Errorf("kubernetes-endpoints printed an object client-go cannot read: %w", err)
+		}
+		switch o := obj.(type) {
+		case *corev1.Endpoints:
+			api := client.CoreV1().Endpoints(o.Namespace)
+			err = createOrReplace(ctx, o, func() (metav1.Object, error) { return api.Get(ctx, o.Name, metav1.GetOptions{}) },
+				func() error { _, err := api.Create(ctx, o, metav1.CreateOptions{}); return err },
+				func() error { _, err := api.Update(ctx, o, metav1.UpdateOptions{}); return err })
+		case *discoveryv1.EndpointSlice:
+			api := client.DiscoveryV1().EndpointSlices(o.Namespace)
+			err = createOrReplace(ctx, o, func() (metav1.Object, error) { return api.Get(ctx, o.Name, metav1.GetOptions{}) },
+				func() error { _, err := api.Create(ctx, o, metav1.CreateOptions{}); return err },
+				func() error { _, err := api.Update(ctx, o, metav1.UpdateOptions{}); return err })
+		default:
+			return fmt.Errorf("kubernetes-endpoints printed an unexpected %T", obj)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func createOrReplace(ctx context.Context, o metav1.Object, get func() (metav1.Object, error), create, update func() error) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur, err := get()
+		if apierrors.IsNotFound(err) {
+			return create()
+		}
+		if err != nil {
+			return err
+		}
+		o.SetResourceVersion(cur.GetResourceVersion())
+		return update()
+	})
 }

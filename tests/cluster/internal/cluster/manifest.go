@@ -7,6 +7,8 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
 )
 
@@ -31,6 +33,49 @@ func LoadTemplate(path string) (*Template, error) {
 		return nil, fmt.Errorf("%s: kind %q, want Deployment", path, d.Kind)
 	}
 	return &Template{Spec: d.Spec.Template.Spec}, nil
+}
+
+// RenderTemplate renders the kustomization in dir (an overlay of manifests/) as
+// `kubectl kustomize` does and returns its kube-apiserver Deployment's pod template.
+func RenderTemplate(dir string) (*Template, error) {
+	resources, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), dir)
+	if err != nil {
+		return nil, fmt.Errorf("kustomize %s: %w", dir, err)
+	}
+	for _, r := range resources.Resources() {
+		if r.GetKind() != "Deployment" || r.GetName() != "kube-apiserver" {
+			continue
+		}
+		raw, err := r.AsYAML()
+		if err != nil {
+			return nil, err
+		}
+		var d appsv1.Deployment
+		if err := yaml.Unmarshal(raw, &d); err != nil {
+			return nil, fmt.Errorf("%s: %w", dir, err)
+		}
+		return &Template{Spec: d.Spec.Template.Spec}, nil
+	}
+	return nil, fmt.Errorf("%s renders no Deployment kube-apiserver", dir)
+}
+
+// WithoutAPIServerArg returns a copy of the template whose kube-apiserver container lacks the
+// arguments starting with prefix (the flags of another overlay, or of an older install).
+func (t *Template) WithoutAPIServerArg(prefix string) *Template {
+	out := &Template{Spec: *t.Spec.DeepCopy()}
+	for i, c := range out.Spec.Containers {
+		if c.Name != "kube-apiserver" {
+			continue
+		}
+		var args []string
+		for _, a := range c.Args {
+			if !strings.HasPrefix(a, prefix) {
+				args = append(args, a)
+			}
+		}
+		out.Spec.Containers[i].Args = args
+	}
+	return out
 }
 
 // Container returns the named container (or init container).

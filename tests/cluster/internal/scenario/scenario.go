@@ -103,7 +103,16 @@ func RunAll(ctx context.Context, o Options) *Results {
 		began := time.Now()
 		e.eps.Take()
 		s.run(ctx, e, r)
-		r.EmptyKubeSvc = e.eps.Take()
+		r.EmptyKubeSvc = append(r.EmptyKubeSvc, e.eps.Take()...)
+		// With --endpoint-reconciler-type=none no rollout of this proxy's design may leave
+		// in-cluster clients without the Service's address, not even for a moment.
+		if r.Design == cluster.Sidecar {
+			for _, g := range r.EmptyKubeSvc {
+				if !g.Expected {
+					r.fail("default/kubernetes %s without a ready address for %s from %s", g.Object, g.Duration.Round(time.Millisecond), g.From.Format("15:04:05.000"))
+				}
+			}
+		}
 		r.Duration = time.Since(began)
 		r.Passed = len(r.Problems) == 0
 		report(r)
@@ -116,7 +125,9 @@ func RunAll(ctx context.Context, o Options) *Results {
 
 func (e *env) setup(ctx context.Context) error {
 	var err error
-	if e.tmpl, err = cluster.LoadTemplate(filepath.Join(e.o.Repo, "manifests", "base", "deployment.yaml")); err != nil {
+	// The Deployment as the single-controller overlay renders it (kube-apiserver with
+	// --endpoint-reconciler-type=none, among others).
+	if e.tmpl, err = cluster.RenderTemplate(filepath.Join(e.o.Repo, "manifests", "single-controller")); err != nil {
 		return err
 	}
 	if e.node, err = cluster.NewNode(ctx, e.o.Kubeadm, filepath.Join(e.o.Work, "node"), e.o.NodeIP, e.o.Version, e.o.ProxyUID); err != nil {
@@ -135,8 +146,18 @@ func (e *env) setup(ctx context.Context) error {
 	if err := e.grantAdmins(ctx); err != nil {
 		return err
 	}
+	// The overlay's apiserver writes no endpoints: they are applied once, as
+	// docs/operations.md says.
+	if err := cluster.ApplyKubernetesEndpoints(ctx, e.node.AdminConf, e.o.Proxy, e.o.NodeIP); err != nil {
+		return err
+	}
 	if e.eps, err = cluster.WatchEndpoints(ctx, e.node.AdminConf); err != nil {
 		return err
+	}
+	for _, object := range []string{"endpoints", "endpointslice"} {
+		if e.eps.Empty(object) {
+			return fmt.Errorf("default/kubernetes %s without a ready address after kubernetes-endpoints was applied", object)
+		}
 	}
 	return nil
 }

@@ -28,6 +28,7 @@ func scenarios() []spec {
 		{"rollouts-apiserver-ready", func(ctx context.Context, e *env, r *Result) {
 			rollouts(ctx, e, r, cluster.GateAPIServer)
 		}},
+		{"kubernetes-service-switch", kubernetesServiceSwitch},
 		{"anonymous-auth-off", anonymousOff},
 		{"broken-rollout-stalls", brokenRolloutStalls},
 		{"haproxy-sidecar", haproxySidecar},
@@ -76,6 +77,53 @@ func rollouts(ctx context.Context, e *env, r *Result, gate cluster.Gate) {
 			}
 		}
 	})
+}
+
+// kubernetesServiceSwitch: the one moment a lease reconciler still runs on a single controller
+// (an install from before --endpoint-reconciler-type=none, or kubeadm's static pod at the
+// migration): a pod with the lease reconciler rolled in, then rolled out to the overlay's pod,
+// as docs/operations.md tells. The stopping lease apiserver empties Endpoints and the
+// `kubernetes` EndpointSlice; the second slice of kubernetes-endpoints keeps the Service's
+// address for kube-proxy throughout, and applying kubernetes-endpoints again refills the v1
+// Endpoints.
+func kubernetesServiceSwitch(ctx context.Context, e *env, r *Result) {
+	r.Design, r.Gate = cluster.Sidecar, cluster.GatePod
+	overlay := e.tmpl
+	defer func() { e.tmpl = overlay }()
+	underLoad(ctx, e, r, true, func() {
+		e.tmpl = overlay.WithoutAPIServerArg("--endpoint-reconciler-type=")
+		if !e.rollout(ctx, r, cluster.Sidecar, cluster.GatePod, e.o.APIServer, nil, nil) {
+			return
+		}
+		// Rolling in the lease apiserver costs nothing: it adds the address that is there.
+		r.EmptyKubeSvc = append(r.EmptyKubeSvc, e.eps.Take()...)
+		e.tmpl = overlay
+		if !e.rollout(ctx, r, cluster.Sidecar, cluster.GatePod, e.o.APIServer, nil, nil) {
+			return
+		}
+		// The lease apiserver is gone; its last act emptied the v1 Endpoints.
+		if !cluster.Eventually(30*time.Second, 100*time.Millisecond, func() bool { return e.eps.Empty("endpoints") }) {
+			r.Notes = append(r.Notes, "the stopping lease apiserver did not empty the v1 Endpoints")
+		}
+		if e.eps.Empty("endpointslice") {
+			r.fail("default/kubernetes EndpointSlices without a ready address after the lease apiserver stopped")
+		}
+		began := time.Now()
+		if err := cluster.ApplyKubernetesEndpoints(ctx, e.node.AdminConf, e.o.Proxy, e.o.NodeIP); err != nil {
+			r.fail("kubernetes-endpoints: %v", err)
+			return
+		}
+		if !cluster.Eventually(30*time.Second, 100*time.Millisecond, func() bool { return !e.eps.Empty("endpoints") }) {
+			r.fail("v1 Endpoints default/kubernetes still empty 30s after kubernetes-endpoints was applied again")
+		}
+		r.Notes = append(r.Notes, fmt.Sprintf("v1 Endpoints refilled %s after kubernetes-endpoints was applied again", time.Since(began).Round(time.Millisecond)))
+	})
+	for _, g := range e.eps.Take() {
+		// The v1 Endpoints' gap between the lease apiserver's exit and the second apply is the
+		// documented cost of the switch; the slices must have none.
+		g.Expected = g.Object == "endpoints"
+		r.EmptyKubeSvc = append(r.EmptyKubeSvc, g)
+	}
 }
 
 // anonymousOff: an apiserver with --anonymous-auth=false, its proxy health-checking /readyz
