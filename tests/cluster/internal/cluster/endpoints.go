@@ -49,11 +49,11 @@ func WatchEndpoints(parent context.Context, kubeconfig string) (*EndpointsWatche
 	if err != nil {
 		return nil, err
 	}
+	cfg.WarningHandler = rest.NoWarnings{} // "v1 Endpoints is deprecated": watched on purpose
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, err
 	}
-	cfg.WarningHandler = rest.NoWarnings{}
 	ctx, cancel := context.WithCancel(parent)
 	w := &EndpointsWatcher{since: map[string]time.Time{}, cancel: cancel, done: make(chan struct{})}
 	eps := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace("default"),
