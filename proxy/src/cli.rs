@@ -32,14 +32,18 @@ pub enum Command {
     Run(Box<RunArgs>),
     /// Probe an admin endpoint: exit 0 when it answers 200, 1 otherwise (for exec probes).
     Probe(ProbeArgs),
-    /// Pick a free random loopback address, write it to a file, substitute {{address}} in the
-    /// arguments and exec the command (kube-apiserver) in place.
+    /// Pick a free random loopback address, write it to a file, substitute {{address}} (and
+    /// {{port}}) in the arguments and exec the command (kube-apiserver) in place.
     Launch(LaunchArgs),
     /// Copy this binary to DEST (mode 0755, atomically): for init containers without `cp`.
     Install(InstallArgs),
     /// Print the `default/kubernetes` Endpoints and EndpointSlices of a single controller for
     /// `kubectl apply -f -` (with kube-apiserver --endpoint-reconciler-type=none).
     KubernetesEndpoints(KubernetesEndpointsArgs),
+    /// As root, once, on a kubeadm controller: move the --listen addresses from the static
+    /// kube-apiserver's wildcard socket (0.0.0.0:6443) to the Deployment's proxy without
+    /// refusing a connection (docs/operations.md, "Migrating from kubeadm").
+    Migrate(MigrateArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -51,6 +55,39 @@ pub struct KubernetesEndpointsArgs {
     /// The port the proxy serves on.
     #[arg(long, value_name = "PORT", default_value = "6443", value_parser = clap::value_parser!(u16).range(1..))]
     pub port: u16,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct MigrateArgs {
+    /// An address the proxy serves (repeatable, the proxy's own --listen list: the node
+    /// address and 127.0.0.1, same port as the apiserver's wildcard socket).
+    #[arg(long = "listen", value_name = "ADDR", required = true, value_parser = parse_socket_addr)]
+    pub listen: Vec<SocketAddr>,
+
+    /// The proxies' handoff directory (owned by --uid, mode 0700).
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/run/kube-apiserver-proxy/handoff"
+    )]
+    pub handoff_dir: PathBuf,
+
+    /// The process holding the wildcard listener (default: found through /proc).
+    #[arg(long, value_name = "PID")]
+    pub pid: Option<u32>,
+
+    /// The proxy's uid: this command drops to it before it serves the handoff socket (peers
+    /// authenticate each other by uid).
+    #[arg(long, value_name = "UID", default_value = "65532")]
+    pub uid: u32,
+
+    /// The proxy's gid (default: --uid).
+    #[arg(long, value_name = "GID")]
+    pub gid: Option<u32>,
+
+    /// How long to wait for the Deployment's proxy to ask for the sockets.
+    #[arg(long, value_name = "DURATION", default_value = "15m", value_parser = parse_duration)]
+    pub timeout: Duration,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -337,11 +374,14 @@ pub struct LaunchArgs {
     #[arg(long, value_name = "FILE")]
     pub address_file: PathBuf,
 
-    /// Port the command will listen on; the address is checked free for it.
+    /// Port the command will listen on; the address is checked free for it. While a wildcard
+    /// listener holds it (kubeadm's static apiserver), another free port is used if the
+    /// arguments contain {{port}}.
     #[arg(long, value_name = "PORT", default_value = "6443")]
     pub port: u16,
 
-    /// The command and its arguments; every {{address}} becomes the chosen IP.
+    /// The command and its arguments; every {{address}} becomes the chosen IP, every {{port}}
+    /// the chosen port.
     #[arg(last = true, value_name = "COMMAND", num_args = 0..)]
     pub command: Vec<std::ffi::OsString>,
 }

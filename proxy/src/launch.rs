@@ -3,8 +3,14 @@
 //! The kube-apiserver image has no shell, so this binary (copied in by an init container) picks
 //! an address in 127.0.0.0/8 outside 127.0.0.0/24, confirms it is free for the port by a test
 //! bind, writes `ip:port` atomically to the address file (the sidecar's own backend), replaces
-//! every `{{address}}` in the arguments and `exec`s the command in place: same pid, so the
-//! kubelet's signals reach the apiserver directly.
+//! every `{{address}}` (and `{{port}}`) in the arguments and `exec`s the command in place: same
+//! pid, so the kubelet's signals reach the apiserver directly.
+//!
+//! While a wildcard listener holds the port (kubeadm's static kube-apiserver on `0.0.0.0:6443`,
+//! during `migrate`), no address of the node can bind it. Then, if the arguments have a
+//! `{{port}}` placeholder, the command gets another free port on its random address instead;
+//! the sidecar reads the port from the address file like the address. The next start, once the
+//! wildcard listener is gone, is back on `--port`.
 
 use std::ffi::OsString;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener};
@@ -17,6 +23,8 @@ use crate::cli::LaunchArgs;
 
 /// The placeholder replaced by the chosen address.
 pub const PLACEHOLDER: &str = "{{address}}";
+/// The placeholder replaced by the chosen port (`--port`, unless a wildcard listener holds it).
+pub const PORT_PLACEHOLDER: &str = "{{port}}";
 /// Random addresses tried before giving up.
 const ATTEMPTS: usize = 64;
 
@@ -31,6 +39,8 @@ pub enum LaunchError {
     NotExecutable(String),
     #[error("launch: no free loopback address for port {0} after {ATTEMPTS} tries")]
     NoFreeAddress(u16),
+    #[error("launch: port {0} is held on every address by a wildcard listener (kubeadm's static kube-apiserver on 0.0.0.0:{0}?), and no argument contains {PORT_PLACEHOLDER} to move to another port (e.g. --secure-port={PORT_PLACEHOLDER})")]
+    WildcardHeld(u16),
     #[error("launch: --address-file {path}: {source}")]
     AddressFile {
         path: String,
@@ -58,27 +68,66 @@ pub fn random_loopback(rng: &mut impl Rng) -> Ipv4Addr {
     }
 }
 
-/// Picks a random loopback address on which `port` is free (checked by binding it).
-pub fn pick_address(port: u16) -> Result<SocketAddr, LaunchError> {
+/// Picks a random loopback address on which `port` is free (checked by binding it). When a
+/// wildcard listener holds `port` and `may_move` is set, picks a free port on a random address
+/// instead.
+pub fn pick_address(port: u16, may_move: bool) -> Result<SocketAddr, LaunchError> {
     let mut rng = rand::thread_rng();
     for _ in 0..ATTEMPTS {
         let addr = SocketAddr::V4(SocketAddrV4::new(random_loopback(&mut rng), port));
-        if TcpListener::bind(addr).is_ok() {
-            return Ok(addr);
+        match TcpListener::bind(addr) {
+            Ok(_) => return Ok(addr),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                if !crate::migrate::wildcard_listeners(port).is_empty() {
+                    return moved(port, may_move, &mut rng);
+                }
+            }
+            Err(_) => {}
         }
     }
     Err(LaunchError::NoFreeAddress(port))
 }
 
-/// Replaces every placeholder; errors when there is none.
-pub fn substitute(args: &[OsString], address: &str) -> Result<Vec<OsString>, LaunchError> {
+/// A random loopback address with a free port the kernel picks, when allowed.
+fn moved(port: u16, may_move: bool, rng: &mut impl Rng) -> Result<SocketAddr, LaunchError> {
+    if !may_move {
+        return Err(LaunchError::WildcardHeld(port));
+    }
+    for _ in 0..ATTEMPTS {
+        let ip = random_loopback(rng);
+        if let Ok(l) = TcpListener::bind(SocketAddr::V4(SocketAddrV4::new(ip, 0))) {
+            if let Ok(addr) = l.local_addr() {
+                eprintln!("launch: port {port} is held by a wildcard listener; using port {} on {ip} until it is gone", addr.port());
+                return Ok(addr);
+            }
+        }
+    }
+    Err(LaunchError::NoFreeAddress(port))
+}
+
+/// Whether any argument has the `{{port}}` placeholder.
+pub fn has_port_placeholder(args: &[OsString]) -> bool {
+    args.iter()
+        .any(|a| a.to_str().is_some_and(|s| s.contains(PORT_PLACEHOLDER)))
+}
+
+/// Replaces every placeholder (`{{address}}` by the address, `{{port}}` by the port); errors
+/// when there is no `{{address}}`.
+pub fn substitute(
+    args: &[OsString],
+    address: &str,
+    port: u16,
+) -> Result<Vec<OsString>, LaunchError> {
     let mut found = false;
     let out = args
         .iter()
         .map(|a| match a.to_str() {
-            Some(s) if s.contains(PLACEHOLDER) => {
-                found = true;
-                OsString::from(s.replace(PLACEHOLDER, address))
+            Some(s) if s.contains(PLACEHOLDER) || s.contains(PORT_PLACEHOLDER) => {
+                found |= s.contains(PLACEHOLDER);
+                OsString::from(
+                    s.replace(PLACEHOLDER, address)
+                        .replace(PORT_PLACEHOLDER, &port.to_string()),
+                )
             }
             _ => a.clone(),
         })
@@ -115,13 +164,13 @@ pub fn launch(args: &LaunchArgs) -> LaunchError {
         return LaunchError::NoCommand;
     };
     // Check everything that can be checked before touching the address file.
-    if let Err(e) = substitute(rest, "0.0.0.0") {
+    if let Err(e) = substitute(rest, "0.0.0.0", args.port) {
         return e;
     }
     let Some(program) = resolve(command) else {
         return LaunchError::NotExecutable(command.to_string_lossy().into_owned());
     };
-    let addr = match pick_address(args.port) {
+    let addr = match pick_address(args.port, has_port_placeholder(rest)) {
         Ok(a) => a,
         Err(e) => return e,
     };
@@ -133,7 +182,7 @@ pub fn launch(args: &LaunchArgs) -> LaunchError {
     {
         return file_err(e);
     }
-    let argv = substitute(rest, &addr.ip().to_string()).expect("checked above");
+    let argv = substitute(rest, &addr.ip().to_string(), addr.port()).expect("checked above");
     eprintln!("launch: {} on {addr}", program.display());
     let err = std::process::Command::new(&program).args(argv).exec();
     let _ = std::fs::remove_file(&args.address_file);
@@ -164,7 +213,7 @@ mod tests {
         let args: Vec<OsString> = ["--bind-address={{address}}", "--x", "{{address}}:1"]
             .map(OsString::from)
             .to_vec();
-        let out = substitute(&args, "127.1.2.3").unwrap();
+        let out = substitute(&args, "127.1.2.3", 6443).unwrap();
         assert_eq!(
             out,
             ["--bind-address=127.1.2.3", "--x", "127.1.2.3:1"]
@@ -172,14 +221,49 @@ mod tests {
                 .to_vec()
         );
         assert!(matches!(
-            substitute(&args[1..2], "x"),
+            substitute(&args[1..2], "x", 6443),
             Err(LaunchError::NoPlaceholder)
         ));
+        // {{port}} alone is not enough: the address must be substituted somewhere.
+        let port_only = [OsString::from("--secure-port={{port}}")];
+        assert!(matches!(
+            substitute(&port_only, "x", 1),
+            Err(LaunchError::NoPlaceholder)
+        ));
+        let both = ["--bind-address={{address}}", "--secure-port={{port}}"].map(OsString::from);
+        assert_eq!(
+            substitute(&both, "127.1.2.3", 40001).unwrap(),
+            ["--bind-address=127.1.2.3", "--secure-port=40001"].map(OsString::from)
+        );
+        assert!(has_port_placeholder(&both));
+        assert!(!has_port_placeholder(&args));
     }
 
     #[test]
     fn picked_address_is_free() {
-        let addr = pick_address(6443).unwrap();
+        let addr = pick_address(6443, true).unwrap();
         TcpListener::bind(addr).unwrap();
+    }
+
+    /// A wildcard listener on the port (kubeadm's apiserver during `migrate`): another port on
+    /// a random address when `{{port}}` allows it, a clear error otherwise.
+    #[test]
+    fn a_wildcard_listener_moves_the_port_or_fails_clearly() {
+        let wildcard = TcpListener::bind("0.0.0.0:0").unwrap();
+        let port = wildcard.local_addr().unwrap().port();
+        let addr = pick_address(port, true).unwrap();
+        assert_ne!(addr.port(), port);
+        let ip = addr.ip().to_string();
+        assert!(
+            ip.starts_with("127.") && !ip.starts_with("127.0.0."),
+            "{addr}"
+        );
+        TcpListener::bind(addr).unwrap();
+        assert!(matches!(
+            pick_address(port, false),
+            Err(LaunchError::WildcardHeld(p)) if p == port
+        ));
+        drop(wildcard);
+        assert_eq!(pick_address(port, true).unwrap().port(), port);
     }
 }

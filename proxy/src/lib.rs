@@ -32,6 +32,7 @@
 //! - [`sys`]: the only `unsafe`: raw descriptor work (`SO_COOKIE`, `SCM_RIGHTS`).
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz`, `/status`.
 //! - [`metrics`]: every Prometheus metric, in one struct.
+//! - [`migrate`]: moving the node address off kubeadm's static apiserver (`migrate`).
 //! - [`limits`]: `RLIMIT_NOFILE` raised to the hard limit at start, checked against `--max-connections`.
 //! - [`lograte`]: rate limits for log lines that client traffic can trigger.
 //! - [`probe`]: the `probe` subcommand for exec probes.
@@ -63,6 +64,7 @@ pub mod limits;
 pub mod listener;
 pub mod lograte;
 pub mod metrics;
+pub mod migrate;
 pub mod net;
 pub mod notify;
 pub mod probe;

@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use kube_apiserver_proxy::cli::{self, Cli, Command, LogFormat, RunArgs};
 use kube_apiserver_proxy::config::Config;
-use kube_apiserver_proxy::{install, kubernetes_endpoints, launch, probe, server, signal};
+use kube_apiserver_proxy::{install, kubernetes_endpoints, launch, migrate, probe, server, signal};
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -43,6 +43,17 @@ fn main() -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("error: writing to stdout: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Some(Command::Migrate(args)) => {
+            init_tracing(LogFormat::Text, "info");
+            match migrate::run(&args) {
+                Ok(_) => ExitCode::SUCCESS,
+                Err(e) if e.is_bad_input() => bad_input(format!("error: {e}")),
+                Err(e) => {
+                    eprintln!("error: {e}");
                     ExitCode::FAILURE
                 }
             }

@@ -10,6 +10,8 @@
 //! - The in-place upgrade passes the admin listening socket to the successor process by
 //!   inheritance: clearing `CLOEXEC` in the forked child before `exec` needs `pre_exec`, and the
 //!   successor turns the inherited descriptor number back into an `OwnedFd`.
+//! - `migrate` duplicates kube-apiserver's listening socket out of its process with
+//!   `pidfd_open` and `pidfd_getfd`, which have no safe wrapper in nix or libc.
 //!
 //! Everything else (credentials, socket type and state, addresses) uses nix's safe API.
 
@@ -246,6 +248,31 @@ pub fn take_inherited_listener(raw: RawFd) -> io::Result<(OwnedFd, SocketAddr)> 
         nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
     )?;
     Ok((owned, addr))
+}
+
+/// Duplicates descriptor `fd` of process `pid` into this process (`pidfd_open` +
+/// `pidfd_getfd`, Linux 5.6+), with `CLOEXEC` set. Needs ptrace access to the target
+/// (`CAP_SYS_PTRACE`, or the same uid under a permissive Yama scope). Used by `migrate` to
+/// reach the listening socket of a running kube-apiserver.
+pub fn take_fd_of(pid: u32, fd: RawFd) -> io::Result<OwnedFd> {
+    let pid = libc::pid_t::try_from(pid)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "pid out of range"))?;
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1; no memory
+    // is passed.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if pidfd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor just returned to us by the kernel, owned by nothing else.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as RawFd) };
+    // SAFETY: pidfd_getfd takes a pidfd, a descriptor number in the target and flags (must be
+    // 0); it returns a new descriptor (with CLOEXEC) or -1. No memory is passed.
+    let taken = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
+    if taken < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: as above, a fresh descriptor owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(taken as RawFd) })
 }
 
 /// Reads `net.ipv4.tcp_migrate_req`; `None` when the kernel has no such sysctl.

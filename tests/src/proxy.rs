@@ -117,6 +117,7 @@ pub struct ProxyBuilder {
     admin_listen: Option<String>,
     default_admin_listen: bool,
     nofile: Option<(u64, u64)>,
+    run_as: Option<u32>,
 }
 
 impl ProxyBuilder {
@@ -233,6 +234,13 @@ impl ProxyBuilder {
         self
     }
 
+    /// Runs the child as `uid` (and the same gid, no supplementary groups; the test must be
+    /// root). Its admin-address directory is given to that uid.
+    pub fn run_as(mut self, uid: u32) -> Self {
+        self.run_as = Some(uid);
+        self
+    }
+
     /// Starts the process without waiting for anything (for bad-input tests).
     pub fn spawn_raw(self) -> Result<Proxy> {
         let bin = match &self.bin {
@@ -257,6 +265,13 @@ impl ProxyBuilder {
             command
                 .arg("--admin-listen")
                 .arg(self.admin_listen.as_deref().unwrap_or("127.0.0.1:0"));
+        }
+        if let Some(uid) = self.run_as {
+            use std::os::unix::process::CommandExt as _;
+            let id = Some(nix::unistd::Uid::from_raw(uid));
+            nix::unistd::chown(dir.path(), id, Some(nix::unistd::Gid::from_raw(uid)))
+                .context("chown the admin-address directory")?;
+            command.uid(uid).gid(uid);
         }
         command
             .arg("--admin-address-file")

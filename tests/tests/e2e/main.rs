@@ -12,6 +12,7 @@
 //! - `admin`: `/healthz`, `/readyz`, `/metrics`, `/status`, `probe`.
 //! - `fake_binary`: the `fake-apiserver` binary behind the proxy.
 //! - `upgrade`: in-place upgrade on SIGUSR2 (`systemctl reload`) to a replaced binary.
+//! - `migrate`: moving the node address off a wildcard listener (kubeadm's apiserver).
 
 mod admin;
 mod cli;
@@ -23,6 +24,7 @@ mod launch;
 mod lifecycle;
 mod listening;
 mod manifests;
+mod migrate;
 mod pod;
 mod reliability;
 mod static_binary;

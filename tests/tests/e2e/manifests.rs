@@ -605,6 +605,9 @@ fn container_env(c: &Value, host_ip: IpAddr) -> Result<BTreeMap<String, String>>
 struct Node {
     dir: TempDir,
     host_ip: IpAddr,
+    /// Stands in for 127.0.0.1 in the proxy's `--listen=127.0.0.1:6443` (the test shares the
+    /// machine's network namespace: no fixed address).
+    local_ip: IpAddr,
     pki: Pki,
 }
 
@@ -625,6 +628,7 @@ impl Node {
         Ok(Self {
             dir,
             host_ip: random_loopback_ip()?,
+            local_ip: random_loopback_ip()?,
             pki,
         })
     }
@@ -967,6 +971,14 @@ impl Pod {
             .argv(&argv(c), &env)?
             .iter()
             .map(|a| scaled_flag(a))
+            .map(|a| {
+                a.map(|a| {
+                    a.replace(
+                        "--listen=127.0.0.1:",
+                        &format!("--listen={}:", node.local_ip),
+                    )
+                })
+            })
             .collect::<Result<Vec<_>>>()?;
         let proxy = Process::spawn(
             &format!("{name}/proxy"),

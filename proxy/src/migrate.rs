@@ -1,0 +1,523 @@
+//! `kube-apiserver-proxy migrate`: move the node address from kubeadm's static kube-apiserver
+//! to the proxy without refusing a connection.
+//!
+//! kubeadm's kube-apiserver listens on the wildcard `0.0.0.0:6443` (`[::]:6443` with Go's dual
+//! stack), as root and without `SO_REUSEPORT`. While that socket listens, nothing else can bind
+//! port 6443 on any address: not the proxy on `NODE_IP:6443`, not `launch` on `127.a.b.c:6443`.
+//! Closing it first refuses connections until something binds again.
+//!
+//! The kernel prefers the listener bound to a connection's exact destination address over a
+//! wildcard one. So this command, as root:
+//!
+//! 1. finds the process holding the wildcard listener on the port (`/proc/net/tcp{,6}` and
+//!    `/proc/*/fd`), duplicates that socket out of it (`pidfd_getfd`), sets `SO_REUSEPORT` on
+//!    it and closes its duplicate again: the apiserver keeps serving on its socket, which from
+//!    now on lets sockets of the same uid with `SO_REUSEPORT` bind beside it;
+//! 2. creates one socket per `--listen` address (the proxy's, e.g. `NODE_IP:6443` and
+//!    `127.0.0.1:6443`) under the wildcard socket's owner uid, with `SO_REUSEPORT`, and binds
+//!    it, without listening yet (a bound socket receives nothing: the apiserver still gets
+//!    every connection);
+//! 3. drops to the proxy's uid and serves a handoff socket in `--handoff-dir` like a proxy
+//!    instance: when the Deployment's proxy, healthy, asks its peers for sockets, this command
+//!    starts listening on the asked ones and sends them. From then on every new connection to
+//!    those addresses reaches the proxy; the apiserver's wildcard socket only sees connections
+//!    to other addresses of the node, and it closes when the apiserver stops.
+//!
+//! It exits 0 once a proxy took the sockets, 1 when none asked before `--timeout` (nothing
+//! listens then but the apiserver: nothing was changed but `SO_REUSEPORT` on its socket), 2 on
+//! bad input (nothing bound).
+
+use std::collections::HashSet;
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use nix::unistd::{Gid, Uid};
+use socket2::{Domain, Socket, Type};
+use tokio::net::{UnixListener, UnixStream};
+
+use crate::cli::MigrateArgs;
+use crate::handoff::codec::Message;
+use crate::handoff::{wire, EXCHANGE_TIMEOUT};
+use crate::sys;
+
+/// Why `migrate` failed. [`MigrateError::is_bad_input`] tells exit code 2 from 1.
+#[derive(Debug, thiserror::Error)]
+pub enum MigrateError {
+    #[error("migrate: {0}")]
+    BadInput(String),
+    #[error("migrate: {0}")]
+    Failed(String),
+}
+
+impl MigrateError {
+    /// Bad input: nothing was looked at or bound (exit code 2).
+    pub fn is_bad_input(&self) -> bool {
+        matches!(self, MigrateError::BadInput(_))
+    }
+}
+
+fn bad(msg: impl Into<String>) -> MigrateError {
+    MigrateError::BadInput(msg.into())
+}
+
+fn failed(msg: impl Into<String>) -> MigrateError {
+    MigrateError::Failed(msg.into())
+}
+
+/// How `migrate` ended without error.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// A proxy took the sockets for these addresses.
+    HandedOver(Vec<SocketAddr>),
+    /// No wildcard listener holds the port and the addresses are free: the proxy can bind them
+    /// itself.
+    NothingToMigrate,
+}
+
+/// A listening socket found in `/proc/net/tcp{,6}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Wildcard {
+    pub inode: u64,
+    pub v6: bool,
+}
+
+/// Listening sockets bound to the wildcard address (`0.0.0.0` or `::`) on `port`, as the
+/// kernel lists them for this network namespace.
+pub fn wildcard_listeners(port: u16) -> Vec<Wildcard> {
+    let mut out = Vec::new();
+    for (file, v6) in [("/proc/net/tcp", false), ("/proc/net/tcp6", true)] {
+        let Ok(text) = std::fs::read_to_string(file) else {
+            continue;
+        };
+        out.extend(
+            parse_wildcard_listeners(&text, port)
+                .into_iter()
+                .map(|inode| Wildcard { inode, v6 }),
+        );
+    }
+    out
+}
+
+/// The inodes of the wildcard listeners on `port` in one `/proc/net/tcp{,6}` table.
+pub fn parse_wildcard_listeners(table: &str, port: u16) -> Vec<u64> {
+    let mut out = Vec::new();
+    for line in table.lines().skip(1) {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        // sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode
+        if f.len() < 10 || f[3] != "0A" {
+            continue;
+        }
+        let Some((ip, p)) = f[1].split_once(':') else {
+            continue;
+        };
+        let wildcard = !ip.is_empty() && ip.bytes().all(|b| b == b'0');
+        if wildcard && u16::from_str_radix(p, 16).ok() == Some(port) {
+            if let Ok(inode) = f[9].parse() {
+                out.push(inode);
+            }
+        }
+    }
+    out
+}
+
+/// The first process (lowest pid, or `only`) with a descriptor on one of `inodes`: its pid,
+/// the descriptor number and the inode.
+fn find_holder(inodes: &[u64], only: Option<u32>) -> Option<(u32, RawFd, u64)> {
+    let mut pids: Vec<u32> = match only {
+        Some(p) => vec![p],
+        None => std::fs::read_dir("/proc")
+            .ok()?
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .collect(),
+    };
+    pids.sort_unstable();
+    for pid in pids {
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+            continue;
+        };
+        for entry in fds.filter_map(|e| e.ok()) {
+            let Ok(target) = std::fs::read_link(entry.path()) else {
+                continue;
+            };
+            let Some(inode) = target
+                .to_str()
+                .and_then(|t| t.strip_prefix("socket:["))
+                .and_then(|t| t.strip_suffix(']'))
+                .and_then(|t| t.parse::<u64>().ok())
+            else {
+                continue;
+            };
+            if inodes.contains(&inode) {
+                let fd = entry.file_name().to_str()?.parse().ok()?;
+                return Some((pid, fd, inode));
+            }
+        }
+    }
+    None
+}
+
+/// Checks the flags before anything is looked at or bound.
+fn validate(args: &MigrateArgs) -> Result<u16, MigrateError> {
+    let Some(first) = args.listen.first() else {
+        return Err(bad("at least one --listen address is needed"));
+    };
+    let port = first.port();
+    let mut seen = HashSet::new();
+    for addr in &args.listen {
+        if addr.ip().is_unspecified() {
+            return Err(bad(format!(
+                "--listen {addr}: a wildcard address cannot be moved beside the apiserver's wildcard socket; give the node address and 127.0.0.1"
+            )));
+        }
+        if addr.port() != port {
+            return Err(bad(format!(
+                "--listen {addr}: every address must use the same port ({port}), the port the apiserver's wildcard socket holds"
+            )));
+        }
+        if port == 0 {
+            return Err(bad(format!("--listen {addr}: port 0")));
+        }
+        if !seen.insert(*addr) {
+            return Err(bad(format!("--listen {addr} given twice")));
+        }
+    }
+    if args.uid == 0 {
+        return Err(bad(
+            "--uid 0: the sockets go to the proxy's uid (the Deployment's runAsUser, 65532)",
+        ));
+    }
+    if !nix::unistd::geteuid().is_root() {
+        return Err(bad(
+            "must run as root: it reads the apiserver's socket with pidfd_getfd (CAP_SYS_PTRACE) and binds beside it under its uid",
+        ));
+    }
+    let dir = &args.handoff_dir;
+    let meta = std::fs::symlink_metadata(dir)
+        .map_err(|e| bad(format!("--handoff-dir {}: {e}", dir.display())))?;
+    if !meta.is_dir() || meta.file_type().is_symlink() {
+        return Err(bad(format!(
+            "--handoff-dir {}: not a directory",
+            dir.display()
+        )));
+    }
+    if meta.uid() != args.uid || meta.mode() & 0o022 != 0 {
+        return Err(bad(format!(
+            "--handoff-dir {}: must belong to uid {} with mode 0700 (it is {}, {:o}); see manifests/node/tmpfiles.d",
+            dir.display(),
+            args.uid,
+            meta.uid(),
+            meta.mode() & 0o7777
+        )));
+    }
+    Ok(port)
+}
+
+/// A socket created under `owner`'s uid (the uid `SO_REUSEPORT` matches against), with
+/// `SO_REUSEADDR` and `SO_REUSEPORT`, bound to `addr`, not listening.
+fn bind_as(owner: u32, addr: SocketAddr) -> io::Result<Socket> {
+    // The socket's uid is the creator's fsuid at socket() time; bind() checks it against the
+    // wildcard socket's.
+    let previous = nix::unistd::setfsuid(Uid::from_raw(owner));
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM.cloexec(), None);
+    nix::unistd::setfsuid(previous);
+    let socket = socket?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
+    socket.bind(&addr.into())?;
+    Ok(socket)
+}
+
+/// Gives up root for good: no supplementary groups, then gid, then uid.
+fn drop_privileges(uid: u32, gid: u32) -> io::Result<()> {
+    nix::unistd::setgroups(&[])?;
+    let gid = Gid::from_raw(gid);
+    nix::unistd::setresgid(gid, gid, gid)?;
+    let uid = Uid::from_raw(uid);
+    nix::unistd::setresuid(uid, uid, uid)?;
+    Ok(())
+}
+
+/// One socket prepared for the proxy.
+struct Prepared {
+    addr: SocketAddr,
+    socket: Socket,
+    listening: bool,
+}
+
+/// Runs the whole migration (see the module documentation). Must be called before any other
+/// thread exists: it changes the process's credentials.
+pub fn run(args: &MigrateArgs) -> Result<Outcome, MigrateError> {
+    let port = validate(args)?;
+
+    // 1. The apiserver's wildcard socket.
+    let wildcards = wildcard_listeners(port);
+    if wildcards.is_empty() {
+        // Nothing to move: fine as long as the proxy can bind its addresses itself.
+        for addr in &args.listen {
+            crate::net::bind_reuseport(*addr).map_err(|e| {
+                failed(format!(
+                    "no wildcard listener on port {port}, and {addr} cannot be bound ({e}): something else holds it"
+                ))
+            })?;
+        }
+        tracing::info!(
+            port,
+            "migrate: no wildcard listener on the port; nothing to migrate (the proxy binds its addresses itself)"
+        );
+        return Ok(Outcome::NothingToMigrate);
+    }
+    let inodes: Vec<u64> = wildcards.iter().map(|w| w.inode).collect();
+    let (pid, fd, inode) = find_holder(&inodes, args.pid).ok_or_else(|| {
+        failed(match args.pid {
+            Some(p) => format!("process {p} holds no wildcard listener on port {port}"),
+            None => {
+                format!("no process holds the wildcard listener on port {port} (inodes {inodes:?})")
+            }
+        })
+    })?;
+    let taken = sys::take_fd_of(pid, fd).map_err(|e| {
+        failed(format!(
+            "pidfd_getfd of descriptor {fd} of process {pid}: {e} (needs Linux 5.6+ and CAP_SYS_PTRACE)"
+        ))
+    })?;
+    let owner = check_taken(&taken, port, inode)?;
+    socket2::SockRef::from(&taken)
+        .set_reuse_port(true)
+        .map_err(|e| failed(format!("SO_REUSEPORT on the apiserver's socket: {e}")))?;
+    drop(taken);
+    tracing::info!(
+        pid,
+        fd,
+        inode,
+        owner.uid = owner,
+        "migrate: SO_REUSEPORT set on the wildcard listening socket (it stays with its process)"
+    );
+
+    // 2. Our sockets, bound beside it, not listening yet.
+    let mut prepared = Vec::new();
+    for addr in &args.listen {
+        let socket = bind_as(owner, *addr).map_err(|e| {
+            failed(format!(
+                "cannot bind {addr} beside the wildcard socket: {e}"
+            ))
+        })?;
+        prepared.push(Prepared {
+            addr: *addr,
+            socket,
+            listening: false,
+        });
+    }
+    tracing::info!(addrs = ?args.listen, "migrate: bound (not listening yet)");
+
+    // 3. The proxy's uid from here on, and its handoff directory.
+    drop_privileges(args.uid, args.gid.unwrap_or(args.uid))
+        .map_err(|e| failed(format!("cannot drop to uid {}: {e}", args.uid)))?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| failed(format!("runtime: {e}")))?;
+    runtime.block_on(serve(args, prepared))
+}
+
+/// The taken descriptor must be the wildcard listener found; returns its owner's uid.
+fn check_taken(taken: &OwnedFd, port: u16, inode: u64) -> Result<u32, MigrateError> {
+    let addr = sys::listening_tcp_addr(taken.as_fd())
+        .map_err(|e| failed(format!("the taken descriptor: {e}")))?;
+    let stat = nix::sys::stat::fstat(taken.as_raw_fd())
+        .map_err(|e| failed(format!("the taken descriptor: {e}")))?;
+    if !addr.ip().is_unspecified() || addr.port() != port || stat.st_ino != inode {
+        return Err(failed(format!(
+            "the taken descriptor is {addr} (inode {}), not the wildcard listener on port {port} (inode {inode})",
+            stat.st_ino
+        )));
+    }
+    Ok(stat.st_uid)
+}
+
+/// Serves the handoff socket until a proxy took the sockets or the timeout passed.
+async fn serve(args: &MigrateArgs, mut prepared: Vec<Prepared>) -> Result<Outcome, MigrateError> {
+    let (listener, path) =
+        bind_handoff(&args.handoff_dir).map_err(|e| failed(format!("--handoff-dir: {e}")))?;
+    tracing::info!(socket = %path.display(), timeout = ?args.timeout, "migrate: waiting for a proxy to ask for the sockets");
+    let deadline = tokio::time::Instant::now() + args.timeout;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| failed(e.to_string()))?;
+    let result = loop {
+        let stream = tokio::select! {
+            r = listener.accept() => match r {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "migrate: handoff accept failed");
+                    continue;
+                }
+            },
+            _ = tokio::time::sleep_until(deadline) => break Err(failed(format!(
+                "no proxy asked for the sockets within {:?}; nothing was handed over (the apiserver keeps serving)",
+                args.timeout
+            ))),
+            _ = tokio::signal::ctrl_c() => break Err(failed("interrupted; nothing was handed over")),
+            _ = term.recv() => break Err(failed("terminated; nothing was handed over")),
+        };
+        match tokio::time::timeout(EXCHANGE_TIMEOUT, answer(args.uid, stream, &mut prepared)).await
+        {
+            Ok(Some(given)) => break Ok(Outcome::HandedOver(given)),
+            Ok(None) => {}
+            Err(_) => tracing::warn!("migrate: peer too slow; connection closed"),
+        }
+    };
+    let _ = std::fs::remove_file(&path);
+    result
+}
+
+/// Binds `<dir>/kap-<pid>-<n>.sock` (0600) under a temporary name and renames it into place
+/// once listening, as proxy instances do: peers find it like any other instance's.
+fn bind_handoff(dir: &Path) -> io::Result<(UnixListener, PathBuf)> {
+    let name = format!("kap-{}-{}.sock", std::process::id(), rand::random::<u32>());
+    let path = dir.join(&name);
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let _ = std::fs::remove_file(&tmp);
+    let listener = std::os::unix::net::UnixListener::bind(&tmp)?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
+    listener.set_nonblocking(true)?;
+    std::fs::rename(&tmp, &path)?;
+    Ok((UnixListener::from_std(listener)?, path))
+}
+
+/// Answers one peer. Returns the addresses handed over when a share request was answered.
+async fn answer(
+    uid: u32,
+    stream: UnixStream,
+    prepared: &mut [Prepared],
+) -> Option<Vec<SocketAddr>> {
+    let cred = match sys::peer_credentials(stream.as_fd()) {
+        Ok(c) if c.uid() == uid => c,
+        Ok(c) => {
+            tracing::warn!(
+                peer.pid = c.pid(),
+                peer.uid = c.uid(),
+                "migrate: peer uid not allowed; refused"
+            );
+            return None;
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "migrate: cannot read peer credentials; refused");
+            return None;
+        }
+    };
+    let request = match wire::recv(&stream).await {
+        Ok((m, _fds)) => m,
+        Err(e) => {
+            tracing::warn!(peer.pid = cred.pid(), error = %e, "migrate: bad message rejected");
+            return None;
+        }
+    };
+    let reply = match request {
+        // Never "ready": a draining instance must not hand its sockets to us.
+        Message::StatusRequest => Message::Status {
+            pid: std::process::id(),
+            state: "Migrating".into(),
+            ready: false,
+        },
+        Message::ShareRequest { addrs } => {
+            return share(&stream, prepared, &addrs, cred.pid()).await
+        }
+        other => {
+            tracing::info!(peer.pid = cred.pid(), message = ?other, "migrate: refused (only share requests are answered)");
+            Message::Refuse {
+                reason: "migrating: only share requests are answered".into(),
+            }
+        }
+    };
+    let _ = wire::send(&stream, &reply, &[]).await;
+    None
+}
+
+/// Starts listening on the asked sockets and sends them.
+async fn share(
+    stream: &UnixStream,
+    prepared: &mut [Prepared],
+    asked: &[String],
+    pid: i32,
+) -> Option<Vec<SocketAddr>> {
+    for p in prepared.iter_mut() {
+        if p.listening || !asked.iter().any(|a| *a == p.addr.to_string()) {
+            continue;
+        }
+        match p.socket.listen(crate::net::LISTEN_BACKLOG) {
+            Ok(()) => p.listening = true,
+            Err(e) => tracing::warn!(listen.addr = %p.addr, error = %e, "migrate: cannot listen"),
+        }
+    }
+    let give: Vec<&Prepared> = prepared
+        .iter()
+        .filter(|p| p.listening && asked.iter().any(|a| *a == p.addr.to_string()))
+        .collect();
+    let addrs: Vec<String> = give.iter().map(|p| p.addr.to_string()).collect();
+    let fds: Vec<_> = give.iter().map(|p| p.socket.as_fd()).collect();
+    match wire::send(stream, &Message::Sockets { addrs }, &fds).await {
+        Ok(()) if !give.is_empty() => {
+            let given: Vec<SocketAddr> = give.iter().map(|p| p.addr).collect();
+            let missing: Vec<SocketAddr> = prepared
+                .iter()
+                .filter(|p| !given.contains(&p.addr))
+                .map(|p| p.addr)
+                .collect();
+            if !missing.is_empty() {
+                tracing::warn!(peer.pid = pid, missing = ?missing, "migrate: the proxy did not ask for these addresses (not in its --listen); they are closed unused");
+            }
+            let identities: Vec<u64> = give
+                .iter()
+                .filter_map(|p| sys::identity(p.socket.as_fd()).ok().map(|i| i.cookie))
+                .collect();
+            tracing::info!(peer.pid = pid, addrs = ?given, cookies = ?identities, "migrate: listening sockets handed to the proxy");
+            Some(given)
+        }
+        Ok(()) => {
+            tracing::warn!(peer.pid = pid, asked = ?asked, "migrate: the proxy asked for none of our addresses");
+            None
+        }
+        Err(e) => {
+            tracing::warn!(peer.pid = pid, error = %e, "migrate: sending the sockets failed; waiting for another request");
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wildcard_listeners_are_read_from_the_kernel_table() {
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+   0: 00000000:192B 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1111 1 0000000000000000 100 0 0 10 0\n\
+   1: 0A0200C0:192B 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 2222 1 0000000000000000 100 0 0 10 0\n\
+   2: 00000000:192B 0100007F:D431 01 00000000:00000000 00:00000000 00000000     0        0 3333 1 0000000000000000 100 0 0 10 0\n\
+   3: 00000000:0050 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4444 1 0000000000000000 100 0 0 10 0\n";
+        assert_eq!(parse_wildcard_listeners(table, 6443), vec![1111]);
+        let v6 = "  sl  local_address remote_address st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+   0: 00000000000000000000000000000000:192B 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 5555 1 0000000000000000 100 0 0 10 0\n";
+        assert_eq!(parse_wildcard_listeners(v6, 6443), vec![5555]);
+        assert!(parse_wildcard_listeners(v6, 6444).is_empty());
+    }
+
+    #[test]
+    fn a_live_wildcard_listener_is_found_with_its_process() {
+        let listener = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let found = wildcard_listeners(port);
+        assert_eq!(found.len(), 1, "{found:?}");
+        let (pid, fd, inode) = find_holder(&[found[0].inode], None).expect("holder");
+        assert_eq!(pid, std::process::id());
+        assert_eq!(fd, listener.as_raw_fd());
+        assert_eq!(inode, found[0].inode);
+        drop(listener);
+        assert!(wildcard_listeners(port).is_empty());
+    }
+}

@@ -1,0 +1,336 @@
+# shellcheck shell=bash
+# shellcheck disable=SC2154 # here, S, NODE_IP and the rest come from smoke and pivot.sh
+# The migration from kubeadm's static kube-apiserver to the Deployment (issue 13 point 2),
+# sourced by `smoke --migrate` after pivot.sh, whose helpers it uses, once the kubeadm-style
+# control plane runs. It follows docs/operations.md, "Migrating from kubeadm":
+#
+#   1. the node is prepared (manifests/node/tmpfiles.d, the control-plane label and taint);
+#   2. `kube-apiserver-proxy migrate --listen NODE_IP:6443 --listen 127.0.0.1:6443` starts, as
+#      root: SO_REUSEPORT on kubeadm's 0.0.0.0:6443 socket, the two addresses bound beside it
+#      (not listening), then it waits on the handoff directory as uid 65532;
+#   3. `kubectl apply` of manifests/single-controller: `launch` starts the apiserver on another
+#      port of its 127.a.b.c (6443 is held by the wildcard socket), the proxy asks its peers for
+#      sockets and `migrate` hands it both addresses;
+#   4. once the Deployment is ready, kubeadm's static manifest is removed;
+#   5. two rollouts of the Deployment (the first one brings the apiserver back to 6443).
+#
+# Throughout, a prober connects to NODE_IP:6443 and 127.0.0.1:6443 in turn (each every 20 ms)
+# and counts refused connections; two client-go loads run, one per address (the one on
+# 127.0.0.1 with `tls-server-name: kubernetes`: the serving certificate has no 127.0.0.1); a
+# watcher polls the `kubernetes` Endpoints and EndpointSlice every 250 ms.
+
+MIGRATE_LOCAL_CONF="$S/local-super-admin.conf"
+MIGRATE_RESTARTS="${MIGRATE_RESTARTS:-2}"
+HANDOFF_DIR=/run/kube-apiserver-proxy/handoff
+
+# probe2_start NAME / probe2_stop NAME: TCP connects to each address in turn; per address the
+# summary (connects, refused, timeouts, refusal windows) lands in $S/probe-NAME.json.
+probe2_start() {
+  python3 - "$S/probe-$1.json" "$NODE_IP:6443" "127.0.0.1:6443" <<'EOF' &
+import json, signal, socket, sys, time
+out, addrs = sys.argv[1], sys.argv[2:]
+st = {a: {"attempts": 0, "ok": 0, "refused": 0, "timeouts": 0, "other": 0, "refused_windows": []} for a in addrs}
+win = {a: None for a in addrs}
+stop = False
+def done(*_):
+    global stop
+    stop = True
+signal.signal(signal.SIGTERM, done)
+while not stop:
+    t0 = time.time()
+    for a in addrs:
+        host, port = a.rsplit(":", 1)
+        s = socket.socket()
+        s.settimeout(1)
+        t = time.time()
+        st[a]["attempts"] += 1
+        try:
+            s.connect((host, int(port)))
+            st[a]["ok"] += 1
+            if win[a]:
+                st[a]["refused_windows"].append([win[a][0], win[a][1], round(win[a][1] - win[a][0], 3)])
+                win[a] = None
+        except ConnectionRefusedError:
+            st[a]["refused"] += 1
+            win[a] = [win[a][0], t] if win[a] else [t, t]
+        except socket.timeout:
+            st[a]["timeouts"] += 1
+        except OSError as e:
+            st[a]["other"] += 1
+            st[a].setdefault("other_errors", []).append(str(e))
+        finally:
+            s.close()
+    time.sleep(max(0.0, 0.02 - (time.time() - t0)))
+for a in addrs:
+    if win[a]:
+        st[a]["refused_windows"].append([win[a][0], win[a][1], round(win[a][1] - win[a][0], 3)])
+json.dump(st, open(out, "w"))
+EOF
+  eval "PROBE2_${1//-/_}=$!"
+}
+
+probe2_stop() {
+  local var="PROBE2_${1//-/_}"
+  kill -TERM "${!var}" 2>/dev/null || true
+  wait "${!var}" 2>/dev/null || true
+}
+
+# probe2_summary NAME: one clause per address; probe2_refused NAME: the refusals, all addresses.
+probe2_summary() {
+  python3 - "$S/probe-$1.json" <<'EOF'
+import json, sys
+st = json.load(open(sys.argv[1]))
+parts = []
+for a, s in st.items():
+    w = ", ".join("%.3f s" % x[2] for x in s["refused_windows"])
+    parts.append("%s: %d refused, %d timeouts, %d other errors of %d connects%s" % (
+        a, s["refused"], s["timeouts"], s["other"], s["attempts"], " (refused for " + w + ")" if w else ""))
+print("; ".join(parts))
+EOF
+}
+probe2_refused() {
+  python3 -c 'import json,sys; print(sum(s["refused"] + s["other"] for s in json.load(open(sys.argv[1])).values()))' "$S/probe-$1.json"
+}
+
+# epwatch_start NAME / epwatch_stop NAME: the `kubernetes` Endpoints and EndpointSlice every
+# 250 ms through the API (the admin client certificate); each change of what they hold, with
+# its time, lands in $S/endpoints-NAME.json.
+epwatch_start() {
+  python3 - "$S/endpoints-$1.json" "$NODE_IP" "$S/admin-client-certificate-data" "$S/admin-client-key-data" <<'EOF' &
+import json, signal, ssl, sys, time, urllib.request
+out, ip, cert, key = sys.argv[1:]
+ctx = ssl.create_default_context(cafile="/etc/kubernetes/pki/ca.crt")
+ctx.load_cert_chain(cert, key)
+stop = False
+def done(*_):
+    global stop
+    stop = True
+signal.signal(signal.SIGTERM, done)
+def get(path):
+    try:
+        with urllib.request.urlopen("https://%s:6443%s" % (ip, path), context=ctx, timeout=2) as r:
+            return json.load(r)
+    except Exception as e:
+        return {"error": str(e)[:120]}
+def state():
+    ep = get("/api/v1/namespaces/default/endpoints/kubernetes")
+    sl = get("/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/kubernetes")
+    if "error" in ep or "error" in sl:
+        return "error: " + (ep.get("error") or sl.get("error"))
+    e = sorted("%s:%s" % (a["ip"], p["port"]) for s in ep.get("subsets") or [] for a in s.get("addresses") or [] for p in s.get("ports") or [])
+    s = sorted("%s:%s%s" % (a, p["port"], "" if (x.get("conditions") or {}).get("ready", True) else "(not ready)")
+               for x in sl.get("endpoints") or [] for a in x.get("addresses") or [] for p in sl.get("ports") or [])
+    return "endpoints [%s] slice [%s]" % (" ".join(e), " ".join(s))
+changes, last = [], None
+while not stop:
+    t = time.time()
+    s = state()
+    if s != last:
+        changes.append([t, s])
+        last = s
+    time.sleep(max(0.0, 0.25 - (time.time() - t)))
+changes.append([time.time(), "end"])
+json.dump(changes, open(out, "w"))
+EOF
+  eval "EPWATCH_${1//-/_}=$!"
+}
+
+epwatch_stop() {
+  local var="EPWATCH_${1//-/_}"
+  kill -TERM "${!var}" 2>/dev/null || true
+  wait "${!var}" 2>/dev/null || true
+}
+
+# epwatch_summary NAME T0_MS: each state with its start, in seconds after T0_MS, and how long
+# it lasted.
+epwatch_summary() {
+  python3 - "$S/endpoints-$1.json" "$2" <<'EOF'
+import json, sys
+ch, t0 = json.load(open(sys.argv[1])), int(sys.argv[2]) / 1000.0
+out = []
+for (t, s), (t2, _) in zip(ch, ch[1:]):
+    out.append("%+.1f s %s for %.1f s" % (t - t0, s, t2 - t))
+print(" | ".join(out))
+EOF
+}
+
+# loadgen_with NAME KUBECONFIG: pivot.sh's loadgen_start with another kubeconfig.
+loadgen_with() {
+  rm -f "$S/load-$1.ready"
+  "$S/bins/loadgen" -kubeconfig "$2" -out "$S/load-$1.json" -ready "$S/load-$1.ready" \
+    >"$S/load-$1.log" 2>&1 &
+  eval "LOADGEN_${1//-/_}=$!"
+  if wait_for 180 test -f "$S/load-$1.ready"; then
+    return 0
+  fi
+  fail "client-go load ($1) did not start within 180 s: $(tail -n 3 "$S/load-$1.log")"
+  return 1
+}
+loadgen_with_stop() { loadgen_stop "${1//-/_}"; }
+
+# The super-admin kubeconfig pointed at 127.0.0.1:6443 (as kubeadm's kubeconfigs may be), with
+# the server name the serving certificate has.
+migrate_local_kubeconfig() {
+  sed -e "s#^\( *\)server: https://$NODE_IP:6443#\1server: https://127.0.0.1:6443\n\1tls-server-name: kubernetes#" \
+    "$PIVOT_ADMIN" >"$MIGRATE_LOCAL_CONF"
+  if grep -q 'server: https://127.0.0.1:6443' "$MIGRATE_LOCAL_CONF" \
+    && "$S/bins/kubectl" --kubeconfig "$MIGRATE_LOCAL_CONF" --request-timeout=10s get --raw /readyz >/dev/null 2>&1; then
+    pass "a kubeconfig on https://127.0.0.1:6443 (tls-server-name: kubernetes) reaches kubeadm's apiserver"
+  else
+    fail "the kubeconfig on 127.0.0.1:6443 does not work: $(grep -n 'server' "$MIGRATE_LOCAL_CONF")"
+    return 1
+  fi
+}
+
+# listeners_6443: the TCP listeners on port 6443 (address and process).
+listeners_6443() {
+  ss -Hltnp 'sport = :6443' 2>/dev/null | awk '{ print $4, $6 }' | sed 's/users:((//; s/,fd=[0-9]*))//' | tr '\n' ';'
+}
+
+# launch_lines: what `launch` said in each Deployment pod's apiserver container.
+launch_lines() {
+  local p
+  for p in $(kcs get pods -l component=kube-apiserver,pod-template-hash -o name 2>/dev/null); do
+    printf '%s: %s; ' "${p#pod/}" "$(kcs logs "$p" -c kube-apiserver 2>/dev/null | grep '^launch:' | tr '\n' ' ')"
+  done
+}
+
+migrate_exited() { ! kill -0 "$MIGRATE_PID" 2>/dev/null; }
+
+migrate() {
+  local t0 t1 t2 rc
+  note "restarts before the migration: $(control_plane_restarts)"
+  note "listeners on port 6443 before: $(listeners_6443)"
+  log_mark migrate
+  probe2_start migrate
+  loadgen_with migrate "$PIVOT_ADMIN" || true
+  loadgen_with migrate-local "$MIGRATE_LOCAL_CONF" || true
+  t0="$(now_ms)"
+  epwatch_start migrate
+
+  # Step 1: as root on the node (docs/operations.md).
+  "$S/bins/kube-apiserver-proxy" migrate --listen "$NODE_IP:6443" --listen 127.0.0.1:6443 \
+    --handoff-dir "$HANDOFF_DIR" --timeout 600s >"$S/migrate.log" 2>&1 &
+  MIGRATE_PID=$!
+  if wait_for 30 grep -q 'waiting for a proxy' "$S/migrate.log"; then
+    pass "kube-apiserver-proxy migrate waits for the proxy after $(since "$t0") s: $(grep -o '"migrate: [^"]*"\|migrate: [a-zA-Z ;(),0-9.:-]*' "$S/migrate.log" | head -n 3 | tr '\n' ' ')"
+  else
+    fail "kube-apiserver-proxy migrate did not get ready: $(tail -n 5 "$S/migrate.log")"
+    probe2_stop migrate
+    epwatch_stop migrate
+    loadgen_with_stop migrate
+    loadgen_with_stop migrate-local
+    return 1
+  fi
+  note "listeners on port 6443 with migrate waiting: $(listeners_6443)"
+
+  # Step 2: the Deployment.
+  t1="$(now_ms)"
+  if ! kc apply -f "$S/deployment.yaml" >"$S/apply.log" 2>&1; then
+    fail "kubectl apply of the rendered Deployment failed: $(cat "$S/apply.log")"
+    return 1
+  fi
+  if wait_for 420 migrate_exited; then
+    rc=0
+    wait "$MIGRATE_PID" || rc=$?
+    if [ "$rc" = 0 ]; then
+      pass "migrate handed the sockets over $(since "$t1") s after kubectl apply (exit 0): $(grep 'handed to the proxy' "$S/migrate.log" | cut -c1-300)"
+    else
+      fail "migrate exited $rc: $(tail -n 3 "$S/migrate.log")"
+    fi
+  else
+    fail "migrate still waiting 420 s after kubectl apply: $(tail -n 3 "$S/migrate.log"); pods: $(deploy_pods | tr '\n' ' ')"
+    pod_diagnostics
+  fi
+  if wait_for 300 deploy_ready; then
+    pass "the Deployment is ready beside kubeadm's static apiserver $(since "$t1") s after kubectl apply: $(deploy_pods | tr '\n' ' ')"
+  else
+    fail "the Deployment is not ready 300 s after kubectl apply: $(deploy_pods | tr '\n' ' ')"
+    pod_diagnostics
+  fi
+  note "launch: $(launch_lines)"
+  note "listeners on port 6443 with both apiservers: $(listeners_6443)"
+
+  # Step 3: kubeadm's static manifest goes.
+  t2="$(now_ms)"
+  mv "$MANIFESTS/kube-apiserver.yaml" "$S/kube-apiserver.static.yaml"
+  if wait_for 90 static_apiserver_gone; then
+    pass "kubeadm's static kube-apiserver gone $(since "$t2") s after its manifest was removed ($(since "$t0") s after migrate started)"
+  else
+    fail "kubeadm's static kube-apiserver still runs 90 s after its manifest was removed"
+  fi
+  # Until the wildcard socket has closed with its process.
+  wait_for 60 eval '! listeners_6443 | grep -q "^\(0.0.0.0\|\*\|\[::\]\):6443"' || true
+  note "listeners on port 6443 after: $(listeners_6443)"
+  # Let the loads see some seconds of the Deployment alone.
+  wait_for 15 false || true
+  probe2_stop migrate
+  epwatch_stop migrate
+  loadgen_with_stop migrate
+  loadgen_with_stop migrate-local
+  if [ "$(probe2_refused migrate)" = 0 ]; then
+    pass "no refused connection during the migration: $(probe2_summary migrate)"
+  else
+    fail "refused connections during the migration: $(probe2_summary migrate)"
+  fi
+  local l
+  for l in migrate migrate-local; do
+    if [ "$(load_failed "$l")" = 0 ]; then
+      pass "client-go load ($l) during the migration: $(load_summary "$l")"
+    else
+      fail "client-go load ($l) during the migration: $(load_summary "$l")"
+    fi
+  done
+  note "the kubernetes Endpoints/EndpointSlice during the migration (seconds after migrate started; the static manifest went at +$(((t2 - t0) / 1000)) s): $(epwatch_summary migrate "$t0")"
+  note "restarts after the migration: $(control_plane_restarts)"
+  note "controller-manager, scheduler and kubelet logs during the migration: $(log_error_summary migrate)"
+}
+
+migrate_rollouts() {
+  local i t0
+  log_mark rollouts
+  probe2_start rollouts
+  loadgen_with rollouts "$PIVOT_ADMIN" || return 1
+  loadgen_with rollouts-local "$MIGRATE_LOCAL_CONF" || return 1
+  t0="$(now_ms)"
+  epwatch_start rollouts
+  for i in $(seq 1 "$MIGRATE_RESTARTS"); do
+    rollout "rollout restart $i/$MIGRATE_RESTARTS after the migration" kcs rollout restart deployment/kube-apiserver
+    note "launch: $(launch_lines)"
+  done
+  probe2_stop rollouts
+  epwatch_stop rollouts
+  loadgen_with_stop rollouts
+  loadgen_with_stop rollouts-local
+  if launch_lines | grep -q ':6443 *;'; then
+    pass "the apiserver is back on port 6443 of its 127.a.b.c: $(launch_lines)"
+  else
+    fail "the apiserver is not on port 6443 after the rollouts: $(launch_lines)"
+  fi
+  if [ "$(probe2_refused rollouts)" = 0 ]; then
+    pass "no refused connection during the rollouts after the migration: $(probe2_summary rollouts)"
+  else
+    fail "refused connections during the rollouts after the migration: $(probe2_summary rollouts)"
+  fi
+  local l
+  for l in rollouts rollouts-local; do
+    if [ "$(load_failed "$l")" = 0 ]; then
+      pass "client-go load ($l) during the rollouts: $(load_summary "$l")"
+    else
+      fail "client-go load ($l) during the rollouts: $(load_summary "$l")"
+    fi
+  done
+  note "the kubernetes Endpoints/EndpointSlice during the rollouts: $(epwatch_summary rollouts "$t0")"
+  note "listeners on port 6443 after the rollouts: $(listeners_6443)"
+  note "restarts after the rollouts: $(control_plane_restarts)"
+  note "controller-manager, scheduler and kubelet logs during the rollouts: $(log_error_summary rollouts)"
+}
+
+run_migrate() {
+  pivot_prepare_node || return 0
+  pivot_render || return 0
+  migrate_local_kubeconfig || return 0
+  migrate || return 0
+  migrate_rollouts || true
+  note "reports: $S/load-*.json, $S/probe-*.json, $S/endpoints-*.json, $S/migrate.log"
+}
