@@ -4,7 +4,9 @@
 # sourced by `smoke --migrate` after pivot.sh, whose helpers it uses, once the kubeadm-style
 # control plane runs. It follows docs/operations.md, "Migrating from kubeadm":
 #
-#   1. the node is prepared (manifests/node/tmpfiles.d, the control-plane label and taint);
+#   1. the node is prepared (manifests/node/tmpfiles.d, the control-plane label and taint), and
+#      `kube-apiserver-proxy kubernetes-endpoints` applied (the overlay's apiserver runs with
+#      --endpoint-reconciler-type=none);
 #   2. `kube-apiserver-proxy migrate --listen NODE_IP:6443 --listen 127.0.0.1:6443` starts, as
 #      root: SO_REUSEPORT on kubeadm's 0.0.0.0:6443 socket, the two addresses bound beside it
 #      (not listening), then it waits on the handoff directory as uid 65532;
@@ -17,7 +19,9 @@
 # Throughout, a prober connects to NODE_IP:6443 and 127.0.0.1:6443 in turn (each every 20 ms)
 # and counts refused connections; two client-go loads run, one per address (the one on
 # 127.0.0.1 with `tls-server-name: kubernetes`: the serving certificate has no 127.0.0.1); a
-# watcher polls the `kubernetes` Endpoints and EndpointSlice every 250 ms.
+# watcher polls the `kubernetes` Endpoints and the Service's EndpointSlices every 250 ms: the
+# slices must never be without a ready address (the overlay's none reconciler, and
+# `kubernetes-endpoints` applied before step 2 and again once kubeadm's apiserver stops).
 
 MIGRATE_LOCAL_CONF="$S/local-super-admin.conf"
 MIGRATE_RESTARTS="${MIGRATE_RESTARTS:-2}"
@@ -114,13 +118,17 @@ def get(path):
         return {"error": str(e)[:120]}
 def state():
     ep = get("/api/v1/namespaces/default/endpoints/kubernetes")
-    sl = get("/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/kubernetes")
-    if "error" in ep or "error" in sl:
-        return "error: " + (ep.get("error") or sl.get("error"))
-    e = sorted("%s:%s" % (a["ip"], p["port"]) for s in ep.get("subsets") or [] for a in s.get("addresses") or [] for p in s.get("ports") or [])
-    s = sorted("%s:%s%s" % (a, p["port"], "" if (x.get("conditions") or {}).get("ready", True) else "(not ready)")
-               for x in sl.get("endpoints") or [] for a in x.get("addresses") or [] for p in sl.get("ports") or [])
-    return "endpoints [%s] slice [%s]" % (" ".join(e), " ".join(s))
+    sls = get("/apis/discovery.k8s.io/v1/namespaces/default/endpointslices?labelSelector=kubernetes.io%2Fservice-name%3Dkubernetes")
+    if "error" in sls:
+        return "error: " + sls["error"]
+    e = "none" if "error" in ep else " ".join(sorted(
+        "%s:%s" % (a["ip"], p["port"]) for s in ep.get("subsets") or [] for a in s.get("addresses") or [] for p in s.get("ports") or []))
+    parts = []
+    for sl in sorted(sls.get("items") or [], key=lambda x: x["metadata"]["name"]):
+        s = sorted("%s:%s%s" % (a, p["port"], "" if (x.get("conditions") or {}).get("ready", True) else "(not ready)")
+                   for x in sl.get("endpoints") or [] for a in x.get("addresses") or [] for p in sl.get("ports") or [])
+        parts.append("%s [%s]" % (sl["metadata"]["name"], " ".join(s)))
+    return "endpoints [%s] slices %s" % (e, "; ".join(parts) or "none")
 changes, last = [], None
 while not stop:
     t = time.time()
@@ -152,6 +160,45 @@ for (t, s), (t2, _) in zip(ch, ch[1:]):
     out.append("%+.1f s %s for %.1f s" % (t - t0, s, t2 - t))
 print(" | ".join(out))
 EOF
+}
+
+# epwatch_gaps NAME: how many observed states had no ready address in any slice of the
+# Service (what kube-proxy and CoreDNS read), their total time, and the v1 Endpoints' empty
+# time, in seconds.
+epwatch_gaps() {
+  python3 - "$S/endpoints-$1.json" <<'EOF'
+import json, re, sys
+ch = json.load(open(sys.argv[1]))
+slices_empty = ep_empty = 0.0
+n = 0
+for (t, s), (t2, _) in zip(ch, ch[1:]):
+    if s.startswith("error"):
+        continue
+    ready = [a for a in re.findall(r"\[([^\]]*)\]", s.split(" slices ", 1)[1]) if a.strip() and "(not ready)" not in a]
+    if not ready:
+        slices_empty += t2 - t
+        n += 1
+    if s.startswith("endpoints [] ") or s.startswith("endpoints [none]"):
+        ep_empty += t2 - t
+print("%d %.1f %.1f" % (n, slices_empty, ep_empty))
+EOF
+}
+
+# epwatch_check NAME WHAT: the Service's slices must never be without a ready address.
+epwatch_check() {
+  local n slices ep
+  read -r n slices ep < <(epwatch_gaps "$1")
+  if [ "$n" = 0 ]; then
+    pass "default/kubernetes during $2: the Service's EndpointSlices never without a ready address (v1 Endpoints empty for $ep s in all)"
+  else
+    fail "default/kubernetes during $2: the Service's EndpointSlices without a ready address $n times, $slices s in all (v1 Endpoints empty $ep s)"
+  fi
+}
+
+# endpoints_apply: default/kubernetes as docs/operations.md says for the single controller
+# (--endpoint-reconciler-type=none): `kubernetes-endpoints` through `kubectl apply`.
+endpoints_apply() {
+  "$S/bins/kube-apiserver-proxy" kubernetes-endpoints --address "$NODE_IP" | kc apply -f - >>"$S/endpoints-apply.log" 2>&1
 }
 
 # loadgen_with NAME KUBECONFIG: pivot.sh's loadgen_start with another kubeconfig.
@@ -211,6 +258,13 @@ migrate() {
   t0="$(now_ms)"
   epwatch_start migrate
 
+  # The kubernetes Service's endpoints for the overlay's none reconciler (docs/operations.md).
+  if endpoints_apply; then
+    pass "kubernetes-endpoints --address $NODE_IP | kubectl apply -f -: $(tail -n 3 "$S/endpoints-apply.log" | tr '\n' ' ')"
+  else
+    fail "applying kubernetes-endpoints failed: $(tail -n 3 "$S/endpoints-apply.log")"
+  fi
+
   # Step 1: as root on the node (docs/operations.md).
   "$S/bins/kube-apiserver-proxy" migrate --listen "$NODE_IP:6443" --listen 127.0.0.1:6443 \
     --handoff-dir "$HANDOFF_DIR" --timeout 600s >"$S/migrate.log" 2>&1 &
@@ -257,8 +311,14 @@ migrate() {
   # Step 3: kubeadm's static manifest goes.
   t2="$(now_ms)"
   mv "$MANIFESTS/kube-apiserver.yaml" "$S/kube-apiserver.static.yaml"
-  if wait_for 90 static_apiserver_gone; then
-    note "the kubelet lists no static kube-apiserver pod $(since "$t2") s after its manifest was removed"
+  # kubeadm's apiserver (lease reconciler) empties the Endpoints and the `kubernetes` slice at
+  # its SIGTERM: once it is stopping, apply them again (docs/operations.md).
+  wait_for 30 static_apiserver_gone || true
+  wait_for 5 false || true
+  if endpoints_apply; then
+    note "kubernetes-endpoints applied again $(since "$t2") s after the static manifest was removed"
+  else
+    fail "applying kubernetes-endpoints again failed: $(tail -n 3 "$S/endpoints-apply.log")"
   fi
   # The kubelet's pod list is not enough: what counts is that the apiserver closed its
   # wildcard socket (it does at once, with kubeadm's flags; the process may drain on).
@@ -287,7 +347,8 @@ migrate() {
       fail "client-go load ($l) during the migration: $(load_summary "$l")"
     fi
   done
-  note "the kubernetes Endpoints/EndpointSlice during the migration (seconds after migrate started; the static manifest went at +$(((t2 - t0) / 1000)) s): $(epwatch_summary migrate "$t0")"
+  note "the kubernetes Endpoints/EndpointSlices during the migration (seconds after migrate started; the static manifest went at +$(((t2 - t0) / 1000)) s): $(epwatch_summary migrate "$t0")"
+  epwatch_check migrate "the migration"
   note "restarts after the migration: $(control_plane_restarts)"
   note "controller-manager, scheduler and kubelet logs during the migration: $(log_error_summary migrate)"
 }
@@ -326,7 +387,8 @@ migrate_rollouts() {
       fail "client-go load ($l) during the rollouts: $(load_summary "$l")"
     fi
   done
-  note "the kubernetes Endpoints/EndpointSlice during the rollouts: $(epwatch_summary rollouts "$t0")"
+  note "the kubernetes Endpoints/EndpointSlices during the rollouts: $(epwatch_summary rollouts "$t0")"
+  epwatch_check rollouts "the rollouts"
   note "listeners on port 6443 after the rollouts: $(listeners_6443)"
   note "restarts after the rollouts: $(control_plane_restarts)"
   note "controller-manager, scheduler and kubelet logs during the rollouts: $(log_error_summary rollouts)"
