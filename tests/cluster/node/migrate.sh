@@ -121,7 +121,7 @@ def state():
     sls = get("/apis/discovery.k8s.io/v1/namespaces/default/endpointslices?labelSelector=kubernetes.io%2Fservice-name%3Dkubernetes")
     if "error" in sls:
         return "error: " + sls["error"]
-    e = "none" if "error" in ep else " ".join(sorted(
+    e = ep["error"] if "error" in ep else " ".join(sorted(
         "%s:%s" % (a["ip"], p["port"]) for s in ep.get("subsets") or [] for a in s.get("addresses") or [] for p in s.get("ports") or []))
     parts = []
     for sl in sorted(sls.get("items") or [], key=lambda x: x["metadata"]["name"]):
@@ -178,7 +178,8 @@ for (t, s), (t2, _) in zip(ch, ch[1:]):
     if not ready:
         slices_empty += t2 - t
         n += 1
-    if s.startswith("endpoints [] ") or s.startswith("endpoints [none]"):
+    # No address (empty, or the GET failed, e.g. 404) in the v1 Endpoints.
+    if not re.match(r"\d", s.split(" slices ", 1)[0][len("endpoints ["):]):
         ep_empty += t2 - t
 print("%d %.1f %.1f" % (n, slices_empty, ep_empty))
 EOF
