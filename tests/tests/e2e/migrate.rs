@@ -15,7 +15,9 @@ use std::time::Duration;
 use anyhow::{ensure, Context as _, Result};
 use kube_apiserver_proxy_tests::process::ChildProcess;
 use kube_apiserver_proxy_tests::proxy::{proxy_bin, run_cli};
-use kube_apiserver_proxy_tests::util::{connection_refused, eventually, is_root, skip, TempDir};
+use kube_apiserver_proxy_tests::util::{
+    connection_refused, eventually, free_random_loopback_addr, is_root, skip, TempDir,
+};
 use nix::sys::signal::Signal;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
@@ -148,13 +150,14 @@ fn moves_the_addresses_off_a_wildcard_listener_without_refusing() -> Result<()> 
 #[ignore = "runs inside a network namespace through moves_the_addresses_off_a_wildcard_listener_without_refusing"]
 async fn inner_moves_the_addresses_off_a_wildcard_listener() -> Result<()> {
     crate::handoff::inner_setup()?;
-    let port = 6443;
+    // Any free port (6443 in a cluster).
+    let port = free_random_loopback_addr()?.port();
     // The node address: any address of the namespace other than 127.0.0.1 will do.
     let node = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 1, 1, 1)), port);
     let local = SocketAddr::from(([127, 0, 0, 1], port));
     let elsewhere = SocketAddr::from(([127, 0, 0, 2], port));
 
-    // "kubeadm's apiserver": root, 0.0.0.0:6443, no SO_REUSEPORT.
+    // "kubeadm's apiserver": root, 0.0.0.0:PORT, no SO_REUSEPORT.
     let mut cmd = Command::new(fake_apiserver_bin());
     cmd.args(["--mode", "echo", "--listen"])
         .arg(format!("0.0.0.0:{port}"));
