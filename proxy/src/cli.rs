@@ -44,6 +44,10 @@ pub enum Command {
     /// kube-apiserver's wildcard socket (0.0.0.0:6443) to the Deployment's proxy without
     /// refusing a connection (docs/operations.md, "Migrating from kubeadm").
     Migrate(MigrateArgs),
+    /// Node agent (a static pod): keep the last-known-good checkpoint of the apiserver
+    /// Deployment's pod; after a reboot, put it into the kubelet's static pod directory when
+    /// nothing serves the node address; remove it once the recovery instance asks to be retired.
+    Recover(RecoverArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -88,6 +92,87 @@ pub struct MigrateArgs {
     /// How long to wait for the Deployment's proxy to ask for the sockets.
     #[arg(long, value_name = "DURATION", default_value = "15m", value_parser = parse_duration)]
     pub timeout: Duration,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RecoverArgs {
+    /// The node address the apiserver serves (NODE_IP:6443): the checkpoint is activated only
+    /// when nothing accepts connections there.
+    #[arg(long, value_name = "ADDR")]
+    pub node_address: String,
+
+    /// The checkpoint directory (persistent, root-only): `kube-apiserver.json`, the
+    /// checkpoint, and `kube-apiserver.previous.json`, the one it replaced.
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/var/lib/kube-apiserver-proxy/checkpoint"
+    )]
+    pub checkpoint_dir: PathBuf,
+
+    /// The node's kubeconfig (the kubelet's: /etc/kubernetes/kubelet.conf): the identity the
+    /// apiserver pods bound to this node are read with, to write the checkpoint. Without it
+    /// no checkpoint is written (activation and retirement only).
+    #[arg(long, value_name = "FILE", requires = "node_name")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// This node's name (the pods bound to it are read).
+    #[arg(long, value_name = "NAME")]
+    pub node_name: Option<String>,
+
+    /// Namespace of the apiserver Deployment.
+    #[arg(long, value_name = "NAMESPACE", default_value = "kube-system")]
+    pub namespace: String,
+
+    /// Label selector of the apiserver Deployment's pods (mirror pods are left out).
+    #[arg(
+        long,
+        value_name = "SELECTOR",
+        default_value = "component=kube-apiserver,tier=control-plane"
+    )]
+    pub selector: String,
+
+    /// How long a pod must have been Ready, without a break, before it becomes the checkpoint.
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+    pub checkpoint_after: Duration,
+
+    /// How often the pods are read.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub checkpoint_interval: Duration,
+
+    /// The kubelet's static pod directory (`staticPodPath`).
+    #[arg(long, value_name = "DIR", default_value = "/etc/kubernetes/manifests")]
+    pub static_pod_dir: PathBuf,
+
+    /// Written by the recovery instance's proxy (`run --retire-file`) when it may go.
+    #[arg(
+        long,
+        value_name = "FILE",
+        default_value = "/run/kube-apiserver-proxy/checkpoint-retire"
+    )]
+    pub retire_file: PathBuf,
+
+    /// Marks that this boot's decision was made; must be on a tmpfs (/run) so that a reboot
+    /// clears it.
+    #[arg(
+        long,
+        value_name = "FILE",
+        default_value = "/run/kube-apiserver-proxy/recover-boot"
+    )]
+    pub boot_marker: PathBuf,
+
+    /// Host path a checkpoint may mount (repeatable; default: kubeadm's certificate
+    /// directories, /run/kube-apiserver-proxy and /var/lib/kube-apiserver-proxy).
+    #[arg(long = "allow-host-path", value_name = "PATH")]
+    pub allow_host_path: Vec<String>,
+
+    /// How often the retire file is looked for.
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    pub interval: Duration,
+
+    /// Log format on stderr.
+    #[arg(long, value_enum, default_value = "text")]
+    pub log_format: LogFormat,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -303,6 +388,11 @@ pub struct RunArgs {
         value_delimiter = ','
     )]
     pub handoff_allow_uid: Vec<u32>,
+
+    /// This instance is a recovery instance (the checkpoint run as a static pod): once a handoff
+    /// peer is ready beside it, write FILE, so that `recover` removes its static pod.
+    #[arg(long, value_name = "FILE", env = "KUBE_APISERVER_PROXY_RETIRE_FILE")]
+    pub retire_file: Option<PathBuf>,
 
     /// Log format on stderr.
     #[arg(

@@ -66,6 +66,8 @@ pub struct Config {
     pub copy_mode: crate::copy::Mode,
     /// Listener handoff; `None` in plain standalone use.
     pub handoff: Option<HandoffConfig>,
+    /// Recovery instance: the file written once a ready peer serves (`--retire-file`).
+    pub retire_file: Option<PathBuf>,
     /// Log format.
     pub log_format: LogFormat,
     /// Log filter directive.
@@ -155,6 +157,12 @@ impl TryFrom<RunArgs> for Config {
                 )
             })?;
         }
+        if args.retire_file.is_some() && args.handoff_dir.is_none() {
+            return Err(invalid(
+                "--retire-file",
+                "needs --handoff-dir (ready peers are found there)",
+            ));
+        }
         let handoff = args.handoff_dir.map(|dir| HandoffConfig {
             dir,
             allow_uids: args.handoff_allow_uid,
@@ -202,6 +210,7 @@ impl TryFrom<RunArgs> for Config {
                 CopyMode::Buffered => crate::copy::Mode::Buffered,
             },
             handoff,
+            retire_file: args.retire_file,
             log_format: args.log_format,
             log_level: args.log_level,
         })

@@ -41,6 +41,11 @@
 //! - [`kubernetes_endpoints`]: the `kubernetes-endpoints` subcommand: `default/kubernetes` of a
 //!   single controller, for `--endpoint-reconciler-type=none`.
 //! - [`fsutil`]: atomic file writes.
+//! - [`checkpoint`]: the last-known-good checkpoint: the newest apiserver pod that stayed ready.
+//! - [`staticpod`]: a pod made into a static pod (pure), and the checks before activating one.
+//! - [`retire`]: a recovery instance asks to be removed once a ready peer serves beside it.
+//! - [`recover`]: the `recover` node agent: writes the checkpoint, activates it at boot,
+//!   removes it when asked.
 
 #![deny(unsafe_code)]
 
@@ -48,6 +53,7 @@ pub mod addr;
 pub mod admin;
 pub mod backend;
 pub mod check;
+pub mod checkpoint;
 pub mod cli;
 pub mod config;
 pub mod copy;
@@ -69,8 +75,11 @@ pub mod net;
 pub mod notify;
 pub mod probe;
 pub mod readiness;
+pub mod recover;
+pub mod retire;
 pub mod server;
 pub mod signal;
+pub mod staticpod;
 #[allow(unsafe_code)]
 pub mod sys;
 pub mod tls;

@@ -11,7 +11,9 @@ use std::process::ExitCode;
 use clap::Parser;
 use kube_apiserver_proxy::cli::{self, Cli, Command, LogFormat, RunArgs};
 use kube_apiserver_proxy::config::Config;
-use kube_apiserver_proxy::{install, kubernetes_endpoints, launch, migrate, probe, server, signal};
+use kube_apiserver_proxy::{
+    install, kubernetes_endpoints, launch, migrate, probe, recover, server, signal,
+};
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -56,6 +58,13 @@ fn main() -> ExitCode {
                     eprintln!("error: {e}");
                     ExitCode::FAILURE
                 }
+            }
+        }
+        Some(Command::Recover(args)) => {
+            init_tracing(args.log_format, "info");
+            match recover::run(&args) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => bad_input(format!("error: recover: {e}")),
             }
         }
         // Returns only when it could not exec.

@@ -35,6 +35,7 @@ pub const ADMIN_REQUESTS_REJECTED: &str = "admin_requests_rejected_total";
 pub const RUNTIME_ALIVE_TASKS: &str = "runtime_alive_tasks";
 pub const OPEN_FDS: &str = "open_fds";
 pub const PIPES_POOLED: &str = "splice_pipes_pooled";
+pub const RETIRE_REQUESTS: &str = "retire_requests_total";
 
 /// Why a client connection was not carried.
 #[derive(Debug, Clone, Copy)]
@@ -82,6 +83,7 @@ pub struct Metrics {
     runtime_alive_tasks: IntGauge,
     open_fds: IntGauge,
     pipes_pooled: IntGauge,
+    pub retire_requests: IntCounter,
 }
 
 /// Pre-resolved per-backend handles.
@@ -273,6 +275,13 @@ impl Metrics {
                 IntGauge::with_opts(opts(
                     PIPES_POOLED,
                     "Idle splice pipes kept for reuse (two descriptors each)."
+                ))
+            ),
+            retire_requests: register!(
+                r,
+                IntCounter::with_opts(opts(
+                    RETIRE_REQUESTS,
+                    "Recovery instance: times it asked to be retired (--retire-file written) because a ready instance serves beside it."
                 ))
             ),
             open_fds: register!(

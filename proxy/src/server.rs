@@ -127,6 +127,17 @@ pub async fn run(
         )?),
         None => None,
     };
+    // Recovery instance (`--retire-file`): asks to be removed once a ready peer serves.
+    if let (Some(file), Some(h)) = (&config.retire_file, &handoff) {
+        let stop = root.child_token();
+        tasks.spawn(crate::retire::run(
+            file.clone(),
+            h.clone(),
+            readiness.clone(),
+            metrics.clone(),
+            stop,
+        ));
+    }
     let view = Arc::new(AdminView {
         state: lifecycle.subscribe(),
         backends: backends.clone(),

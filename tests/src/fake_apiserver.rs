@@ -5,7 +5,9 @@
 //!   requirement. Endpoints: `GET /readyz` (200 `ok` or 503, switchable), `GET /livez`,
 //!   `GET /healthz`, `GET /version` (JSON), `POST /echo` (echoes the body),
 //!   `GET /watch[?interval_ms=N]` (chunked, one line every N ms until the client goes away) and
-//!   `GET /slow?ms=N` (answers after N ms: an in-flight request).
+//!   `GET /slow?ms=N` (answers after N ms: an in-flight request), and `GET` of any path given
+//!   to [`FakeApiserverBuilder::object`] (its JSON; with [`FakeApiserverBuilder::bearer_token`],
+//!   only to requests carrying that token, 401 to others).
 //! - **raw TCP** ([`FakeApiserver::tcp_echo`], [`FakeApiserver::tcp_sink`]): for byte-exact
 //!   forwarding tests. Echo writes back every byte and closes its write side after reading
 //!   EOF; sink reads until EOF, then answers `<bytes received>\n` and closes.
@@ -76,6 +78,8 @@ pub struct FakeApiserverBuilder {
     ready: bool,
     ready_file: Option<PathBuf>,
     watch_interval: Duration,
+    objects: HashMap<String, String>,
+    bearer_token: Option<String>,
 }
 
 impl FakeApiserverBuilder {
@@ -86,7 +90,21 @@ impl FakeApiserverBuilder {
             ready: true,
             ready_file: None,
             watch_interval: DEFAULT_WATCH_INTERVAL,
+            objects: HashMap::new(),
+            bearer_token: None,
         }
+    }
+
+    /// Serves `json` at `GET path` (e.g. `/api/v1/namespaces/kube-system/pods/p`).
+    pub fn object(mut self, path: &str, json: &serde_json::Value) -> Self {
+        self.objects.insert(path.to_owned(), json.to_string());
+        self
+    }
+
+    /// Objects are served only to requests with `Authorization: Bearer <token>`.
+    pub fn bearer_token(mut self, token: &str) -> Self {
+        self.bearer_token = Some(token.to_owned());
+        self
     }
 
     /// Address to bind (default `127.0.0.1:0`); any `127.x.y.z` works on Linux.
@@ -138,6 +156,8 @@ impl FakeApiserverBuilder {
             ready: AtomicBool::new(self.ready),
             ready_file: self.ready_file,
             watch_interval: self.watch_interval,
+            objects: self.objects,
+            bearer_token: self.bearer_token,
             accepted: AtomicU64::new(0),
             active: AtomicU64::new(0),
             active_sessions: AtomicU64::new(0),
@@ -320,6 +340,8 @@ struct Shared {
     ready: AtomicBool,
     ready_file: Option<PathBuf>,
     watch_interval: Duration,
+    objects: HashMap<String, String>,
+    bearer_token: Option<String>,
     accepted: AtomicU64,
     active: AtomicU64,
     active_sessions: AtomicU64,
@@ -503,6 +525,23 @@ async fn handle(
             }
         }
         (&Method::GET, "/livez" | "/healthz") => text(StatusCode::OK, "ok"),
+        (&Method::GET, p) if shared.objects.contains_key(p) => {
+            let authorized = shared.bearer_token.as_ref().is_none_or(|token| {
+                request
+                    .headers()
+                    .get(hyper::header::AUTHORIZATION)
+                    .and_then(|v| v.to_str().ok())
+                    == Some(format!("Bearer {token}").as_str())
+            });
+            if authorized {
+                Response::builder()
+                    .header("content-type", "application/json")
+                    .body(Full::new(Bytes::from(shared.objects[p].clone())).boxed_unsync())
+                    .expect("valid response")
+            } else {
+                text(StatusCode::UNAUTHORIZED, "Unauthorized")
+            }
+        }
         (&Method::GET, "/version") => Response::builder()
             .header("content-type", "application/json")
             .body(Full::new(Bytes::from_static(VERSION_JSON.as_bytes())).boxed_unsync())

@@ -189,6 +189,21 @@ impl Handoff {
         got
     }
 
+    /// How many peers say they are ready (Serving, own backend healthy): what a draining
+    /// instance looks for before it hands its sockets over. Used by a recovery instance
+    /// (`--retire-file`) to know when it can go.
+    pub async fn ready_peers(&self) -> usize {
+        let mut ready = 0;
+        for path in self.peer_paths().await {
+            if let Ok((Message::Status { ready: true, .. }, _)) =
+                self.exchange(&path, &Message::StatusRequest, &[]).await
+            {
+                ready += 1;
+            }
+        }
+        ready
+    }
+
     /// What the peer process `pid` says of itself (its state and whether it is ready), when it
     /// serves a handoff socket and answers. Used by the in-place upgrade to wait for the
     /// successor it started.

@@ -13,6 +13,8 @@
 //! - `fake_binary`: the `fake-apiserver` binary behind the proxy.
 //! - `upgrade`: in-place upgrade on SIGUSR2 (`systemctl reload`) to a replaced binary.
 //! - `migrate`: moving the node address off a wildcard listener (kubeadm's apiserver).
+//! - `recovery`: reboot recovery: the checkpoint writer, the recovery instance's retirement,
+//!   the `recover` node agent.
 
 mod admin;
 mod cli;
@@ -26,6 +28,7 @@ mod listening;
 mod manifests;
 mod migrate;
 mod pod;
+mod recovery;
 mod reliability;
 mod static_binary;
 mod upgrade;

@@ -1,0 +1,489 @@
+//! The last-known-good checkpoint, written by the `recover` node agent: the newest pod of the
+//! apiserver Deployment on this node that has been Ready, without a break, for
+//! `--checkpoint-after`, as a static pod.
+//!
+//! "Ready" is the pod's `Ready` condition and its `lastTransitionTime`: both containers ready,
+//! i.e. the proxy Serving and this pod's apiserver passing `/readyz`. The pod of a broken
+//! rollout never gets there, so it never becomes the checkpoint; a pod that flaps starts its
+//! wait again. What is written is that very pod, never the Deployment's template, which during
+//! a rollout may already be the broken one.
+//!
+//! The pods are read with the node's own identity (the kubelet's kubeconfig; the Node
+//! authorizer lets it read the pods bound to this node, which root on the node can do anyway),
+//! so the apiserver pod itself carries no API credential: a service account token volume would
+//! need the API to be mounted, and the pod could then never start while it is the only
+//! apiserver.
+//!
+//! Files in the checkpoint directory: [`FILE`] (the checkpoint) and [`PREVIOUS`] (the one it
+//! replaced, for an operator's manual fallback); nothing else is kept. A checkpoint of a newer
+//! pod (by `creationTimestamp`) is never replaced by an older pod's.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use base64::Engine as _;
+use http_body_util::{BodyExt as _, Empty, Limited};
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
+use serde_json::Value;
+
+use crate::staticpod::{self, Origin};
+
+/// The checkpoint's file name in the checkpoint directory.
+pub const FILE: &str = "kube-apiserver.json";
+/// The checkpoint it replaced.
+pub const PREVIOUS: &str = "kube-apiserver.previous.json";
+/// Time one API request may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest answer accepted from the API.
+const MAX_BODY: usize = 16 << 20;
+
+/// Why an attempt failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("kubeconfig {path}: {message}")]
+    Kubeconfig { path: String, message: String },
+    #[error("GET {path}: {message}")]
+    Api { path: String, message: String },
+    #[error("pod {pod} is unusable as a checkpoint: {source}")]
+    Unusable {
+        pod: String,
+        #[source]
+        source: staticpod::Unusable,
+    },
+    #[error("{path}: {source}")]
+    File {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// An apiserver and the credentials to read from it.
+#[derive(Clone)]
+pub struct ApiClient {
+    host: String,
+    port: u16,
+    server_name: rustls::pki_types::ServerName<'static>,
+    tls: Arc<rustls::ClientConfig>,
+}
+
+impl std::fmt::Debug for ApiClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "https://{}:{}", self.host, self.port)
+    }
+}
+
+/// The value of `key:` on a kubeconfig line (kubeadm's layout: one cluster, one user).
+fn kubeconfig_value<'a>(text: &'a str, key: &str) -> Option<&'a str> {
+    text.lines().find_map(|line| {
+        let rest = line.trim_start().strip_prefix(key)?.strip_prefix(':')?;
+        let v = rest.trim().trim_matches('"').trim_matches('\'');
+        (!v.is_empty()).then_some(v)
+    })
+}
+
+impl ApiClient {
+    /// From a kubeconfig as kubeadm writes it (`kubelet.conf`): `server`, the CA and the
+    /// client certificate and key, each inline (`…-data`) or as a file path (relative to the
+    /// kubeconfig's directory).
+    pub fn from_kubeconfig(path: &Path) -> Result<Self, CheckpointError> {
+        let err = |message: String| CheckpointError::Kubeconfig {
+            path: path.display().to_string(),
+            message,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+        let base = path.parent().unwrap_or(Path::new("/"));
+        let material = |name: &str| -> Result<Vec<u8>, CheckpointError> {
+            if let Some(data) = kubeconfig_value(&text, &format!("{name}-data")) {
+                return base64::engine::general_purpose::STANDARD
+                    .decode(data)
+                    .map_err(|e| err(format!("{name}-data: {e}")));
+            }
+            let file = kubeconfig_value(&text, name).ok_or_else(|| err(format!("no {name}")))?;
+            std::fs::read(base.join(file)).map_err(|e| err(format!("{name} {file}: {e}")))
+        };
+        let server = kubeconfig_value(&text, "server").ok_or_else(|| err("no server".into()))?;
+        let hostport = server
+            .strip_prefix("https://")
+            .ok_or_else(|| err(format!("server {server} is not https://")))?
+            .trim_end_matches('/');
+        let (host, port) = match hostport.rsplit_once(':') {
+            Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => (
+                h.trim_matches(|c| c == '[' || c == ']').to_owned(),
+                p.parse()
+                    .map_err(|_| err(format!("server {server}: port")))?,
+            ),
+            _ => (hostport.to_owned(), 443),
+        };
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in rustls_pemfile::certs(&mut &material("certificate-authority")?[..]) {
+            let cert = cert.map_err(|e| err(format!("certificate-authority: {e}")))?;
+            roots
+                .add(cert)
+                .map_err(|e| err(format!("certificate-authority: {e}")))?;
+        }
+        let certs = rustls_pemfile::certs(&mut &material("client-certificate")?[..])
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| err(format!("client-certificate: {e}")))?;
+        let key = rustls_pemfile::private_key(&mut &material("client-key")?[..])
+            .map_err(|e| err(format!("client-key: {e}")))?
+            .ok_or_else(|| err("client-key: no PEM key".into()))?;
+        let tls = crate::tls::client_config(Some(roots), Some((certs, key)))
+            .map_err(|e| err(e.to_string()))?;
+        let server_name = rustls::pki_types::ServerName::try_from(host.clone())
+            .map_err(|e| err(format!("server {server}: {e}")))?;
+        Ok(ApiClient {
+            host,
+            port,
+            server_name,
+            tls,
+        })
+    }
+
+    /// `GET path` (with query); the JSON body of a 200.
+    pub async fn get_json(&self, path: &str) -> Result<Value, String> {
+        let work = async {
+            let addr: SocketAddr = tokio::net::lookup_host((self.host.as_str(), self.port))
+                .await
+                .map_err(|e| format!("resolve {}: {e}", self.host))?
+                .next()
+                .ok_or_else(|| format!("resolve {}: no address", self.host))?;
+            let tcp = tokio::net::TcpStream::connect(addr)
+                .await
+                .map_err(|e| format!("connect {addr}: {e}"))?;
+            let tls = tokio_rustls::TlsConnector::from(self.tls.clone())
+                .connect(self.server_name.clone(), tcp)
+                .await
+                .map_err(|e| format!("tls handshake with {addr}: {e}"))?;
+            let (mut sender, conn) =
+                hyper::client::conn::http1::handshake::<_, Empty<Bytes>>(TokioIo::new(tls))
+                    .await
+                    .map_err(|e| format!("http: {e}"))?;
+            let req = hyper::Request::get(path)
+                .header(hyper::header::HOST, format!("{}:{}", self.host, self.port))
+                .header(hyper::header::ACCEPT, "application/json")
+                .header(
+                    hyper::header::USER_AGENT,
+                    concat!("kube-apiserver-proxy-recover/", env!("CARGO_PKG_VERSION")),
+                )
+                .body(Empty::new())
+                .map_err(|e| e.to_string())?;
+            let conn = tokio::spawn(conn);
+            let result = async {
+                let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
+                let status = resp.status();
+                let body = Limited::new(resp.into_body(), MAX_BODY)
+                    .collect()
+                    .await
+                    .map_err(|e| format!("body: {e}"))?
+                    .to_bytes();
+                if status != hyper::StatusCode::OK {
+                    let text = String::from_utf8_lossy(&body);
+                    return Err(format!(
+                        "HTTP {status}: {}",
+                        text.chars().take(200).collect::<String>()
+                    ));
+                }
+                serde_json::from_slice(&body).map_err(|e| format!("not JSON: {e}"))
+            }
+            .await;
+            conn.abort();
+            result
+        };
+        tokio::time::timeout(REQUEST_TIMEOUT, work)
+            .await
+            .map_err(|_| format!("no answer within {REQUEST_TIMEOUT:?}"))?
+    }
+}
+
+/// What the writer reads and where it writes.
+#[derive(Debug, Clone)]
+pub struct WriterConfig {
+    /// The checkpoint directory (persistent, root-only).
+    pub dir: PathBuf,
+    /// The Deployment's namespace.
+    pub namespace: String,
+    /// Label selector of the Deployment's pods.
+    pub selector: String,
+    /// This node's name (pods bound to it).
+    pub node: String,
+    /// How long a pod must have been Ready without a break.
+    pub after: Duration,
+    /// Given to the recovery instance's proxy as `--retire-file`.
+    pub retire_file: String,
+    pub api: ApiClient,
+}
+
+/// What an attempt came to.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// This pod is now the checkpoint.
+    Written(String),
+    /// No pod qualifies yet.
+    NoCandidate,
+    /// The checkpoint is kept as it is (why).
+    Kept(&'static str),
+}
+
+/// Whether a checkpoint of `existing` may be replaced by one of `ours`.
+pub fn replaces(existing: Option<&Origin>, ours: &Origin) -> Result<(), &'static str> {
+    match existing {
+        None => Ok(()),
+        Some(e) if e.uid == ours.uid => Err("this pod is already the checkpoint"),
+        Some(e) if e.created > ours.created => Err("the checkpoint is of a newer pod"),
+        Some(_) => Ok(()),
+    }
+}
+
+/// Since when `pod` has been Ready, if it is.
+pub fn ready_since(pod: &Value) -> Option<SystemTime> {
+    pod["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "Ready" && c["status"] == "True")
+        .and_then(|c| c["lastTransitionTime"].as_str())
+        .and_then(|t| humantime::parse_rfc3339(t).ok())
+}
+
+/// The pod to checkpoint among `pods` (a pod list's items) at `now`: not a mirror pod, not
+/// being deleted, Ready without a break for `after`; the newest such by `creationTimestamp`.
+pub fn choose(pods: &[Value], now: SystemTime, after: Duration) -> Option<&Value> {
+    pods.iter()
+        .filter(|p| {
+            p["metadata"]["annotations"]
+                .get("kubernetes.io/config.mirror")
+                .is_none()
+                && p["metadata"].get("deletionTimestamp").is_none()
+                && ready_since(p).is_some_and(|t| now.duration_since(t).is_ok_and(|d| d >= after))
+        })
+        .max_by(|a, b| {
+            let created = |p: &Value| {
+                p["metadata"]["creationTimestamp"]
+                    .as_str()
+                    .map(str::to_owned)
+            };
+            created(a).cmp(&created(b))
+        })
+}
+
+/// One attempt: list the Deployment's pods on this node, choose, compare, write.
+pub async fn attempt(config: &WriterConfig, now: SystemTime) -> Result<Outcome, CheckpointError> {
+    let path = format!(
+        "/api/v1/namespaces/{}/pods?labelSelector={}&fieldSelector={}",
+        config.namespace,
+        encode(&config.selector),
+        encode(&format!("spec.nodeName={}", config.node)),
+    );
+    let list = config
+        .api
+        .get_json(&path)
+        .await
+        .map_err(|message| CheckpointError::Api {
+            path: path.clone(),
+            message,
+        })?;
+    let items = list["items"].as_array().cloned().unwrap_or_default();
+    let Some(pod) = choose(&items, now, config.after) else {
+        return Ok(Outcome::NoCandidate);
+    };
+    let ours = Origin::of_pod(pod).map_err(|source| CheckpointError::Unusable {
+        pod: "?".into(),
+        source,
+    })?;
+    let file = config.dir.join(FILE);
+    let existing = std::fs::read(&file).ok();
+    let existing_origin = existing
+        .as_deref()
+        .and_then(|b| serde_json::from_slice::<Value>(b).ok())
+        .and_then(|v| Origin::of_checkpoint(&v).ok());
+    if let Err(why) = replaces(existing_origin.as_ref(), &ours) {
+        return Ok(Outcome::Kept(why));
+    }
+    let stamp = humantime::format_rfc3339_seconds(now).to_string();
+    let checkpoint = staticpod::from_pod(pod, &config.retire_file, &stamp).map_err(|source| {
+        CheckpointError::Unusable {
+            pod: ours.pod.clone(),
+            source,
+        }
+    })?;
+    let mut text = serde_json::to_vec_pretty(&checkpoint).expect("JSON value serializes");
+    text.push(b'\n');
+    store(&config.dir, existing.as_deref(), &text).map_err(|source| CheckpointError::File {
+        path: config.dir.display().to_string(),
+        source,
+    })?;
+    Ok(Outcome::Written(ours.pod))
+}
+
+/// Percent-encodes a query value.
+fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Writes the checkpoint, the one it replaces kept as [`PREVIOUS`]; removes temporary files an
+/// interrupted write left.
+pub fn store(dir: &Path, existing: Option<&[u8]>, text: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    for entry in std::fs::read_dir(dir)?.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with(".kube-apiserver") && name.ends_with(".tmp") {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+    if let Some(old) = existing {
+        crate::fsutil::write_atomic(&dir.join(PREVIOUS), old)?;
+    }
+    crate::fsutil::write_atomic(&dir.join(FILE), text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn origin(uid: &str, created: &str) -> Origin {
+        Origin {
+            pod: "kube-system/p".into(),
+            uid: uid.into(),
+            created: created.into(),
+        }
+    }
+
+    #[test]
+    fn an_older_pod_never_replaces_a_newer_checkpoint() {
+        let old = origin("a", "2025-01-01T00:00:00Z");
+        let new = origin("b", "2025-01-01T00:05:00Z");
+        assert_eq!(replaces(None, &old), Ok(()));
+        assert_eq!(replaces(Some(&old), &new), Ok(()));
+        assert!(replaces(Some(&new), &old).is_err());
+        assert!(replaces(Some(&new), &new).is_err());
+    }
+
+    fn pod(name: &str, created: &str, ready: Option<&str>) -> Value {
+        let conditions = match ready {
+            Some(t) => json!([{"type": "Ready", "status": "True", "lastTransitionTime": t}]),
+            None => json!([{"type": "Ready", "status": "False", "lastTransitionTime": created}]),
+        };
+        json!({"metadata": {"name": name, "creationTimestamp": created},
+               "status": {"conditions": conditions}})
+    }
+
+    #[test]
+    fn the_newest_pod_ready_long_enough_is_chosen() {
+        let now = humantime::parse_rfc3339("2025-01-01T01:00:00Z").unwrap();
+        let after = Duration::from_secs(60);
+        let good = pod("good", "2025-01-01T00:00:00Z", Some("2025-01-01T00:01:00Z"));
+        // A broken rollout's pod: newer, never ready.
+        let broken = pod("broken", "2025-01-01T00:50:00Z", None);
+        // A new pod ready for 30 s only.
+        let young = pod(
+            "young",
+            "2025-01-01T00:58:00Z",
+            Some("2025-01-01T00:59:30Z"),
+        );
+        let pods = [good.clone(), broken.clone(), young.clone()];
+        assert_eq!(
+            choose(&pods, now, after).unwrap()["metadata"]["name"],
+            "good"
+        );
+        // Once it has been ready for the wait, the new one is chosen.
+        let later = now + Duration::from_secs(31);
+        assert_eq!(
+            choose(&pods, later, after).unwrap()["metadata"]["name"],
+            "young"
+        );
+        // Mirror pods (kubeadm's static apiserver, the recovery instance) and pods being
+        // deleted are never chosen.
+        let mut mirror = pod(
+            "mirror",
+            "2025-01-01T00:59:00Z",
+            Some("2025-01-01T00:00:00Z"),
+        );
+        mirror["metadata"]["annotations"] = json!({"kubernetes.io/config.mirror": "x"});
+        let mut going = pod(
+            "going",
+            "2025-01-01T00:59:00Z",
+            Some("2025-01-01T00:00:00Z"),
+        );
+        going["metadata"]["deletionTimestamp"] = json!("2025-01-01T00:59:59Z");
+        assert_eq!(
+            choose(&[good, mirror, going, broken], now, after).unwrap()["metadata"]["name"],
+            "good"
+        );
+        assert!(choose(&[pod("b", "2025-01-01T00:00:00Z", None)], now, after).is_none());
+    }
+
+    #[test]
+    fn kubeconfig_inline_and_file_material() {
+        let dir = std::env::temp_dir().join(format!("kap-kubeconfig-{}", rand::random::<u64>()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ca = rcgen_free_pem();
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        let inline = format!(
+            "apiVersion: v1\nclusters:\n- cluster:\n    certificate-authority-data: {}\n    server: https://192.0.2.10:6443\n  name: c\nusers:\n- name: u\n  user:\n    client-certificate-data: {}\n    client-key-data: {}\n",
+            b64(&ca.0), b64(&ca.0), b64(&ca.1)
+        );
+        std::fs::write(dir.join("inline.conf"), inline).unwrap();
+        let c = ApiClient::from_kubeconfig(&dir.join("inline.conf")).unwrap();
+        assert_eq!((c.host.as_str(), c.port), ("192.0.2.10", 6443));
+        std::fs::write(dir.join("ca.crt"), &ca.0).unwrap();
+        std::fs::write(dir.join("client.pem"), format!("{}{}", ca.0, ca.1)).unwrap();
+        let files = "clusters:\n- cluster:\n    certificate-authority: ca.crt\n    server: \"https://cp.example:7443\"\nusers:\n- user:\n    client-certificate: client.pem\n    client-key: client.pem\n";
+        std::fs::write(dir.join("files.conf"), files).unwrap();
+        let c = ApiClient::from_kubeconfig(&dir.join("files.conf")).unwrap();
+        assert_eq!((c.host.as_str(), c.port), ("cp.example", 7443));
+        std::fs::write(dir.join("bad.conf"), "clusters: []\n").unwrap();
+        let e = ApiClient::from_kubeconfig(&dir.join("bad.conf")).unwrap_err();
+        assert!(e.to_string().contains("no server"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A self-signed certificate and its key, PEM (a fixed test vector).
+    fn rcgen_free_pem() -> (String, String) {
+        (TEST_CERT.to_owned(), TEST_KEY.to_owned())
+    }
+
+    const TEST_CERT: &str = include_str!("testdata/cert.pem");
+    const TEST_KEY: &str = include_str!("testdata/key.pem");
+
+    #[test]
+    fn selectors_are_encoded() {
+        assert_eq!(
+            encode("component=kube-apiserver,tier=control-plane"),
+            "component%3Dkube-apiserver%2Ctier%3Dcontrol-plane"
+        );
+    }
+
+    #[test]
+    fn store_keeps_the_previous_one_and_nothing_else() {
+        let dir = std::env::temp_dir().join(format!("kap-store-{}", rand::random::<u64>()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(".kube-apiserver.json.1.tmp"), b"stale").unwrap();
+        store(&dir, None, b"one").unwrap();
+        store(&dir, Some(b"one"), b"two").unwrap();
+        assert_eq!(std::fs::read(dir.join(FILE)).unwrap(), b"two");
+        assert_eq!(std::fs::read(dir.join(PREVIOUS)).unwrap(), b"one");
+        let mut names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, [FILE, PREVIOUS]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

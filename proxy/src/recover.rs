@@ -1,0 +1,318 @@
+//! `kube-apiserver-proxy recover`: the node agent that keeps the last-known-good checkpoint,
+//! brings it back after a reboot and takes it away once the Deployment serves again.
+//!
+//! It runs as a permanent static pod (manifests/node/kube-apiserver-recovery.yaml), as root
+//! with only `CAP_DAC_OVERRIDE`, because it is the one process allowed to write the kubelet's
+//! static pod directory. It does three things:
+//!
+//! - **Checkpoint** ([`crate::checkpoint`]), every `--checkpoint-interval` while an apiserver
+//!   answers: the newest pod of the Deployment on this node that has been Ready for
+//!   `--checkpoint-after` is written to the checkpoint directory, read with the node's own
+//!   identity (`--kubeconfig`).
+//! - **Activate, once per boot.** At its first start after a boot (no `--boot-marker` in the
+//!   node's `/run`, a tmpfs), if a checkpoint exists, passes [`staticpod::validate`] and
+//!   nothing accepts connections on `--node-address`, it copies the checkpoint into the static
+//!   pod directory as `kube-apiserver-checkpoint.json`; the kubelet starts it at once (it
+//!   watches the directory). Then it writes the marker, so a restart of the kubelet or of this
+//!   pod never activates again. A checkpoint left active from before the reboot stays active.
+//! - **Deactivate, when asked.** The recovery instance's proxy writes `--retire-file` once an
+//!   instance of the Deployment is ready beside it ([`crate::retire`]); the agent then removes
+//!   the manifest from the static pod directory (the kubelet stops the pod: its proxy hands the
+//!   listening socket to that instance) and the file.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::cli::RecoverArgs;
+use crate::staticpod;
+
+/// Why `recover` cannot start (bad input: exit 2).
+#[derive(Debug, thiserror::Error)]
+pub enum RecoverError {
+    #[error("--node-address: {0}")]
+    NodeAddress(String),
+    #[error("--static-pod-dir {0}: not a directory")]
+    StaticPodDir(String),
+    #[error("--interval: must be greater than zero")]
+    Interval,
+    #[error("--checkpoint-interval and --checkpoint-after: must be greater than zero")]
+    CheckpointTiming,
+    #[error("--kubeconfig: {0}")]
+    Kubeconfig(String),
+    #[error("cannot start: {0}")]
+    Runtime(std::io::Error),
+}
+
+/// The static pod's file name in the kubelet's directory.
+pub fn manifest_name() -> String {
+    format!("{}.json", staticpod::NAME)
+}
+
+/// The checked configuration.
+#[derive(Debug, Clone)]
+pub struct Recover {
+    pub checkpoint: PathBuf,
+    pub checkpoint_dir: PathBuf,
+    /// The checkpoint writer (with `--kubeconfig`).
+    pub writer: Option<crate::checkpoint::WriterConfig>,
+    pub checkpoint_interval: Duration,
+    pub static_pod_dir: PathBuf,
+    pub retire_file: PathBuf,
+    pub boot_marker: PathBuf,
+    pub node_address: SocketAddr,
+    pub allow_host_paths: Vec<String>,
+    pub interval: Duration,
+}
+
+impl TryFrom<&RecoverArgs> for Recover {
+    type Error = RecoverError;
+
+    fn try_from(args: &RecoverArgs) -> Result<Self, RecoverError> {
+        let node_address =
+            crate::cli::parse_socket_addr(&args.node_address).map_err(RecoverError::NodeAddress)?;
+        if !args.static_pod_dir.is_dir() {
+            return Err(RecoverError::StaticPodDir(
+                args.static_pod_dir.display().to_string(),
+            ));
+        }
+        if args.interval.is_zero() {
+            return Err(RecoverError::Interval);
+        }
+        if args.checkpoint_interval.is_zero() || args.checkpoint_after.is_zero() {
+            return Err(RecoverError::CheckpointTiming);
+        }
+        let writer = match (&args.kubeconfig, &args.node_name) {
+            (Some(kubeconfig), Some(node)) => Some(crate::checkpoint::WriterConfig {
+                dir: args.checkpoint_dir.clone(),
+                namespace: args.namespace.clone(),
+                selector: args.selector.clone(),
+                node: node.clone(),
+                after: args.checkpoint_after,
+                retire_file: args.retire_file.display().to_string(),
+                api: crate::checkpoint::ApiClient::from_kubeconfig(kubeconfig).map_err(|e| {
+                    RecoverError::Kubeconfig(
+                        e.to_string().trim_start_matches("kubeconfig ").to_string(),
+                    )
+                })?,
+            }),
+            _ => None,
+        };
+        let allow_host_paths = if args.allow_host_path.is_empty() {
+            staticpod::DEFAULT_HOST_PATHS
+                .iter()
+                .map(|s| s.to_string())
+                .collect()
+        } else {
+            args.allow_host_path.clone()
+        };
+        Ok(Recover {
+            checkpoint: args.checkpoint_dir.join(crate::checkpoint::FILE),
+            checkpoint_dir: args.checkpoint_dir.clone(),
+            writer,
+            checkpoint_interval: args.checkpoint_interval,
+            static_pod_dir: args.static_pod_dir.clone(),
+            retire_file: args.retire_file.clone(),
+            boot_marker: args.boot_marker.clone(),
+            node_address,
+            allow_host_paths,
+            interval: args.interval,
+        })
+    }
+}
+
+/// What the boot-time decision came to (also written into the marker).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// The checkpoint of this pod is now in the static pod directory.
+    Activated(String),
+    /// The manifest was already there (the node went down while recovering).
+    AlreadyActive,
+    /// Not activated, and why.
+    Not(String),
+}
+
+/// Runs the agent until SIGTERM or SIGINT.
+pub fn run(args: &RecoverArgs) -> Result<(), RecoverError> {
+    let config = Recover::try_from(args)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(RecoverError::Runtime)?;
+    runtime.block_on(async move {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(RecoverError::Runtime)?;
+        tracing::info!(checkpoint = %config.checkpoint.display(), static_pod_dir = %config.static_pod_dir.display(), node_address = %config.node_address, "recover: started");
+        boot(&config).await;
+        let mut writer = Writer::default();
+        let mut next_checkpoint = tokio::time::Instant::now();
+        loop {
+            tokio::select! {
+                _ = term.recv() => break,
+                _ = tokio::signal::ctrl_c() => break,
+                _ = tokio::time::sleep(config.interval) => {}
+            }
+            retire(&config);
+            if let Some(w) = &config.writer {
+                if tokio::time::Instant::now() >= next_checkpoint {
+                    writer.attempt(w).await;
+                    next_checkpoint = tokio::time::Instant::now() + config.checkpoint_interval;
+                }
+            }
+        }
+        tracing::info!("recover: stopping");
+        Ok(())
+    })
+}
+
+/// The once-per-boot decision; writes the marker.
+pub async fn boot(config: &Recover) -> Option<Decision> {
+    if config.boot_marker.exists() {
+        tracing::info!(marker = %config.boot_marker.display(), "recover: not the first start since boot; nothing to activate");
+        return None;
+    }
+    let decision = decide(config).await;
+    match &decision {
+        Decision::Activated(of) => {
+            tracing::info!(of, manifest = %config.static_pod_dir.join(manifest_name()).display(), "recover: checkpoint activated: the kubelet runs it as a static pod until an instance of the Deployment is ready")
+        }
+        Decision::AlreadyActive => {
+            tracing::info!("recover: checkpoint already active (the node went down while recovering); it stays until retired")
+        }
+        Decision::Not(why) => tracing::warn!(reason = %why, "recover: checkpoint not activated"),
+    }
+    let text = match &decision {
+        Decision::Activated(of) => format!("activated {of}\n"),
+        Decision::AlreadyActive => "already active\n".to_string(),
+        Decision::Not(why) => format!("not activated: {why}\n"),
+    };
+    if let Err(e) = crate::fsutil::write_atomic(&config.boot_marker, text.as_bytes()) {
+        tracing::warn!(marker = %config.boot_marker.display(), error = %e, "recover: cannot write the boot marker; a restart of this agent decides again");
+    }
+    Some(decision)
+}
+
+async fn decide(config: &Recover) -> Decision {
+    // A retire request from before the reboot would end the recovery at once.
+    let _ = std::fs::remove_file(&config.retire_file);
+    let manifest = config.static_pod_dir.join(manifest_name());
+    if manifest.exists() {
+        return Decision::AlreadyActive;
+    }
+    let bytes = match std::fs::read(&config.checkpoint) {
+        Ok(b) => b,
+        Err(e) => {
+            return Decision::Not(format!(
+                "no checkpoint at {}: {e}",
+                config.checkpoint.display()
+            ))
+        }
+    };
+    let origin = match serde_json::from_slice(&bytes)
+        .map_err(|e| staticpod::Unusable(format!("not JSON: {e}")))
+        .and_then(|v| staticpod::validate(&v, &config.allow_host_paths))
+    {
+        Ok(o) => o,
+        Err(e) => {
+            return Decision::Not(format!(
+                "checkpoint {} refused: {e}",
+                config.checkpoint.display()
+            ))
+        }
+    };
+    if serves(config.node_address).await {
+        return Decision::Not(format!(
+            "{} accepts connections: an apiserver serves the node already",
+            config.node_address
+        ));
+    }
+    match crate::fsutil::write_atomic(&manifest, &bytes) {
+        Ok(()) => Decision::Activated(origin.pod),
+        Err(e) => Decision::Not(format!("cannot write {}: {e}", manifest.display())),
+    }
+}
+
+/// Whether something accepts a TCP connection on `addr` within 1 s.
+async fn serves(addr: SocketAddr) -> bool {
+    matches!(
+        tokio::time::timeout(Duration::from_secs(1), tokio::net::TcpStream::connect(addr)).await,
+        Ok(Ok(_))
+    )
+}
+
+/// Acts on a retire request: removes the manifest, then the request.
+pub fn retire(config: &Recover) {
+    if !config.retire_file.exists() {
+        return;
+    }
+    let manifest = config.static_pod_dir.join(manifest_name());
+    match std::fs::remove_file(&manifest) {
+        Ok(()) => {
+            tracing::info!(manifest = %manifest.display(), "recover: recovery instance retired (an instance of the Deployment is ready): manifest removed, the kubelet stops it and its proxy hands the listening socket over")
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            tracing::warn!(manifest = %manifest.display(), error = %e, "recover: cannot remove the recovery instance's manifest");
+            return;
+        }
+    }
+    remove(&config.retire_file);
+}
+
+fn remove(path: &Path) {
+    if let Err(e) = std::fs::remove_file(path) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            tracing::warn!(file = %path.display(), error = %e, "recover: cannot remove");
+        }
+    }
+}
+
+/// The checkpoint writer's state between attempts: what was last logged.
+#[derive(Default)]
+struct Writer {
+    last: Option<String>,
+    last_logged: Option<std::time::Instant>,
+}
+
+impl Writer {
+    /// One attempt; logs a change of outcome (an unchanged failure at most every 5 minutes).
+    async fn attempt(&mut self, config: &crate::checkpoint::WriterConfig) {
+        use crate::checkpoint::Outcome;
+        let result = crate::checkpoint::attempt(config, std::time::SystemTime::now()).await;
+        let (text, error) = match &result {
+            Ok(Outcome::Written(pod)) => {
+                tracing::info!(pod, file = %config.dir.join(crate::checkpoint::FILE).display(), after = ?config.after, "recover: checkpoint written: this pod was ready without a break for --checkpoint-after, the last known good one");
+                self.last = None;
+                return;
+            }
+            Ok(Outcome::NoCandidate) => ("no pod ready long enough yet".to_string(), false),
+            Ok(Outcome::Kept(why)) => (format!("checkpoint kept: {why}"), false),
+            Err(e) => (chain(e), true),
+        };
+        let changed = self.last.as_deref() != Some(text.as_str());
+        let stale = self
+            .last_logged
+            .is_none_or(|t| t.elapsed() > Duration::from_secs(300));
+        if changed || (error && stale) {
+            if error {
+                tracing::warn!(error = %text, "recover: checkpoint not written");
+            } else {
+                tracing::info!(state = %text, "recover: checkpoint");
+            }
+            self.last = Some(text);
+            self.last_logged = Some(std::time::Instant::now());
+        }
+    }
+}
+
+/// An error with its causes, `a: b: c`.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
