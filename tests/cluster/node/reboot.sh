@@ -115,7 +115,7 @@ wait_checkpoint() {
   local pod="$1" what="$2" t0
   t0="$(now_ms)"
   if wait_for "$CHECKPOINT_WAIT" checkpoint_is "$pod"; then
-    pass "$what: the checkpoint is of $pod, written $(since "$t0") s after its pod was ready (--checkpoint-after=$CHECKPOINT_AFTER; $(agent_log 'checkpoint written' | tail -n 1))"
+    pass "$what: the checkpoint is of $pod, written $(since "$t0") s after the rollout completed (--checkpoint-after=$CHECKPOINT_AFTER; $(agent_log 'checkpoint written' | tail -n 1))"
   else
     fail "$what: the checkpoint is not of $pod after $CHECKPOINT_WAIT s: it is of '$(checkpoint_of)'; $(find "$CHECKPOINT_DIR" -maxdepth 1 -printf '%f %m %u; ' 2>&1)"
     agent_log checkpoint | tail -n 5 | sed 's/^/#   /'
@@ -235,8 +235,7 @@ tmpfiles_create() {
 deploy_pod_ready() { deploy_pods | grep -q "^$1 .*true,true"; }
 
 reboot_recover() {
-  local good="$1" broken t_boot t_serve t_take served_by
-  broken="$(deploy_pods | awk -v good="$good" '$1 != good { print $1 }' | head -n 1)"
+  local good="$1" broken="$2" t_boot t_serve t_take served_by
   t_boot="$(now_ms)"
   start_containerd || return 1
   start_kubelet || return 1
@@ -294,7 +293,7 @@ reboot_recover() {
   else
     fail "no handoff from the recovery instance in the Deployment's proxy log: $(grep -i handoff <<<"$log" | tail -n 5 | cut -c1-200 | tr '\n' ' ')"
   fi
-  note "recovery agent log since the boot: $(agent_log 'activated\|retired\|not activated' | tail -n 4 | tr '\n' ' ')"
+  note "recovery agent log: $(agent_log 'activated\|retired\|not activated' | tail -n 4 | tr '\n' ' ')"
 }
 
 run_reboot() {
@@ -320,8 +319,10 @@ run_reboot() {
   second="$(the_pod)"
   wait_checkpoint "$second" "after a completed rollout" || return 0
   reboot_broken_rollout "$second" || return 0
+  local broken
+  broken="$(deploy_pods | awk -v good="$second" '$1 != good { print $1 }' | head -n 1)"
   reboot_node || return 0
-  reboot_recover "$second" || return 0
+  reboot_recover "$second" "$broken" || return 0
   rollout "kubectl rollout undo of the broken rollout, after the recovery" kcs rollout undo deployment/kube-apiserver || true
   note "reports: $S/load-*.json, $S/connloop-*.json"
 }
