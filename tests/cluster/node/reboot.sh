@@ -288,8 +288,11 @@ reboot_recover() {
   fi
   local log
   log="$(kcs logs "$good" -c proxy 2>&1)"
-  if grep -q 'handoff: sockets shared by peer' <<<"$log" && grep -q "handoff: adopted peer's listening sockets" <<<"$log"; then
-    pass "the Deployment's proxy shared the recovery instance's listening socket, then adopted it at its drain: $(grep -E 'sockets shared by peer|adopted peer' <<<"$log" | cut -c1-200 | tr '\n' ' ')"
+  # Shared at its start (one kernel queue with the recovery instance), adopted at the recovery
+  # instance's drain: the same sockets, so the adoption brings none it did not hold ("new":0).
+  if grep -q 'handoff: sockets shared by peer.*"sockets":[1-9]' <<<"$log" \
+    && grep "handoff: adopted peer's listening sockets" <<<"$log" | head -n 1 | grep -q '"new":0'; then
+    pass "the Deployment's proxy shared the recovery instance's listening sockets, then adopted them at its drain (the same sockets): $(grep -E 'sockets shared by peer.*"sockets":[1-9]|adopted peer' <<<"$log" | head -n 2 | grep -oE '"message":"[^"]*"|"(sockets|offered|taken|new)":[0-9]+' | tr '\n' ' ')"
   else
     fail "no handoff from the recovery instance in the Deployment's proxy log: $(grep -i handoff <<<"$log" | tail -n 5 | cut -c1-200 | tr '\n' ' ')"
   fi
