@@ -25,6 +25,8 @@
 
 MIGRATE_LOCAL_CONF="$S/local-super-admin.conf"
 MIGRATE_RESTARTS="${MIGRATE_RESTARTS:-2}"
+# Then pivot.sh's rollouts: MIGRATE_MORE_RESTARTS more restarts (5 in all by default) and the
+# image change (IMAGE_CHANGE=0 leaves it out).
 HANDOFF_DIR=/run/kube-apiserver-proxy/handoff
 
 # probe2_start NAME / probe2_stop NAME: TCP connects to each address in turn; per address the
@@ -401,5 +403,10 @@ run_migrate() {
   migrate_local_kubeconfig || return 0
   migrate || return 0
   migrate_rollouts || true
+  # Then the rollouts of pivot.sh by the real controllers (issue 12 point 3): more rollout
+  # restarts (5 in all with the ones above) and the image change v1.36 -> v1.37 and back.
+  # shellcheck disable=SC2034 # read by rollouts() in pivot.sh
+  ROLLOUT_RESTARTS="${MIGRATE_MORE_RESTARTS:-$((MIGRATE_RESTARTS < 5 ? 5 - MIGRATE_RESTARTS : 0))}"
+  rollouts || true
   note "reports: $S/load-*.json, $S/probe-*.json, $S/endpoints-*.json, $S/migrate.log"
 }
