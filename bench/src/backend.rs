@@ -58,6 +58,10 @@ pub struct ServeBackendArgs {
     /// Address to listen on [default: a random 127.x.y.z].
     #[arg(long)]
     pub ip: Option<IpAddr>,
+    /// Serve only the echo backend, on this exact address, and print `listening` once it
+    /// listens (the `storm` scenario's restartable backend).
+    #[arg(long, conflicts_with = "ip")]
+    pub echo_at: Option<SocketAddr>,
 }
 
 /// The addresses of the built-in backends.
@@ -195,9 +199,17 @@ pub fn serve(args: ServeBackendArgs) -> Result<()> {
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        let ip = args.ip.unwrap_or_else(random_loopback);
-        let hello = listen(ip).await?;
-        println!("{}", serde_json::to_string(&hello)?);
+        if let Some(addr) = args.echo_at {
+            // Bound with SO_REUSEADDR (tokio's default): a restart rebinds at once, whatever
+            // the previous instance's connections left in TIME_WAIT.
+            let listener = TcpListener::bind(addr).await?;
+            tokio::spawn(accept_loop(listener, Kind::Echo));
+            println!("listening");
+        } else {
+            let ip = args.ip.unwrap_or_else(random_loopback);
+            let hello = listen(ip).await?;
+            println!("{}", serde_json::to_string(&hello)?);
+        }
         // Exit when the parent goes away (its end of our stdin closes).
         let mut stdin = tokio::io::stdin();
         let mut byte = [0u8; 1];

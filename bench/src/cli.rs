@@ -8,7 +8,7 @@ use clap::{Args, FromArgMatches, Parser, Subcommand};
 use crate::backend::ServeBackendArgs;
 use crate::scenario::{
     chaos::ChaosArgs, churn::ChurnArgs, idle::IdleArgs, rollout::RolloutArgs, rr::RrArgs,
-    throughput::ThroughputArgs,
+    storm::StormArgs, threads::ThreadsArgs, throughput::ThroughputArgs,
 };
 use crate::target::Target;
 
@@ -59,6 +59,25 @@ pub enum Command {
         timing: Timing,
         #[command(flatten)]
         args: IdleArgs,
+    },
+    /// `rr` once per worker-thread count (proxy `--worker-threads`, HAProxy `nbthread`).
+    Threads {
+        #[command(flatten)]
+        setup: Setup,
+        #[command(flatten)]
+        timing: Timing,
+        #[command(flatten)]
+        args: ThreadsArgs,
+    },
+    /// Long-lived connections reconnecting at once after a backend restart: time until all are
+    /// back, failed attempts, target memory.
+    Storm {
+        #[command(flatten)]
+        setup: Setup,
+        #[command(flatten)]
+        timing: Timing,
+        #[command(flatten)]
+        args: StormArgs,
     },
     /// The demo: churn and long-lived streams while instances are replaced; failures by kind.
     Rollout {

@@ -124,6 +124,16 @@ impl ProxyLauncher {
         &self.bin
     }
 
+    /// The extra arguments of every instance.
+    pub fn extra_args(&self) -> &[String] {
+        &self.extra_args
+    }
+
+    /// Replaces the extra arguments of instances started from now on.
+    pub fn set_extra_args(&mut self, args: Vec<String>) {
+        self.extra_args = args;
+    }
+
     /// Starts an instance (not yet ready: call [`Instance::wait_ready`]).
     pub fn spawn(&mut self, options: &ProxyOptions) -> Result<Instance> {
         self.started += 1;

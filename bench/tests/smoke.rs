@@ -1,8 +1,9 @@
 //! Smoke test: every scenario runs once at tiny size through the real `bench` binary, so the
 //! harness cannot rot; `rr` and `churn` also run over TLS. Figures are not asserted (timing
-//! belongs in benchmarks; a TLS run must merely answer requests), with two exceptions: the
-//! rollout run must lose no connection through the proxy, and the chaos soak (a few seconds of
-//! it) must see no failure that a SIGKILL does not explain.
+//! belongs in benchmarks; a TLS run must merely answer requests), with three exceptions: the
+//! rollout run must lose no connection through the proxy, the chaos soak (a few seconds of
+//! it) must see no failure that a SIGKILL does not explain, and every client of the storm must
+//! be back after the backend's restart.
 //!
 //! The proxy binary is found (and built with cargo if needed) by the harness itself, next to
 //! the `bench` binary. HAProxy takes part when installed. No fixed ports: every listener is on
@@ -104,6 +105,57 @@ fn churn_tls() {
 fn idle() {
     let args = [&["idle", "--connections", "50"][..], &TINY].concat();
     assert_ran(&bench("idle", &args, "idle.json"));
+}
+
+/// `rr` per worker-thread count: one report per count, and the summary row of each.
+#[test]
+fn threads() {
+    let args = [
+        &["threads", "--threads", "1,2", "--connections", "4"][..],
+        &TINY,
+    ]
+    .concat();
+    let summary = bench("threads", &args, "threads.json");
+    let rows = summary["rows"].as_array().expect("rows");
+    let counts: Vec<u64> = rows.iter().filter_map(|r| r["threads"].as_u64()).collect();
+    assert_eq!(counts, [1, 2]);
+    for row in rows {
+        assert!(
+            row["proxy_requests_per_s"].as_f64() > Some(0.0),
+            "no request answered through the proxy: {row:#}"
+        );
+    }
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("bench-smoke-threads");
+    for n in [1, 2] {
+        let text = std::fs::read_to_string(out.join(format!("threads-{n}/rr.json")))
+            .unwrap_or_else(|e| panic!("no rr report for {n} threads: {e}"));
+        let report: Value = serde_json::from_str(&text).expect("valid JSON");
+        assert_ran(&report);
+    }
+}
+
+/// The reconnection storm: every client of every target is back after the backend restart
+/// (not a timing figure: a client not back within the scenario's deadline is lost).
+#[test]
+fn storm() {
+    let args = [
+        &["storm", "--connections", "50", "--downtime", "100ms"][..],
+        &TINY,
+    ]
+    .concat();
+    let report = bench("storm", &args, "storm.json");
+    assert_ran(&report);
+    for run in report["runs"].as_array().expect("runs") {
+        assert_eq!(
+            run["metrics"]["lost"].as_f64(),
+            Some(0.0),
+            "clients not back: {run:#}"
+        );
+        assert!(
+            run["metrics"]["all_back_us"].as_f64() > Some(0.0),
+            "no reconnect measured: {run:#}"
+        );
+    }
 }
 
 #[test]

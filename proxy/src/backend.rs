@@ -1,8 +1,12 @@
 //! Backends: their shared state, and the choice of backend for a new connection.
 //!
-//! [`order`] is the pure selection rule; [`Backends`] holds the live set that health checks
-//! update and the accept path reads.
+//! [`order`] is the pure selection rule ([`best`] its first element, found without sorting);
+//! [`Backends`] holds the live set that health checks update and the accept path reads. The
+//! accept path takes no lock: each thread keeps its own copy of the set's current snapshot,
+//! renewed when the set's version changes, and reads each backend's health from an atomic.
 
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use tokio::sync::watch;
@@ -50,11 +54,27 @@ pub fn order(candidates: &[Candidate]) -> Vec<usize> {
     idx
 }
 
+/// The first element of [`order`], found in one pass without allocating: what a new
+/// connection tries first.
+pub fn best(candidates: impl IntoIterator<Item = Candidate>) -> Option<usize> {
+    let mut best: Option<(usize, (bool, Tier, i64))> = None;
+    for (i, c) in candidates.into_iter().enumerate() {
+        let key = (!c.healthy, c.tier, c.active);
+        // Strictly smaller: on a tie the earlier one stays, as in the stable sort of `order`.
+        if best.as_ref().is_none_or(|(_, b)| key < *b) {
+            best = Some((i, key));
+        }
+    }
+    best.map(|(i, _)| i)
+}
+
 /// One backend and its live state.
 pub struct Backend {
     pub addr: BackendAddr,
     pub tier: Tier,
     state: Mutex<HealthState>,
+    /// Whether `state` is up, readable without its lock (written under it).
+    up: AtomicBool,
     /// The last active check's result and failure cause, for `/status`.
     last_check: Mutex<Option<CheckResult>>,
     /// Failure causes are logged when they change (at most once a second), else at most
@@ -78,6 +98,7 @@ impl Backend {
             addr,
             tier,
             state: Mutex::new(HealthState::new(health.rise, health.fall)),
+            up: AtomicBool::new(false),
             last_check: Mutex::new(None),
             cause_log: LogRate::new(CAUSE_LOG_EVERY),
             cause_change_log: LogRate::new(std::time::Duration::from_secs(1)),
@@ -98,15 +119,23 @@ impl Backend {
     fn candidate(&self) -> Candidate {
         Candidate {
             tier: self.tier,
-            healthy: self.health().is_up(),
+            healthy: self.up.load(Ordering::Acquire),
             active: self.active(),
         }
     }
 
     /// Counts a connection carried to this backend until the guard drops.
-    pub fn track(self: &Arc<Self>) -> ActiveGuard {
+    pub fn track(self: Arc<Self>) -> ActiveGuard {
         self.metrics.active.inc();
-        ActiveGuard(self.clone())
+        ActiveGuard(self)
+    }
+
+    /// Feeds the health state machine under its lock, keeping `up` in step.
+    fn update(&self, f: impl FnOnce(&mut HealthState) -> Option<Health>) -> Option<Health> {
+        let mut state = self.state.lock().expect("health lock");
+        let change = f(&mut state);
+        self.up.store(state.health().is_up(), Ordering::Release);
+        change
     }
 
     fn apply(&self, change: Option<Health>) -> Option<Health> {
@@ -152,14 +181,14 @@ impl Backend {
             Observation::Refused => m.checks_refused.inc(),
             Observation::Skipped => m.checks_skipped.inc(),
         }
-        let change = self.state.lock().expect("health lock").observe(obs);
+        let change = self.update(|s| s.observe(obs));
         self.apply(change)
     }
 
     /// A connect failure on client traffic.
     pub fn suspect(&self) -> Option<Health> {
         self.metrics.connect_failures.inc();
-        let change = self.state.lock().expect("health lock").suspect();
+        let change = self.update(HealthState::suspect);
         self.apply(change)
     }
 }
@@ -173,9 +202,24 @@ impl Drop for ActiveGuard {
     }
 }
 
+/// Numbers the sets, so that a thread's cached snapshot is known to be of this one.
+static NEXT_SET: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// This thread's copy of the last snapshot it read: (set, version, snapshot).
+    static CACHED: RefCell<Option<(usize, u64, Snapshot)>> = const { RefCell::new(None) };
+}
+
+type Snapshot = Arc<Vec<Arc<Backend>>>;
+
 /// The live set of backends, each with its own health-check task.
 pub struct Backends {
-    list: RwLock<Arc<Vec<Arc<Backend>>>>,
+    id: usize,
+    list: RwLock<Snapshot>,
+    /// Bumped after every change of `list` (threads renew their copy when it moved).
+    list_version: AtomicU64,
+    /// Bumped on every change of the set or of a backend's health, like `changed`.
+    version: AtomicU64,
     /// Bumped on every health change; `wait_healthy` watches it.
     changed: watch::Sender<u64>,
     health: HealthConfig,
@@ -190,7 +234,10 @@ impl Backends {
     /// tree) is cancelled.
     pub fn new(health: HealthConfig, metrics: Metrics, stop: CancellationToken) -> Arc<Self> {
         Arc::new(Backends {
+            id: NEXT_SET.fetch_add(1, Ordering::Relaxed),
             list: RwLock::new(Arc::new(Vec::new())),
+            list_version: AtomicU64::new(0),
+            version: AtomicU64::new(0),
             changed: watch::channel(0).0,
             health,
             metrics,
@@ -217,6 +264,7 @@ impl Backends {
         let mut next = Vec::clone(&list);
         next.push(backend.clone());
         *list = Arc::new(next);
+        self.list_version.fetch_add(1, Ordering::Release);
         tracing::info!(backend = %addr, tier = ?tier, "backend added");
         self.notify();
         // The check loop reports through this callback and knows nothing of backends.
@@ -245,6 +293,7 @@ impl Backends {
         backend.checks.cancel();
         backend.metrics.up.set(0);
         *list = Arc::new(list.iter().filter(|b| b.addr != addr).cloned().collect());
+        self.list_version.fetch_add(1, Ordering::Release);
         drop(list);
         tracing::info!(backend = %addr, tier = ?backend.tier, "backend removed");
         self.notify();
@@ -271,11 +320,35 @@ impl Backends {
         self.list.read().expect("backends lock").clone()
     }
 
+    /// Runs `f` on this thread's copy of the current snapshot (no lock unless the set changed
+    /// since this thread last looked).
+    fn with_local<R>(&self, f: impl FnOnce(&[Arc<Backend>]) -> R) -> R {
+        let version = self.list_version.load(Ordering::Acquire);
+        CACHED.with(|cached| {
+            let mut cached = cached.borrow_mut();
+            match &*cached {
+                Some((id, v, list)) if *id == self.id && *v == version => f(list),
+                _ => {
+                    let list = self.snapshot();
+                    let result = f(&list);
+                    *cached = Some((self.id, version, list));
+                    result
+                }
+            }
+        })
+    }
+
+    /// The backend to try first for a new connection: the first of [`Self::candidates`].
+    pub fn first_choice(&self) -> Option<Arc<Backend>> {
+        self.with_local(|list| best(list.iter().map(|b| b.candidate())).map(|i| list[i].clone()))
+    }
+
     /// Backends in the order to try for a new connection.
     pub fn candidates(&self) -> Vec<Arc<Backend>> {
-        let list = self.snapshot();
-        let cands: Vec<Candidate> = list.iter().map(|b| b.candidate()).collect();
-        order(&cands).into_iter().map(|i| list[i].clone()).collect()
+        self.with_local(|list| {
+            let cands: Vec<Candidate> = list.iter().map(|b| b.candidate()).collect();
+            order(&cands).into_iter().map(|i| list[i].clone()).collect()
+        })
     }
 
     /// True when any backend is up.
@@ -290,7 +363,13 @@ impl Backends {
 
     /// Records a health change for waiters.
     pub fn notify(&self) {
+        self.version.fetch_add(1, Ordering::AcqRel);
         self.changed.send_modify(|n| *n += 1);
+    }
+
+    /// Changes so far (of the set or of a backend's health); read without a lock.
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
     }
 
     /// Resolves once any backend is up.
@@ -329,6 +408,20 @@ mod tests {
             c(Tier::Local, false, 0),
         ];
         assert_eq!(order(&cands), vec![3, 2, 0, 4, 1]);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn best_is_the_first_of_the_order(
+            cands in proptest::collection::vec((0..3u8, proptest::bool::ANY, 0..4i64), 0..8)
+        ) {
+            let tiers = [Tier::Own, Tier::Local, Tier::Static];
+            let cands: Vec<Candidate> = cands
+                .into_iter()
+                .map(|(t, healthy, active)| c(tiers[t as usize], healthy, active))
+                .collect();
+            proptest::prop_assert_eq!(best(cands.iter().copied()), order(&cands).first().copied());
+        }
     }
 
     #[test]

@@ -6,8 +6,8 @@
 //!   is never held across a wait: only when the destination cannot take everything at once is
 //!   the rest copied into a buffer owned by the connection until it is written.
 //! - **splice**: `splice(2)` from one socket into a pipe and from the pipe into the other socket;
-//!   the bytes never enter user space. Pipes come from a small pool and are held only while
-//!   data is in flight. If no pipe can be had (out of descriptors), the burst goes buffered.
+//!   the bytes never enter user space. Pipes come from a small pool per thread and are held
+//!   only while data is in flight. If no pipe can be had (out of descriptors), the burst goes buffered.
 //!
 //! [`Mode::Auto`] (the default) picks per direction: buffered while bursts are small (API
 //! requests, watch events: fewer system calls, no pipe), splice once a read fills the scratch
@@ -25,14 +25,15 @@
 use std::cell::RefCell;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::sync::Mutex;
+use std::task::{Context, Poll};
 
 use nix::fcntl::{splice, OFlag, SpliceFFlags};
 use nix::sys::socket::{recv, MsgFlags};
-use prometheus::IntCounter;
 use tokio::io::Interest;
 use tokio::net::TcpStream;
-use tokio_util::sync::CancellationToken;
+
+use crate::control::{Control, Signal};
+use crate::shard::{Counter, Gauge};
 
 /// Size of the per-thread scratch buffer; a read that fills it marks the direction as bulk.
 const SCRATCH_LEN: usize = 64 * 1024;
@@ -40,8 +41,8 @@ const SCRATCH_LEN: usize = 64 * 1024;
 const SPLICE_CHUNK: usize = 64 * 1024;
 /// A splice burst smaller than this sends an `Auto` direction back to buffered copying.
 const SMALL_BURST: usize = 16 * 1024;
-/// Idle pipes kept for reuse; more are closed when returned.
-const POOL_MAX: usize = 256;
+/// Idle pipes kept for reuse per thread; more are closed when returned.
+const POOL_MAX: usize = 64;
 
 /// How to copy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,29 +61,48 @@ struct Pipe {
     write: OwnedFd,
 }
 
-static POOL: Mutex<Vec<Pipe>> = Mutex::new(Vec::new());
+/// One thread's idle pipes (a pipe taken on one thread may come back on another).
+struct Pool(Vec<Pipe>);
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        POOLED.add(-(self.0.len() as i64));
+    }
+}
+
+thread_local! {
+    static POOL: RefCell<Pool> = const { RefCell::new(Pool(Vec::new())) };
+}
+
+/// Idle pipes in all threads' pools.
+static POOLED: Gauge = Gauge::new();
 
 impl Pipe {
     fn take() -> io::Result<Pipe> {
-        if let Some(p) = POOL.lock().expect("pipe pool").pop() {
+        if let Ok(Some(p)) = POOL.try_with(|pool| pool.borrow_mut().0.pop()) {
+            POOLED.add(-1);
             return Ok(p);
         }
         let (read, write) = nix::unistd::pipe2(OFlag::O_NONBLOCK | OFlag::O_CLOEXEC)?;
         Ok(Pipe { read, write })
     }
 
-    /// Returns an empty pipe to the pool (a pipe with data left in it is dropped instead).
+    /// Returns an empty pipe to this thread's pool (a pipe with data left in it is dropped
+    /// instead).
     fn give_back(self) {
-        let mut pool = POOL.lock().expect("pipe pool");
-        if pool.len() < POOL_MAX {
-            pool.push(self);
-        }
+        let _ = POOL.try_with(|pool| {
+            let mut pool = pool.borrow_mut();
+            if pool.0.len() < POOL_MAX {
+                pool.0.push(self);
+                POOLED.add(1);
+            }
+        });
     }
 }
 
-/// Idle pipes in the pool now (each holds two descriptors).
+/// Idle pipes in the pools now (each holds two descriptors).
 pub fn pooled_pipes() -> usize {
-    POOL.lock().expect("pipe pool").len()
+    POOLED.get().max(0) as usize
 }
 
 thread_local! {
@@ -103,19 +123,21 @@ pub struct Pending {
 pub enum Copied {
     /// Both directions reached EOF.
     Done,
-    /// `pause` was cancelled: nothing more was read; these bytes are still to be written.
+    /// Parked: nothing more was read; these bytes are still to be written.
     Paused(Pending),
 }
 
 /// Copies both ways — `pending` bytes first — until both directions reached EOF, either
-/// failed, or `pause` is cancelled. Bytes are added to the counters as they are written.
+/// failed, or the connection's [`Signal::PARK`] is raised. Bytes are added to the counters as
+/// they are written. Whenever it returns pending, the caller registers the task's waker with
+/// `pause` ([`Control::register`]) and polls again at once if the park flag is then raised.
 pub async fn bidirectional(
     client: &TcpStream,
     backend: &TcpStream,
     mode: Mode,
-    counters: (&IntCounter, &IntCounter),
+    counters: (&Counter, &Counter),
     pending: Pending,
-    pause: &CancellationToken,
+    pause: &Control,
 ) -> io::Result<Copied> {
     let upstream = one_way(client, backend, mode, counters.0, pending.up, pause);
     let downstream = one_way(backend, client, mode, counters.1, pending.down, pause);
@@ -141,29 +163,45 @@ enum Burst {
     Paused(Vec<u8>),
 }
 
+/// Waits until `ready` (a socket's readiness) unless the park signal comes first: `false`.
+///
+/// Only reads the flag: the caller of [`bidirectional`] registers the task's waker with the
+/// control after each poll of the copy that returns pending, and polls the copy again if the
+/// flag was raised (as `forward::carry` does), so a raise is never missed.
+async fn ready_unless_parked(
+    pause: &Control,
+    mut ready: impl FnMut(&mut Context<'_>) -> Poll<io::Result<()>>,
+) -> io::Result<bool> {
+    std::future::poll_fn(|cx| {
+        if pause.is_raised(Signal::PARK) {
+            return Poll::Ready(Ok(false));
+        }
+        ready(cx).map_ok(|()| true)
+    })
+    .await
+}
+
 /// One direction — `initial` bytes first — until EOF (then shuts down the write half of
-/// `dst`; `None`) or until `pause` (`Some`: the bytes read but not written).
+/// `dst`; `None`) or until parked (`Some`: the bytes read but not written).
 async fn one_way(
     src: &TcpStream,
     dst: &TcpStream,
     mode: Mode,
-    counter: &IntCounter,
+    counter: &Counter,
     initial: Vec<u8>,
-    pause: &CancellationToken,
+    pause: &Control,
 ) -> io::Result<Option<Vec<u8>>> {
     if !initial.is_empty() {
         if let Some(rest) = write_all(dst, &initial, pause).await? {
-            counter.inc_by((initial.len() - rest.len()) as u64);
+            counter.add((initial.len() - rest.len()) as u64);
             return Ok(Some(rest));
         }
-        counter.inc_by(initial.len() as u64);
+        counter.add(initial.len() as u64);
     }
     let mut bulk = mode == Mode::Splice;
     loop {
-        tokio::select! {
-            biased;
-            _ = pause.cancelled() => return Ok(Some(Vec::new())),
-            r = src.readable() => r?,
+        if !ready_unless_parked(pause, |cx| src.poll_read_ready(cx)).await? {
+            return Ok(Some(Vec::new()));
         }
         let burst = if bulk && mode != Mode::Buffered {
             match Pipe::take() {
@@ -267,8 +305,8 @@ fn read_and_forward(src: &TcpStream, dst: &TcpStream) -> io::Result<Step> {
 async fn buffered_burst(
     src: &TcpStream,
     dst: &TcpStream,
-    counter: &IntCounter,
-    pause: &CancellationToken,
+    counter: &Counter,
+    pause: &Control,
 ) -> io::Result<Burst> {
     let mut moved = 0;
     let mut bulk = false;
@@ -277,7 +315,7 @@ async fn buffered_burst(
             Step::Eof => return Ok(Burst::Eof),
             Step::Empty => return Ok(Burst::Moved { bytes: moved, bulk }),
             Step::Moved { read, drained } => {
-                counter.inc_by(read as u64);
+                counter.add(read as u64);
                 moved += read;
                 bulk |= read == SCRATCH_LEN;
                 if drained {
@@ -290,10 +328,10 @@ async fn buffered_burst(
                 rest,
             } => {
                 if let Some(left) = write_all(dst, &rest, pause).await? {
-                    counter.inc_by((read - left.len()) as u64);
+                    counter.add((read - left.len()) as u64);
                     return Ok(Burst::Paused(left));
                 }
-                counter.inc_by(read as u64);
+                counter.add(read as u64);
                 moved += read;
                 bulk |= read == SCRATCH_LEN;
                 if drained {
@@ -304,17 +342,15 @@ async fn buffered_burst(
     }
 }
 
-/// Writes all of `data`, unless `pause` comes first: then returns what is left.
+/// Writes all of `data`, unless parked first: then returns what is left.
 async fn write_all(
     dst: &TcpStream,
     mut data: &[u8],
-    pause: &CancellationToken,
+    pause: &Control,
 ) -> io::Result<Option<Vec<u8>>> {
     while !data.is_empty() {
-        tokio::select! {
-            biased;
-            _ = pause.cancelled() => return Ok(Some(data.to_vec())),
-            r = dst.writable() => r?,
+        if !ready_unless_parked(pause, |cx| dst.poll_write_ready(cx)).await? {
+            return Ok(Some(data.to_vec()));
         }
         match dst.try_write(data) {
             Ok(m) => data = &data[m..],
@@ -350,8 +386,8 @@ async fn splice_burst(
     src: &TcpStream,
     dst: &TcpStream,
     pipe: Pipe,
-    counter: &IntCounter,
-    pause: &CancellationToken,
+    counter: &Counter,
+    pause: &Control,
 ) -> io::Result<Burst> {
     let flags = SpliceFFlags::SPLICE_F_NONBLOCK | SpliceFFlags::SPLICE_F_MOVE;
     let mut moved = 0;
@@ -383,15 +419,11 @@ async fn splice_burst(
         };
         let mut pending = n;
         while pending > 0 {
-            tokio::select! {
-                biased;
-                _ = pause.cancelled() => {
-                    counter.inc_by((n - pending) as u64);
-                    let rest = drain_pipe(&pipe, pending)?;
-                    pipe.give_back();
-                    return Ok(Burst::Paused(rest));
-                }
-                r = dst.writable() => r?,
+            if !ready_unless_parked(pause, |cx| dst.poll_write_ready(cx)).await? {
+                counter.add((n - pending) as u64);
+                let rest = drain_pipe(&pipe, pending)?;
+                pipe.give_back();
+                return Ok(Burst::Paused(rest));
             }
             match dst.try_io(Interest::WRITABLE, || {
                 splice(pipe.read.as_fd(), None, dst.as_fd(), None, pending, flags)
@@ -402,7 +434,23 @@ async fn splice_burst(
                 Err(e) => return Err(e),
             }
         }
-        counter.inc_by(n as u64);
+        counter.add(n as u64);
         moved += n;
     }
+}
+
+/// Reads and discards whatever `src` has now, through the thread's scratch buffer (nothing is
+/// held across a wait). `true`: `src` reached EOF.
+pub fn discard(src: &TcpStream) -> io::Result<bool> {
+    SCRATCH.with(|cell| {
+        let mut buf = cell.borrow_mut();
+        loop {
+            match src.try_read(&mut buf) {
+                Ok(0) => return Ok(true),
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) => return Err(e),
+            }
+        }
+    })
 }

@@ -7,7 +7,10 @@
 //! backend stopped listening: kube-apiserver closes its listener first and then goes on
 //! draining the requests and watches on the connections it has.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use rand::Rng;
@@ -16,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::addr::ClientAddr;
 use crate::backend::{Backend, Backends};
+use crate::control::{Control, Registry, Signal};
 use crate::copy::{self, Copied, Pending};
 use crate::lograte::LogRate;
 use crate::metrics::{FailReason, Metrics};
@@ -25,19 +29,28 @@ use crate::net;
 static NO_BACKEND_LOG: LogRate = LogRate::new(Duration::from_secs(1));
 static CONNECT_FAILED_LOG: LogRate = LogRate::new(Duration::from_secs(1));
 
-/// What every connection task shares.
+/// What every connection task shares. Read-only on the data path: a connection writes only
+/// to its own [`Control`] and to per-thread counters.
 pub struct ForwardContext {
     pub backends: Arc<Backends>,
     pub metrics: Metrics,
     pub connect_timeout: Duration,
-    /// Cancelled at the drain deadline: connections close, each after a random delay within
+    /// Cancelled at the drain deadline: every connection is cut through its own control
+    /// ([`Registry::cut_all`], see [`cut_on_cancel`]) and closes after a random delay within
     /// `close_window`, so clients do not all reconnect in one instant.
     pub cut: CancellationToken,
     pub close_window: Duration,
     /// Zero-copy or buffered forwarding.
     pub copy_mode: copy::Mode,
-    /// Every carried connection, for the connection handoff of an in-place upgrade.
-    pub transfers: Arc<crate::transfer::Registry>,
+    /// Every carried connection: cut at the drain deadline, parked at the connection handoff
+    /// of an in-place upgrade.
+    pub carried: Arc<Registry>,
+}
+
+/// Cuts every carried connection once `ctx.cut` is cancelled (run as a task of the instance).
+pub async fn cut_on_cancel(ctx: Arc<ForwardContext>) {
+    ctx.cut.cancelled().await;
+    ctx.carried.cut_all();
 }
 
 /// Carries one client connection to its end.
@@ -71,7 +84,7 @@ pub async fn resume(
         .snapshot()
         .iter()
         .find(|b| Some(b.addr.0) == backend_addr)
-        .map(|b| b.track());
+        .map(|b| b.clone().track());
     carry(client, upstream, client_addr, pending, &ctx).await;
 }
 
@@ -83,64 +96,90 @@ async fn carry(
     mut pending: Pending,
     ctx: &ForwardContext,
 ) {
-    let mut registration = ctx.transfers.register();
-    let cut = async {
-        ctx.cut.cancelled().await;
-        let window = ctx.close_window;
-        if !window.is_zero() {
-            let delay = window.mul_f64(rand::thread_rng().gen_range(0.0..1.0));
-            tokio::time::sleep(delay).await;
-        }
-    };
-    tokio::pin!(cut);
+    let registration = ctx.carried.register();
+    let control = registration.control();
     let counters = (
-        &ctx.metrics.bytes_client_to_backend,
-        &ctx.metrics.bytes_backend_to_client,
+        &*ctx.metrics.bytes_client_to_backend,
+        &*ctx.metrics.bytes_backend_to_client,
     );
+    // Created at the drain deadline only: the moment within the close window to close at.
+    let mut closing = None;
     loop {
-        let pause = CancellationToken::new();
-        let parked = {
+        let copied = {
             let copy = copy::bidirectional(
                 &client,
                 &upstream,
                 ctx.copy_mode,
                 counters,
                 std::mem::take(&mut pending),
-                &pause,
+                control,
             );
             tokio::pin!(copy);
-            tokio::select! {
-                result = &mut copy => {
-                    if let Err(e) = result {
-                        tracing::debug!(client.addr = %client_addr, error = %e, "connection ended with error");
-                    }
-                    return;
+            std::future::poll_fn(|cx| loop {
+                if let Poll::Ready(result) = copy.as_mut().poll(cx) {
+                    return Poll::Ready(Some(result));
                 }
-                _ = &mut cut => None,
-                Some(park) = registration.parks.recv() => {
-                    pause.cancel();
-                    match copy.await {
-                        Ok(Copied::Paused(p)) => Some((park, p)),
-                        Ok(Copied::Done) => return,
-                        Err(e) => {
-                            tracing::debug!(client.addr = %client_addr, error = %e, "connection ended with error");
-                            return;
-                        }
-                    }
+                // The one registration of this wake-up, for both signals: the copy only reads
+                // the park flag, so if it was raised meanwhile the copy is polled again.
+                if control.register(cx, Signal::PARK) {
+                    continue;
                 }
+                return closing_time(cx, control, &mut closing, ctx.close_window).map(|()| None);
+            })
+            .await
+        };
+        match copied {
+            Some(Ok(Copied::Done)) => return,
+            Some(Err(e)) => {
+                tracing::debug!(client.addr = %client_addr, error = %e, "connection ended with error");
+                return;
             }
-        };
-        let Some((park, paused)) = parked else {
-            tracing::debug!(client.addr = %client_addr, "closing: drain deadline");
-            drop(upstream);
-            close_gracefully(client).await;
-            return;
-        };
-        pending = paused;
-        if crate::transfer::offer(park, &client, &upstream, client_addr.0, &pending).await {
-            // The successor carries it on: close our descriptors only (never shutdown()).
-            return;
+            Some(Ok(Copied::Paused(paused))) => {
+                pending = paused;
+                if let Some(park) = control.take_park() {
+                    if crate::transfer::offer(park, &client, &upstream, client_addr.0, &pending)
+                        .await
+                    {
+                        // The successor carries it on: close our descriptors only (never
+                        // shutdown()).
+                        return;
+                    }
+                }
+                control.lower(Signal::PARK);
+            }
+            None => {
+                tracing::debug!(client.addr = %client_addr, "closing: drain deadline");
+                drop(upstream);
+                // Boxed: the close state is allocated only for the connections that close so.
+                Box::pin(close_gracefully(client)).await;
+                return;
+            }
         }
+    }
+}
+
+/// Ready when a cut connection is to close: at a random point of the close window after the
+/// cut (the timer is made only once the cut came; kept in `closing` across parks). The waker is
+/// registered with `control` already.
+fn closing_time(
+    cx: &mut Context<'_>,
+    control: &Control,
+    closing: &mut Option<Pin<Box<tokio::time::Sleep>>>,
+    window: Duration,
+) -> Poll<()> {
+    if closing.is_none() {
+        if !control.is_raised(Signal::CUT) {
+            return Poll::Pending;
+        }
+        if window.is_zero() {
+            return Poll::Ready(());
+        }
+        let delay = window.mul_f64(rand::thread_rng().gen_range(0.0..1.0));
+        *closing = Some(Box::pin(tokio::time::sleep(delay)));
+    }
+    match closing {
+        Some(sleep) => sleep.as_mut().poll(cx),
+        None => Poll::Pending,
     }
 }
 
@@ -159,14 +198,10 @@ async fn close_gracefully(client: TcpStream) {
         return;
     }
     let drain = async {
-        let mut sink = [0u8; 1024];
         loop {
             client.readable().await?;
-            match client.try_read(&mut sink) {
-                Ok(0) => return Ok::<_, std::io::Error>(()),
-                Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(e) => return Err(e),
+            if copy::discard(&client)? {
+                return Ok::<_, std::io::Error>(());
             }
         }
     };
@@ -178,53 +213,93 @@ async fn close_gracefully(client: TcpStream) {
 const HOLD_RETRY_MIN: Duration = Duration::from_millis(50);
 const HOLD_RETRY_MAX: Duration = Duration::from_millis(500);
 
+/// What one connect attempt came to.
+enum Attempt {
+    Connected(TcpStream),
+    /// This backend failed (now suspect): try the next.
+    Failed,
+    /// Out of descriptors here: no backend is to blame, and none would do better.
+    Exhausted,
+}
+
+/// Connects to `backend` for a client; a failure marks it suspect.
+async fn attempt(ctx: &ForwardContext, backend: &Backend) -> Attempt {
+    let started = Instant::now();
+    match net::connect(backend.addr.0, ctx.connect_timeout).await {
+        Ok(stream) => {
+            backend
+                .metrics
+                .connect_duration
+                .observe(started.elapsed().as_secs_f64());
+            if let Err(e) = net::tune_backend(&stream, backend.addr.0) {
+                tracing::debug!(backend = %backend.addr, error = %e, "cannot tune backend socket");
+            }
+            Attempt::Connected(stream)
+        }
+        Err(e) if net::is_local_exhaustion(&e) => {
+            tracing::debug!(backend = %backend.addr, error = %e, "cannot open a backend socket");
+            Attempt::Exhausted
+        }
+        Err(e) => {
+            if let Some(suppressed) = CONNECT_FAILED_LOG.allow() {
+                tracing::warn!(backend = %backend.addr, error = %e, suppressed, "backend connect failed: trying the next");
+            }
+            if backend.suspect().is_some() {
+                ctx.backends.notify();
+            }
+            Attempt::Failed
+        }
+    }
+}
+
 /// Finds a backend for a new client: tries every backend in selection order (each failure
 /// marks that backend suspect). When none could be reached, the client is held (it has seen
 /// nothing yet, and holding is cheap) and every backend — including any added meanwhile, by
 /// discovery — is tried again, at the latest when the backends change, until
 /// `--connect-timeout` has passed since the first round started. `None`: give up.
+///
+/// The first choice is found without building the ordered list (the common case: it
+/// answers); the list is built only once it failed.
 async fn connect_any(ctx: &ForwardContext) -> Option<(Arc<Backend>, TcpStream)> {
     let hold_until = tokio::time::Instant::now() + ctx.connect_timeout;
-    let mut changes = ctx.backends.subscribe();
+    // Subscribed only once a round failed (a client that connects at once never needs it).
+    let mut changes = None;
     let mut pause = HOLD_RETRY_MIN;
     loop {
-        changes.mark_unchanged();
+        let version = ctx.backends.version();
+        let first = ctx.backends.first_choice();
+        if let Some(backend) = &first {
+            match attempt(ctx, backend).await {
+                Attempt::Connected(stream) => return first.map(|b| (b, stream)),
+                Attempt::Exhausted => return None,
+                Attempt::Failed => {}
+            }
+        }
+        let tried = first.map(|b| b.addr);
         for backend in ctx.backends.candidates() {
-            let started = Instant::now();
-            match net::connect(backend.addr.0, ctx.connect_timeout).await {
-                Ok(stream) => {
-                    backend
-                        .metrics
-                        .connect_duration
-                        .observe(started.elapsed().as_secs_f64());
-                    if let Err(e) = net::tune(&stream) {
-                        tracing::debug!(backend = %backend.addr, error = %e, "cannot tune backend socket");
-                    }
-                    return Some((backend, stream));
-                }
-                Err(e) if net::is_local_exhaustion(&e) => {
-                    // Out of descriptors here: no backend is to blame, and none would do better.
-                    tracing::debug!(backend = %backend.addr, error = %e, "cannot open a backend socket");
-                    return None;
-                }
-                Err(e) => {
-                    if let Some(suppressed) = CONNECT_FAILED_LOG.allow() {
-                        tracing::warn!(backend = %backend.addr, error = %e, suppressed, "backend connect failed: trying the next");
-                    }
-                    if backend.suspect().is_some() {
-                        ctx.backends.notify();
-                    }
-                }
+            if Some(backend.addr) == tried {
+                continue;
+            }
+            match attempt(ctx, &backend).await {
+                Attempt::Connected(stream) => return Some((backend, stream)),
+                Attempt::Exhausted => return None,
+                Attempt::Failed => {}
             }
         }
         let now = tokio::time::Instant::now();
         if now >= hold_until {
             return None;
         }
-        tokio::select! {
-            _ = changes.changed() => {}
-            _ = tokio::time::sleep(pause) => {}
-            _ = tokio::time::sleep_until(hold_until) => {}
+        let changes = changes.get_or_insert_with(|| ctx.backends.subscribe());
+        changes.mark_unchanged();
+        // A change during the round (before the subscription) counts as one after it.
+        let changed_meanwhile = ctx.backends.version() != version;
+        if !changed_meanwhile {
+            tokio::select! {
+                _ = changes.changed() => {}
+                _ = tokio::time::sleep(pause) => {}
+                _ = tokio::time::sleep_until(hold_until) => {}
+            }
         }
         pause = (pause * 2).min(HOLD_RETRY_MAX);
     }
@@ -243,5 +318,27 @@ impl<'a> ActiveConnection<'a> {
 impl Drop for ActiveConnection<'_> {
     fn drop(&mut self) {
         self.0.connections_active.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What each connection task holds for its whole life: the future of `serve`. The drain
+    /// timer and the close state are allocated only when needed, so it stays small (it was
+    /// 3.6 KiB with them inline).
+    #[tokio::test]
+    async fn a_connection_future_stays_small() {
+        let ctx = crate::transfer::test_context(copy::Mode::Auto);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let _client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (accepted, peer) = listener.accept().await.unwrap();
+        let future = serve(accepted, ClientAddr(peer), ctx);
+        let size = std::mem::size_of_val(&future);
+        eprintln!("serve future: {size} bytes");
+        assert!(size <= 2048, "serve future is {size} bytes");
     }
 }

@@ -21,6 +21,7 @@
 //! - [`forward`]: one proxied connection, from backend choice to the last byte.
 //! - [`copy`]: moving bytes both ways: splice through pooled pipes, or a transient buffer;
 //!   pausable, returning the bytes in flight.
+//! - [`control`]: every carried connection and its own cut/park signals (sharded registry).
 //! - [`transfer`]: connection handoff at an in-place upgrade: park, send, resume or release.
 //! - [`backend`]: the backend set and the selection rule.
 //! - [`health`]: the pure rise/fall health state machine.
@@ -33,6 +34,7 @@
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz`, `/status`.
 //! - [`metrics`]: every Prometheus metric, in one struct.
 //! - [`migrate`]: moving the node address off kubeadm's static apiserver (`migrate`).
+//! - [`shard`]: per-thread counters for the data path (no cache line shared by threads).
 //! - [`limits`]: `RLIMIT_NOFILE` raised to the hard limit at start, checked against `--max-connections`.
 //! - [`lograte`]: rate limits for log lines that client traffic can trigger.
 //! - [`probe`]: the `probe` subcommand for exec probes.
@@ -56,6 +58,7 @@ pub mod check;
 pub mod checkpoint;
 pub mod cli;
 pub mod config;
+pub mod control;
 pub mod copy;
 pub mod discovery;
 pub mod forward;
@@ -78,6 +81,7 @@ pub mod readiness;
 pub mod recover;
 pub mod retire;
 pub mod server;
+pub mod shard;
 pub mod signal;
 pub mod staticpod;
 #[allow(unsafe_code)]

@@ -3,12 +3,17 @@
 //! Names are constants here and nowhere else; the hot path holds pre-resolved handles (no label
 //! lookups per connection).
 
+use std::sync::{Arc, Mutex};
+
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::MetricFamily;
 use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry,
 };
 
 use crate::addr::BackendAddr;
+use crate::shard;
 
 /// Prefix of every metric name.
 pub const PREFIX: &str = "kube_apiserver_proxy";
@@ -64,8 +69,9 @@ pub struct Metrics {
     pub connections_accepted: IntCounter,
     pub connections_active: IntGauge,
     connections_failed: IntCounterVec,
-    pub bytes_client_to_backend: IntCounter,
-    pub bytes_backend_to_client: IntCounter,
+    /// Added to per burst, per thread ([`shard::Counter`]); exported at every gathering.
+    pub bytes_client_to_backend: Arc<shard::Counter>,
+    pub bytes_backend_to_client: Arc<shard::Counter>,
     backend_up: IntGaugeVec,
     backend_active: IntGaugeVec,
     backend_connect_failures: IntCounterVec,
@@ -84,6 +90,34 @@ pub struct Metrics {
     open_fds: IntGauge,
     pipes_pooled: IntGauge,
     pub retire_requests: IntCounter,
+}
+
+/// Exports counters that the data path keeps per thread: at each gathering, every series is
+/// brought up to the sum of its per-thread counter, then gathered as usual.
+struct PerThread {
+    exported: IntCounterVec,
+    sources: Vec<(IntCounter, Arc<shard::Counter>)>,
+    /// Two gatherings at once must not both add the same difference.
+    sync: Mutex<()>,
+}
+
+impl Collector for PerThread {
+    fn desc(&self) -> Vec<&Desc> {
+        self.exported.desc()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        {
+            let _sync = self.sync.lock().expect("metrics sync lock");
+            for (series, source) in &self.sources {
+                let (now, shown) = (source.get(), series.get());
+                if now > shown {
+                    series.inc_by(now - shown);
+                }
+            }
+        }
+        self.exported.collect()
+    }
 }
 
 /// Pre-resolved per-backend handles.
@@ -130,13 +164,28 @@ impl Metrics {
         build_info
             .with_label_values(&[env!("CARGO_PKG_VERSION")])
             .set(1);
-        let bytes = register!(
-            r,
-            IntCounterVec::new(
-                opts(BYTES, "Bytes forwarded, by direction."),
-                &["direction"]
-            )
-        );
+        let bytes = IntCounterVec::new(
+            opts(BYTES, "Bytes forwarded, by direction."),
+            &["direction"],
+        )
+        .expect("metric definition is valid");
+        let bytes_client_to_backend = Arc::new(shard::Counter::default());
+        let bytes_backend_to_client = Arc::new(shard::Counter::default());
+        r.register(Box::new(PerThread {
+            exported: bytes.clone(),
+            sources: vec![
+                (
+                    bytes.with_label_values(&["client_to_backend"]),
+                    bytes_client_to_backend.clone(),
+                ),
+                (
+                    bytes.with_label_values(&["backend_to_client"]),
+                    bytes_backend_to_client.clone(),
+                ),
+            ],
+            sync: Mutex::new(()),
+        }))
+        .expect("metric registered once");
         let metrics = Metrics {
             connections_accepted: register!(
                 r,
@@ -159,8 +208,8 @@ impl Metrics {
                     &["reason"]
                 )
             ),
-            bytes_client_to_backend: bytes.with_label_values(&["client_to_backend"]),
-            bytes_backend_to_client: bytes.with_label_values(&["backend_to_client"]),
+            bytes_client_to_backend,
+            bytes_backend_to_client,
             backend_up: register!(
                 r,
                 IntGaugeVec::new(

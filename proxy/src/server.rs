@@ -96,8 +96,9 @@ pub async fn run(
         cut: root.child_token(),
         close_window: config.drain_close_window,
         copy_mode: config.copy_mode,
-        transfers: Arc::default(),
+        carried: Arc::default(),
     });
+    tasks.spawn(crate::forward::cut_on_cancel(ctx.clone()));
     let listeners = Arc::new(Listeners::new(
         ctx.clone(),
         config.max_connections.get(),
@@ -296,15 +297,14 @@ async fn upgrade_in_place(
 /// In-place upgrade, after the listeners: hands the established connections to the successor
 /// (those it does not take stay and drain).
 async fn hand_over_connections(handoff: &Handoff, ctx: &ForwardContext, pid: u32) {
-    let carried = ctx.transfers.len();
+    let carried = ctx.carried.len();
     if carried == 0 {
         return;
     }
     let started = Instant::now();
-    let summary = crate::transfer::hand_over(&ctx.transfers, |parked| {
-        handoff.send_connections(pid, parked)
-    })
-    .await;
+    let summary =
+        crate::transfer::hand_over(&ctx.carried, |parked| handoff.send_connections(pid, parked))
+            .await;
     tracing::info!(
         successor.pid = pid,
         carried,

@@ -1,7 +1,8 @@
 //! Connection handoff at an in-place upgrade: established client/backend pairs move to the
 //! successor with the bytes read but not yet written, and it carries on copying.
 //!
-//! Every carried connection registers here ([`Registry::register`]). At the upgrade the old
+//! Every carried connection is registered ([`Registry::register`]) and obeys the park signal
+//! of its [`crate::control::Control`]. At the upgrade the old
 //! instance, after handing over its listening sockets, parks the connections in batches:
 //!
 //! 1. **Quiesce**: the connection's copy stops in both directions (also in the middle of a
@@ -19,16 +20,15 @@
 //!
 //! A connection pauses from step 1 to step 4; the pauses are logged (p99 and max).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
+use crate::control::Registry;
 use crate::copy::Pending;
 use crate::sys;
 
@@ -45,6 +45,14 @@ pub struct Park {
     reply: oneshot::Sender<Parked>,
 }
 
+impl Park {
+    /// A request, and where its answer arrives (an error: the connection ended first).
+    pub fn new() -> (Park, oneshot::Receiver<Parked>) {
+        let (reply, rx) = oneshot::channel();
+        (Park { reply }, rx)
+    }
+}
+
 /// A paused connection, as offered to the successor.
 pub struct Parked {
     pub client: OwnedFd,
@@ -55,60 +63,6 @@ pub struct Parked {
     pub pending: Pending,
     /// `true`: the successor took it (close ours); `false` or dropped: resume here.
     verdict: oneshot::Sender<bool>,
-}
-
-/// The connections this instance carries, each reachable for parking.
-#[derive(Default)]
-pub struct Registry {
-    next: AtomicU64,
-    conns: Mutex<HashMap<u64, mpsc::Sender<Park>>>,
-}
-
-/// Keeps a connection in the registry until dropped.
-pub struct Registration {
-    registry: Arc<Registry>,
-    id: u64,
-    pub parks: mpsc::Receiver<Park>,
-}
-
-impl Drop for Registration {
-    fn drop(&mut self) {
-        self.registry
-            .conns
-            .lock()
-            .expect("registry lock")
-            .remove(&self.id);
-    }
-}
-
-impl Registry {
-    pub fn register(self: &Arc<Self>) -> Registration {
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = mpsc::channel(1);
-        self.conns.lock().expect("registry lock").insert(id, tx);
-        Registration {
-            registry: self.clone(),
-            id,
-            parks: rx,
-        }
-    }
-
-    fn snapshot(&self) -> Vec<(u64, mpsc::Sender<Park>)> {
-        self.conns
-            .lock()
-            .expect("registry lock")
-            .iter()
-            .map(|(id, tx)| (*id, tx.clone()))
-            .collect()
-    }
-
-    pub fn len(&self) -> usize {
-        self.conns.lock().expect("registry lock").len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 /// The connection's side of a park: offers itself (duplicates of its descriptors and a copy of
@@ -172,20 +126,16 @@ where
     let mut summary = Summary::default();
     let mut seen: HashSet<u64> = HashSet::new();
     for _ in 0..PASSES {
-        let fresh: Vec<_> = registry
-            .snapshot()
-            .into_iter()
-            .filter(|(id, _)| seen.insert(*id))
-            .collect();
+        let fresh = registry.fresh(&mut seen);
         if fresh.is_empty() {
             break;
         }
         for batch in fresh.chunks(BATCH) {
             let started = Instant::now();
             let mut replies = Vec::new();
-            for (_, tx) in batch {
-                let (reply, rx) = oneshot::channel();
-                if tx.try_send(Park { reply }).is_ok() {
+            for control in batch {
+                let (park, rx) = Park::new();
+                if control.request_park(park) {
                     replies.push(rx);
                 }
             }
@@ -213,9 +163,19 @@ where
     summary
 }
 
+/// A forwarding context with no backend and no instance around it (tests).
+#[cfg(test)]
+pub(crate) fn test_context(
+    mode: crate::copy::Mode,
+) -> std::sync::Arc<crate::forward::ForwardContext> {
+    tests::context(mode)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
+
     use crate::addr::ClientAddr;
     use crate::backend::Backends;
     use crate::check::{HealthCheck, HealthConfig};
@@ -225,7 +185,7 @@ mod tests {
     use tokio::net::TcpListener;
     use tokio_util::sync::CancellationToken;
 
-    fn context(mode: crate::copy::Mode) -> Arc<ForwardContext> {
+    pub(super) fn context(mode: crate::copy::Mode) -> Arc<ForwardContext> {
         let metrics = Metrics::new(&prometheus::Registry::new());
         let health = HealthConfig {
             check: HealthCheck::Tcp,
@@ -241,7 +201,7 @@ mod tests {
             cut: CancellationToken::new(),
             close_window: Duration::ZERO,
             copy_mode: mode,
-            transfers: Arc::default(),
+            carried: Arc::default(),
         })
     }
 
@@ -320,7 +280,7 @@ mod tests {
 
             // Not taken: resumes in place.
             let summary =
-                hand_over(&old.transfers, |parked| async { (parked, HashSet::new()) }).await;
+                hand_over(&old.carried, |parked| async { (parked, HashSet::new()) }).await;
             assert_eq!((summary.offered, summary.taken), (1, 0), "{mode:?}");
             round(&mut client, 100_000, 100_000).await;
 
@@ -348,7 +308,7 @@ mod tests {
                 last = counter.get();
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            let summary = hand_over(&old.transfers, |parked| {
+            let summary = hand_over(&old.carried, |parked| {
                 let tx = tx.take();
                 async move {
                     let taken: HashSet<u64> = parked.iter().map(|p| p.cookie).collect();
@@ -396,7 +356,7 @@ mod tests {
             assert!(ok, "{mode:?}: byte sequence broken across the move");
             // The old carrier let go.
             assert!(
-                old.transfers.is_empty(),
+                old.carried.is_empty(),
                 "{mode:?}: old carrier still registered"
             );
             let mut client = r.reunite(w).unwrap();

@@ -7,6 +7,8 @@ pub mod churn;
 pub mod idle;
 pub mod rollout;
 pub mod rr;
+pub mod storm;
+pub mod threads;
 pub mod throughput;
 
 use std::net::SocketAddr;
@@ -74,6 +76,23 @@ pub async fn run(command: Command) -> Result<()> {
             timing,
             args,
         } => one(&setup, &timing, &args).await,
+        Command::Threads {
+            setup,
+            timing,
+            args,
+        } => {
+            let mut env = Env::new(&setup)?;
+            threads::run(&mut env, &timing, &args).await
+        }
+        Command::Storm {
+            setup,
+            timing,
+            args,
+        } => {
+            let mut env = Env::new(&setup)?;
+            let storm = storm::Storm::new(args).await?;
+            drive(&mut env, &timing, &storm).await.map(drop)
+        }
         Command::Rollout { setup, args } => {
             let mut env = Env::new(&setup)?;
             rollout::run(&mut env, &args).await.map(drop)

@@ -77,7 +77,7 @@ impl Instance {
             cut: CancellationToken::new(),
             close_window: Duration::ZERO,
             copy_mode: crate::copy::Mode::Auto,
-            transfers: Arc::default(),
+            carried: Arc::default(),
         });
         let listeners = Arc::new(Listeners::new(ctx, 100, stop.child_token()));
         let (state, rx) = watch::channel(state);
