@@ -257,6 +257,7 @@ reboot_recover() {
   # From the takeover on: every connect and the client-go load must succeed.
   connloop_start takeover
   loadgen_start takeover || true
+  epwatch_start takeover
   served_by="$(checkpoint_of "$active")"
   if kubelet_runs "kube-apiserver-checkpoint-$NODE_NAME" && [ "$served_by" = "kube-system/$good" ] \
     && [ "$(checkpoint_flag "$active" kube-apiserver --etcd-servers)" = https://127.0.0.1:2379 ]; then
@@ -276,6 +277,11 @@ reboot_recover() {
   wait_for 10 false || true
   connloop_stop takeover
   loadgen_stop takeover
+  epwatch_stop takeover
+  # The overlay's apiservers (the recovery instance's too: it is a checkpoint of one) run
+  # with --endpoint-reconciler-type=none: nothing may empty the kubernetes Service.
+  epwatch_check takeover "the recovery and the takeover"
+  note "the kubernetes Endpoints/EndpointSlices during the recovery and the takeover: $(epwatch_summary takeover "$t_take")"
   if [ "$(connloop_refused takeover)" = 0 ]; then
     pass "no refused connection on $NODE_IP:6443 from the takeover on: $(connloop_summary takeover)"
   else
