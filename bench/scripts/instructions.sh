@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # User-space instructions the proxy executes per forwarded request, counted by callgrind: a
-# before/after figure that the noise of a shared machine cannot spoil (wall-clock rates can).
+# before/after figure for a busy shared machine, where wall-clock rates are noise. The counts
+# still depend on how many events a wake-up finds: compare builds measured back to back.
 #
 #   bench/scripts/instructions.sh PROXY_BIN LABEL SCENARIO [bench options...]
 #   bench/scripts/instructions.sh target/release/kube-apiserver-proxy new rr --connections 50
