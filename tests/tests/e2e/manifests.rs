@@ -473,7 +473,7 @@ fn kubeadm_labels() -> BTreeMap<&'static str, &'static str> {
 fn selects(selector: &Value, labels: &BTreeMap<&str, &str>) -> bool {
     selector.as_object().is_some_and(|m| {
         m.iter()
-            .all(|(k, v)| labels.get(k.as_str()).map(|l| *l) == v.as_str())
+            .all(|(k, v)| labels.get(k.as_str()).copied() == v.as_str())
     })
 }
 
