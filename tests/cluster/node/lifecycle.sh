@@ -1,0 +1,415 @@
+# shellcheck shell=bash
+# shellcheck disable=SC2154 # here, S, CTR and the rest come from smoke (and pivot.sh)
+# The lifecycle rehearsal of issue 13 points 4-8, sourced by `smoke --lifecycle` inside its
+# namespaces once the kubeadm-style control plane runs (the real kubelet, containerd, runc,
+# etcd, kube-apiserver, kube-controller-manager and kube-scheduler), after pivot.sh (whose
+# helpers it uses: kc, kcs, connloop_*, loadgen_*, log_*, pivot_prepare_node):
+#
+#   1. the previous release's Deployment (selector component/tier, PDB minAvailable 1) from
+#      git ($LEGACY_REF), pivoted to from kubeadm's static pod (that pivot's outage is issue
+#      13 point 2's, only noted here); `kubectl drain` of the only controller then waits for
+#      ever on the budget (shown with a 60 s timeout);
+#   2. the selector upgrade of docs/operations.md ("Upgrading from the component/tier
+#      selector") to manifests/single-controller as it is now;
+#   3. `kubectl drain` of the only controller, with and without --disable-eviction;
+#   4. a rollout to an apiserver that takes $SLOW_START (60 s) longer to start, and back;
+#   5. the move to manifests/ha-daemonset (the DaemonSet's pod beside the Deployment's, then
+#      the Deployment deleted), $DS_RESTARTS DaemonSet rollouts, and a drain that leaves the
+#      DaemonSet's pod alone.
+# Every step runs under the TCP connect loop on NODE_IP:6443 (every 20 ms) and the client-go
+# load of ../cmd/loadgen, and must refuse no connection and fail no request; the pods are
+# polled every second (Ready condition, restarts) into $S/pods-<step>.jsonl.
+#
+# Environment: LEGACY_REF (git revision of the previous release's manifests, default
+# 9739f68), SLOW_START (60s), DS_RESTARTS (3), LIFECYCLE_STEPS (which of legacy, drain,
+# slow, daemonset to run; default all: drain, slow and daemonset need the selector upgrade
+# of legacy, or start from the current manifests when legacy is left out).
+
+LEGACY_REF="${LEGACY_REF:-9739f68}"
+SLOW_START="${SLOW_START:-60s}"
+DS_RESTARTS="${DS_RESTARTS:-3}"
+LIFECYCLE_STEPS="${LIFECYCLE_STEPS:-legacy drain slow daemonset}"
+SLOW_IMAGE="$IMAGE_REPO/kube-apiserver:$APISERVER_VERSION-slow"
+repo="$here/../../.."
+
+lc_step() { case " $LIFECYCLE_STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
+
+# lc_render NAME OVERLAY SRC: SRC/manifests/OVERLAY rendered with the local images into
+# $S/NAME.yaml (an overlay whose only content is a kustomize images: entry per image).
+lc_render() {
+  local name="$1" overlay="$2" src="$3" k="$S/kustomize-$1"
+  mkdir -p "$k/local"
+  cp -r "$src/manifests" "$k/manifests"
+  cat >"$k/local/kustomization.yaml" <<EOF
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - ../manifests/$overlay
+images:
+  - name: ghcr.io/example/kube-apiserver-proxy
+    newName: ${PROXY_IMAGE%:*}
+    newTag: ${PROXY_IMAGE##*:}
+  - name: registry.k8s.io/kube-apiserver
+    newName: $IMAGE_REPO/kube-apiserver
+    newTag: $APISERVER_VERSION
+EOF
+  kc kustomize "$k/local" >"$S/$name.yaml" 2>"$S/kustomize-$name.err"
+}
+
+# lc_pods: "name ready restarts deleting node" of every kube-apiserver pod that is not
+# kubeadm's mirror pod (the previous release's pods, the Deployment's and the DaemonSet's).
+lc_pods() {
+  kcs get pods -l component=kube-apiserver -o json 2>/dev/null | python3 -c '
+import json, sys
+for p in json.load(sys.stdin)["items"]:
+    if any(o.get("kind") == "Node" for o in p["metadata"].get("ownerReferences") or []):
+        continue
+    cs = p["status"].get("containerStatuses") or []
+    ready = all(c.get("ready") for c in cs) and len(cs) == 2
+    print(p["metadata"]["name"], "ready" if ready else "notready",
+          sum(c.get("restartCount", 0) for c in cs),
+          "deleting" if p["metadata"].get("deletionTimestamp") else "-", p["spec"].get("nodeName", "-"))'
+}
+lc_pod_names() { lc_pods | awk '{ print $1 }' | sort | tr '\n' ' '; }
+lc_one_ready_pod() { [ "$(lc_pods | grep -c .)" = 1 ] && lc_pods | grep -q ' ready 0 - '; }
+
+# lc_watch_start NAME / lc_watch_stop NAME: polls the pods (through the API, as the
+# super-admin, on its own connection) every second into $S/pods-NAME.jsonl; the summary of
+# lc_watch_summary: every pod's Ready transitions while not being deleted, and its restarts.
+lc_watch_start() {
+  python3 - "$NODE_IP" "$S" "$S/pods-$1.jsonl" <<'EOF' &
+import http.client, json, signal, ssl, sys, time
+host, state, out = sys.argv[1], sys.argv[2], sys.argv[3]
+ctx = ssl.create_default_context(cafile="/etc/kubernetes/pki/ca.crt")
+ctx.load_cert_chain(state + "/admin-client-certificate-data", state + "/admin-client-key-data")
+stop = False
+def done(*_):
+    global stop
+    stop = True
+signal.signal(signal.SIGTERM, done)
+path = "/api/v1/namespaces/kube-system/pods?labelSelector=component%3Dkube-apiserver"
+with open(out, "w") as f:
+    while not stop:
+        t = time.time()
+        try:
+            c = http.client.HTTPSConnection(host, 6443, context=ctx, timeout=5)
+            c.request("GET", path)
+            items = json.loads(c.getresponse().read())["items"]
+            c.close()
+            pods = []
+            for p in items:
+                if any(o.get("kind") == "Node" for o in p["metadata"].get("ownerReferences") or []):
+                    continue
+                conds = {x["type"]: x["status"] for x in p["status"].get("conditions") or []}
+                cs = p["status"].get("containerStatuses") or []
+                pods.append({"name": p["metadata"]["name"], "ready": conds.get("Ready") == "True",
+                             "restarts": sum(x.get("restartCount", 0) for x in cs),
+                             "deleting": bool(p["metadata"].get("deletionTimestamp"))})
+            f.write(json.dumps({"t": round(t, 2), "pods": pods}) + "\n")
+        except Exception as e:
+            f.write(json.dumps({"t": round(t, 2), "error": str(e)[:200]}) + "\n")
+        f.flush()
+        time.sleep(max(0.0, 1.0 - (time.time() - t)))
+EOF
+  eval "LCWATCH_$1=$!"
+}
+lc_watch_stop() {
+  local var="LCWATCH_$1"
+  kill -TERM "${!var}" 2>/dev/null || true
+  wait "${!var}" 2>/dev/null || true
+}
+# lc_watch_summary NAME: one line per pod: seen for how long, Ready flips (true -> false while
+# not being deleted), restarts, time from first seen to first Ready; and the most pods seen at
+# once. Exit status 1 if any pod flipped or restarted.
+lc_watch_summary() {
+  python3 - "$S/pods-$1.jsonl" <<'EOF'
+import json, sys
+pods, most, bad = {}, 0, False
+for line in open(sys.argv[1]):
+    s = json.loads(line)
+    if "pods" not in s:
+        continue
+    most = max(most, len(s["pods"]))
+    for p in s["pods"]:
+        q = pods.setdefault(p["name"], {"first": s["t"], "last": s["t"], "ready_at": None,
+                                        "flips": 0, "restarts": 0, "prev": None})
+        q["last"] = s["t"]
+        if p["ready"] and q["ready_at"] is None:
+            q["ready_at"] = s["t"]
+        if q["prev"] is True and not p["ready"] and not p["deleting"]:
+            q["flips"] += 1
+        q["prev"] = p["ready"]
+        q["restarts"] = max(q["restarts"], p["restarts"])
+out = []
+for name, q in sorted(pods.items(), key=lambda x: x[1]["first"]):
+    ready = "never Ready" if q["ready_at"] is None else "Ready after %.0f s" % (q["ready_at"] - q["first"])
+    out.append("%s: seen %.0f s, %s, %d Ready flips, %d restarts" % (name, q["last"] - q["first"], ready, q["flips"], q["restarts"]))
+    bad |= q["flips"] > 0 or q["restarts"] > 0
+print("; ".join(out) + "; at most %d pods at once" % most)
+sys.exit(1 if bad else 0)
+EOF
+}
+
+# lc_begin NAME / lc_end NAME WHAT: the connect loop, the client-go load and the pod watch
+# around a step; lc_end checks 0 refused and 0 failed requests and reports the rest.
+lc_begin() {
+  log_mark "$1"
+  connloop_start "$1"
+  lc_watch_start "$1"
+  loadgen_start "$1"
+}
+lc_end() {
+  local name="$1" what="$2"
+  connloop_stop "$name"
+  loadgen_stop "$name"
+  lc_watch_stop "$name"
+  if [ "$(connloop_refused "$name")" = 0 ]; then
+    pass "$what: no refused connection on $NODE_IP:6443: $(connloop_summary "$name")"
+  else
+    fail "$what: refused connections on $NODE_IP:6443: $(connloop_summary "$name")"
+  fi
+  if [ "$(load_failed "$name")" = 0 ]; then
+    pass "$what: client-go load: $(load_summary "$name")"
+  else
+    fail "$what: client-go load: $(load_summary "$name")"
+  fi
+  note "$what: pods: $(lc_watch_summary "$name")"
+  note "$what: controller-manager, scheduler and kubelet logs: $(log_error_summary "$name")"
+  note "$what: restarts: $(control_plane_restarts)"
+}
+
+# lc_events REASON: "count message" of the events of that reason on kube-apiserver pods
+# (probe failures are reason Unhealthy, preStop failures FailedPreStopHook).
+lc_events() {
+  kcs get events --field-selector "reason=$1" -o json 2>/dev/null | python3 -c '
+import collections, json, re, sys
+c = collections.Counter()
+for e in json.load(sys.stdin)["items"]:
+    if e["involvedObject"].get("name", "").startswith("kube-apiserver-"):
+        c[re.sub(r"[0-9]+", "N", e.get("message", ""))[:140]] += e.get("count", 1)
+print("; ".join("%d x %s" % (n, m) for m, n in c.most_common(6)) or "none")'
+}
+
+lc_deploy_ready() {
+  kcs rollout status deployment/kube-apiserver --timeout=5s >/dev/null 2>&1 && lc_one_ready_pod
+}
+lc_ds_ready() {
+  kcs rollout status daemonset/kube-apiserver --timeout=5s >/dev/null 2>&1 && lc_one_ready_pod
+}
+
+# 1. The previous release: pivot to its Deployment, then show that a drain waits for ever.
+lc_legacy() {
+  local src="$S/legacy" t0 t1
+  mkdir -p "$src"
+  if ! git -C "$repo" archive "$LEGACY_REF" manifests 2>"$S/legacy.err" | tar -x -C "$src"; then
+    fail "legacy: cannot read manifests/ at $LEGACY_REF from git: $(head -c 200 "$S/legacy.err")"
+    return 1
+  fi
+  if ! grep -q 'component: kube-apiserver' "$src/manifests/base/pdb.yaml"; then
+    fail "legacy: $LEGACY_REF is not a release with the component/tier selector"
+    return 1
+  fi
+  lc_render legacy single-controller "$src" || { fail "legacy: kubectl kustomize failed: $(head -c 300 "$S/kustomize-legacy.err")"; return 1; }
+  # The pivot from kubeadm's static pod, in the order that completes (issue 13 point 2 owns
+  # a pivot without refused connections; here its outage is only noted).
+  connloop_start legacy-pivot
+  t0="$(now_ms)"
+  kc apply -f "$S/legacy.yaml" >"$S/apply-legacy.log" 2>&1 || { fail "legacy: kubectl apply: $(cat "$S/apply-legacy.log")"; connloop_stop legacy-pivot; return 1; }
+  wait_for 120 pod_scheduled || true
+  t1="$(now_ms)"
+  mv "$MANIFESTS/kube-apiserver.yaml" "$S/kube-apiserver.static.yaml"
+  if wait_for 420 lc_deploy_ready; then
+    pass "legacy: the previous release's Deployment ($LEGACY_REF) runs, $(since "$t0") s after kubectl apply ($(since "$t1") s after the static manifest went): $(lc_pods | tr '\n' ' ')"
+  else
+    fail "legacy: the previous release's Deployment is not ready: $(lc_pods | tr '\n' ' ')"
+    connloop_stop legacy-pivot
+    return 1
+  fi
+  connloop_stop legacy-pivot
+  note "legacy: the pivot from kubeadm's static pod (not this rehearsal's subject): $(connloop_summary legacy-pivot)"
+  # The previous budget (minAvailable 1 of 1 replica): drain never completes.
+  t0="$(now_ms)"
+  if kc drain "$NODE_NAME" --ignore-daemonsets --delete-emptydir-data --timeout=60s >"$S/drain-legacy.log" 2>&1; then
+    fail "legacy: kubectl drain completed with the previous budget (minAvailable 1): $(tail -n 3 "$S/drain-legacy.log" | tr '\n' ' ')"
+  else
+    pass "legacy: with the previous budget kubectl drain does not complete (--timeout=60s, $(since "$t0") s): $(grep -m1 -o 'Cannot evict pod as it would violate[^.]*' "$S/drain-legacy.log" || tail -n 1 "$S/drain-legacy.log")"
+  fi
+  kc uncordon "$NODE_NAME" >/dev/null 2>&1 || true
+  lc_upgrade_selector
+}
+
+# 2. docs/operations.md, "Upgrading from the component/tier selector".
+lc_upgrade_selector() {
+  local t0 old_pod old_rs
+  lc_render current single-controller "$repo" || { fail "upgrade: kubectl kustomize failed: $(head -c 300 "$S/kustomize-current.err")"; return 1; }
+  old_pod="$(lc_pod_names)"
+  lc_begin upgrade || return 1
+  t0="$(now_ms)"
+  # a. Remove the Deployment, not its ReplicaSet and pod: the old pod serves on.
+  kcs delete deployment kube-apiserver --cascade=orphan >"$S/upgrade.log" 2>&1
+  # b. Apply the new manifests: a new Deployment (new selector), the budget updated.
+  kc apply -f "$S/current.yaml" >>"$S/upgrade.log" 2>&1
+  # c. Its pod starts beside the old one and takes the socket by handoff when Ready.
+  if wait_for 300 eval 'kcs rollout status deployment/kube-apiserver --timeout=5s'; then
+    note "upgrade: the new Deployment is ready $(since "$t0") s after the old one was orphaned: $(lc_pods | tr '\n' ' ')"
+  else
+    fail "upgrade: the new Deployment is not ready: $(lc_pods | tr '\n' ' ')"
+  fi
+  # d. Delete the old ReplicaSet (it takes its pod with it).
+  old_rs="$(kcs get rs -l 'component=kube-apiserver,!app.kubernetes.io/name' -o name 2>/dev/null | tr '\n' ' ')"
+  # shellcheck disable=SC2086 # one name per word
+  kcs delete $old_rs >>"$S/upgrade.log" 2>&1
+  if wait_for 180 lc_one_ready_pod && ! lc_pod_names | grep -qw "${old_pod% }"; then
+    pass "upgrade: selector moved to app.kubernetes.io/name+part-of in $(since "$t0") s; old ReplicaSet $old_rs deleted; pods: $old_pod-> $(lc_pod_names)"
+  else
+    fail "upgrade: not one new Ready pod after $(since "$t0") s: $(lc_pods | tr '\n' ' ') (log: $(tail -n 5 "$S/upgrade.log" | tr '\n' ' '))"
+  fi
+  kcs get pdb kube-apiserver -o jsonpath='{.spec}' >"$S/pdb.json" 2>&1
+  note "upgrade: budget now $(cat "$S/pdb.json")"
+  lc_end upgrade "selector upgrade"
+}
+
+# 3. kubectl drain of the only controller, with and without eviction.
+lc_drain() {
+  local mode="$1" name="drain-$1" t0 before after args=()
+  [ "$mode" = delete ] && args=(--disable-eviction)
+  before="$(lc_pod_names)"
+  lc_begin "$name" || return 1
+  t0="$(now_ms)"
+  if kc drain "$NODE_NAME" --ignore-daemonsets --delete-emptydir-data --timeout=600s "${args[@]}" >"$S/$name.log" 2>&1; then
+    pass "kubectl drain ${args[*]:-(eviction)} of the only controller completed in $(since "$t0") s: $(grep -E 'evicted|deleted' "$S/$name.log" | tr '\n' ' ')"
+  else
+    fail "kubectl drain ${args[*]:-(eviction)} did not complete in $(since "$t0") s: $(tail -n 3 "$S/$name.log" | tr '\n' ' ')"
+  fi
+  if wait_for 120 lc_one_ready_pod; then
+    after="$(lc_pod_names)"
+    if [ "$after" != "$before" ]; then
+      pass "drain ($mode): the apiserver pod was replaced on the cordoned node: $before-> $after ($(lc_pods | awk '{ print $5 }'))"
+    else
+      fail "drain ($mode): the apiserver pod was not replaced: $after"
+    fi
+  else
+    fail "drain ($mode): no single Ready apiserver pod after the drain: $(lc_pods | tr '\n' ' ')"
+  fi
+  note "drain ($mode): preStop hook failures: $(lc_events FailedPreStopHook)"
+  kc uncordon "$NODE_NAME" >/dev/null 2>&1 || fail "kubectl uncordon failed"
+  lc_end "$name" "drain ($mode)"
+}
+
+# 4. An apiserver that takes $SLOW_START longer to start: a rollout to it, and back.
+lc_slow() {
+  local t0
+  if ! (cd "$here" && CGO_ENABLED=0 go build -mod=readonly -trimpath -o "$S/bins/slowstart" ./slowstart) >"$S/slowstart-build.log" 2>&1 \
+    || ! "$S/images/bin/mkimage" -name "$SLOW_IMAGE" -out "$S/images/kube-apiserver-slow.tar" \
+      -entrypoint /usr/local/bin/kube-apiserver -env "$UPSTREAM_PATH,SLOW_START=$SLOW_START" \
+      "$S/bins/slowstart=/usr/local/bin/kube-apiserver" "$S/bins/kube-apiserver=/usr/local/bin/kube-apiserver.real" >>"$S/slowstart-build.log" 2>&1 \
+    || ! "${CTR[@]}" images import "$S/images/kube-apiserver-slow.tar" >>"$S/slowstart-build.log" 2>&1; then
+    fail "slow start: image $SLOW_IMAGE not built: $(tail -n 3 "$S/slowstart-build.log")"
+    return 1
+  fi
+  lc_begin slow || return 1
+  t0="$(now_ms)"
+  kcs set image deployment/kube-apiserver "kube-apiserver=$SLOW_IMAGE" >/dev/null
+  if kcs rollout status deployment/kube-apiserver --timeout=420s >"$S/rollout-slow.log" 2>&1 && wait_for 120 lc_one_ready_pod; then
+    pass "slow start: the rollout to an apiserver that waits $SLOW_START before it starts completed in $(since "$t0") s: $(lc_pods | tr '\n' ' ')"
+  else
+    fail "slow start: rollout not complete after $(since "$t0") s: $(tail -n 2 "$S/rollout-slow.log" | tr '\n' ' ') $(lc_pods | tr '\n' ' ')"
+  fi
+  note "slow start: probe events: $(lc_events Unhealthy)"
+  t0="$(now_ms)"
+  kcs set image deployment/kube-apiserver "kube-apiserver=$IMAGE_REPO/kube-apiserver:$APISERVER_VERSION" >/dev/null
+  if kcs rollout status deployment/kube-apiserver --timeout=300s >/dev/null 2>&1 && wait_for 120 lc_one_ready_pod; then
+    note "slow start: back to the plain image in $(since "$t0") s"
+  else
+    fail "slow start: the rollout back to the plain image did not complete"
+  fi
+  lc_watch_stop slow
+  if lc_watch_summary slow >"$S/slow-summary.txt"; then
+    pass "slow start: no container restarted and no Ready condition flipped: $(cat "$S/slow-summary.txt")"
+  else
+    fail "slow start: a restart or a Ready flip: $(cat "$S/slow-summary.txt")"
+  fi
+  lc_end slow "slow start"
+}
+
+# 5. The DaemonSet overlay: the move from the Deployment, rollouts, a drain.
+lc_daemonset() {
+  local t0 i before after
+  lc_render daemonset ha-daemonset "$repo" || { fail "daemonset: kubectl kustomize failed: $(head -c 300 "$S/kustomize-daemonset.err")"; return 1; }
+  lc_begin ds-move || return 1
+  t0="$(now_ms)"
+  kc apply -f "$S/daemonset.yaml" >"$S/apply-ds.log" 2>&1 || fail "daemonset: kubectl apply: $(cat "$S/apply-ds.log")"
+  if wait_for 300 eval 'kcs rollout status daemonset/kube-apiserver --timeout=5s'; then
+    note "daemonset: its pod is Ready beside the Deployment's $(since "$t0") s after kubectl apply: $(lc_pods | tr '\n' ' ')"
+  else
+    fail "daemonset: its pod is not Ready: $(lc_pods | tr '\n' ' ')"
+  fi
+  kcs delete deployment kube-apiserver >>"$S/apply-ds.log" 2>&1
+  kcs delete pdb kube-apiserver >>"$S/apply-ds.log" 2>&1
+  if wait_for 240 lc_ds_ready; then
+    pass "daemonset: moved from the Deployment in $(since "$t0") s: $(lc_pods | tr '\n' ' ')"
+  else
+    fail "daemonset: not one Ready DaemonSet pod after the Deployment's deletion: $(lc_pods | tr '\n' ' ')"
+  fi
+  lc_end ds-move "move to the DaemonSet"
+
+  lc_begin ds-rollouts || return 1
+  for i in $(seq 1 "$DS_RESTARTS"); do
+    t0="$(now_ms)"
+    before="$(lc_pod_names)"
+    kcs rollout restart daemonset/kube-apiserver >/dev/null
+    if kcs rollout status daemonset/kube-apiserver --timeout=300s >"$S/rollout-ds.log" 2>&1 && wait_for 120 lc_ds_ready; then
+      pass "daemonset rollout restart $i/$DS_RESTARTS complete after $(since "$t0") s: $before-> $(lc_pod_names)"
+    else
+      fail "daemonset rollout restart $i/$DS_RESTARTS not complete after $(since "$t0") s: $(tail -n 2 "$S/rollout-ds.log" | tr '\n' ' ') $(lc_pods | tr '\n' ' ')"
+    fi
+  done
+  lc_watch_stop ds-rollouts
+  # maxSurge 1 on one node: the new pod ran beside the old one before it went.
+  if lc_watch_summary ds-rollouts | grep -q 'at most 2 pods at once'; then
+    pass "daemonset: each rollout surged on the node (two pods at once, never zero): $(lc_watch_summary ds-rollouts)"
+  else
+    fail "daemonset: no surge seen on the node: $(lc_watch_summary ds-rollouts)"
+  fi
+  lc_end ds-rollouts "DaemonSet rollouts"
+
+  lc_begin ds-drain || return 1
+  before="$(lc_pod_names)"
+  t0="$(now_ms)"
+  if kc drain "$NODE_NAME" --ignore-daemonsets --delete-emptydir-data --timeout=300s >"$S/ds-drain.log" 2>&1; then
+    after="$(lc_pod_names)"
+    if [ "$after" = "$before" ]; then
+      pass "daemonset: kubectl drain --ignore-daemonsets completed in $(since "$t0") s and left the apiserver pod alone ($after)"
+    else
+      fail "daemonset: the drain replaced the apiserver pod: $before-> $after"
+    fi
+  else
+    fail "daemonset: kubectl drain did not complete: $(tail -n 3 "$S/ds-drain.log" | tr '\n' ' ')"
+  fi
+  kc uncordon "$NODE_NAME" >/dev/null 2>&1 || fail "kubectl uncordon failed"
+  lc_end ds-drain "drain with the DaemonSet"
+}
+
+run_lifecycle() {
+  pivot_prepare_node || return 0
+  if lc_step legacy; then
+    lc_legacy || return 0
+  else
+    # Straight to the current manifests (the pivot's outage only noted).
+    lc_render current single-controller "$repo" || { fail "kubectl kustomize failed"; return 0; }
+    connloop_start start
+    kc apply -f "$S/current.yaml" >/dev/null 2>&1
+    wait_for 120 pod_scheduled || true
+    mv "$MANIFESTS/kube-apiserver.yaml" "$S/kube-apiserver.static.yaml"
+    wait_for 420 lc_deploy_ready || { fail "the Deployment is not ready: $(lc_pods | tr '\n' ' ')"; connloop_stop start; return 0; }
+    connloop_stop start
+    note "start: pivot from kubeadm's static pod: $(connloop_summary start)"
+  fi
+  if lc_step drain; then
+    lc_drain evict || true
+    lc_drain delete || true
+  fi
+  if lc_step slow; then lc_slow || true; fi
+  if lc_step daemonset; then lc_daemonset || true; fi
+  note "reports: $S/load-*.json, $S/connloop-*.json, $S/pods-*.jsonl"
+}
