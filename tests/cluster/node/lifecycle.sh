@@ -19,6 +19,10 @@
 # Every step runs under the TCP connect loop on NODE_IP:6443 (every 20 ms) and the client-go
 # load of ../cmd/loadgen, and must refuse no connection and fail no request; the pods are
 # polled every second (Ready condition, restarts) into $S/pods-<step>.jsonl.
+# From the selector upgrade on, a real Prometheus (Debian's `prometheus`, when installed)
+# scrapes the pods with the job prometheus-operator makes of manifests/monitoring's PodMonitor
+# (every 2s) and evaluates its alerts: one target for the node throughout, both pods of a
+# rollout in one scrape, no alert firing.
 #
 # Environment: LEGACY_REF (git revision of the previous release's manifests, default
 # 9739f68), SLOW_START (60s), DS_RESTARTS (3), LIFECYCLE_STEPS (which of legacy, drain,
@@ -212,9 +216,9 @@ lc_legacy() {
   lc_render legacy single-controller "$src" || { fail "legacy: kubectl kustomize failed: $(head -c 300 "$S/kustomize-legacy.err")"; return 1; }
   # The pivot from kubeadm's static pod, in the order that completes (issue 13 point 2 owns
   # a pivot without refused connections; here its outage is only noted).
-  connloop_start legacy-pivot
+  connloop_start legacy_pivot
   t0="$(now_ms)"
-  kc apply -f "$S/legacy.yaml" >"$S/apply-legacy.log" 2>&1 || { fail "legacy: kubectl apply: $(cat "$S/apply-legacy.log")"; connloop_stop legacy-pivot; return 1; }
+  kc apply -f "$S/legacy.yaml" >"$S/apply-legacy.log" 2>&1 || { fail "legacy: kubectl apply: $(cat "$S/apply-legacy.log")"; connloop_stop legacy_pivot; return 1; }
   wait_for 120 pod_scheduled || true
   t1="$(now_ms)"
   mv "$MANIFESTS/kube-apiserver.yaml" "$S/kube-apiserver.static.yaml"
@@ -222,11 +226,11 @@ lc_legacy() {
     pass "legacy: the previous release's Deployment ($LEGACY_REF) runs, $(since "$t0") s after kubectl apply ($(since "$t1") s after the static manifest went): $(lc_pods | tr '\n' ' ')"
   else
     fail "legacy: the previous release's Deployment is not ready: $(lc_pods | tr '\n' ' ')"
-    connloop_stop legacy-pivot
+    connloop_stop legacy_pivot
     return 1
   fi
-  connloop_stop legacy-pivot
-  note "legacy: the pivot from kubeadm's static pod (not this rehearsal's subject): $(connloop_summary legacy-pivot)"
+  connloop_stop legacy_pivot
+  note "legacy: the pivot from kubeadm's static pod (not this rehearsal's subject): $(connloop_summary legacy_pivot)"
   # The previous budget (minAvailable 1 of 1 replica): drain never completes.
   t0="$(now_ms)"
   if kc drain "$NODE_NAME" --ignore-daemonsets --delete-emptydir-data --timeout=60s >"$S/drain-legacy.log" 2>&1; then
@@ -271,7 +275,7 @@ lc_upgrade_selector() {
 
 # 3. kubectl drain of the only controller, with and without eviction.
 lc_drain() {
-  local mode="$1" name="drain-$1" t0 before after args=()
+  local mode="$1" name="drain_$1" t0 before after args=()
   [ "$mode" = delete ] && args=(--disable-eviction)
   before="$(lc_pod_names)"
   lc_begin "$name" || return 1
@@ -336,7 +340,7 @@ lc_slow() {
 lc_daemonset() {
   local t0 i before after
   lc_render daemonset ha-daemonset "$repo" || { fail "daemonset: kubectl kustomize failed: $(head -c 300 "$S/kustomize-daemonset.err")"; return 1; }
-  lc_begin ds-move || return 1
+  lc_begin ds_move || return 1
   t0="$(now_ms)"
   kc apply -f "$S/daemonset.yaml" >"$S/apply-ds.log" 2>&1 || fail "daemonset: kubectl apply: $(cat "$S/apply-ds.log")"
   if wait_for 300 eval 'kcs rollout status daemonset/kube-apiserver --timeout=5s'; then
@@ -351,9 +355,9 @@ lc_daemonset() {
   else
     fail "daemonset: not one Ready DaemonSet pod after the Deployment's deletion: $(lc_pods | tr '\n' ' ')"
   fi
-  lc_end ds-move "move to the DaemonSet"
+  lc_end ds_move "move to the DaemonSet"
 
-  lc_begin ds-rollouts || return 1
+  lc_begin ds_rollouts || return 1
   for i in $(seq 1 "$DS_RESTARTS"); do
     t0="$(now_ms)"
     before="$(lc_pod_names)"
@@ -364,19 +368,19 @@ lc_daemonset() {
       fail "daemonset rollout restart $i/$DS_RESTARTS not complete after $(since "$t0") s: $(tail -n 2 "$S/rollout-ds.log" | tr '\n' ' ') $(lc_pods | tr '\n' ' ')"
     fi
   done
-  lc_watch_stop ds-rollouts
+  lc_watch_stop ds_rollouts
   # maxSurge 1 on one node: the new pod ran beside the old one before it went.
-  if lc_watch_summary ds-rollouts | grep -q 'at most 2 pods at once'; then
-    pass "daemonset: each rollout surged on the node (two pods at once, never zero): $(lc_watch_summary ds-rollouts)"
+  if lc_watch_summary ds_rollouts | grep -q 'at most 2 pods at once'; then
+    pass "daemonset: each rollout surged on the node (two pods at once, never zero): $(lc_watch_summary ds_rollouts)"
   else
-    fail "daemonset: no surge seen on the node: $(lc_watch_summary ds-rollouts)"
+    fail "daemonset: no surge seen on the node: $(lc_watch_summary ds_rollouts)"
   fi
-  lc_end ds-rollouts "DaemonSet rollouts"
+  lc_end ds_rollouts "DaemonSet rollouts"
 
-  lc_begin ds-drain || return 1
+  lc_begin ds_drain || return 1
   before="$(lc_pod_names)"
   t0="$(now_ms)"
-  if kc drain "$NODE_NAME" --ignore-daemonsets --delete-emptydir-data --timeout=300s >"$S/ds-drain.log" 2>&1; then
+  if kc drain "$NODE_NAME" --ignore-daemonsets --delete-emptydir-data --timeout=300s >"$S/ds_drain.log" 2>&1; then
     after="$(lc_pod_names)"
     if [ "$after" = "$before" ]; then
       pass "daemonset: kubectl drain --ignore-daemonsets completed in $(since "$t0") s and left the apiserver pod alone ($after)"
@@ -384,10 +388,154 @@ lc_daemonset() {
       fail "daemonset: the drain replaced the apiserver pod: $before-> $after"
     fi
   else
-    fail "daemonset: kubectl drain did not complete: $(tail -n 3 "$S/ds-drain.log" | tr '\n' ' ')"
+    fail "daemonset: kubectl drain did not complete: $(tail -n 3 "$S/ds_drain.log" | tr '\n' ' ')"
   fi
   kc uncordon "$NODE_NAME" >/dev/null 2>&1 || fail "kubectl uncordon failed"
-  lc_end ds-drain "drain with the DaemonSet"
+  lc_end ds_drain "drain with the DaemonSet"
+}
+
+# lc_prometheus_start: Prometheus on 127.0.0.1:9090 in the node's namespace, with the scrape job
+# prometheus-operator makes of manifests/monitoring's PodMonitor (the operator's own
+# relabelings, then the PodMonitor's, taken from the rendered object), scraping every 2s, and
+# the alerts of its PrometheusRule (evaluated every 5s). Debian's prometheus is built without
+# Kubernetes discovery: lc_prom_sd writes what `kubernetes_sd_configs: [{role: pod}]` would
+# discover into a file_sd file every 2s (pods declaring no port: one target per container, at
+# the pod's IP, with the __meta_kubernetes_* labels the relabelings read).
+lc_prometheus_start() {
+  PROMETHEUS_BIN="$(command -v prometheus || true)"
+  if [ -z "$PROMETHEUS_BIN" ]; then
+    note "prometheus not installed (apt-get install prometheus): the monitoring check is left out"
+    return 1
+  fi
+  kc kustomize "$repo/manifests/monitoring" >"$S/monitoring.yaml" 2>"$S/kustomize-monitoring.err" || return 1
+  python3 - "$S/monitoring.yaml" "$S" <<'EOF' || return 1
+import json, sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+state = sys.argv[2]
+pm = next(d for d in docs if d["kind"] == "PodMonitor")
+rule = next(d for d in docs if d["kind"] == "PrometheusRule")
+yaml.safe_dump(rule["spec"], open(state + "/rules.yaml", "w"))
+ep = pm["spec"]["podMetricsEndpoints"][0]
+snake = {"sourceLabels": "source_labels", "targetLabel": "target_label"}
+relabel = [
+    # What prometheus-operator puts first for a PodMonitor (pkg/prometheus/promcfg.go).
+    {"source_labels": ["__meta_kubernetes_pod_phase"], "regex": "(Failed|Succeeded)", "action": "drop"},
+    {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+    {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
+    {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+    {"target_label": "job", "replacement": "%s/%s" % (pm["metadata"]["namespace"], pm["metadata"]["name"])},
+] + [{snake.get(k, k): v for k, v in r.items()} for r in ep.get("relabelings", [])]
+cfg = {
+    "global": {"scrape_interval": "2s", "evaluation_interval": "5s"},
+    "rule_files": [state + "/rules.yaml"],
+    "scrape_configs": [{
+        "job_name": "podMonitor/kube-system/kube-apiserver-proxy/0",
+        "metrics_path": ep.get("path", "/metrics"),
+        "file_sd_configs": [{"files": [state + "/sd.json"], "refresh_interval": "2s"}],
+        "relabel_configs": relabel,
+    }],
+}
+yaml.safe_dump(cfg, open(state + "/prometheus.yaml", "w"), sort_keys=False)
+json.dump(pm["spec"]["selector"]["matchLabels"], open(state + "/sd-selector.json", "w"))
+EOF
+  echo '[]' >"$S/sd.json"
+  lc_prom_sd &
+  PROMSD_PID=$!
+  "$PROMETHEUS_BIN" --config.file="$S/prometheus.yaml" --storage.tsdb.path="$S/prometheus" \
+    --web.listen-address=127.0.0.1:9090 >"$S/prometheus.log" 2>&1 &
+  PROMETHEUS_PID=$!
+  if wait_for 90 lc_prom_targets_up; then
+    pass "prometheus (the PodMonitor's job): one target for the node, up: $(lc_prom '/api/v1/targets?state=active' | python3 -c 'import json,sys; print(" ".join(json.dumps(t["labels"]) + " " + t["health"] for t in json.load(sys.stdin)["data"]["activeTargets"]))')"
+  else
+    fail "prometheus: no single healthy target within 90 s: $(lc_prom '/api/v1/targets?state=active' 2>&1 | head -c 600) $(tail -n 3 "$S/prometheus.log" | tr '\n' ' ')"
+    return 1
+  fi
+}
+
+# lc_prom_sd: every 2s, the pods the PodMonitor selects, as Kubernetes pod discovery would
+# give them, into $S/sd.json (written atomically).
+lc_prom_sd() {
+  python3 - "$NODE_IP" "$S" <<'EOF'
+import http.client, json, os, ssl, sys, time, urllib.parse
+host, state = sys.argv[1], sys.argv[2]
+ctx = ssl.create_default_context(cafile="/etc/kubernetes/pki/ca.crt")
+ctx.load_cert_chain(state + "/admin-client-certificate-data", state + "/admin-client-key-data")
+sel = json.load(open(state + "/sd-selector.json"))
+path = "/api/v1/namespaces/kube-system/pods?labelSelector=" + urllib.parse.quote(",".join("%s=%s" % kv for kv in sel.items()))
+while True:
+    try:
+        c = http.client.HTTPSConnection(host, 6443, context=ctx, timeout=5)
+        c.request("GET", path)
+        pods = json.loads(c.getresponse().read())["items"]
+        c.close()
+        groups = []
+        for p in pods:
+            ip = p["status"].get("podIP")
+            if not ip:
+                continue
+            for init, cs in ((True, p["spec"].get("initContainers") or []), (False, p["spec"]["containers"])):
+                for ct in cs:
+                    groups.append({"targets": [ip], "labels": {
+                        "__meta_kubernetes_namespace": p["metadata"]["namespace"],
+                        "__meta_kubernetes_pod_name": p["metadata"]["name"],
+                        "__meta_kubernetes_pod_ip": ip,
+                        "__meta_kubernetes_pod_node_name": p["spec"].get("nodeName", ""),
+                        "__meta_kubernetes_pod_phase": p["status"].get("phase", ""),
+                        "__meta_kubernetes_pod_container_name": ct["name"],
+                        "__meta_kubernetes_pod_container_init": "true" if init else "false"}})
+        with open(state + "/sd.json.tmp", "w") as f:
+            json.dump(groups, f)
+        os.rename(state + "/sd.json.tmp", state + "/sd.json")
+    except Exception:
+        pass
+    time.sleep(2)
+EOF
+}
+lc_prom() { curl -fsS --max-time 5 "http://127.0.0.1:9090$1"; }
+# lc_prom_query EXPR: the values of an instant query, space-separated ("none" if empty).
+lc_prom_query() {
+  curl -fsS --max-time 10 --get --data-urlencode "query=$1" http://127.0.0.1:9090/api/v1/query | python3 -c '
+import json, sys
+r = json.load(sys.stdin)["data"]["result"]
+print(" ".join(str(x["value"][1]) for x in r) if r else "none")'
+}
+lc_prom_targets_up() {
+  lc_prom '/api/v1/targets?state=active' | python3 -c '
+import json, sys
+t = json.load(sys.stdin)["data"]["activeTargets"]
+sys.exit(0 if len(t) == 1 and t[0]["health"] == "up" else 1)'
+}
+# lc_prometheus_check: over the run so far, one target for the node, never down; both pods of
+# a rollout in one scrape; no alert firing (the ones seen pending are listed).
+lc_prometheus_check() {
+  [ -n "${PROMETHEUS_PID:-}" ] || return 0
+  local w="2h" targets down pods alerts job='job="kube-system/kube-apiserver-proxy"'
+  targets="$(lc_prom_query "max_over_time(count(up{$job})[$w:2s])")"
+  down="$(lc_prom_query "min_over_time(up{$job}[$w])")"
+  pods="$(lc_prom_query "max_over_time(count(kube_apiserver_proxy_build_info)[$w:2s])")"
+  alerts="$(lc_prom_query "count by (alertname, alertstate) (max_over_time(ALERTS{alertname=~\"KubeApiserverProxy.*\"}[$w]))")"
+  if [ "$targets" = 1 ] && [ "$down" = 1 ]; then
+    pass "prometheus: one scrape target for the node all along, never down"
+  else
+    fail "prometheus: targets at most $targets, up at least $down (want 1 and 1)"
+  fi
+  if [ "$pods" = 2 ]; then
+    pass "prometheus: one scrape of the node showed both pods of a rollout"
+  else
+    fail "prometheus: at most $pods pods seen in one scrape (want 2 during the rollouts)"
+  fi
+  if lc_prom '/api/v1/query?query=ALERTS' | grep -q '"alertstate":"firing"'; then
+    fail "prometheus: alerts firing: $(lc_prom '/api/v1/query?query=ALERTS' | head -c 600)"
+  else
+    pass "prometheus: no alert of manifests/monitoring firing (alerts seen during the run: $alerts)"
+  fi
+}
+lc_prometheus_stop() {
+  [ -n "${PROMETHEUS_PID:-}" ] || return 0
+  kill -TERM "${PROMSD_PID:-}" 2>/dev/null || true
+  kill -TERM "$PROMETHEUS_PID" 2>/dev/null || true
+  wait_for 30 eval "! kill -0 $PROMETHEUS_PID 2>/dev/null" || kill -KILL "$PROMETHEUS_PID" 2>/dev/null || true
+  wait "$PROMETHEUS_PID" 2>/dev/null || true
 }
 
 run_lifecycle() {
@@ -405,11 +553,14 @@ run_lifecycle() {
     connloop_stop start
     note "start: pivot from kubeadm's static pod: $(connloop_summary start)"
   fi
+  lc_prometheus_start || true
   if lc_step drain; then
     lc_drain evict || true
     lc_drain delete || true
   fi
   if lc_step slow; then lc_slow || true; fi
   if lc_step daemonset; then lc_daemonset || true; fi
-  note "reports: $S/load-*.json, $S/connloop-*.json, $S/pods-*.jsonl"
+  lc_prometheus_check
+  lc_prometheus_stop
+  note "reports: $S/load-*.json, $S/connloop-*.json, $S/pods-*.jsonl, $S/prometheus/"
 }
