@@ -117,8 +117,12 @@ impl AdminView {
                 }
             }
             "/peer-ready" if req.method() == Method::GET || req.method() == Method::HEAD => {
-                let ready = match &self.handoff {
-                    Some(h) => h.ready_peer().await,
+                // On a task of its own: a probe that gives up must not cut the exchange with
+                // a peer halfway (the peer would count a rejected message).
+                let ready = match self.handoff.clone() {
+                    Some(h) => tokio::spawn(async move { h.ready_peer().await })
+                        .await
+                        .unwrap_or(false),
                     None => false,
                 };
                 if ready {
@@ -204,15 +208,17 @@ pub async fn serve(
         let view = view.clone();
         async move { view.handle(req).await }
     };
-    serve_with(listener, handler, stop, tasks).await;
+    serve_with(listener, handler, true, stop, tasks).await;
 }
 
 /// Serves HTTP/1 requests with `handler` until `stop`, bounded like the admin endpoint: at most
-/// [`MAX_ADMIN_CONNECTIONS`] at once, small request heads read within a deadline. Each
-/// connection is a task on `tasks` and ends at `stop`.
+/// [`MAX_ADMIN_CONNECTIONS`] at once, small request heads read within a deadline; without
+/// `keep_alive` every response closes its connection. Each connection is a task on `tasks` and
+/// ends at `stop`.
 pub async fn serve_with<H, F>(
     listener: TcpListener,
     handler: H,
+    keep_alive: bool,
     stop: CancellationToken,
     tasks: TaskTracker,
 ) where
@@ -247,7 +253,7 @@ pub async fn serve_with<H, F>(
                 .timer(TokioTimer::new())
                 .header_read_timeout(HEADER_TIMEOUT)
                 .max_buf_size(MAX_REQUEST_HEAD)
-                .keep_alive(true)
+                .keep_alive(keep_alive)
                 .serve_connection(TokioIo::new(stream), service);
             tokio::select! {
                 r = conn => if let Err(e) = r {

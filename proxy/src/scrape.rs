@@ -13,7 +13,8 @@
 //!
 //! A peer that does not answer within [`FETCH_TIMEOUT`] is left out of that scrape; a file
 //! whose address refuses connections is removed (its instance is gone: a live one writes its
-//! file again within [`PUBLISH_INTERVAL`]).
+//! file again within [`PUBLISH_INTERVAL`]). Responses close their connection, so a scraper
+//! never keeps a connection to an instance that is about to exit.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -31,8 +32,10 @@ use tokio_util::task::TaskTracker;
 
 use crate::admin::{self, AdminView};
 
-/// How long a peer may take to answer its part of a scrape.
-pub const FETCH_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a peer may take to answer its part of a scrape: well inside a scraper's own
+/// timeout (Prometheus: 10s by default, at most the scrape interval), since a peer that is
+/// exiting may still accept a connection it never answers.
+pub const FETCH_TIMEOUT: Duration = Duration::from_secs(1);
 /// How often an instance makes sure its admin address is published.
 pub const PUBLISH_INTERVAL: Duration = Duration::from_secs(10);
 /// How often a bind of `--metrics-listen` that failed is tried again.
@@ -145,7 +148,9 @@ pub async fn serve(
         let (view, peers) = (view.clone(), peers.clone());
         async move { respond(&req, &view, &peers).await }
     };
-    admin::serve_with(listener, handler, stop, tasks).await;
+    // No keep-alive: each scrape connects anew and lands on any live instance (all answer
+    // the same), never on a kept connection to an instance that is about to exit.
+    admin::serve_with(listener, handler, false, stop, tasks).await;
 }
 
 async fn respond(
