@@ -201,6 +201,12 @@ lc_ds_ready() {
   kcs rollout status daemonset/kube-apiserver --timeout=5s >/dev/null 2>&1 && lc_one_ready_pod
 }
 
+# lc_pdb_counts_one: the disruption controller has seen the budget and counts one healthy pod.
+lc_pdb_counts_one() {
+  [ "$(kcs get pdb kube-apiserver -o jsonpath='{.status.currentHealthy}/{.status.observedGeneration}/{.metadata.generation}' 2>/dev/null)" \
+    = "1/$(kcs get pdb kube-apiserver -o jsonpath='{.metadata.generation}' 2>/dev/null)/$(kcs get pdb kube-apiserver -o jsonpath='{.metadata.generation}' 2>/dev/null)" ]
+}
+
 # 1. The previous release: pivot to its Deployment, then show that a drain waits for ever.
 lc_legacy() {
   local src="$S/legacy" t0 t1
@@ -231,7 +237,16 @@ lc_legacy() {
   fi
   connloop_stop legacy_pivot
   note "legacy: the pivot from kubeadm's static pod (not this rehearsal's subject): $(connloop_summary legacy_pivot)"
-  # The previous budget (minAvailable 1 of 1 replica): drain never completes.
+  # The previous budget (minAvailable 1 of 1 replica): drain never completes. Once the
+  # disruption controller counts the pod healthy, that is: before, the pod counts as
+  # unhealthy, unhealthyPodEvictionPolicy AlwaysAllow lets the drain evict it, and the previous
+  # manifests (no toleration of the cordon) leave the node with no apiserver, for good: its
+  # replacement cannot be scheduled, and nothing can uncordon the node without an apiserver.
+  # (Seen in one run of this rehearsal, with the drain 8 s after the pivot.)
+  if ! wait_for 120 lc_pdb_counts_one; then
+    fail "legacy: the budget never counted the pod healthy: $(kcs get pdb kube-apiserver -o jsonpath='{.status}' 2>&1)"
+    return 1
+  fi
   t0="$(now_ms)"
   if kc drain "$NODE_NAME" --ignore-daemonsets --delete-emptydir-data --timeout=60s >"$S/drain-legacy.log" 2>&1; then
     fail "legacy: kubectl drain completed with the previous budget (minAvailable 1): $(tail -n 3 "$S/drain-legacy.log" | tr '\n' ' ')"
