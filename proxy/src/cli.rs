@@ -124,11 +124,11 @@ pub struct RecoverArgs {
     #[arg(long, value_name = "NAMESPACE", default_value = "kube-system")]
     pub namespace: String,
 
-    /// Label selector of the apiserver Deployment's pods (mirror pods are left out).
+    /// Label selector of the apiserver workload's pods (mirror pods are left out).
     #[arg(
         long,
         value_name = "SELECTOR",
-        default_value = "component=kube-apiserver,tier=control-plane"
+        default_value = "app.kubernetes.io/name=kube-apiserver,app.kubernetes.io/part-of=kube-apiserver-proxy"
     )]
     pub selector: String,
 

@@ -61,6 +61,15 @@ EOF
   kc kustomize "$k/local" >"$S/$name.yaml" 2>"$S/kustomize-$name.err"
 }
 
+# lc_endpoints: default/kubernetes for the node address, as docs/operations.md says to apply it
+# with the single-controller overlay (--endpoint-reconciler-type=none), when the proxy has the
+# subcommand.
+lc_endpoints() {
+  if "$S/bins/kube-apiserver-proxy" kubernetes-endpoints --help >/dev/null 2>&1; then
+    "$S/bins/kube-apiserver-proxy" kubernetes-endpoints --address "$NODE_IP" | kc apply -f -
+  fi
+}
+
 # lc_pods: "name ready restarts deleting node" of every kube-apiserver pod that is not
 # kubeadm's mirror pod (the previous release's pods, the Deployment's and the DaemonSet's).
 lc_pods() {
@@ -267,7 +276,10 @@ lc_upgrade_selector() {
   t0="$(now_ms)"
   # a. Remove the Deployment, not its ReplicaSet and pod: the old pod serves on.
   kcs delete deployment kube-apiserver --cascade=orphan >"$S/upgrade.log" 2>&1
-  # b. Apply the new manifests: a new Deployment (new selector), the budget updated.
+  # b. Apply the new manifests: a new Deployment (new selector), the budget updated. The
+  #    overlay switches the apiserver to the none endpoint reconciler: the endpoints first
+  #    (docs/operations.md, "The kubernetes Service endpoints").
+  lc_endpoints >>"$S/upgrade.log" 2>&1
   kc apply -f "$S/current.yaml" >>"$S/upgrade.log" 2>&1
   # c. Its pod starts beside the old one and takes the socket by handoff when Ready.
   if wait_for 300 eval 'kcs rollout status deployment/kube-apiserver --timeout=5s'; then
@@ -278,7 +290,11 @@ lc_upgrade_selector() {
   # d. Delete the old ReplicaSet (it takes its pod with it).
   old_rs="$(kcs get rs -l 'component=kube-apiserver,!app.kubernetes.io/name' -o name 2>/dev/null | tr '\n' ' ')"
   # shellcheck disable=SC2086 # one name per word
-  kcs delete $old_rs >>"$S/upgrade.log" 2>&1
+  kcs delete $old_rs --wait=false >>"$S/upgrade.log" 2>&1
+  # The old (lease) apiserver empties the endpoints at its SIGTERM: once it is Terminating,
+  # the endpoints again.
+  wait_for 120 eval "kcs get pods -l 'component=kube-apiserver,!app.kubernetes.io/name' -o jsonpath='{.items[*].metadata.deletionTimestamp}' | grep -q ."
+  lc_endpoints >>"$S/upgrade.log" 2>&1
   if wait_for 180 lc_one_ready_pod && ! lc_pod_names | grep -qw "${old_pod% }"; then
     pass "upgrade: selector moved to app.kubernetes.io/name+part-of in $(since "$t0") s; old ReplicaSet $old_rs deleted; pods: $old_pod-> $(lc_pod_names)"
   else
@@ -615,11 +631,13 @@ run_lifecycle() {
   else
     # Straight to the current manifests (the pivot's outage only noted).
     lc_render current single-controller "$repo" || { fail "kubectl kustomize failed"; return 0; }
+    lc_endpoints >/dev/null 2>&1
     connloop_start start
     kc apply -f "$S/current.yaml" >/dev/null 2>&1
     wait_for 120 pod_scheduled || true
     mv "$MANIFESTS/kube-apiserver.yaml" "$S/kube-apiserver.static.yaml"
     wait_for 420 lc_deploy_ready || { fail "the Deployment is not ready: $(lc_pods | tr '\n' ' ')"; connloop_stop start; return 0; }
+    lc_endpoints >/dev/null 2>&1 # kubeadm's (lease) apiserver emptied them when it stopped
     connloop_stop start
     note "start: pivot from kubeadm's static pod: $(connloop_summary start)"
   fi

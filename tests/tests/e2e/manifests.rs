@@ -344,8 +344,8 @@ fn manifests_render_and_validate() -> Result<()> {
         check_selector(overlay, workload)?;
         check_pod(overlay, &spec["template"]["spec"])?;
     }
-    // The DaemonSet's pod is the Deployment's, but for the anti-affinity it does not need.
-    let mut deployment_pod = pod_spec(&rendered_objects("single-controller")?)?.clone();
+    // The DaemonSet's pod is the base Deployment's, but for the anti-affinity it does not need.
+    let mut deployment_pod = pod_spec(&rendered_objects("base")?)?.clone();
     deployment_pod
         .as_object_mut()
         .context("pod spec")?
