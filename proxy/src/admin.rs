@@ -1,7 +1,12 @@
-//! The admin HTTP endpoint: `/metrics`, `/healthz`, `/readyz`, `/status`.
+//! The admin HTTP endpoint: `/metrics`, `/healthz`, `/readyz`, `/status`, `/peer-ready`.
 //!
 //! Each pod probes its own admin endpoint (never the shared public port). Only `GET` and `HEAD`
 //! are served; anything else is rejected and counted. Requests are small and bounded.
+//!
+//! `/peer-ready` answers 200 while another instance on the node is ready (Serving with its own
+//! apiserver healthy: one that would take our listening sockets). A pod that is deleted waits
+//! for it in a `preStop` hook (`probe --path=/peer-ready --wait=…`) before it stops, so a
+//! deleted or evicted pod keeps serving until its replacement can.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -87,6 +92,52 @@ impl AdminView {
         })
     }
 
+    /// This instance's metrics in the Prometheus text format (gauges read at scrape time are
+    /// refreshed first).
+    pub async fn metrics_text(&self) -> Result<Vec<u8>, prometheus::Error> {
+        self.metrics.refresh().await;
+        let mut buf = Vec::with_capacity(16 * 1024);
+        TextEncoder::new().encode(&self.registry.gather(), &mut buf)?;
+        Ok(buf)
+    }
+
+    /// Answers one admin request.
+    pub async fn handle(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
+        match req.uri().path() {
+            "/metrics" if req.method() == Method::GET || req.method() == Method::HEAD => {
+                match self.metrics_text().await {
+                    Ok(body) => Response::builder()
+                        .header(
+                            hyper::header::CONTENT_TYPE,
+                            TextEncoder::new().format_type(),
+                        )
+                        .body(Full::new(Bytes::from(body)))
+                        .expect("valid response"),
+                    Err(_) => text(StatusCode::INTERNAL_SERVER_ERROR, "cannot encode metrics\n"),
+                }
+            }
+            "/peer-ready" if req.method() == Method::GET || req.method() == Method::HEAD => {
+                // On a task of its own: a probe that gives up must not cut the exchange with
+                // a peer halfway (the peer would count a rejected message).
+                let ready = match self.handoff.clone() {
+                    Some(h) => tokio::spawn(async move { h.ready_peer().await })
+                        .await
+                        .unwrap_or(false),
+                    None => false,
+                };
+                if ready {
+                    text(StatusCode::OK, "ok\n")
+                } else {
+                    text(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "no ready peer on this node\n",
+                    )
+                }
+            }
+            _ => self.respond(&req),
+        }
+    }
+
     fn respond(&self, req: &Request<Incoming>) -> Response<Full<Bytes>> {
         if req.method() != Method::GET && req.method() != Method::HEAD {
             self.metrics.admin_requests_rejected.inc();
@@ -105,17 +156,6 @@ impl AdminView {
                     )
                 }
             }
-            "/metrics" => {
-                let mut buf = Vec::with_capacity(16 * 1024);
-                let encoder = TextEncoder::new();
-                if encoder.encode(&self.registry.gather(), &mut buf).is_err() {
-                    return text(StatusCode::INTERNAL_SERVER_ERROR, "cannot encode metrics\n");
-                }
-                Response::builder()
-                    .header(hyper::header::CONTENT_TYPE, encoder.format_type())
-                    .body(Full::new(Bytes::from(buf)))
-                    .expect("valid response")
-            }
             "/status" => {
                 let body = serde_json::to_vec_pretty(&self.status()).expect("status serializes");
                 Response::builder()
@@ -131,7 +171,8 @@ impl AdminView {
     }
 }
 
-fn text(status: StatusCode, body: &str) -> Response<Full<Bytes>> {
+/// A plain-text response.
+pub fn text(status: StatusCode, body: &str) -> Response<Full<Bytes>> {
     Response::builder()
         .status(status)
         .header(hyper::header::CONTENT_TYPE, "text/plain; charset=utf-8")
@@ -163,6 +204,27 @@ pub async fn serve(
     stop: CancellationToken,
     tasks: TaskTracker,
 ) {
+    let handler = move |req: Request<Incoming>| {
+        let view = view.clone();
+        async move { view.handle(req).await }
+    };
+    serve_with(listener, handler, true, stop, tasks).await;
+}
+
+/// Serves HTTP/1 requests with `handler` until `stop`, bounded like the admin endpoint: at most
+/// [`MAX_ADMIN_CONNECTIONS`] at once, small request heads read within a deadline; without
+/// `keep_alive` every response closes its connection. Each connection is a task on `tasks` and
+/// ends at `stop`.
+pub async fn serve_with<H, F>(
+    listener: TcpListener,
+    handler: H,
+    keep_alive: bool,
+    stop: CancellationToken,
+    tasks: TaskTracker,
+) where
+    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: std::future::Future<Output = Response<Full<Bytes>>> + Send + 'static,
+{
     let slots = Arc::new(Semaphore::new(MAX_ADMIN_CONNECTIONS));
     loop {
         let permit = tokio::select! {
@@ -180,23 +242,18 @@ pub async fn serve(
                 }
             },
         };
-        let view = view.clone();
+        let handler = handler.clone();
         let stop = stop.clone();
         tasks.spawn(async move {
             let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                let view = view.clone();
-                async move {
-                    if req.uri().path() == "/metrics" {
-                        view.metrics.refresh().await;
-                    }
-                    Ok::<_, Infallible>(view.respond(&req))
-                }
+                let response = handler(req);
+                async move { Ok::<_, Infallible>(response.await) }
             });
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(HEADER_TIMEOUT)
                 .max_buf_size(MAX_REQUEST_HEAD)
-                .keep_alive(true)
+                .keep_alive(keep_alive)
                 .serve_connection(TokioIo::new(stream), service);
             tokio::select! {
                 r = conn => if let Err(e) = r {

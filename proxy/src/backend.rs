@@ -284,14 +284,15 @@ impl Backends {
         true
     }
 
-    /// Removes a backend: its checks stop; its established connections are left alone.
+    /// Removes a backend: its checks stop and its metric series are deleted; its established
+    /// connections are left alone.
     pub fn remove(&self, addr: BackendAddr) {
         let mut list = self.list.write().expect("backends lock");
         let Some(backend) = list.iter().find(|b| b.addr == addr).cloned() else {
             return;
         };
         backend.checks.cancel();
-        backend.metrics.up.set(0);
+        self.metrics.remove_backend(addr);
         *list = Arc::new(list.iter().filter(|b| b.addr != addr).cloned().collect());
         self.list_version.fetch_add(1, Ordering::Release);
         drop(list);

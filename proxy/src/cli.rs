@@ -124,11 +124,11 @@ pub struct RecoverArgs {
     #[arg(long, value_name = "NAMESPACE", default_value = "kube-system")]
     pub namespace: String,
 
-    /// Label selector of the apiserver Deployment's pods (mirror pods are left out).
+    /// Label selector of the apiserver workload's pods (mirror pods are left out).
     #[arg(
         long,
         value_name = "SELECTOR",
-        default_value = "component=kube-apiserver,tier=control-plane"
+        default_value = "app.kubernetes.io/name=kube-apiserver,app.kubernetes.io/part-of=kube-apiserver-proxy"
     )]
     pub selector: String,
 
@@ -264,6 +264,19 @@ pub struct RunArgs {
         env = "KUBE_APISERVER_PROXY_ADMIN_ADDRESS_FILE"
     )]
     pub admin_address_file: Option<PathBuf>,
+
+    /// Node-wide scrape address (e.g. NODE_IP:9444), bound with SO_REUSEPORT and shared by every instance on the node: GET /metrics there answers with the metrics of all of them, so one scrape target per node stays valid across rollouts. Needs --handoff-dir (where instances find each other) and --metrics-label.
+    #[arg(long, value_name = "ADDR", env = "KUBE_APISERVER_PROXY_METRICS_LISTEN")]
+    pub metrics_listen: Option<String>,
+
+    /// Label NAME=VALUE added to every metric of this instance, e.g. pod=$(POD_NAME), so that the instances of one node tell apart on --metrics-listen (repeatable).
+    #[arg(
+        long = "metrics-label",
+        value_name = "NAME=VALUE",
+        env = "KUBE_APISERVER_PROXY_METRICS_LABEL",
+        value_delimiter = ','
+    )]
+    pub metrics_label: Vec<String>,
 
     /// Active health check kind.
     #[arg(
@@ -455,6 +468,10 @@ pub struct ProbeArgs {
     /// Time the probe may take.
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
     pub timeout: Duration,
+
+    /// Try again every second until the probe passes or this much time has passed (0, the default: once). For preStop hooks that wait for a condition.
+    #[arg(long, value_name = "DURATION", default_value = "0s", value_parser = parse_duration)]
+    pub wait: Duration,
 }
 
 #[derive(Debug, Clone, Args)]

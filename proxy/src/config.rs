@@ -50,6 +50,10 @@ pub struct Config {
     pub admin_listen: AdminAddr,
     /// File the bound admin address is written to.
     pub admin_address_file: Option<PathBuf>,
+    /// Node-wide scrape address shared by the instances on the node (`None`: not served).
+    pub metrics_listen: Option<SocketAddr>,
+    /// Labels added to every metric of this instance (`--metrics-label`).
+    pub metrics_labels: Vec<(String, String)>,
     /// Active health checking.
     pub health: HealthConfig,
     /// Backend connect timeout (default 3s).
@@ -124,6 +128,37 @@ impl TryFrom<RunArgs> for Config {
             ));
         }
 
+        let metrics_labels = args
+            .metrics_label
+            .iter()
+            .map(|l| metrics_label(l).map_err(|m| invalid("--metrics-label", m)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let metrics_listen = match &args.metrics_listen {
+            None => None,
+            Some(text) => {
+                let addr = parse_socket_addr(text).map_err(|m| invalid("--metrics-listen", m))?;
+                if addr.port() == 0 || listen.contains(&addr) || addr == admin_listen {
+                    return Err(invalid(
+                        "--metrics-listen",
+                        format!("{addr}: needs a fixed port of its own (not --listen's or --admin-listen's)"),
+                    ));
+                }
+                if args.handoff_dir.is_none() {
+                    return Err(invalid(
+                        "--metrics-listen",
+                        "needs --handoff-dir (the instances of the node find each other there)",
+                    ));
+                }
+                if metrics_labels.is_empty() {
+                    return Err(invalid(
+                        "--metrics-listen",
+                        "needs a --metrics-label that tells the instances apart, e.g. pod=$(POD_NAME)",
+                    ));
+                }
+                Some(addr)
+            }
+        };
+
         let rise = non_zero("--health-rise", args.health_rise)?;
         let fall = non_zero("--health-fall", args.health_fall)?;
         let max_connections = non_zero("--max-connections", args.max_connections)?;
@@ -188,6 +223,8 @@ impl TryFrom<RunArgs> for Config {
             },
             admin_listen: AdminAddr(admin_listen),
             admin_address_file: args.admin_address_file,
+            metrics_listen,
+            metrics_labels,
             health: HealthConfig {
                 check,
                 interval: args.health_interval,
@@ -215,6 +252,41 @@ impl TryFrom<RunArgs> for Config {
             log_level: args.log_level,
         })
     }
+}
+
+/// Label names the metrics use themselves (a second label of the same name would make the
+/// exposition invalid).
+const RESERVED_LABELS: &[&str] = &[
+    "backend",
+    "direction",
+    "reason",
+    "result",
+    "state",
+    "version",
+    "le",
+    "quantile",
+];
+
+/// Parses `NAME=VALUE` of `--metrics-label`: a Prometheus label name that the metrics do not
+/// use themselves.
+fn metrics_label(text: &str) -> Result<(String, String), String> {
+    let (name, value) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?}: expected NAME=VALUE"))?;
+    let valid = name
+        .chars()
+        .enumerate()
+        .all(|(i, c)| c == '_' || c.is_ascii_alphabetic() || (i > 0 && c.is_ascii_digit()));
+    if name.is_empty() || !valid || name.starts_with("__") {
+        return Err(format!("{name:?} is not a label name"));
+    }
+    if RESERVED_LABELS.contains(&name) {
+        return Err(format!("{name:?} is a label of the metrics themselves"));
+    }
+    if value.is_empty() {
+        return Err(format!("{name}: empty value"));
+    }
+    Ok((name.to_owned(), value.to_owned()))
 }
 
 fn health_check(args: &RunArgs) -> Result<HealthCheck, ConfigError> {
@@ -363,7 +435,45 @@ mod tests {
                 "--health-ca-file",
             ),
         ];
-        for (args, flag) in cases {
+        let scrape = |extra: &[&'static str]| {
+            let mut a = vec![
+                "--listen",
+                "127.0.0.1:1",
+                "--backend",
+                "127.0.0.1:2",
+                "--health-check",
+                "tcp",
+            ];
+            a.extend_from_slice(extra);
+            a
+        };
+        let no_dir = scrape(&[
+            "--metrics-listen",
+            "127.0.0.1:3",
+            "--metrics-label",
+            "pod=a",
+        ]);
+        let no_label = scrape(&[
+            "--metrics-listen",
+            "127.0.0.1:3",
+            "--handoff-dir",
+            "/nonexistent",
+        ]);
+        let port_zero = scrape(&["--metrics-listen", "127.0.0.1:0"]);
+        let reserved = scrape(&["--metrics-label", "backend=x"]);
+        let bad_name = scrape(&["--metrics-label", "1pod=x"]);
+        let cases: Vec<(&[&str], &str)> = cases
+            .iter()
+            .copied()
+            .chain([
+                (&no_dir[..], "--metrics-listen"),
+                (&no_label[..], "--metrics-listen"),
+                (&port_zero[..], "--metrics-listen"),
+                (&reserved[..], "--metrics-label"),
+                (&bad_name[..], "--metrics-label"),
+            ])
+            .collect();
+        for (args, flag) in &cases {
             let err = parse(args).unwrap_err().to_string();
             assert!(err.starts_with(flag), "{args:?}: {err}");
             assert!(!err.contains('\n'), "{err}");

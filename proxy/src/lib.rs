@@ -31,7 +31,8 @@
 //! - [`tls`]: PEM loading and the health-check TLS client config.
 //! - [`handoff`]: listener handoff between instances (codec, wire, peer server).
 //! - [`sys`]: the only `unsafe`: raw descriptor work (`SO_COOKIE`, `SCM_RIGHTS`).
-//! - [`admin`]: `/metrics`, `/healthz`, `/readyz`, `/status`.
+//! - [`admin`]: `/metrics`, `/healthz`, `/readyz`, `/status`, `/peer-ready`.
+//! - [`scrape`]: `--metrics-listen`, the node's one scrape target: every instance's metrics.
 //! - [`metrics`]: every Prometheus metric, in one struct.
 //! - [`migrate`]: moving the node address off kubeadm's static apiserver (`migrate`).
 //! - [`shard`]: per-thread counters for the data path (no cache line shared by threads).
@@ -80,6 +81,7 @@ pub mod probe;
 pub mod readiness;
 pub mod recover;
 pub mod retire;
+pub mod scrape;
 pub mod server;
 pub mod shard;
 pub mod signal;

@@ -92,7 +92,10 @@ fn run(args: RunArgs) -> ExitCode {
         let _runtime = runtime.enter();
         signal::intents()
     };
-    let result = runtime.block_on(server::run(config, prometheus::Registry::new(), intents));
+    // `--metrics-label`s go on every series (checked to be valid label names by `Config`).
+    let labels = config.metrics_labels.iter().cloned().collect();
+    let registry = prometheus::Registry::new_custom(None, Some(labels)).expect("valid labels");
+    let result = runtime.block_on(server::run(config, registry, intents));
     // A file-system call stuck on the blocking pool (a hung mount) must not keep us from exiting.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     match result {

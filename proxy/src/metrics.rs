@@ -42,6 +42,9 @@ pub const OPEN_FDS: &str = "open_fds";
 pub const PIPES_POOLED: &str = "splice_pipes_pooled";
 pub const RETIRE_REQUESTS: &str = "retire_requests_total";
 
+/// The `result` label values of `health_checks_total`, one series each per backend.
+const CHECK_RESULTS: [&str; 5] = ["ok", "not_ready", "failed", "refused", "skipped"];
+
 /// Why a client connection was not carried.
 #[derive(Debug, Clone, Copy)]
 pub enum FailReason {
@@ -403,17 +406,35 @@ impl Metrics {
     pub fn backend(&self, backend: BackendAddr) -> BackendMetrics {
         let b = backend.to_string();
         let check = |result: &str| self.health_checks.with_label_values(&[&b, result]);
+        let [ok, not_ready, failed, refused, skipped] = CHECK_RESULTS;
         BackendMetrics {
             up: self.backend_up.with_label_values(&[&b]),
             active: self.backend_active.with_label_values(&[&b]),
             connect_failures: self.backend_connect_failures.with_label_values(&[&b]),
             connect_duration: self.backend_connect_duration.with_label_values(&[&b]),
             _connections_closed: self.backend_connections_closed.with_label_values(&[&b]),
-            checks_ok: check("ok"),
-            checks_not_ready: check("not_ready"),
-            checks_failed: check("failed"),
-            checks_refused: check("refused"),
-            checks_skipped: check("skipped"),
+            checks_ok: check(ok),
+            checks_not_ready: check(not_ready),
+            checks_failed: check(failed),
+            checks_refused: check(refused),
+            checks_skipped: check(skipped),
+        }
+    }
+
+    /// Deletes every series of a backend that is gone (its discovery entry expired, or the
+    /// own apiserver moved to a new address): a dashboard or alert must not go on reading a
+    /// frozen `backend_up` of an apiserver that no longer exists. Handles still held (a
+    /// connection carried to it that is still open) keep working, detached from the registry.
+    pub fn remove_backend(&self, backend: BackendAddr) {
+        let b = backend.to_string();
+        let labels = [b.as_str()];
+        let _ = self.backend_up.remove_label_values(&labels);
+        let _ = self.backend_active.remove_label_values(&labels);
+        let _ = self.backend_connect_failures.remove_label_values(&labels);
+        let _ = self.backend_connect_duration.remove_label_values(&labels);
+        let _ = self.backend_connections_closed.remove_label_values(&labels);
+        for result in CHECK_RESULTS {
+            let _ = self.health_checks.remove_label_values(&[&b, result]);
         }
     }
 
@@ -429,5 +450,58 @@ impl Metrics {
     /// Counts a handoff event.
     pub fn handoff(&self, direction: &str, result: &str) {
         self.handoffs.with_label_values(&[direction, result]).inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The `backend` label values of every series in the registry.
+    fn backends_seen(registry: &Registry) -> Vec<String> {
+        let mut seen: Vec<String> = registry
+            .gather()
+            .iter()
+            .flat_map(|family| family.get_metric().iter())
+            .flat_map(|m| m.get_label().iter())
+            .filter(|l| l.get_name() == "backend")
+            .map(|l| l.get_value().to_owned())
+            .collect();
+        seen.sort();
+        seen.dedup();
+        seen
+    }
+
+    #[test]
+    fn removed_backends_leave_no_series() {
+        let registry = Registry::new();
+        let metrics = Metrics::new(&registry);
+        let (a, b) = (
+            BackendAddr("127.1.2.3:6443".parse().unwrap()),
+            BackendAddr("127.4.5.6:6443".parse().unwrap()),
+        );
+        let held = metrics.backend(a);
+        held.up.set(1);
+        held.checks_ok.inc();
+        held.connect_duration.observe(0.001);
+        metrics.backend(b).up.set(1);
+        assert_eq!(
+            backends_seen(&registry),
+            ["127.1.2.3:6443", "127.4.5.6:6443"]
+        );
+
+        metrics.remove_backend(a);
+        assert_eq!(backends_seen(&registry), ["127.4.5.6:6443"]);
+        // A handle still held (a connection still open) no longer reaches the registry.
+        held.active.inc();
+        held.checks_ok.inc();
+        assert_eq!(backends_seen(&registry), ["127.4.5.6:6443"]);
+        // The same address coming back starts from fresh series.
+        let again = metrics.backend(a);
+        assert_eq!(again.checks_ok.get(), 0);
+        assert_eq!(
+            backends_seen(&registry),
+            ["127.1.2.3:6443", "127.4.5.6:6443"]
+        );
     }
 }

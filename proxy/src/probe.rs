@@ -51,14 +51,32 @@ impl ProbeError {
     }
 }
 
-/// Runs the probe the flags describe, on a small runtime of its own.
+/// Time between attempts of `probe --wait`.
+pub const WAIT_RETRY: Duration = Duration::from_secs(1);
+
+/// Runs the probe the flags describe, on a small runtime of its own; with `--wait`, again
+/// every [`WAIT_RETRY`] until it passes or the wait is over (the address file is read anew
+/// each time: the instance behind it may have restarted).
 pub fn run(args: &ProbeArgs) -> Result<(), ProbeError> {
-    let target = target(args)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("tokio runtime");
-    runtime.block_on(probe(&target, args.timeout))
+    let deadline = std::time::Instant::now() + args.wait;
+    runtime.block_on(async {
+        loop {
+            let result = match target(args) {
+                Ok(target) => probe(&target, args.timeout).await,
+                Err(e) => Err(e),
+            };
+            match result {
+                Err(e) if !e.is_bad_input() && std::time::Instant::now() < deadline => {
+                    tokio::time::sleep(WAIT_RETRY).await;
+                }
+                other => return other,
+            }
+        }
+    })
 }
 
 /// A probe target: the URL and, for https, the TLS settings.

@@ -149,6 +149,25 @@ pub async fn run(
         handoff: handoff.clone(),
     });
     tracing::info!(admin.addr = %admin_listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), "admin endpoint listening");
+    if let (Some(addr), Some(h), Ok(admin_addr)) = (
+        config.metrics_listen,
+        &config.handoff,
+        admin_listener.local_addr(),
+    ) {
+        let peers = crate::scrape::Peers::new(h.dir.clone());
+        tasks.spawn(crate::scrape::publish(
+            peers.clone(),
+            admin_addr,
+            root.child_token(),
+        ));
+        tasks.spawn(crate::scrape::serve(
+            addr,
+            peers,
+            view.clone(),
+            root.child_token(),
+            tasks.clone(),
+        ));
+    }
     // Kept for a successor to inherit (in-place upgrade).
     let admin_fd = admin_listener.as_fd().try_clone_to_owned().ok();
     let admin_stop = root.child_token();

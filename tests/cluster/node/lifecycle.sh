@@ -1,0 +1,655 @@
+# shellcheck shell=bash
+# shellcheck disable=SC2154 # here, S, CTR and the rest come from smoke (and pivot.sh)
+# The lifecycle rehearsal of issue 13 points 4-8, sourced by `smoke --lifecycle` inside its
+# namespaces once the kubeadm-style control plane runs (the real kubelet, containerd, runc,
+# etcd, kube-apiserver, kube-controller-manager and kube-scheduler), after pivot.sh (whose
+# helpers it uses: kc, kcs, connloop_*, loadgen_*, log_*, pivot_prepare_node):
+#
+#   1. the previous release's Deployment (selector component/tier, PDB minAvailable 1) from
+#      git ($LEGACY_REF), pivoted to from kubeadm's static pod (that pivot's outage is issue
+#      13 point 2's, only noted here); `kubectl drain` of the only controller then waits for
+#      ever on the budget (shown with a 60 s timeout);
+#   2. the selector upgrade of docs/operations.md ("Upgrading from the component/tier
+#      selector") to manifests/single-controller as it is now;
+#   3. `kubectl drain` of the only controller, with and without --disable-eviction;
+#   4. a rollout to an apiserver that takes $SLOW_START (60 s) longer to start, and back;
+#   5. the move to manifests/ha-daemonset (the DaemonSet's pod beside the Deployment's, then
+#      the Deployment deleted), $DS_RESTARTS DaemonSet rollouts, and a drain that leaves the
+#      DaemonSet's pod alone.
+# Every step runs under the TCP connect loop on NODE_IP:6443 (every 20 ms) and the client-go
+# load of ../cmd/loadgen, and must refuse no connection and fail no request; the pods are
+# polled every second (Ready condition, restarts) into $S/pods-<step>.jsonl.
+# From the selector upgrade on, a real Prometheus (Debian's `prometheus`, when installed)
+# scrapes the pods with the job prometheus-operator makes of manifests/monitoring's PodMonitor
+# (every 2s) and evaluates its alerts: one target for the node throughout, both pods of a
+# rollout in one scrape, no alert firing.
+#
+# Environment: LEGACY_REF (git revision of the previous release's manifests, default
+# 9739f68), SLOW_START (60s), DS_RESTARTS (3), LIFECYCLE_STEPS (which of legacy, drain,
+# slow, slowprev, daemonset to run; default all but slowprev; without legacy the current
+# manifests are applied straight away), SLOW_START_PREVIOUS (120s: slowprev's start, longer
+# than the previous probes allow).
+
+LEGACY_REF="${LEGACY_REF:-9739f68}"
+SLOW_START="${SLOW_START:-60s}"
+DS_RESTARTS="${DS_RESTARTS:-3}"
+LIFECYCLE_STEPS="${LIFECYCLE_STEPS:-legacy drain slow daemonset}"
+SLOW_IMAGE="$IMAGE_REPO/kube-apiserver:$APISERVER_VERSION-slow"
+repo="$here/../../.."
+
+lc_step() { case " $LIFECYCLE_STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
+
+# lc_render NAME OVERLAY SRC: SRC/manifests/OVERLAY rendered with the local images into
+# $S/NAME.yaml (an overlay whose only content is a kustomize images: entry per image).
+lc_render() {
+  local name="$1" overlay="$2" src="$3" k="$S/kustomize-$1"
+  mkdir -p "$k/local"
+  cp -r "$src/manifests" "$k/manifests"
+  cat >"$k/local/kustomization.yaml" <<EOF
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - ../manifests/$overlay
+images:
+  - name: ghcr.io/example/kube-apiserver-proxy
+    newName: ${PROXY_IMAGE%:*}
+    newTag: ${PROXY_IMAGE##*:}
+  - name: registry.k8s.io/kube-apiserver
+    newName: $IMAGE_REPO/kube-apiserver
+    newTag: $APISERVER_VERSION
+EOF
+  kc kustomize "$k/local" >"$S/$name.yaml" 2>"$S/kustomize-$name.err"
+}
+
+# lc_endpoints: default/kubernetes for the node address, as docs/operations.md says to apply it
+# with the single-controller overlay (--endpoint-reconciler-type=none), when the proxy has the
+# subcommand.
+lc_endpoints() {
+  if "$S/bins/kube-apiserver-proxy" kubernetes-endpoints --help >/dev/null 2>&1; then
+    "$S/bins/kube-apiserver-proxy" kubernetes-endpoints --address "$NODE_IP" | kc apply -f -
+  fi
+}
+
+# lc_pods: "name ready restarts deleting node" of every kube-apiserver pod that is not
+# kubeadm's mirror pod (the previous release's pods, the Deployment's and the DaemonSet's).
+lc_pods() {
+  kcs get pods -l component=kube-apiserver -o json 2>/dev/null | python3 -c '
+import json, sys
+for p in json.load(sys.stdin)["items"]:
+    if any(o.get("kind") == "Node" for o in p["metadata"].get("ownerReferences") or []):
+        continue
+    cs = p["status"].get("containerStatuses") or []
+    ready = all(c.get("ready") for c in cs) and len(cs) == 2
+    print(p["metadata"]["name"], "ready" if ready else "notready",
+          sum(c.get("restartCount", 0) for c in cs),
+          "deleting" if p["metadata"].get("deletionTimestamp") else "-", p["spec"].get("nodeName", "-"))'
+}
+lc_pod_names() { lc_pods | awk '{ print $1 }' | sort | tr '\n' ' '; }
+lc_one_ready_pod() { [ "$(lc_pods | grep -c .)" = 1 ] && lc_pods | grep -q ' ready 0 - '; }
+
+# lc_watch_start NAME / lc_watch_stop NAME: polls the pods (through the API, as the
+# super-admin, on its own connection) every second into $S/pods-NAME.jsonl; the summary of
+# lc_watch_summary: every pod's Ready transitions while not being deleted, and its restarts.
+lc_watch_start() {
+  python3 - "$NODE_IP" "$S" "$S/pods-$1.jsonl" <<'EOF' &
+import http.client, json, signal, ssl, sys, time
+host, state, out = sys.argv[1], sys.argv[2], sys.argv[3]
+ctx = ssl.create_default_context(cafile="/etc/kubernetes/pki/ca.crt")
+ctx.load_cert_chain(state + "/admin-client-certificate-data", state + "/admin-client-key-data")
+stop = False
+def done(*_):
+    global stop
+    stop = True
+signal.signal(signal.SIGTERM, done)
+path = "/api/v1/namespaces/kube-system/pods?labelSelector=component%3Dkube-apiserver"
+with open(out, "w") as f:
+    while not stop:
+        t = time.time()
+        try:
+            c = http.client.HTTPSConnection(host, 6443, context=ctx, timeout=5)
+            c.request("GET", path)
+            items = json.loads(c.getresponse().read())["items"]
+            c.close()
+            pods = []
+            for p in items:
+                if any(o.get("kind") == "Node" for o in p["metadata"].get("ownerReferences") or []):
+                    continue
+                conds = {x["type"]: x["status"] for x in p["status"].get("conditions") or []}
+                cs = p["status"].get("containerStatuses") or []
+                pods.append({"name": p["metadata"]["name"], "ready": conds.get("Ready") == "True",
+                             "restarts": sum(x.get("restartCount", 0) for x in cs),
+                             "deleting": bool(p["metadata"].get("deletionTimestamp"))})
+            f.write(json.dumps({"t": round(t, 2), "pods": pods}) + "\n")
+        except Exception as e:
+            f.write(json.dumps({"t": round(t, 2), "error": str(e)[:200]}) + "\n")
+        f.flush()
+        time.sleep(max(0.0, 1.0 - (time.time() - t)))
+EOF
+  eval "LCWATCH_$1=$!"
+}
+lc_watch_stop() {
+  local var="LCWATCH_$1"
+  kill -TERM "${!var}" 2>/dev/null || true
+  wait "${!var}" 2>/dev/null || true
+}
+# lc_watch_summary NAME: one line per pod: seen for how long, Ready flips (true -> false while
+# not being deleted), restarts, time from first seen to first Ready; and the most pods seen at
+# once. Exit status 1 if any pod flipped or restarted.
+lc_watch_summary() {
+  python3 - "$S/pods-$1.jsonl" <<'EOF'
+import json, sys
+pods, most, bad = {}, 0, False
+for line in open(sys.argv[1]):
+    s = json.loads(line)
+    if "pods" not in s:
+        continue
+    most = max(most, len(s["pods"]))
+    for p in s["pods"]:
+        q = pods.setdefault(p["name"], {"first": s["t"], "last": s["t"], "ready_at": None,
+                                        "flips": 0, "restarts": 0, "prev": None})
+        q["last"] = s["t"]
+        if p["ready"] and q["ready_at"] is None:
+            q["ready_at"] = s["t"]
+        if q["prev"] is True and not p["ready"] and not p["deleting"]:
+            q["flips"] += 1
+        q["prev"] = p["ready"]
+        q["restarts"] = max(q["restarts"], p["restarts"])
+out = []
+for name, q in sorted(pods.items(), key=lambda x: x[1]["first"]):
+    ready = "never Ready" if q["ready_at"] is None else "Ready after %.0f s" % (q["ready_at"] - q["first"])
+    out.append("%s: seen %.0f s, %s, %d Ready flips, %d restarts" % (name, q["last"] - q["first"], ready, q["flips"], q["restarts"]))
+    bad |= q["flips"] > 0 or q["restarts"] > 0
+print("; ".join(out) + "; at most %d pods at once" % most)
+sys.exit(1 if bad else 0)
+EOF
+}
+
+# lc_begin NAME / lc_end NAME WHAT: the connect loop, the client-go load and the pod watch
+# around a step; lc_end checks 0 refused and 0 failed requests and reports the rest.
+lc_begin() {
+  log_mark "$1"
+  connloop_start "$1"
+  lc_watch_start "$1"
+  loadgen_start "$1"
+}
+lc_end() {
+  local name="$1" what="$2"
+  connloop_stop "$name"
+  loadgen_stop "$name"
+  lc_watch_stop "$name"
+  if [ "$(connloop_refused "$name")" = 0 ]; then
+    pass "$what: no refused connection on $NODE_IP:6443: $(connloop_summary "$name")"
+  else
+    fail "$what: refused connections on $NODE_IP:6443: $(connloop_summary "$name")"
+  fi
+  if [ "$(load_failed "$name")" = 0 ]; then
+    pass "$what: client-go load: $(load_summary "$name")"
+  else
+    fail "$what: client-go load: $(load_summary "$name")"
+  fi
+  note "$what: pods: $(lc_watch_summary "$name")"
+  note "$what: controller-manager, scheduler and kubelet logs: $(log_error_summary "$name")"
+  note "$what: restarts: $(control_plane_restarts)"
+}
+
+# lc_events REASON: "count message" of the events of that reason on kube-apiserver pods
+# (probe failures are reason Unhealthy, preStop failures FailedPreStopHook).
+lc_events() {
+  kcs get events --field-selector "reason=$1" -o json 2>/dev/null | python3 -c '
+import collections, json, re, sys
+c = collections.Counter()
+for e in json.load(sys.stdin)["items"]:
+    if e["involvedObject"].get("name", "").startswith("kube-apiserver-"):
+        c[re.sub(r"[0-9]+", "N", e.get("message", ""))[:140]] += e.get("count", 1)
+print("; ".join("%d x %s" % (n, m) for m, n in c.most_common(6)) or "none")'
+}
+
+lc_deploy_ready() {
+  kcs rollout status deployment/kube-apiserver --timeout=5s >/dev/null 2>&1 && lc_one_ready_pod
+}
+lc_ds_ready() {
+  kcs rollout status daemonset/kube-apiserver --timeout=5s >/dev/null 2>&1 && lc_one_ready_pod
+}
+
+# lc_pdb_counts_one: the disruption controller has seen the budget and counts one healthy pod.
+lc_pdb_counts_one() {
+  [ "$(kcs get pdb kube-apiserver -o jsonpath='{.status.currentHealthy}/{.status.observedGeneration}/{.metadata.generation}' 2>/dev/null)" \
+    = "1/$(kcs get pdb kube-apiserver -o jsonpath='{.metadata.generation}' 2>/dev/null)/$(kcs get pdb kube-apiserver -o jsonpath='{.metadata.generation}' 2>/dev/null)" ]
+}
+
+# 1. The previous release: pivot to its Deployment, then show that a drain waits for ever.
+lc_legacy() {
+  local src="$S/legacy" t0 t1
+  mkdir -p "$src"
+  if ! git -C "$repo" archive "$LEGACY_REF" manifests 2>"$S/legacy.err" | tar -x -C "$src"; then
+    fail "legacy: cannot read manifests/ at $LEGACY_REF from git: $(head -c 200 "$S/legacy.err")"
+    return 1
+  fi
+  if ! grep -q 'component: kube-apiserver' "$src/manifests/base/pdb.yaml"; then
+    fail "legacy: $LEGACY_REF is not a release with the component/tier selector"
+    return 1
+  fi
+  lc_render legacy single-controller "$src" || { fail "legacy: kubectl kustomize failed: $(head -c 300 "$S/kustomize-legacy.err")"; return 1; }
+  # The pivot from kubeadm's static pod, in the order that completes (issue 13 point 2 owns
+  # a pivot without refused connections; here its outage is only noted).
+  connloop_start legacy_pivot
+  t0="$(now_ms)"
+  kc apply -f "$S/legacy.yaml" >"$S/apply-legacy.log" 2>&1 || { fail "legacy: kubectl apply: $(cat "$S/apply-legacy.log")"; connloop_stop legacy_pivot; return 1; }
+  wait_for 120 pod_scheduled || true
+  t1="$(now_ms)"
+  mv "$MANIFESTS/kube-apiserver.yaml" "$S/kube-apiserver.static.yaml"
+  if wait_for 420 lc_deploy_ready; then
+    pass "legacy: the previous release's Deployment ($LEGACY_REF) runs, $(since "$t0") s after kubectl apply ($(since "$t1") s after the static manifest went): $(lc_pods | tr '\n' ' ')"
+  else
+    fail "legacy: the previous release's Deployment is not ready: $(lc_pods | tr '\n' ' ')"
+    connloop_stop legacy_pivot
+    return 1
+  fi
+  connloop_stop legacy_pivot
+  note "legacy: the pivot from kubeadm's static pod (not this rehearsal's subject): $(connloop_summary legacy_pivot)"
+  # The previous budget (minAvailable 1 of 1 replica): drain never completes. Once the
+  # disruption controller counts the pod healthy, that is: before, the pod counts as
+  # unhealthy, unhealthyPodEvictionPolicy AlwaysAllow lets the drain evict it, and the previous
+  # manifests (no toleration of the cordon) leave the node with no apiserver, for good: its
+  # replacement cannot be scheduled, and nothing can uncordon the node without an apiserver.
+  # (Seen in one run of this rehearsal, with the drain 8 s after the pivot.)
+  if ! wait_for 120 lc_pdb_counts_one; then
+    fail "legacy: the budget never counted the pod healthy: $(kcs get pdb kube-apiserver -o jsonpath='{.status}' 2>&1)"
+    return 1
+  fi
+  t0="$(now_ms)"
+  if kc drain "$NODE_NAME" --ignore-daemonsets --delete-emptydir-data --timeout=60s >"$S/drain-legacy.log" 2>&1; then
+    fail "legacy: kubectl drain completed with the previous budget (minAvailable 1): $(tail -n 3 "$S/drain-legacy.log" | tr '\n' ' ')"
+  else
+    pass "legacy: with the previous budget kubectl drain does not complete (--timeout=60s, $(since "$t0") s): $(grep -m1 -o 'Cannot evict pod as it would violate[^.]*' "$S/drain-legacy.log" || tail -n 1 "$S/drain-legacy.log")"
+  fi
+  kc uncordon "$NODE_NAME" >/dev/null 2>&1 || true
+  lc_upgrade_selector
+}
+
+# 2. docs/operations.md, "Upgrading from the component/tier selector".
+lc_upgrade_selector() {
+  local t0 old_pod old_rs
+  lc_render current single-controller "$repo" || { fail "upgrade: kubectl kustomize failed: $(head -c 300 "$S/kustomize-current.err")"; return 1; }
+  old_pod="$(lc_pod_names)"
+  lc_begin upgrade || return 1
+  t0="$(now_ms)"
+  # a. Remove the Deployment, not its ReplicaSet and pod: the old pod serves on.
+  kcs delete deployment kube-apiserver --cascade=orphan >"$S/upgrade.log" 2>&1
+  # b. Apply the new manifests: a new Deployment (new selector), the budget updated. The
+  #    overlay switches the apiserver to the none endpoint reconciler: the endpoints first
+  #    (docs/operations.md, "The kubernetes Service endpoints").
+  lc_endpoints >>"$S/upgrade.log" 2>&1
+  kc apply -f "$S/current.yaml" >>"$S/upgrade.log" 2>&1
+  # c. Its pod starts beside the old one and takes the socket by handoff when Ready.
+  if wait_for 300 eval 'kcs rollout status deployment/kube-apiserver --timeout=5s'; then
+    note "upgrade: the new Deployment is ready $(since "$t0") s after the old one was orphaned: $(lc_pods | tr '\n' ' ')"
+  else
+    fail "upgrade: the new Deployment is not ready: $(lc_pods | tr '\n' ' ')"
+  fi
+  # d. Delete the old ReplicaSet (it takes its pod with it).
+  old_rs="$(kcs get rs -l 'component=kube-apiserver,!app.kubernetes.io/name' -o name 2>/dev/null | tr '\n' ' ')"
+  # shellcheck disable=SC2086 # one name per word
+  kcs delete $old_rs --wait=false >>"$S/upgrade.log" 2>&1
+  # The old (lease) apiserver empties the endpoints at its SIGTERM: once it is Terminating,
+  # the endpoints again.
+  wait_for 120 eval "kcs get pods -l 'component=kube-apiserver,!app.kubernetes.io/name' -o jsonpath='{.items[*].metadata.deletionTimestamp}' | grep -q ."
+  lc_endpoints >>"$S/upgrade.log" 2>&1
+  if wait_for 180 lc_one_ready_pod && ! lc_pod_names | grep -qw "${old_pod% }"; then
+    pass "upgrade: selector moved to app.kubernetes.io/name+part-of in $(since "$t0") s; old ReplicaSet $old_rs deleted; pods: $old_pod-> $(lc_pod_names)"
+  else
+    fail "upgrade: not one new Ready pod after $(since "$t0") s: $(lc_pods | tr '\n' ' ') (log: $(tail -n 5 "$S/upgrade.log" | tr '\n' ' '))"
+  fi
+  kcs get pdb kube-apiserver -o jsonpath='{.spec}' >"$S/pdb.json" 2>&1
+  note "upgrade: budget now $(cat "$S/pdb.json")"
+  lc_end upgrade "selector upgrade"
+}
+
+# 3. kubectl drain of the only controller, with and without eviction.
+lc_drain() {
+  local mode="$1" name="drain_$1" t0 before after args=()
+  [ "$mode" = delete ] && args=(--disable-eviction)
+  before="$(lc_pod_names)"
+  lc_begin "$name" || return 1
+  t0="$(now_ms)"
+  if kc drain "$NODE_NAME" --ignore-daemonsets --delete-emptydir-data --timeout=600s "${args[@]}" >"$S/$name.log" 2>&1; then
+    pass "kubectl drain ${args[*]:-(eviction)} of the only controller completed in $(since "$t0") s: $(grep -E 'evicted|deleted' "$S/$name.log" | tr '\n' ' ')"
+  else
+    fail "kubectl drain ${args[*]:-(eviction)} did not complete in $(since "$t0") s: $(tail -n 3 "$S/$name.log" | tr '\n' ' ')"
+  fi
+  if wait_for 120 lc_one_ready_pod; then
+    after="$(lc_pod_names)"
+    if [ "$after" != "$before" ]; then
+      pass "drain ($mode): the apiserver pod was replaced on the cordoned node: $before-> $after ($(lc_pods | awk '{ print $5 }'))"
+    else
+      fail "drain ($mode): the apiserver pod was not replaced: $after"
+    fi
+  else
+    fail "drain ($mode): no single Ready apiserver pod after the drain: $(lc_pods | tr '\n' ' ')"
+  fi
+  note "drain ($mode): preStop hook failures: $(lc_events FailedPreStopHook)"
+  kc uncordon "$NODE_NAME" >/dev/null 2>&1 || fail "kubectl uncordon failed"
+  lc_end "$name" "drain ($mode)"
+}
+
+# 4. An apiserver that takes $SLOW_START longer to start: a rollout to it, and back.
+lc_slow() {
+  local t0
+  if ! (cd "$here" && CGO_ENABLED=0 go build -mod=readonly -trimpath -o "$S/bins/slowstart" ./slowstart) >"$S/slowstart-build.log" 2>&1 \
+    || ! "$S/images/bin/mkimage" -name "$SLOW_IMAGE" -out "$S/images/kube-apiserver-slow.tar" \
+      -entrypoint /usr/local/bin/kube-apiserver -env "$UPSTREAM_PATH,SLOW_START=$SLOW_START" \
+      "$S/bins/slowstart=/usr/local/bin/kube-apiserver" "$S/bins/kube-apiserver=/usr/local/bin/kube-apiserver.real" >>"$S/slowstart-build.log" 2>&1 \
+    || ! "${CTR[@]}" images import "$S/images/kube-apiserver-slow.tar" >>"$S/slowstart-build.log" 2>&1; then
+    fail "slow start: image $SLOW_IMAGE not built: $(tail -n 3 "$S/slowstart-build.log")"
+    return 1
+  fi
+  lc_begin slow || return 1
+  t0="$(now_ms)"
+  kcs set image deployment/kube-apiserver "kube-apiserver=$SLOW_IMAGE" >/dev/null
+  if kcs rollout status deployment/kube-apiserver --timeout=420s >"$S/rollout-slow.log" 2>&1 && wait_for 120 lc_one_ready_pod; then
+    pass "slow start: the rollout to an apiserver that waits $SLOW_START before it starts completed in $(since "$t0") s: $(lc_pods | tr '\n' ' ')"
+  else
+    fail "slow start: rollout not complete after $(since "$t0") s: $(tail -n 2 "$S/rollout-slow.log" | tr '\n' ' ') $(lc_pods | tr '\n' ' ')"
+  fi
+  note "slow start: probe events: $(lc_events Unhealthy)"
+  t0="$(now_ms)"
+  kcs set image deployment/kube-apiserver "kube-apiserver=$IMAGE_REPO/kube-apiserver:$APISERVER_VERSION" >/dev/null
+  if kcs rollout status deployment/kube-apiserver --timeout=300s >/dev/null 2>&1 && wait_for 120 lc_one_ready_pod; then
+    note "slow start: back to the plain image in $(since "$t0") s"
+  else
+    fail "slow start: the rollout back to the plain image did not complete"
+  fi
+  lc_watch_stop slow
+  if lc_watch_summary slow >"$S/slow-summary.txt"; then
+    pass "slow start: no container restarted and no Ready condition flipped: $(cat "$S/slow-summary.txt")"
+  else
+    fail "slow start: a restart or a Ready flip: $(cat "$S/slow-summary.txt")"
+  fi
+  lc_end slow "slow start"
+}
+
+# lc_a_pod_restarted: a pod that is not being deleted has restarted a container.
+lc_a_pod_restarted() { lc_pods | awk '$4 == "-" && $3 > 0 { found = 1 } END { exit !found }'; }
+
+# 4b. (LIFECYCLE_STEPS with slowprev) The same slow start, $SLOW_START_PREVIOUS long, with the
+# previous release's probes (no start-up probe, readiness failureThreshold 1): the kubelet
+# restarts the slow apiserver (liveness: 10s + 8 x 10s); then with the current probes: no
+# restart. Needs lc_slow's image (run slow first).
+lc_slow_previous() {
+  local t0 restarts
+  SLOW_START_PREVIOUS="${SLOW_START_PREVIOUS:-120s}"
+  lc_begin slowprev || return 1
+  # The previous probes, the slow image, and the longer wait (the container's env overrides
+  # the image's), in one change of the template: one rollout.
+  t0="$(now_ms)"
+  kcs patch deployment/kube-apiserver --type=json -p '[
+    {"op": "remove", "path": "/spec/template/spec/containers/0/startupProbe"},
+    {"op": "replace", "path": "/spec/template/spec/containers/0/readinessProbe/failureThreshold", "value": 1},
+    {"op": "replace", "path": "/spec/template/spec/containers/0/image", "value": "'"$SLOW_IMAGE"'"},
+    {"op": "add", "path": "/spec/template/spec/containers/0/env/-", "value": {"name": "SLOW_START", "value": "'"$SLOW_START_PREVIOUS"'"}}]' >/dev/null
+  if wait_for 300 lc_a_pod_restarted; then
+    restarts="$(lc_pods | tr '\n' ' ')"
+    pass "slow start, previous probes: the kubelet restarted the apiserver that waits $SLOW_START_PREVIOUS, $(since "$t0") s into the rollout: $restarts"
+  else
+    fail "slow start, previous probes: no restart within 300 s: $(lc_pods | tr '\n' ' ')"
+  fi
+  note "slow start, previous probes: probe events: $(lc_events Unhealthy)"
+  # Back to the current template (the old pod served throughout: maxUnavailable 0).
+  kcs rollout undo deployment/kube-apiserver >/dev/null
+  wait_for 300 lc_deploy_ready || fail "slow start, previous probes: the undo did not complete: $(lc_pods | tr '\n' ' ')"
+  t0="$(now_ms)"
+  kcs set image deployment/kube-apiserver "kube-apiserver=$SLOW_IMAGE" >/dev/null
+  kcs set env deployment/kube-apiserver -c kube-apiserver "SLOW_START=$SLOW_START_PREVIOUS" >/dev/null
+  if kcs rollout status deployment/kube-apiserver --timeout=600s >/dev/null 2>&1 && wait_for 120 lc_one_ready_pod; then
+    pass "slow start, current probes: the apiserver that waits $SLOW_START_PREVIOUS rolled out in $(since "$t0") s without a restart: $(lc_pods | tr '\n' ' ')"
+  else
+    fail "slow start, current probes: not rolled out after $(since "$t0") s: $(lc_pods | tr '\n' ' ')"
+  fi
+  kcs set env deployment/kube-apiserver -c kube-apiserver SLOW_START- >/dev/null
+  kcs set image deployment/kube-apiserver "kube-apiserver=$IMAGE_REPO/kube-apiserver:$APISERVER_VERSION" >/dev/null
+  if ! kcs rollout status deployment/kube-apiserver --timeout=300s >/dev/null 2>&1 || ! wait_for 120 lc_one_ready_pod; then
+    fail "slow start: the rollout back to the plain image did not complete"
+  fi
+  lc_end slowprev "slow start, previous and current probes"
+}
+
+# 5. The DaemonSet overlay: the move from the Deployment, rollouts, a drain.
+lc_daemonset() {
+  local t0 i before after
+  lc_render daemonset ha-daemonset "$repo" || { fail "daemonset: kubectl kustomize failed: $(head -c 300 "$S/kustomize-daemonset.err")"; return 1; }
+  lc_begin ds_move || return 1
+  t0="$(now_ms)"
+  kc apply -f "$S/daemonset.yaml" >"$S/apply-ds.log" 2>&1 || fail "daemonset: kubectl apply: $(cat "$S/apply-ds.log")"
+  if wait_for 300 eval 'kcs rollout status daemonset/kube-apiserver --timeout=5s'; then
+    note "daemonset: its pod is Ready beside the Deployment's $(since "$t0") s after kubectl apply: $(lc_pods | tr '\n' ' ')"
+  else
+    fail "daemonset: its pod is not Ready: $(lc_pods | tr '\n' ' ')"
+  fi
+  kcs delete deployment kube-apiserver >>"$S/apply-ds.log" 2>&1
+  kcs delete pdb kube-apiserver >>"$S/apply-ds.log" 2>&1
+  if wait_for 240 lc_ds_ready; then
+    pass "daemonset: moved from the Deployment in $(since "$t0") s: $(lc_pods | tr '\n' ' ')"
+  else
+    fail "daemonset: not one Ready DaemonSet pod after the Deployment's deletion: $(lc_pods | tr '\n' ' ')"
+  fi
+  lc_end ds_move "move to the DaemonSet"
+
+  lc_begin ds_rollouts || return 1
+  for i in $(seq 1 "$DS_RESTARTS"); do
+    t0="$(now_ms)"
+    before="$(lc_pod_names)"
+    kcs rollout restart daemonset/kube-apiserver >/dev/null
+    if kcs rollout status daemonset/kube-apiserver --timeout=300s >"$S/rollout-ds.log" 2>&1 && wait_for 120 lc_ds_ready; then
+      pass "daemonset rollout restart $i/$DS_RESTARTS complete after $(since "$t0") s: $before-> $(lc_pod_names)"
+    else
+      fail "daemonset rollout restart $i/$DS_RESTARTS not complete after $(since "$t0") s: $(tail -n 2 "$S/rollout-ds.log" | tr '\n' ' ') $(lc_pods | tr '\n' ' ')"
+    fi
+  done
+  lc_watch_stop ds_rollouts
+  # maxSurge 1 on one node: the new pod ran beside the old one before it went.
+  if lc_watch_summary ds_rollouts | grep -q 'at most 2 pods at once'; then
+    pass "daemonset: each rollout surged on the node (two pods at once, never zero): $(lc_watch_summary ds_rollouts)"
+  else
+    fail "daemonset: no surge seen on the node: $(lc_watch_summary ds_rollouts)"
+  fi
+  lc_end ds_rollouts "DaemonSet rollouts"
+
+  lc_begin ds_drain || return 1
+  before="$(lc_pod_names)"
+  t0="$(now_ms)"
+  if kc drain "$NODE_NAME" --ignore-daemonsets --delete-emptydir-data --timeout=300s >"$S/ds_drain.log" 2>&1; then
+    after="$(lc_pod_names)"
+    if [ "$after" = "$before" ]; then
+      pass "daemonset: kubectl drain --ignore-daemonsets completed in $(since "$t0") s and left the apiserver pod alone ($after)"
+    else
+      fail "daemonset: the drain replaced the apiserver pod: $before-> $after"
+    fi
+  else
+    fail "daemonset: kubectl drain did not complete: $(tail -n 3 "$S/ds_drain.log" | tr '\n' ' ')"
+  fi
+  kc uncordon "$NODE_NAME" >/dev/null 2>&1 || fail "kubectl uncordon failed"
+  lc_end ds_drain "drain with the DaemonSet"
+}
+
+# lc_prometheus_start: Prometheus on 127.0.0.1:9090 in the node's namespace, with the scrape job
+# prometheus-operator makes of manifests/monitoring's PodMonitor (the operator's own
+# relabelings, then the PodMonitor's, taken from the rendered object), scraping every 2s, and
+# the alerts of its PrometheusRule (evaluated every 5s). Debian's prometheus is built without
+# Kubernetes discovery: lc_prom_sd writes what `kubernetes_sd_configs: [{role: pod}]` would
+# discover into a file_sd file every 2s (pods declaring no port: one target per container, at
+# the pod's IP, with the __meta_kubernetes_* labels the relabelings read).
+lc_prometheus_start() {
+  PROMETHEUS_BIN="$(command -v prometheus || true)"
+  if [ -z "$PROMETHEUS_BIN" ]; then
+    note "prometheus not installed (apt-get install prometheus): the monitoring check is left out"
+    return 1
+  fi
+  kc kustomize "$repo/manifests/monitoring" >"$S/monitoring.yaml" 2>"$S/kustomize-monitoring.err" || return 1
+  python3 - "$S/monitoring.yaml" "$S" <<'EOF' || return 1
+import json, sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+state = sys.argv[2]
+pm = next(d for d in docs if d["kind"] == "PodMonitor")
+rule = next(d for d in docs if d["kind"] == "PrometheusRule")
+yaml.safe_dump(rule["spec"], open(state + "/rules.yaml", "w"))
+ep = pm["spec"]["podMetricsEndpoints"][0]
+snake = {"sourceLabels": "source_labels", "targetLabel": "target_label"}
+relabel = [
+    # What prometheus-operator puts first for a PodMonitor (pkg/prometheus/promcfg.go).
+    {"source_labels": ["__meta_kubernetes_pod_phase"], "regex": "(Failed|Succeeded)", "action": "drop"},
+    {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+    {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
+    {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+    {"target_label": "job", "replacement": "%s/%s" % (pm["metadata"]["namespace"], pm["metadata"]["name"])},
+] + [{snake.get(k, k): v for k, v in r.items()} for r in ep.get("relabelings", [])]
+cfg = {
+    "global": {"scrape_interval": "2s", "evaluation_interval": "5s"},
+    "rule_files": [state + "/rules.yaml"],
+    "scrape_configs": [{
+        "job_name": "podMonitor/kube-system/kube-apiserver-proxy/0",
+        "metrics_path": ep.get("path", "/metrics"),
+        "file_sd_configs": [{"files": [state + "/sd.json"], "refresh_interval": "2s"}],
+        "relabel_configs": relabel,
+    }],
+}
+yaml.safe_dump(cfg, open(state + "/prometheus.yaml", "w"), sort_keys=False)
+json.dump(pm["spec"]["selector"]["matchLabels"], open(state + "/sd-selector.json", "w"))
+EOF
+  echo '[]' >"$S/sd.json"
+  lc_prom_sd &
+  PROMSD_PID=$!
+  "$PROMETHEUS_BIN" --config.file="$S/prometheus.yaml" --storage.tsdb.path="$S/prometheus" \
+    --web.listen-address=127.0.0.1:9090 >"$S/prometheus.log" 2>&1 &
+  PROMETHEUS_PID=$!
+  if wait_for 90 lc_prom_targets_up; then
+    pass "prometheus (the PodMonitor's job): one target for the node, up: $(lc_prom '/api/v1/targets?state=active' | python3 -c 'import json,sys; print(" ".join(json.dumps(t["labels"]) + " " + t["health"] for t in json.load(sys.stdin)["data"]["activeTargets"]))')"
+  else
+    fail "prometheus: no single healthy target within 90 s: $(lc_prom '/api/v1/targets?state=active' 2>&1 | head -c 600) $(tail -n 3 "$S/prometheus.log" | tr '\n' ' ')"
+    return 1
+  fi
+}
+
+# lc_prom_sd: every 2s, the pods the PodMonitor selects, as Kubernetes pod discovery would
+# give them, into $S/sd.json (written atomically).
+lc_prom_sd() {
+  python3 - "$NODE_IP" "$S" <<'EOF'
+import http.client, json, os, ssl, sys, time, urllib.parse
+host, state = sys.argv[1], sys.argv[2]
+ctx = ssl.create_default_context(cafile="/etc/kubernetes/pki/ca.crt")
+ctx.load_cert_chain(state + "/admin-client-certificate-data", state + "/admin-client-key-data")
+sel = json.load(open(state + "/sd-selector.json"))
+path = "/api/v1/namespaces/kube-system/pods?labelSelector=" + urllib.parse.quote(",".join("%s=%s" % kv for kv in sel.items()))
+while True:
+    try:
+        c = http.client.HTTPSConnection(host, 6443, context=ctx, timeout=5)
+        c.request("GET", path)
+        pods = json.loads(c.getresponse().read())["items"]
+        c.close()
+        groups = []
+        for p in pods:
+            ip = p["status"].get("podIP")
+            if not ip:
+                continue
+            for init, cs in ((True, p["spec"].get("initContainers") or []), (False, p["spec"]["containers"])):
+                for ct in cs:
+                    groups.append({"targets": [ip], "labels": {
+                        "__meta_kubernetes_namespace": p["metadata"]["namespace"],
+                        "__meta_kubernetes_pod_name": p["metadata"]["name"],
+                        "__meta_kubernetes_pod_ip": ip,
+                        "__meta_kubernetes_pod_node_name": p["spec"].get("nodeName", ""),
+                        "__meta_kubernetes_pod_phase": p["status"].get("phase", ""),
+                        "__meta_kubernetes_pod_container_name": ct["name"],
+                        "__meta_kubernetes_pod_container_init": "true" if init else "false"}})
+        with open(state + "/sd.json.tmp", "w") as f:
+            json.dump(groups, f)
+        os.rename(state + "/sd.json.tmp", state + "/sd.json")
+    except Exception:
+        pass
+    time.sleep(2)
+EOF
+}
+lc_prom() { curl -fsS --max-time 5 "http://127.0.0.1:9090$1"; }
+# lc_prom_query EXPR: the values of an instant query, space-separated ("none" if empty).
+lc_prom_query() {
+  curl -fsS --max-time 10 --get --data-urlencode "query=$1" http://127.0.0.1:9090/api/v1/query | python3 -c '
+import json, sys
+r = json.load(sys.stdin)["data"]["result"]
+print(" ".join(str(x["value"][1]) for x in r) if r else "none")'
+}
+# lc_prom_names EXPR: the alertname labels of an instant query's result ("none" if empty).
+lc_prom_names() {
+  curl -fsS --max-time 10 --get --data-urlencode "query=$1" http://127.0.0.1:9090/api/v1/query | python3 -c '
+import json, sys
+r = json.load(sys.stdin)["data"]["result"]
+print(" ".join(sorted(x["metric"].get("alertname", "?") for x in r)) if r else "none")'
+}
+lc_prom_targets_up() {
+  lc_prom '/api/v1/targets?state=active' | python3 -c '
+import json, sys
+t = json.load(sys.stdin)["data"]["activeTargets"]
+sys.exit(0 if len(t) == 1 and t[0]["health"] == "up" else 1)'
+}
+# lc_prometheus_check: over the run so far, one target for the node, never down; both pods of
+# a rollout in one scrape; no alert firing (the ones seen pending are listed).
+lc_prometheus_check() {
+  [ -n "${PROMETHEUS_PID:-}" ] || return 0
+  local w="2h" targets down pods alerts job='job="kube-system/kube-apiserver-proxy"'
+  targets="$(lc_prom_query "max_over_time(count(up{$job})[$w:2s])")"
+  down="$(lc_prom_query "min_over_time(up{$job}[$w])")"
+  pods="$(lc_prom_query "max_over_time(count(kube_apiserver_proxy_build_info)[$w:2s])")"
+  if [ "$targets" = 1 ] && [ "$down" = 1 ]; then
+    pass "prometheus: one scrape target for the node all along, never down"
+  else
+    fail "prometheus: targets at most $targets, up at least $down (want 1 and 1)"
+  fi
+  if [ "$pods" = 2 ]; then
+    pass "prometheus: one scrape of the node showed both pods of a rollout"
+  else
+    fail "prometheus: at most $pods pods seen in one scrape (want 2 during the rollouts)"
+  fi
+  # Firing at any moment of the run, not only now; pending ones are listed (a rollout's two
+  # pods make RolloutStuck pending, which its 15 minutes never let fire).
+  alerts="$(lc_prom_names "max_over_time(ALERTS{alertname=~\"KubeApiserverProxy.*\", alertstate=\"firing\"}[$w])")"
+  if [ "$alerts" = none ]; then
+    pass "prometheus: no alert of manifests/monitoring fired during the run (pending at some point: $(lc_prom_names "max_over_time(ALERTS{alertname=~\"KubeApiserverProxy.*\", alertstate=\"pending\"}[$w])"))"
+  else
+    fail "prometheus: alerts fired during the run: $alerts"
+  fi
+}
+lc_prometheus_stop() {
+  [ -n "${PROMETHEUS_PID:-}" ] || return 0
+  kill -TERM "${PROMSD_PID:-}" 2>/dev/null || true
+  kill -TERM "$PROMETHEUS_PID" 2>/dev/null || true
+  wait_for 30 eval "! kill -0 $PROMETHEUS_PID 2>/dev/null" || kill -KILL "$PROMETHEUS_PID" 2>/dev/null || true
+  wait "$PROMETHEUS_PID" 2>/dev/null || true
+}
+
+run_lifecycle() {
+  pivot_prepare_node || return 0
+  if lc_step legacy; then
+    lc_legacy || return 0
+  else
+    # Straight to the current manifests (the pivot's outage only noted).
+    lc_render current single-controller "$repo" || { fail "kubectl kustomize failed"; return 0; }
+    lc_endpoints >/dev/null 2>&1
+    connloop_start start
+    kc apply -f "$S/current.yaml" >/dev/null 2>&1
+    wait_for 120 pod_scheduled || true
+    mv "$MANIFESTS/kube-apiserver.yaml" "$S/kube-apiserver.static.yaml"
+    wait_for 420 lc_deploy_ready || { fail "the Deployment is not ready: $(lc_pods | tr '\n' ' ')"; connloop_stop start; return 0; }
+    lc_endpoints >/dev/null 2>&1 # kubeadm's (lease) apiserver emptied them when it stopped
+    connloop_stop start
+    note "start: pivot from kubeadm's static pod: $(connloop_summary start)"
+  fi
+  lc_prometheus_start || true
+  if lc_step drain; then
+    lc_drain evict || true
+    lc_drain delete || true
+  fi
+  if lc_step slow; then lc_slow || true; fi
+  if lc_step slowprev; then lc_slow_previous || true; fi
+  if lc_step daemonset; then lc_daemonset || true; fi
+  lc_prometheus_check
+  lc_prometheus_stop
+  note "reports: $S/load-*.json, $S/connloop-*.json, $S/pods-*.jsonl, $S/prometheus/"
+}
