@@ -127,6 +127,24 @@ fn run_with_input(cmd: &mut Command, input: &str) -> Result<(i32, String, String
     ))
 }
 
+/// `kubernetes-validate --strict` of a YAML stream against every schema version of
+/// [`VALIDATE_VERSIONS`]; `what` names it in the error.
+fn validate(what: &str, yaml: &str) -> Result<()> {
+    for version in VALIDATE_VERSIONS {
+        let mut cmd = Command::new("kubernetes-validate");
+        cmd.args(["--strict", "--quiet"]);
+        if let Some(v) = version {
+            cmd.args(["-k", v]);
+        }
+        let (code, stdout, stderr) = run_with_input(cmd.arg("-"), yaml)?;
+        ensure!(
+            code == 0,
+            "{what}: kubernetes-validate {version:?} failed ({code}):\n{stdout}{stderr}"
+        );
+    }
+    Ok(())
+}
+
 /// `kubectl kustomize manifests/<overlay>`.
 fn render(overlay: &str) -> Result<String> {
     let dir = repo_root().join("manifests").join(overlay);
@@ -280,19 +298,7 @@ fn manifests_render_and_validate() -> Result<()> {
         ("ha-daemonset", None, 1, 0),
     ] {
         let yaml = render(overlay)?;
-        for version in VALIDATE_VERSIONS {
-            let mut cmd = Command::new("kubernetes-validate");
-            cmd.args(["--strict", "--quiet"]);
-            if let Some(v) = version {
-                cmd.args(["-k", v]);
-            }
-            cmd.arg("-");
-            let (code, stdout, stderr) = run_with_input(&mut cmd, &yaml)?;
-            ensure!(
-                code == 0,
-                "{overlay}: kubernetes-validate {version:?} failed ({code}):\n{stdout}{stderr}"
-            );
-        }
+        validate(overlay, &yaml)?;
 
         let objects = yaml_to_json(&yaml)?;
         ensure!(!objects.is_empty(), "{overlay}: nothing rendered");
@@ -409,18 +415,7 @@ fn kubernetes_service_endpoints_per_overlay() -> Result<()> {
         .output()?;
     ensure!(out.status.success(), "kubernetes-endpoints failed: {out:?}");
     let yaml = String::from_utf8(out.stdout)?;
-    for version in VALIDATE_VERSIONS {
-        let mut cmd = Command::new("kubernetes-validate");
-        cmd.args(["--strict", "--quiet"]);
-        if let Some(v) = version {
-            cmd.args(["-k", v]);
-        }
-        let (code, stdout, stderr) = run_with_input(cmd.arg("-"), &yaml)?;
-        ensure!(
-            code == 0,
-            "kubernetes-endpoints: kubernetes-validate {version:?} failed ({code}):\n{stdout}{stderr}"
-        );
-    }
+    validate("kubernetes-endpoints", &yaml)?;
     let objects = yaml_to_json(&yaml)?;
     let kinds: Vec<_> = objects
         .iter()
@@ -1784,18 +1779,7 @@ fn monitoring_manifests_fit_the_pods() -> Result<()> {
         return Ok(());
     }
     let yaml = render("monitoring")?;
-    for version in VALIDATE_VERSIONS {
-        let mut cmd = Command::new("kubernetes-validate");
-        cmd.args(["--strict", "--quiet"]);
-        if let Some(v) = version {
-            cmd.args(["-k", v]);
-        }
-        let (code, stdout, stderr) = run_with_input(cmd.arg("-"), &yaml)?;
-        ensure!(
-            code == 0,
-            "monitoring: kubernetes-validate failed:\n{stdout}{stderr}"
-        );
-    }
+    validate("monitoring", &yaml)?;
     let objects = yaml_to_json(&yaml)?;
     let monitor = object(&objects, "PodMonitor")?;
     let rule = object(&objects, "PrometheusRule")?;
