@@ -255,6 +255,18 @@ struct Family {
     samples: Vec<String>,
 }
 
+/// The family `name`, added (and remembered in `order`) the first time it is seen.
+fn family_entry<'a>(
+    families: &'a mut BTreeMap<String, Family>,
+    order: &mut Vec<String>,
+    name: &str,
+) -> &'a mut Family {
+    families.entry(name.to_owned()).or_insert_with(|| {
+        order.push(name.to_owned());
+        Family::default()
+    })
+}
+
 /// Merges Prometheus text expositions into one: every family once, with its `# HELP` and
 /// `# TYPE` from the first exposition that has them, followed by the samples of all of them
 /// (the text format wants each family's lines together). Samples of a family whose type
@@ -273,10 +285,7 @@ pub fn merge(texts: &[String]) -> String {
                     current = None;
                     continue;
                 }
-                let family = families.entry(name.to_owned()).or_insert_with(|| {
-                    order.push(name.to_owned());
-                    Family::default()
-                });
+                let family = family_entry(&mut families, &mut order, name);
                 family.help.get_or_insert_with(|| help.to_owned());
                 current = Some((name.to_owned(), true));
             } else if let Some(rest) = line.strip_prefix("# TYPE ") {
@@ -285,10 +294,7 @@ pub fn merge(texts: &[String]) -> String {
                     current = None;
                     continue;
                 }
-                let family = families.entry(name.to_owned()).or_insert_with(|| {
-                    order.push(name.to_owned());
-                    Family::default()
-                });
+                let family = family_entry(&mut families, &mut order, name);
                 let agrees = family.kind.get_or_insert_with(|| kind.to_owned()) == kind;
                 current = Some((name.to_owned(), agrees));
             } else if line.starts_with('#') || line.trim().is_empty() {
