@@ -16,7 +16,15 @@
 //!   that no apiserver ever touches (kube-proxy and CoreDNS merge every slice labelled
 //!   `kubernetes.io/service-name: kubernetes`): while a `lease` apiserver still runs (kubeadm's
 //!   static pod during the migration, or the pod of an older install), its shutdown empties the
-//!   first two objects, and this one keeps the Service's address in place.
+//!   first two objects' kube-proxy view, and this one keeps the Service's address in place;
+//! - a `ValidatingAdmissionPolicy` and its binding that deny any kube-apiserver
+//!   (`system:apiserver`, the loopback client its reconciler writes with) an update leaving the
+//!   `default/kubernetes` Endpoints without an address. That is the one write a stopping
+//!   `lease` apiserver makes when it is the last: with the policy, its removal fails (it logs
+//!   `Unable to remove endpoints from kubernetes service`, and its shutdown goes on), and the v1
+//!   Endpoints and the `kubernetes` slice keep the node address, which the next proxy serves.
+//!   Updates that leave an address (a controller of several leaving) and every other client's
+//!   writes are not affected.
 //!
 //! No API client: the binary only prints; applying is `kubectl`'s job.
 
@@ -25,6 +33,10 @@ use std::net::IpAddr;
 
 /// Name of the slice no apiserver writes.
 pub const OWN_SLICE: &str = "kubernetes-kube-apiserver-proxy";
+
+/// Name of the admission policy (and its binding) that keeps an apiserver from emptying the
+/// Endpoints.
+pub const GUARD: &str = "kube-apiserver-proxy-kubernetes-endpoints";
 
 /// Rejects what the API would reject as an endpoint address (or what no client could use).
 pub fn check_address(address: IpAddr) -> Result<(), String> {
@@ -111,6 +123,52 @@ ports:
 "
         );
     }
+    let _ = write!(
+        out,
+        "\
+---
+# A kube-apiserver may not leave default/kubernetes without an address: the last `lease`
+# apiserver to stop (kubeadm's, at the migration) would otherwise empty it.
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata:
+  name: {GUARD}
+  labels:
+    app.kubernetes.io/part-of: kube-apiserver-proxy
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules:
+      - apiGroups: [\"\"]
+        apiVersions: [\"v1\"]
+        operations: [\"UPDATE\"]
+        resources: [\"endpoints\"]
+        resourceNames: [\"kubernetes\"]
+  matchConditions:
+    - name: default-namespace
+      expression: request.namespace == \"default\"
+    - name: written-by-an-apiserver
+      expression: request.userInfo.username == \"system:apiserver\"
+  validations:
+    - expression: >-
+        has(object.subsets) &&
+        object.subsets.exists(s, has(s.addresses) && s.addresses.size() > 0)
+      message: >-
+        kube-apiserver-proxy: an apiserver may not leave default/kubernetes without an
+        address (docs/operations.md, \"The kubernetes Service endpoints\")
+      reason: Forbidden
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata:
+  name: {GUARD}
+  labels:
+    app.kubernetes.io/part-of: kube-apiserver-proxy
+spec:
+  policyName: {GUARD}
+  validationActions: [Deny]
+"
+    );
     out
 }
 
@@ -119,9 +177,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn three_documents_one_address_family() {
+    fn five_documents_one_address_family() {
         let v4 = render("192.0.2.10".parse().unwrap(), 6443);
-        assert_eq!(v4.matches("\n---\n").count(), 2);
+        assert_eq!(v4.matches("\n---\n").count(), 4);
+        assert_eq!(v4.matches(&format!("name: {GUARD}")).count(), 2);
         assert_eq!(v4.matches("\"192.0.2.10\"").count(), 3);
         assert!(v4.contains("addressType: IPv4"));
         assert!(v4.contains(&format!("name: {OWN_SLICE}")));

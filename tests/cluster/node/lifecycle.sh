@@ -291,10 +291,8 @@ lc_upgrade_selector() {
   old_rs="$(kcs get rs -l 'component=kube-apiserver,!app.kubernetes.io/name' -o name 2>/dev/null | tr '\n' ' ')"
   # shellcheck disable=SC2086 # one name per word
   kcs delete $old_rs --wait=false >>"$S/upgrade.log" 2>&1
-  # The old (lease) apiserver empties the endpoints at its SIGTERM: once it is Terminating,
-  # the endpoints again.
-  wait_for 120 eval "kcs get pods -l 'component=kube-apiserver,!app.kubernetes.io/name' -o jsonpath='{.items[*].metadata.deletionTimestamp}' | grep -q ."
-  lc_endpoints >>"$S/upgrade.log" 2>&1
+  # The old (lease) apiserver tries to empty the endpoints at its SIGTERM: the admission policy
+  # applied with them in b. denies it (docs/operations.md).
   if wait_for 180 lc_one_ready_pod && ! lc_pod_names | grep -qw "${old_pod% }"; then
     pass "upgrade: selector moved to app.kubernetes.io/name+part-of in $(since "$t0") s; old ReplicaSet $old_rs deleted; pods: $old_pod-> $(lc_pod_names)"
   else
@@ -637,7 +635,6 @@ run_lifecycle() {
     wait_for 120 pod_scheduled || true
     mv "$MANIFESTS/kube-apiserver.yaml" "$S/kube-apiserver.static.yaml"
     wait_for 420 lc_deploy_ready || { fail "the Deployment is not ready: $(lc_pods | tr '\n' ' ')"; connloop_stop start; return 0; }
-    lc_endpoints >/dev/null 2>&1 # kubeadm's (lease) apiserver emptied them when it stopped
     connloop_stop start
     note "start: pivot from kubeadm's static pod: $(connloop_summary start)"
   fi

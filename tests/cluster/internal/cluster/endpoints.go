@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -205,6 +206,16 @@ func ApplyKubernetesEndpoints(ctx context.Context, kubeconfig, proxy, ip string)
 				func() error { _, err := api.Update(ctx, o, metav1.UpdateOptions{}); return err })
 		case *discoveryv1.EndpointSlice:
 			api := client.DiscoveryV1().EndpointSlices(o.Namespace)
+			err = createOrReplace(ctx, o, func() (metav1.Object, error) { return api.Get(ctx, o.Name, metav1.GetOptions{}) },
+				func() error { _, err := api.Create(ctx, o, metav1.CreateOptions{}); return err },
+				func() error { _, err := api.Update(ctx, o, metav1.UpdateOptions{}); return err })
+		case *admissionregistrationv1.ValidatingAdmissionPolicy:
+			api := client.AdmissionregistrationV1().ValidatingAdmissionPolicies()
+			err = createOrReplace(ctx, o, func() (metav1.Object, error) { return api.Get(ctx, o.Name, metav1.GetOptions{}) },
+				func() error { _, err := api.Create(ctx, o, metav1.CreateOptions{}); return err },
+				func() error { _, err := api.Update(ctx, o, metav1.UpdateOptions{}); return err })
+		case *admissionregistrationv1.ValidatingAdmissionPolicyBinding:
+			api := client.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings()
 			err = createOrReplace(ctx, o, func() (metav1.Object, error) { return api.Get(ctx, o.Name, metav1.GetOptions{}) },
 				func() error { _, err := api.Create(ctx, o, metav1.CreateOptions{}); return err },
 				func() error { _, err := api.Update(ctx, o, metav1.UpdateOptions{}); return err })

@@ -362,3 +362,6 @@ func (p *Pod) kill() {
 
 // Kill ends the pod's containers at once (cleanup).
 func (p *Pod) Kill() { p.kill() }
+
+// APIServerLog is the path of the pod's kube-apiserver log.
+func (p *Pod) APIServerLog() string { return p.apiserver.Log }
