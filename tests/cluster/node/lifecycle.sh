@@ -21,7 +21,7 @@
 # polled every second (Ready condition, restarts) into $S/pods-<step>.jsonl.
 # From the selector upgrade on, a real Prometheus (Debian's `prometheus`, when installed)
 # scrapes the pods with the job prometheus-operator makes of manifests/monitoring's PodMonitor
-# (every 2s) and evaluates its alerts: one target for the node throughout, both pods of a
+# (every 5s) and evaluates its alerts: one target for the node throughout, both pods of a
 # rollout in one scrape, no alert firing.
 #
 # Environment: LEGACY_REF (git revision of the previous release's manifests, default
@@ -471,8 +471,11 @@ lc_daemonset() {
 
 # lc_prometheus_start: Prometheus on 127.0.0.1:9090 in the node's namespace, with the scrape job
 # prometheus-operator makes of manifests/monitoring's PodMonitor (the operator's own
-# relabelings, then the PodMonitor's, taken from the rendered object), scraping every 2s, and
-# the alerts of its PrometheusRule (evaluated every 5s). Debian's prometheus is built without
+# relabelings, then the PodMonitor's, taken from the rendered object), scraping every 5s (the
+# scrape timeout is the interval: 5s, half Prometheus' default 10s. With 2s, one run on a
+# machine with a load average above 20 saw `up` 0 once; its cause was not recorded, and a
+# scrape that waits out an exiting peer's 1s fetch timeout comes close to 2s there), and the
+# alerts of its PrometheusRule (evaluated every 5s). Debian's prometheus is built without
 # Kubernetes discovery: lc_prom_sd writes what `kubernetes_sd_configs: [{role: pod}]` would
 # discover into a file_sd file every 2s (pods declaring no port: one target per container, at
 # the pod's IP, with the __meta_kubernetes_* labels the relabelings read).
@@ -501,7 +504,7 @@ relabel = [
     {"target_label": "job", "replacement": "%s/%s" % (pm["metadata"]["namespace"], pm["metadata"]["name"])},
 ] + [{snake.get(k, k): v for k, v in r.items()} for r in ep.get("relabelings", [])]
 cfg = {
-    "global": {"scrape_interval": "2s", "evaluation_interval": "5s"},
+    "global": {"scrape_interval": "5s", "scrape_timeout": "5s", "evaluation_interval": "5s"},
     "rule_files": [state + "/rules.yaml"],
     "scrape_configs": [{
         "job_name": "podMonitor/kube-system/kube-apiserver-proxy/0",
@@ -581,6 +584,14 @@ import json, sys
 r = json.load(sys.stdin)["data"]["result"]
 print(" ".join(sorted(x["metric"].get("alertname", "?") for x in r)) if r else "none")'
 }
+# lc_prom_down_at JOB RANGE: the times (UTC) at which up{JOB} was 0 within RANGE.
+lc_prom_down_at() {
+  curl -fsS --max-time 10 --get --data-urlencode "query=(up{$1} == 0)[$2:5s]" http://127.0.0.1:9090/api/v1/query | python3 -c '
+import json, sys, time
+r = json.load(sys.stdin)["data"]["result"]
+ts = [v[0] for x in r for v in x.get("values", [])]
+print(" ".join(time.strftime("%H:%M:%S", time.gmtime(t)) for t in ts) or "none")'
+}
 lc_prom_targets_up() {
   lc_prom '/api/v1/targets?state=active' | python3 -c '
 import json, sys
@@ -592,13 +603,13 @@ sys.exit(0 if len(t) == 1 and t[0]["health"] == "up" else 1)'
 lc_prometheus_check() {
   [ -n "${PROMETHEUS_PID:-}" ] || return 0
   local w="2h" targets down pods alerts job='job="kube-system/kube-apiserver-proxy"'
-  targets="$(lc_prom_query "max_over_time(count(up{$job})[$w:2s])")"
+  targets="$(lc_prom_query "max_over_time(count(up{$job})[$w:5s])")"
   down="$(lc_prom_query "min_over_time(up{$job}[$w])")"
-  pods="$(lc_prom_query "max_over_time(count(kube_apiserver_proxy_build_info)[$w:2s])")"
+  pods="$(lc_prom_query "max_over_time(count(kube_apiserver_proxy_build_info)[$w:5s])")"
   if [ "$targets" = 1 ] && [ "$down" = 1 ]; then
     pass "prometheus: one scrape target for the node all along, never down"
   else
-    fail "prometheus: targets at most $targets, up at least $down (want 1 and 1)"
+    fail "prometheus: targets at most $targets, up at least $down (want 1 and 1); down at $(lc_prom_down_at "$job" "$w"); longest scrape $(lc_prom_query "max_over_time(scrape_duration_seconds{$job}[$w])") s; last error: $(lc_prom '/api/v1/targets?state=active' | python3 -c 'import json,sys; print([t.get("lastError") for t in json.load(sys.stdin)["data"]["activeTargets"]])')"
   fi
   if [ "$pods" = 2 ]; then
     pass "prometheus: one scrape of the node showed both pods of a rollout"
