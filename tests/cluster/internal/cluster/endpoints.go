@@ -42,6 +42,11 @@ type EndpointsWatcher struct {
 	gaps   []Gap
 	cancel context.CancelFunc
 	done   chan struct{}
+	// The ready addresses each object lists now, and the absences of tracked addresses
+	// (addresses.go).
+	addrs    map[string]map[string]bool
+	tracked  map[string]map[string]time.Time // address -> object -> missing since
+	absences []Absence
 }
 
 // WatchEndpoints starts the watcher with the clients of kubeconfig.
@@ -56,7 +61,10 @@ func WatchEndpoints(parent context.Context, kubeconfig string) (*EndpointsWatche
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(parent)
-	w := &EndpointsWatcher{since: map[string]time.Time{}, cancel: cancel, done: make(chan struct{})}
+	w := &EndpointsWatcher{
+		since: map[string]time.Time{}, cancel: cancel, done: make(chan struct{}),
+		addrs: map[string]map[string]bool{}, tracked: map[string]map[string]time.Time{},
+	}
 	eps := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace("default"),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", "kubernetes").String()
@@ -67,15 +75,15 @@ func WatchEndpoints(parent context.Context, kubeconfig string) (*EndpointsWatche
 		}))
 	epInf := eps.Core().V1().Endpoints().Informer()
 	slInf := slices.Discovery().V1().EndpointSlices().Informer()
-	handler := func(object string, store func() cache.Store, ready func(any) bool) cache.ResourceEventHandlerFuncs {
+	handler := func(object string, store func() cache.Store, ready func(any) []string) cache.ResourceEventHandlerFuncs {
 		update := func() {
-			any := false
+			addrs := map[string]bool{}
 			for _, o := range store().List() {
-				if ready(o) {
-					any = true
+				for _, a := range ready(o) {
+					addrs[a] = true
 				}
 			}
-			w.observe(object, any)
+			w.observe(object, addrs)
 		}
 		return cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(any) { update() },
@@ -104,35 +112,41 @@ func WatchEndpoints(parent context.Context, kubeconfig string) (*EndpointsWatche
 	return w, nil
 }
 
-func endpointsReady(o any) bool {
+// endpointsReady are the ready addresses of an Endpoints (its subsets' addresses).
+func endpointsReady(o any) []string {
 	ep, ok := o.(*corev1.Endpoints)
 	if !ok {
-		return false
+		return nil
 	}
+	var out []string
 	for _, s := range ep.Subsets {
-		if len(s.Addresses) > 0 {
-			return true
+		for _, a := range s.Addresses {
+			out = append(out, a.IP)
 		}
 	}
-	return false
+	return out
 }
 
-func sliceReady(o any) bool {
+// sliceReady are the addresses of an EndpointSlice's ready endpoints (no condition: ready).
+func sliceReady(o any) []string {
 	s, ok := o.(*discoveryv1.EndpointSlice)
 	if !ok {
-		return false
+		return nil
 	}
+	var out []string
 	for _, e := range s.Endpoints {
 		if e.Conditions.Ready == nil || *e.Conditions.Ready {
-			return true
+			out = append(out, e.Addresses...)
 		}
 	}
-	return false
+	return out
 }
 
-func (w *EndpointsWatcher) observe(object string, ready bool) {
+func (w *EndpointsWatcher) observe(object string, addrs map[string]bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.observeAddresses(object, addrs)
+	ready := len(addrs) > 0
 	from, empty := w.since[object]
 	switch {
 	case !ready && !empty:

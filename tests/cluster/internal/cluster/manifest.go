@@ -62,9 +62,15 @@ func RenderTemplate(dir string) (*Template, error) {
 // WithoutAPIServerArg returns a copy of the template whose kube-apiserver container lacks the
 // arguments starting with prefix (the flags of another overlay, or of an older install).
 func (t *Template) WithoutAPIServerArg(prefix string) *Template {
+	return t.WithoutArg("kube-apiserver", prefix)
+}
+
+// WithoutArg returns a copy of the template whose container lacks the arguments starting
+// with prefix.
+func (t *Template) WithoutArg(container, prefix string) *Template {
 	out := &Template{Spec: *t.Spec.DeepCopy()}
 	for i, c := range out.Spec.Containers {
-		if c.Name != "kube-apiserver" {
+		if c.Name != container {
 			continue
 		}
 		var args []string

@@ -50,7 +50,10 @@ type Result struct {
 	Load         *load.Report        `json:"load,omitempty"`
 	TCP          cluster.TCPCounters `json:"tcp,omitempty"`
 	EmptyKubeSvc []cluster.Gap       `json:"kubernetes_service_empty,omitempty"`
-	Notes        []string            `json:"notes,omitempty"`
+	// AddressAbsent: intervals in which one controller's address was missing from
+	// default/kubernetes while others were listed (HA control planes).
+	AddressAbsent []cluster.Absence `json:"kubernetes_service_address_absent,omitempty"`
+	Notes         []string          `json:"notes,omitempty"`
 }
 
 // Rollout is one pod replaced by the next.
@@ -143,7 +146,7 @@ func (e *env) setup(ctx context.Context) error {
 	if err := e.current.WaitReady(ctx, cluster.GatePod, 3*time.Minute); err != nil {
 		return err
 	}
-	if err := e.grantAdmins(ctx); err != nil {
+	if err := grantAdmins(ctx, filepath.Join(e.node.Dir, "super-admin.conf")); err != nil {
 		return err
 	}
 	// The overlay's apiserver writes no endpoints: they are applied once, as
@@ -163,9 +166,9 @@ func (e *env) setup(ctx context.Context) error {
 }
 
 // grantAdmins binds kubeadm's admin.conf group to cluster-admin, as `kubeadm init` does
-// (with super-admin.conf, whose group is system:masters).
-func (e *env) grantAdmins(ctx context.Context) error {
-	cfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(e.node.Dir, "super-admin.conf"))
+// (with superAdmin, kubeadm's super-admin.conf, whose group is system:masters).
+func grantAdmins(ctx context.Context, superAdmin string) error {
+	cfg, err := clientcmd.BuildConfigFromFlags("", superAdmin)
 	if err != nil {
 		return err
 	}

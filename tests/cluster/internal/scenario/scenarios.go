@@ -33,6 +33,7 @@ func scenarios() []spec {
 		{"kubernetes-service-switch", kubernetesServiceSwitch},
 		{"anonymous-auth-off", anonymousOff},
 		{"broken-rollout-stalls", brokenRolloutStalls},
+		{"ha-surge-kubernetes-service", haSurgeKubernetesService},
 		{"haproxy-sidecar", haproxySidecar},
 	}
 }
@@ -207,7 +208,12 @@ func haproxySidecar(ctx context.Context, e *env, r *Result) {
 // underLoad runs f under the client-go load and records what the clients saw. strict: every
 // failed request, error-caused relist, cut stream and reset is a problem of the scenario.
 func underLoad(ctx context.Context, e *env, r *Result, strict bool, f func()) {
-	l, err := load.Start(ctx, load.DefaultConfig(e.node.AdminConf))
+	underLoadOn(ctx, e.node.AdminConf, r, strict, f)
+}
+
+// underLoadOn is underLoad with the clients of kubeconfig (another controller's address).
+func underLoadOn(ctx context.Context, kubeconfig string, r *Result, strict bool, f func()) {
+	l, err := load.Start(ctx, load.DefaultConfig(kubeconfig))
 	if err != nil {
 		r.fail("load: %v", err)
 		return
