@@ -1,5 +1,6 @@
 // Package scenario holds the rehearsal's scenarios: one node, one etcd, the Deployment's pods
-// replaced one by one under a client-go load.
+// replaced one by one under a client-go load (and in ha.go an HA control plane of two more
+// controllers on the same etcd).
 package scenario
 
 import (
