@@ -18,6 +18,7 @@ use crate::check::{self, CheckResult, HealthConfig};
 use crate::health::{Health, HealthState, Observation};
 use crate::lograte::LogRate;
 use crate::metrics::{BackendMetrics, Metrics};
+use crate::pace::Pace;
 
 /// While a check keeps failing for the same cause, the cause is logged this often.
 pub const CAUSE_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
@@ -84,6 +85,8 @@ pub struct Backend {
     /// Stops this backend's health checks when it is removed.
     checks: CancellationToken,
     pub metrics: BackendMetrics,
+    /// The turns of held clients connecting to it (pace.rs).
+    pub pace: Pace,
 }
 
 impl Backend {
@@ -104,6 +107,7 @@ impl Backend {
             cause_change_log: LogRate::new(std::time::Duration::from_secs(1)),
             checks,
             metrics: metrics.backend(addr),
+            pace: Pace::default(),
         }
     }
 

@@ -33,6 +33,7 @@ use tokio::io::Interest;
 use tokio::net::TcpStream;
 
 use crate::control::{Control, Signal};
+use crate::pace::Turn;
 use crate::shard::{Counter, Gauge};
 
 /// Size of the per-thread scratch buffer; a read that fills it marks the direction as bulk.
@@ -137,10 +138,11 @@ pub async fn bidirectional(
     mode: Mode,
     counters: (&Counter, &Counter),
     pending: Pending,
+    turn: Option<Turn>,
     pause: &Control,
 ) -> io::Result<Copied> {
-    let upstream = one_way(client, backend, mode, counters.0, pending.up, pause);
-    let downstream = one_way(backend, client, mode, counters.1, pending.down, pause);
+    let upstream = one_way(client, backend, mode, counters.0, pending.up, None, pause);
+    let downstream = one_way(backend, client, mode, counters.1, pending.down, turn, pause);
     match tokio::try_join!(upstream, downstream)? {
         (None, None) => Ok(Copied::Done),
         (up, down) => Ok(Copied::Paused(Pending {
@@ -182,13 +184,15 @@ async fn ready_unless_parked(
 }
 
 /// One direction — `initial` bytes first — until EOF (then shuts down the write half of
-/// `dst`; `None`) or until parked (`Some`: the bytes read but not written).
+/// `dst`; `None`) or until parked (`Some`: the bytes read but not written). `turn` is given
+/// back once `src` is first readable (pace.rs: the backend answered).
 async fn one_way(
     src: &TcpStream,
     dst: &TcpStream,
     mode: Mode,
     counter: &Counter,
     initial: Vec<u8>,
+    mut turn: Option<Turn>,
     pause: &Control,
 ) -> io::Result<Option<Vec<u8>>> {
     if !initial.is_empty() {
@@ -203,6 +207,7 @@ async fn one_way(
         if !ready_unless_parked(pause, |cx| src.poll_read_ready(cx)).await? {
             return Ok(Some(Vec::new()));
         }
+        drop(turn.take());
         let burst = if bulk && mode != Mode::Buffered {
             match Pipe::take() {
                 Ok(pipe) => splice_burst(src, dst, pipe, counter, pause).await?,

@@ -24,6 +24,7 @@ use crate::copy::{self, Copied, Pending};
 use crate::lograte::LogRate;
 use crate::metrics::{FailReason, Metrics};
 use crate::net;
+use crate::pace::{Turn, TURN_WAIT};
 
 /// Failures on client traffic are logged at most once a second each (counted in metrics always).
 static NO_BACKEND_LOG: LogRate = LogRate::new(Duration::from_secs(1));
@@ -57,7 +58,7 @@ pub async fn cut_on_cancel(ctx: Arc<ForwardContext>) {
 pub async fn serve(client: TcpStream, client_addr: ClientAddr, ctx: Arc<ForwardContext>) {
     let _active = ActiveConnection::new(&ctx.metrics);
     // The client socket inherited its options from the listener (net::tune_listener).
-    let Some((backend, upstream)) = connect_any(&ctx).await else {
+    let Some((backend, upstream, turn)) = connect_any(&ctx).await else {
         ctx.metrics.connection_failed(FailReason::NoBackend);
         if let Some(suppressed) = NO_BACKEND_LOG.allow() {
             tracing::warn!(client.addr = %client_addr, suppressed, hold = ?ctx.connect_timeout, "no backend could be reached within the connect timeout: closing client");
@@ -65,7 +66,15 @@ pub async fn serve(client: TcpStream, client_addr: ClientAddr, ctx: Arc<ForwardC
         return;
     };
     let _tracked = backend.track();
-    carry(client, upstream, client_addr, Pending::default(), &ctx).await;
+    carry(
+        client,
+        upstream,
+        client_addr,
+        Pending::default(),
+        turn,
+        &ctx,
+    )
+    .await;
 }
 
 /// Carries on a connection handed over by the predecessor of an in-place upgrade: its pending
@@ -85,15 +94,17 @@ pub async fn resume(
         .iter()
         .find(|b| Some(b.addr.0) == backend_addr)
         .map(|b| b.clone().track());
-    carry(client, upstream, client_addr, pending, &ctx).await;
+    carry(client, upstream, client_addr, pending, None, &ctx).await;
 }
 
-/// Copies until the connection ends, the drain deadline cuts it, or it is handed over.
+/// Copies until the connection ends, the drain deadline cuts it, or it is handed over. A held
+/// client's `turn` (pace.rs) is given back once the backend answers.
 async fn carry(
     client: TcpStream,
     upstream: TcpStream,
     client_addr: ClientAddr,
     mut pending: Pending,
+    mut turn: Option<Turn>,
     ctx: &ForwardContext,
 ) {
     let registration = ctx.carried.register();
@@ -112,6 +123,7 @@ async fn carry(
                 ctx.copy_mode,
                 counters,
                 std::mem::take(&mut pending),
+                turn.take(),
                 control,
             );
             tokio::pin!(copy);
@@ -209,7 +221,8 @@ async fn close_gracefully(client: TcpStream) {
 }
 
 /// First pause before trying every backend again for a held client; doubles up to
-/// [`HOLD_RETRY_MAX`].
+/// [`HOLD_RETRY_MAX`], each pause drawn from half to one and a half of it (clients held at the
+/// same instant do not all try again in the same instant).
 const HOLD_RETRY_MIN: Duration = Duration::from_millis(50);
 const HOLD_RETRY_MAX: Duration = Duration::from_millis(500);
 
@@ -259,18 +272,21 @@ async fn attempt(ctx: &ForwardContext, backend: &Backend) -> Attempt {
 /// `--connect-timeout` has passed since the first round started. `None`: give up.
 ///
 /// The first choice is found without building the ordered list (the common case: it
-/// answers); the list is built only once it failed.
-async fn connect_any(ctx: &ForwardContext) -> Option<(Arc<Backend>, TcpStream)> {
+/// answers); the list is built only once it failed. A held client connects in turn (pace.rs):
+/// the turn comes back with the connection, and is given back when the backend answers.
+async fn connect_any(ctx: &ForwardContext) -> Option<(Arc<Backend>, TcpStream, Option<Turn>)> {
     let hold_until = tokio::time::Instant::now() + ctx.connect_timeout;
     // Subscribed only once a round failed (a client that connects at once never needs it).
     let mut changes = None;
     let mut pause = HOLD_RETRY_MIN;
+    let mut held = false;
     loop {
         let version = ctx.backends.version();
         let first = ctx.backends.first_choice();
         if let Some(backend) = &first {
+            let turn = take_turn(held, backend).await;
             match attempt(ctx, backend).await {
-                Attempt::Connected(stream) => return first.map(|b| (b, stream)),
+                Attempt::Connected(stream) => return first.map(|b| (b, stream, turn)),
                 Attempt::Exhausted => return None,
                 Attempt::Failed => {}
             }
@@ -280,12 +296,14 @@ async fn connect_any(ctx: &ForwardContext) -> Option<(Arc<Backend>, TcpStream)> 
             if Some(backend.addr) == tried {
                 continue;
             }
+            let turn = take_turn(held, &backend).await;
             match attempt(ctx, &backend).await {
-                Attempt::Connected(stream) => return Some((backend, stream)),
+                Attempt::Connected(stream) => return Some((backend, stream, turn)),
                 Attempt::Exhausted => return None,
                 Attempt::Failed => {}
             }
         }
+        held = true;
         let now = tokio::time::Instant::now();
         if now >= hold_until {
             return None;
@@ -295,14 +313,23 @@ async fn connect_any(ctx: &ForwardContext) -> Option<(Arc<Backend>, TcpStream)> 
         // A change during the round (before the subscription) counts as one after it.
         let changed_meanwhile = ctx.backends.version() != version;
         if !changed_meanwhile {
+            let jittered = pause.mul_f64(rand::thread_rng().gen_range(0.5..1.5));
             tokio::select! {
                 _ = changes.changed() => {}
-                _ = tokio::time::sleep(pause) => {}
+                _ = tokio::time::sleep(jittered) => {}
                 _ = tokio::time::sleep_until(hold_until) => {}
             }
         }
         pause = (pause * 2).min(HOLD_RETRY_MAX);
     }
+}
+
+/// A held client's turn to connect to `backend` (none for a client not held).
+async fn take_turn(held: bool, backend: &Backend) -> Option<Turn> {
+    if !held {
+        return None;
+    }
+    backend.pace.turn(TURN_WAIT).await
 }
 
 /// Keeps `connections_active` right on every exit path.
@@ -340,5 +367,111 @@ mod tests {
         let size = std::mem::size_of_val(&future);
         eprintln!("serve future: {size} bytes");
         assert!(size <= 2048, "serve future is {size} bytes");
+    }
+
+    /// Clients held while their backend was down are released at the pace it answers: when
+    /// it comes back, no more than `pace::WINDOW` of them are ever opening a connection
+    /// (connected, not yet answered) at once, and every one is served.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn held_clients_are_released_at_the_pace_the_backend_answers() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+        const CLIENTS: usize = 2 * crate::pace::WINDOW + 32;
+        let mut ctx = Arc::into_inner(crate::transfer::test_context(copy::Mode::Auto)).unwrap();
+        ctx.connect_timeout = Duration::from_secs(30);
+        let ctx = Arc::new(ctx);
+        // The backend's address is bound but not listening: connects are refused until it
+        // listens.
+        let socket =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        socket
+            .bind(
+                &"127.0.0.1:0"
+                    .parse::<std::net::SocketAddr>()
+                    .unwrap()
+                    .into(),
+            )
+            .unwrap();
+        let backend_addr = socket.local_addr().unwrap().as_socket().unwrap();
+        ctx.backends.add(
+            crate::addr::BackendAddr(backend_addr),
+            crate::backend::Tier::Static,
+        );
+        let backend = ctx.backends.snapshot()[0].clone();
+
+        let front = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let front_addr = front.local_addr().unwrap();
+        let serving = ctx.clone();
+        tokio::spawn(async move {
+            loop {
+                let (stream, peer) = front.accept().await.unwrap();
+                tokio::spawn(serve(stream, ClientAddr(peer), serving.clone()));
+            }
+        });
+        let mut clients = tokio::task::JoinSet::new();
+        for i in 0..CLIENTS {
+            clients.spawn(async move {
+                let mut s = TcpStream::connect(front_addr).await.unwrap();
+                let ping = (i as u64).to_be_bytes();
+                s.write_all(&ping).await.unwrap();
+                let mut back = [0u8; 8];
+                s.read_exact(&mut back).await.unwrap();
+                assert_eq!(back, ping);
+                s
+            });
+        }
+        // Every client is held: each has seen the backend refuse.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while backend.metrics.connect_failures.get() < CLIENTS as u64 {
+            assert!(Instant::now() < deadline, "clients not held");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+
+        // The backend comes up: it takes every connection at once and answers each after a
+        // short service time, counting the connections it has not answered yet.
+        socket.listen(1024).unwrap();
+        socket.set_nonblocking(true).unwrap();
+        let listener = tokio::net::TcpListener::from_std(socket.into()).unwrap();
+        // As its health check passing would: every held client wakes up at once.
+        ctx.backends.notify();
+        let opening = Arc::new((AtomicUsize::new(0), AtomicUsize::new(0)));
+        let counts = opening.clone();
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = listener.accept().await.unwrap();
+                let counts = counts.clone();
+                let now = counts.0.fetch_add(1, Ordering::SeqCst) + 1;
+                counts.1.fetch_max(now, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut ping = [0u8; 8];
+                    let read = s.read_exact(&mut ping).await;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    counts.0.fetch_sub(1, Ordering::SeqCst);
+                    if read.is_ok() {
+                        let _ = s.write_all(&ping).await;
+                        let _ = s.read(&mut ping).await;
+                    }
+                });
+            }
+        });
+        let served = tokio::time::timeout(Duration::from_secs(20), async {
+            let mut kept = Vec::new();
+            while let Some(client) = clients.join_next().await {
+                kept.push(client.unwrap());
+            }
+            kept.len()
+        })
+        .await
+        .expect("every held client served within the deadline");
+        assert_eq!(served, CLIENTS);
+        let most = opening.1.load(Ordering::SeqCst);
+        eprintln!("at most {most} connections opening at once");
+        assert!(
+            most <= crate::pace::WINDOW,
+            "{most} connections opening at once, over the window of {}",
+            crate::pace::WINDOW
+        );
+        assert_eq!(backend.pace.free(), crate::pace::WINDOW);
     }
 }

@@ -24,6 +24,7 @@
 //! - [`control`]: every carried connection and its own cut/park signals (sharded registry).
 //! - [`transfer`]: connection handoff at an in-place upgrade: park, send, resume or release.
 //! - [`backend`]: the backend set and the selection rule.
+//! - [`pace`]: held clients released at the pace their backend answers.
 //! - [`health`]: the pure rise/fall health state machine.
 //! - [`check`]: active https/tls/tcp health checks.
 //! - [`discovery`]: own backend (address file) and node-local backends (shared directory).
@@ -77,6 +78,7 @@ pub mod metrics;
 pub mod migrate;
 pub mod net;
 pub mod notify;
+pub mod pace;
 pub mod probe;
 pub mod readiness;
 pub mod recover;
