@@ -204,6 +204,15 @@ pub enum CopyMode {
     Buffered,
 }
 
+/// How the data path uses threads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RuntimeShape {
+    /// One multi-threaded runtime (work stealing) for everything, one socket per address.
+    Shared,
+    /// One current-thread runtime per worker thread, each with its own `SO_REUSEPORT` socket.
+    PerThread,
+}
+
 /// Log output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -388,6 +397,16 @@ pub struct RunArgs {
     /// Threads of the async runtime that carries connections (default: CPUs available).
     #[arg(long, value_name = "N", env = "KUBE_APISERVER_PROXY_WORKER_THREADS")]
     pub worker_threads: Option<usize>,
+
+    /// How the data path uses its threads: `shared` (one multi-threaded runtime) or
+    /// `per-thread` (a current-thread runtime and a listening socket per worker thread).
+    #[arg(
+        long,
+        value_enum,
+        env = "KUBE_APISERVER_PROXY_RUNTIME",
+        default_value = "shared"
+    )]
+    pub runtime: RuntimeShape,
 
     /// Directory of the handoff Unix sockets shared by all instances on the node.
     #[arg(long, value_name = "DIR", env = "KUBE_APISERVER_PROXY_HANDOFF_DIR")]

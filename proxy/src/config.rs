@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crate::addr::{AdminAddr, BackendAddr, ListenAddr};
 use crate::check::{HealthCheck, HealthConfig};
-use crate::cli::{parse_socket_addr, CopyMode, HealthCheckKind, LogFormat, RunArgs};
+use crate::cli::{parse_socket_addr, CopyMode, HealthCheckKind, LogFormat, RunArgs, RuntimeShape};
 use crate::discovery::DiscoveryConfig;
 use crate::handoff::HandoffConfig;
 use crate::tls::{self, TlsError};
@@ -66,6 +66,8 @@ pub struct Config {
     pub max_connections: NonZeroU32,
     /// Runtime worker threads (default: CPUs available).
     pub worker_threads: std::num::NonZeroUsize,
+    /// One shared multi-threaded runtime (default) or a runtime and socket per worker thread.
+    pub runtime: RuntimeShape,
     /// How bytes are moved (default auto: buffered for small bursts, splice for bulk).
     pub copy_mode: crate::copy::Mode,
     /// Listener handoff; `None` in plain standalone use.
@@ -241,6 +243,7 @@ impl TryFrom<RunArgs> for Config {
                     .ok_or_else(|| invalid("--worker-threads", "must be at least 1"))?,
                 None => std::thread::available_parallelism().unwrap_or(std::num::NonZeroUsize::MIN),
             },
+            runtime: args.runtime,
             copy_mode: match args.copy_mode {
                 CopyMode::Auto => crate::copy::Mode::Auto,
                 CopyMode::Splice => crate::copy::Mode::Splice,

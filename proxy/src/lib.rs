@@ -19,6 +19,7 @@
 //! - [`notify`]: systemd readiness and main-pid notifications.
 //! - [`listener`]: held listening sockets and their accept loops.
 //! - [`forward`]: one proxied connection, from backend choice to the last byte.
+//! - [`workers`]: `--runtime per-thread`: a current-thread runtime and a socket per thread.
 //! - [`copy`]: moving bytes both ways: splice through pooled pipes, or a transient buffer;
 //!   pausable, returning the bytes in flight.
 //! - [`control`]: every carried connection and its own cut/park signals (sharded registry).
@@ -93,3 +94,4 @@ pub mod sys;
 pub mod tls;
 pub mod transfer;
 pub mod upgrade;
+pub mod workers;

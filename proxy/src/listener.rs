@@ -5,7 +5,6 @@
 //! shared listener is never `shutdown()` (that would break it for every holder): stopping means
 //! no longer accepting and closing our own descriptors.
 
-use std::collections::HashSet;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Arc, Mutex};
@@ -21,6 +20,7 @@ use crate::forward::{self, ForwardContext};
 use crate::lograte::LogRate;
 use crate::metrics::FailReason;
 use crate::sys::{self, SocketIdentity};
+use crate::workers::Placement;
 
 /// One held listening socket, as `/status` shows it.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -77,6 +77,8 @@ pub struct Listeners {
     accepting: watch::Sender<bool>,
     /// Parent of every accept loop's token.
     stop: CancellationToken,
+    /// Which runtime each accept loop (and its connections) runs on.
+    placement: Placement,
     /// Connection tasks; drained at shutdown.
     pub connections: TaskTracker,
     accept_loops: TaskTracker,
@@ -84,7 +86,12 @@ pub struct Listeners {
 
 impl Listeners {
     /// `stop`: the instance's cancellation tree; every accept loop stops with it.
-    pub fn new(ctx: Arc<ForwardContext>, max_connections: u32, stop: CancellationToken) -> Self {
+    pub fn new(
+        ctx: Arc<ForwardContext>,
+        max_connections: u32,
+        placement: Placement,
+        stop: CancellationToken,
+    ) -> Self {
         Listeners {
             held: Arc::new(Mutex::new(Held {
                 entries: Vec::new(),
@@ -93,6 +100,7 @@ impl Listeners {
             ctx,
             limit: Arc::new(Semaphore::new(max_connections as usize)),
             accepting: watch::channel(true).0,
+            placement,
             stop,
             connections: TaskTracker::new(),
             accept_loops: TaskTracker::new(),
@@ -119,9 +127,14 @@ impl Listeners {
         socket.set_nonblocking(true)?;
         crate::net::tune_listener(&socket)?;
         let fd = socket.as_fd().try_clone_to_owned()?;
-        let listener = TcpListener::from_std(socket)?;
+        // Registered with the reactor of the runtime the loop runs on.
+        let runtime = self.placement.next();
+        let listener = {
+            let _entered = runtime.enter();
+            TcpListener::from_std(socket)?
+        };
         let stop = self.stop.child_token();
-        self.accept_loops.spawn(accept_loop(AcceptLoop {
+        let accept = accept_loop(AcceptLoop {
             listener,
             addr,
             identity,
@@ -132,7 +145,8 @@ impl Listeners {
             accepting: self.accepting.subscribe(),
             held: self.held.clone(),
             owner: Arc::downgrade(self),
-        }));
+        });
+        self.accept_loops.spawn_on(accept, &runtime);
         tracing::info!(listen.addr = %addr, cookie = identity.cookie, inode = identity.inode, origin, "listening");
         held.entries.push(Entry {
             addr,
@@ -161,15 +175,26 @@ impl Listeners {
         }
     }
 
-    /// Addresses for which at least one socket is held.
-    pub fn addresses(&self) -> HashSet<ListenAddr> {
-        self.held
-            .lock()
-            .expect("listeners lock")
-            .entries
-            .iter()
-            .map(|e| e.addr)
-            .collect()
+    /// How many sockets to bind fresh per listen address (one per worker thread of
+    /// `--runtime per-thread`, else one).
+    pub fn sockets_per_address(&self) -> usize {
+        self.placement.sockets_per_address()
+    }
+
+    /// How many sockets are held for `addr`.
+    pub fn count(&self, addr: ListenAddr) -> usize {
+        let held = self.held.lock().expect("listeners lock");
+        held.entries.iter().filter(|e| e.addr == addr).count()
+    }
+
+    /// The address a socket held for `addr` is bound to (its port, when `addr` has port 0).
+    pub fn bound_address(&self, addr: ListenAddr) -> Option<std::net::SocketAddr> {
+        let held = self.held.lock().expect("listeners lock");
+        let entry = held.entries.iter().find(|e| e.addr == addr)?;
+        socket2::SockRef::from(&entry.fd)
+            .local_addr()
+            .ok()?
+            .as_socket()
     }
 
     /// What `/status` shows.

@@ -9,7 +9,7 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
-use kube_apiserver_proxy::cli::{self, Cli, Command, LogFormat, RunArgs};
+use kube_apiserver_proxy::cli::{self, Cli, Command, LogFormat, RunArgs, RuntimeShape};
 use kube_apiserver_proxy::config::Config;
 use kube_apiserver_proxy::{
     install, kubernetes_endpoints, launch, migrate, probe, recover, server, signal,
@@ -83,11 +83,18 @@ fn run(args: RunArgs) -> ExitCode {
         Err(e) => return bad_input(format!("error: {e:#}")),
     };
     init_tracing(config.log_format, &config.log_level);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(config.worker_threads.get())
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    // With a runtime per worker thread (workers.rs) the main runtime carries only the control
+    // plane.
+    let runtime = match config.runtime {
+        RuntimeShape::Shared => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(config.worker_threads.get())
+            .enable_all()
+            .build(),
+        RuntimeShape::PerThread => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+    }
+    .expect("tokio runtime");
     let intents = {
         let _runtime = runtime.enter();
         signal::intents()

@@ -21,6 +21,7 @@ use tokio_util::task::TaskTracker;
 use crate::addr::ListenAddr;
 use crate::admin::{self, AdminView};
 use crate::backend::{Backends, Tier};
+use crate::cli::RuntimeShape;
 use crate::config::Config;
 use crate::discovery;
 use crate::forward::ForwardContext;
@@ -33,6 +34,7 @@ use crate::readiness::Readiness;
 use crate::signal::Intent;
 use crate::sys;
 use crate::upgrade::{self, StartCommand};
+use crate::workers::{Placement, Workers};
 
 /// Why the instance could not run.
 #[derive(Debug, thiserror::Error)]
@@ -51,6 +53,8 @@ pub enum RunError {
     },
     #[error("handoff")]
     Handoff(#[from] HandoffError),
+    #[error("cannot start the worker threads")]
+    Workers(#[source] std::io::Error),
 }
 
 /// Extra time after the close window for connection tasks to finish closing.
@@ -99,9 +103,17 @@ pub async fn run(
         carried: Arc::default(),
     });
     tasks.spawn(crate::forward::cut_on_cancel(ctx.clone()));
+    let placement = match config.runtime {
+        RuntimeShape::Shared => Placement::Shared,
+        RuntimeShape::PerThread => Placement::PerThread(
+            Workers::start(config.worker_threads.get(), root.child_token())
+                .map_err(RunError::Workers)?,
+        ),
+    };
     let listeners = Arc::new(Listeners::new(
         ctx.clone(),
         config.max_connections.get(),
+        placement,
         root.child_token(),
     ));
 
@@ -337,7 +349,11 @@ async fn hand_over_connections(handoff: &Handoff, ctx: &ForwardContext, pid: u32
     );
 }
 
-/// Gets a listening socket for every `--listen` address: from peers first, else bound fresh.
+/// Gets the listening sockets for every `--listen` address: from peers first, else bound
+/// fresh. With `--runtime per-thread` each address gets one socket of its reuseport group per
+/// worker thread: a group shared by a peer with fewer members (a peer with fewer threads, or
+/// one with a shared runtime) is topped up with fresh members, which are handed over at drain
+/// with the others.
 async fn acquire_listeners(
     config: &Config,
     listeners: &Arc<Listeners>,
@@ -351,24 +367,29 @@ async fn acquire_listeners(
             }
         }
     }
-    let held = listeners.addresses();
+    let wanted = listeners.sockets_per_address();
     for addr in &config.listen {
-        if held.contains(addr) {
-            continue;
-        }
-        let socket = net::bind_reuseport(addr.0).map_err(|source| RunError::Listen {
-            addr: *addr,
-            source,
-        })?;
-        listeners
-            .hold(*addr, socket, "bound")
-            .map_err(|e| RunError::Listen {
+        let held = listeners.count(*addr);
+        // Port 0: the members after the first join the port it got.
+        let mut bind_to = listeners.bound_address(*addr).unwrap_or(addr.0);
+        for _ in held..wanted {
+            let socket = net::bind_reuseport(bind_to).map_err(|source| RunError::Listen {
                 addr: *addr,
-                source: match e {
-                    HoldError::Io(e) => e,
-                    other => std::io::Error::other(other.to_string()),
-                },
+                source,
             })?;
+            if let Ok(bound) = socket.local_addr() {
+                bind_to = bound;
+            }
+            listeners
+                .hold(*addr, socket, "bound")
+                .map_err(|e| RunError::Listen {
+                    addr: *addr,
+                    source: match e {
+                        HoldError::Io(e) => e,
+                        other => std::io::Error::other(other.to_string()),
+                    },
+                })?;
+        }
     }
     Ok(())
 }

@@ -148,8 +148,9 @@ impl Handoff {
         let _ = std::fs::remove_file(&self.path);
     }
 
-    /// Asks every live peer for its listening sockets; returns the verified ones, at most one
-    /// per address we do not hold yet.
+    /// Asks every live peer for its listening sockets; returns the verified ones: for each
+    /// address, every socket the first peer that has one gives (all the members of its
+    /// reuseport group).
     pub async fn share_from_peers(&self) -> Vec<(ListenAddr, std::net::TcpListener)> {
         let wanted: Vec<String> = self.listen.iter().map(|a| a.to_string()).collect();
         let mut got: Vec<(ListenAddr, std::net::TcpListener)> = Vec::new();
@@ -165,8 +166,11 @@ impl Handoff {
                 Ok((Message::Sockets { addrs }, fds)) => {
                     let verified = self.verify(&addrs, fds);
                     let n = verified.len();
+                    // Every socket of an address the peers before had not given: all the
+                    // members of its reuseport group (one per worker thread of a
+                    // `--runtime per-thread` peer).
                     for (addr, socket) in verified {
-                        if !got.iter().any(|(a, _)| *a == addr) {
+                        if !covered.contains(&addr) {
                             got.push((addr, socket));
                         }
                     }

@@ -79,7 +79,12 @@ impl Instance {
             copy_mode: crate::copy::Mode::Auto,
             carried: Arc::default(),
         });
-        let listeners = Arc::new(Listeners::new(ctx, 100, stop.child_token()));
+        let listeners = Arc::new(Listeners::new(
+            ctx,
+            100,
+            crate::workers::Placement::Shared,
+            stop.child_token(),
+        ));
         let (state, rx) = watch::channel(state);
         let handoff = Handoff::start(
             HandoffConfig {

@@ -159,17 +159,28 @@ async fn wait_progress(load: &Load, more: u64) -> Result<()> {
 /// Replaces the instance `handoffs` times under load; returns the load report and the
 /// listener cookies each instance held.
 async fn rollout(handoff: bool, handoffs: usize) -> Result<(LoadReport, Vec<Vec<u64>>)> {
+    rollout_with(handoff, handoffs, |_| &[]).await
+}
+
+/// [`rollout`] with extra flags for instance `i` (0: the first).
+async fn rollout_with(
+    handoff: bool,
+    handoffs: usize,
+    flags: impl Fn(usize) -> &'static [&'static str],
+) -> Result<(LoadReport, Vec<Vec<u64>>)> {
     let backend = FakeApiserver::tcp_echo().start().await?;
     let listen = free_random_loopback_addr()?;
     let dir = TempDir::new("handoff")?;
     let handoff_dir = handoff.then(|| dir.join("handoff"));
-    let mut old = start_instance(listen, backend.addr(), handoff_dir.as_deref()).await?;
+    let mut old =
+        start_instance_with(listen, backend.addr(), handoff_dir.as_deref(), flags(0)).await?;
     let mut cookies = vec![listener_cookies(&old).await?];
     let load = Load::start(listen, CLIENTS);
     wait_progress(&load, 200).await?;
     let started = Instant::now();
     for i in 0..handoffs {
-        let new = start_instance(listen, backend.addr(), handoff_dir.as_deref()).await?;
+        let new = start_instance_with(listen, backend.addr(), handoff_dir.as_deref(), flags(i + 1))
+            .await?;
         old.sigterm()?;
         let status = old.wait_exit(Duration::from_secs(15)).await?;
         ensure!(
@@ -231,6 +242,65 @@ async fn inner_handoffs_under_load_lose_nothing() -> Result<()> {
     let handoffs = handoff_count();
     let (report, cookies) = rollout(true, handoffs).await?;
     ensure_lossless(&report, &cookies)
+}
+
+#[test]
+fn per_thread_handoffs_carry_every_socket_of_the_group() -> Result<()> {
+    run_in_netns("handoff::inner_per_thread_handoffs_carry_every_socket_of_the_group")
+}
+
+/// `--runtime per-thread`: an instance holds one socket of the reuseport group per worker
+/// thread, and hands every one of them over: under load, through handoffs between per-thread
+/// instances, nothing fails and the same two sockets serve throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "runs inside a network namespace through per_thread_handoffs_carry_every_socket_of_the_group"]
+async fn inner_per_thread_handoffs_carry_every_socket_of_the_group() -> Result<()> {
+    inner_setup()?;
+    let per_thread: &[&str] = &["--runtime", "per-thread", "--worker-threads", "2"];
+    let (report, cookies) = rollout_with(true, 20, |_| per_thread).await?;
+    ensure!(
+        cookies[0].len() == 2,
+        "two worker threads should hold two sockets: {cookies:?}"
+    );
+    ensure_lossless(&report, &cookies)
+}
+
+#[test]
+fn mixed_runtimes_hand_over_and_top_up_the_group() -> Result<()> {
+    run_in_netns("handoff::inner_mixed_runtimes_hand_over_and_top_up_the_group")
+}
+
+/// From a shared-runtime instance (one socket) to a per-thread one with three threads and
+/// back: the per-thread instance keeps the socket it was given and binds two more members of
+/// the group; the shared instance after it takes all three. Nothing fails under load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "runs inside a network namespace through mixed_runtimes_hand_over_and_top_up_the_group"]
+async fn inner_mixed_runtimes_hand_over_and_top_up_the_group() -> Result<()> {
+    inner_setup()?;
+    let per_thread: &[&str] = &["--runtime", "per-thread", "--worker-threads", "3"];
+    let (report, cookies) =
+        rollout_with(true, 4, |i| if i % 2 == 1 { per_thread } else { &[] }).await?;
+    ensure!(report.ok > 0, "no request completed");
+    ensure!(
+        report.failures.is_empty(),
+        "{}; first failures: {:?}",
+        report.summary(),
+        &report.failures[..report.failures.len().min(5)]
+    );
+    let sizes: Vec<usize> = cookies.iter().map(Vec::len).collect();
+    ensure!(
+        sizes == [1, 3, 3, 3, 3],
+        "sockets held by each instance: {sizes:?}"
+    );
+    ensure!(
+        cookies[1].contains(&cookies[0][0]),
+        "the per-thread instance lost the socket it was given: {cookies:?}"
+    );
+    ensure!(
+        cookies[1..].iter().all(|c| *c == cookies[1]),
+        "the group changed after it was topped up: {cookies:?}"
+    );
+    Ok(())
 }
 
 #[test]

@@ -1,0 +1,72 @@
+//! The data-path threads of `--runtime per-thread`: one thread per worker, each running its own
+//! current-thread tokio runtime, and one `SO_REUSEPORT` listening socket of the group per
+//! thread (HAProxy's and Envoy's model). The kernel spreads new connections over the sockets of
+//! the group; a connection is accepted, carried and closed on the thread of its socket, so no
+//! task moves between threads and no wake-up crosses them. The control plane (health checks,
+//! admin, handoff) stays on the main runtime.
+//!
+//! With `--runtime shared` (the default) there are no such threads: accept loops and
+//! connections run on the one multi-threaded runtime, which steals work between its threads.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tokio::runtime::Handle;
+use tokio_util::sync::CancellationToken;
+
+/// Where accept loops (and with them their connections) run.
+pub enum Placement {
+    /// On the runtime of the caller (the shared multi-threaded runtime).
+    Shared,
+    /// Round-robin over the worker threads.
+    PerThread(Workers),
+}
+
+impl Placement {
+    /// The runtime for the next accept loop.
+    pub fn next(&self) -> Handle {
+        match self {
+            Placement::Shared => Handle::current(),
+            Placement::PerThread(w) => w.next(),
+        }
+    }
+
+    /// How many sockets to bind fresh per listen address: one per worker thread.
+    pub fn sockets_per_address(&self) -> usize {
+        match self {
+            Placement::Shared => 1,
+            Placement::PerThread(w) => w.handles.len(),
+        }
+    }
+}
+
+/// The worker threads; they end when `stop` is cancelled (their runtimes drop what is left).
+pub struct Workers {
+    handles: Vec<Handle>,
+    next: AtomicUsize,
+}
+
+impl Workers {
+    /// Starts `n` threads, each with its own current-thread runtime.
+    pub fn start(n: usize, stop: CancellationToken) -> std::io::Result<Workers> {
+        let mut handles = Vec::with_capacity(n);
+        for i in 0..n {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            handles.push(runtime.handle().clone());
+            let stop = stop.clone();
+            std::thread::Builder::new()
+                .name(format!("worker-{i}"))
+                .spawn(move || runtime.block_on(stop.cancelled()))?;
+        }
+        Ok(Workers {
+            handles,
+            next: AtomicUsize::new(0),
+        })
+    }
+
+    fn next(&self) -> Handle {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.handles.len();
+        self.handles[i].clone()
+    }
+}
