@@ -207,10 +207,10 @@ pub enum CopyMode {
 /// How the data path uses threads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum RuntimeShape {
-    /// One multi-threaded runtime (work stealing) for everything, one socket per address.
-    Shared,
     /// One current-thread runtime per worker thread, each with its own `SO_REUSEPORT` socket.
     PerThread,
+    /// One multi-threaded runtime (work stealing) for everything, one socket per address.
+    Shared,
 }
 
 /// Log output format.
@@ -398,13 +398,13 @@ pub struct RunArgs {
     #[arg(long, value_name = "N", env = "KUBE_APISERVER_PROXY_WORKER_THREADS")]
     pub worker_threads: Option<usize>,
 
-    /// How the data path uses its threads: `shared` (one multi-threaded runtime) or
-    /// `per-thread` (a current-thread runtime and a listening socket per worker thread).
+    /// How the data path uses its threads: `per-thread` (a current-thread runtime and a
+    /// listening socket per worker thread) or `shared` (one multi-threaded runtime).
     #[arg(
         long,
         value_enum,
         env = "KUBE_APISERVER_PROXY_RUNTIME",
-        default_value = "shared"
+        default_value = "per-thread"
     )]
     pub runtime: RuntimeShape,
 

@@ -66,7 +66,8 @@ pub struct Config {
     pub max_connections: NonZeroU32,
     /// Runtime worker threads (default: CPUs available).
     pub worker_threads: std::num::NonZeroUsize,
-    /// One shared multi-threaded runtime (default) or a runtime and socket per worker thread.
+    /// A runtime and a socket per worker thread (default), or one shared multi-threaded
+    /// runtime.
     pub runtime: RuntimeShape,
     /// How bytes are moved (default auto: buffered for small bursts, splice for bulk).
     pub copy_mode: crate::copy::Mode,

@@ -353,7 +353,9 @@ async fn hand_over_connections(handoff: &Handoff, ctx: &ForwardContext, pid: u32
 /// fresh. With `--runtime per-thread` each address gets one socket of its reuseport group per
 /// worker thread: a group shared by a peer with fewer members (a peer with fewer threads, or
 /// one with a shared runtime) is topped up with fresh members, which are handed over at drain
-/// with the others.
+/// with the others. Topping up is best effort: the group may belong to another uid (a socket
+/// handed over by `migrate`), which the kernel does not let us join; then the threads without
+/// a socket of their own stay idle.
 async fn acquire_listeners(
     config: &Config,
     listeners: &Arc<Listeners>,
@@ -373,10 +375,19 @@ async fn acquire_listeners(
         // Port 0: the members after the first join the port it got.
         let mut bind_to = listeners.bound_address(*addr).unwrap_or(addr.0);
         for _ in held..wanted {
-            let socket = net::bind_reuseport(bind_to).map_err(|source| RunError::Listen {
-                addr: *addr,
-                source,
-            })?;
+            let socket = match net::bind_reuseport(bind_to) {
+                Ok(socket) => socket,
+                Err(e) if held > 0 => {
+                    tracing::warn!(listen.addr = %addr, sockets = held, threads = wanted, error = %e, "cannot add a socket to the group shared by the peer: accepting on the ones it gave");
+                    break;
+                }
+                Err(source) => {
+                    return Err(RunError::Listen {
+                        addr: *addr,
+                        source,
+                    })
+                }
+            };
             if let Ok(bound) = socket.local_addr() {
                 bind_to = bound;
             }

@@ -1,12 +1,13 @@
-//! The data-path threads of `--runtime per-thread`: one thread per worker, each running its own
-//! current-thread tokio runtime, and one `SO_REUSEPORT` listening socket of the group per
-//! thread (HAProxy's and Envoy's model). The kernel spreads new connections over the sockets of
+//! The data-path threads of `--runtime per-thread` (the default): one thread per worker, each
+//! running its own current-thread tokio runtime, and one `SO_REUSEPORT` listening socket of the
+//! group per thread (HAProxy's and Envoy's model). The kernel spreads new connections over the sockets of
 //! the group; a connection is accepted, carried and closed on the thread of its socket, so no
 //! task moves between threads and no wake-up crosses them. The control plane (health checks,
-//! admin, handoff) stays on the main runtime.
+//! admin, handoff, and the connections taken over at an in-place upgrade) stays on the main
+//! runtime.
 //!
-//! With `--runtime shared` (the default) there are no such threads: accept loops and
-//! connections run on the one multi-threaded runtime, which steals work between its threads.
+//! With `--runtime shared` there are no such threads: accept loops and connections run on the
+//! one multi-threaded runtime, which steals work between its threads.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 

@@ -170,7 +170,13 @@ async fn two_instances_coexist_with_the_default_admin_address() -> Result<()> {
 async fn status_json_shape() -> Result<()> {
     let backend = echo_backend().await?;
     let listen = listen_addr()?;
-    let proxy = serving(tcp_proxy(listen, &[&backend]).fast_health()).await?;
+    // Two worker threads: one socket of the address's reuseport group each.
+    let proxy = serving(
+        tcp_proxy(listen, &[&backend])
+            .fast_health()
+            .args(["--worker-threads", "2"]),
+    )
+    .await?;
     proxy.wait_backend_health(backend.addr(), "up").await?;
     let _client = connect_echo(listen).await?;
     let status = eventually(DEADLINE, || async {
@@ -184,14 +190,20 @@ async fn status_json_shape() -> Result<()> {
     .await?;
     ensure!(status["state"] == "Serving", "{status}");
     let listeners = status["listeners"].as_array().cloned().unwrap_or_default();
-    ensure!(listeners.len() == 1, "listeners: {status}");
+    ensure!(listeners.len() == 2, "listeners: {status}");
+    for listener in &listeners {
+        ensure!(
+            listener["address"] == listen.to_string(),
+            "listener address: {status}"
+        );
+        ensure!(
+            listener["cookie"].is_u64() && listener["inode"].as_u64().unwrap_or(0) > 0,
+            "listener identity (cookie, inode): {status}"
+        );
+    }
     ensure!(
-        listeners[0]["address"] == listen.to_string(),
-        "listener address: {status}"
-    );
-    ensure!(
-        listeners[0]["cookie"].is_u64() && listeners[0]["inode"].as_u64().unwrap_or(0) > 0,
-        "listener identity (cookie, inode): {status}"
+        listeners[0]["cookie"] != listeners[1]["cookie"],
+        "two sockets, not one twice: {status}"
     );
     let backends = status["backends"].as_array().cloned().unwrap_or_default();
     ensure!(backends.len() == 1, "backends: {status}");

@@ -278,8 +278,9 @@ fn mixed_runtimes_hand_over_and_top_up_the_group() -> Result<()> {
 async fn inner_mixed_runtimes_hand_over_and_top_up_the_group() -> Result<()> {
     inner_setup()?;
     let per_thread: &[&str] = &["--runtime", "per-thread", "--worker-threads", "3"];
+    let shared: &[&str] = &["--runtime", "shared"];
     let (report, cookies) =
-        rollout_with(true, 4, |i| if i % 2 == 1 { per_thread } else { &[] }).await?;
+        rollout_with(true, 4, |i| if i % 2 == 1 { per_thread } else { shared }).await?;
     ensure!(report.ok > 0, "no request completed");
     ensure!(
         report.failures.is_empty(),

@@ -566,9 +566,11 @@ async fn a_socket_that_can_no_longer_accept_is_dropped_and_reported() -> Result<
     let listen = listen_addr()?;
     let dir = TempDir::new("shutdown-listener")?;
     let handoff = dir.join("handoff");
+    // One worker thread: one socket for the address, whose loss leaves it dark.
     let proxy = serving(
         tcp_proxy(listen, &[&backend])
             .fast_health()
+            .args(["--worker-threads", "1"])
             .arg("--handoff-dir")
             .arg(&handoff),
     )
