@@ -369,7 +369,12 @@ async fn acquire_listeners(
             }
         }
     }
-    let wanted = listeners.sockets_per_address();
+    // One socket per worker thread, but never more than one handoff message can carry for
+    // all the addresses together: a successor must be able to take every one of them.
+    let wanted = listeners
+        .sockets_per_address()
+        .min(crate::sys::MAX_FDS / config.listen.len().max(1))
+        .max(1);
     for addr in &config.listen {
         let held = listeners.count(*addr);
         // Port 0: the members after the first join the port it got.

@@ -266,6 +266,29 @@ async fn inner_per_thread_handoffs_carry_every_socket_of_the_group() -> Result<(
 }
 
 #[test]
+fn per_thread_groups_fit_one_handoff_message() -> Result<()> {
+    run_in_netns("handoff::inner_per_thread_groups_fit_one_handoff_message")
+}
+
+/// More worker threads than one handoff message may carry sockets (a large node): the group
+/// is capped at what fits, and handoffs still carry all of it, losing nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "runs inside a network namespace through per_thread_groups_fit_one_handoff_message"]
+async fn inner_per_thread_groups_fit_one_handoff_message() -> Result<()> {
+    inner_setup()?;
+    let many: &[&str] = &["--runtime", "per-thread", "--worker-threads", "80"];
+    let (report, cookies) = rollout_with(true, 2, |_| many).await?;
+    // proxy/src/sys.rs MAX_FDS: the most sockets a handoff message carries.
+    const MAX_FDS: usize = 64;
+    ensure!(
+        cookies[0].len() == MAX_FDS,
+        "80 worker threads, one address: the group should be capped at {MAX_FDS} sockets, got {}",
+        cookies[0].len()
+    );
+    ensure_lossless(&report, &cookies)
+}
+
+#[test]
 fn mixed_runtimes_hand_over_and_top_up_the_group() -> Result<()> {
     run_in_netns("handoff::inner_mixed_runtimes_hand_over_and_top_up_the_group")
 }
