@@ -199,28 +199,9 @@ func (c *haController) start(ctx context.Context, e *env, tmpl *cluster.Template
 // roll replaces the controller's pod as a step of ha-surge's rollout does on that node: the
 // new pod beside the old one, ready, then the old pod stopped (as env.rollout).
 func (c *haController) roll(ctx context.Context, e *env, r *Result, tmpl *cluster.Template) bool {
-	began := time.Now()
-	next, err := c.start(ctx, e, tmpl)
-	if err != nil {
-		r.fail("controller %s: start pod: %v", c.name, err)
-		return false
-	}
-	if err := next.WaitReady(ctx, cluster.GatePod, 3*time.Minute); err != nil {
-		r.fail("controller %s: %v", c.name, err)
-		next.Kill()
-		return false
-	}
-	ready := time.Since(began)
-	old := c.pod
-	c.pod = next
-	t := old.Terminate()
-	r.Rollouts = append(r.Rollouts, Rollout{
-		From: old.Opts.Name, To: next.Opts.Name, Ready: ready, OldStopped: time.Since(began), Termination: t,
+	return step(ctx, r, "controller "+c.name+": ", cluster.GatePod, &c.pod, func() (*cluster.Pod, error) {
+		return c.start(ctx, e, tmpl)
 	})
-	if len(t.Killed) > 0 {
-		r.fail("controller %s: %s -> %s: %v did not exit within the grace period (SIGKILLed)", c.name, old.Opts.Name, next.Opts.Name, t.Killed)
-	}
-	return true
 }
 
 // describeAbsences says, per controller and object, how often and how long its address was

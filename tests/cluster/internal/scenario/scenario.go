@@ -205,26 +205,34 @@ func (e *env) startPod(ctx context.Context, design cluster.Design, apiserver str
 // start the new pod beside the old one, wait for gate, then stop the old pod (SIGTERM to all
 // its containers together, SIGKILL after the grace period), and wait until it is gone.
 func (e *env) rollout(ctx context.Context, r *Result, design cluster.Design, gate cluster.Gate, apiserver string, apiArgs, proxyArgs []string) bool {
+	return step(ctx, r, "", gate, &e.current, func() (*cluster.Pod, error) {
+		return e.startPod(ctx, design, apiserver, apiArgs, proxyArgs)
+	})
+}
+
+// step is one rollout step of the pod *current: start the next one, wait for gate, stop the
+// old one, and record it in r; prefix goes before every problem it reports.
+func step(ctx context.Context, r *Result, prefix string, gate cluster.Gate, current **cluster.Pod, start func() (*cluster.Pod, error)) bool {
 	began := time.Now()
-	next, err := e.startPod(ctx, design, apiserver, apiArgs, proxyArgs)
+	next, err := start()
 	if err != nil {
-		r.fail("start pod: %v", err)
+		r.fail("%sstart pod: %v", prefix, err)
 		return false
 	}
 	if err := next.WaitReady(ctx, gate, 3*time.Minute); err != nil {
-		r.fail("%v", err)
+		r.fail("%s%v", prefix, err)
 		next.Kill()
 		return false
 	}
 	ready := time.Since(began)
-	old := e.current
-	e.current = next
+	old := *current
+	*current = next
 	t := old.Terminate()
 	r.Rollouts = append(r.Rollouts, Rollout{
 		From: old.Opts.Name, To: next.Opts.Name, Ready: ready, OldStopped: time.Since(began), Termination: t,
 	})
 	if len(t.Killed) > 0 {
-		r.fail("rollout %s -> %s: %v did not exit within the grace period (SIGKILLed)", old.Opts.Name, next.Opts.Name, t.Killed)
+		r.fail("%srollout %s -> %s: %v did not exit within the grace period (SIGKILLed)", prefix, old.Opts.Name, next.Opts.Name, t.Killed)
 	}
 	return true
 }
