@@ -127,11 +127,7 @@ with open(out, "w") as f:
 EOF
   eval "LCWATCH_$1=$!"
 }
-lc_watch_stop() {
-  local var="LCWATCH_$1"
-  kill -TERM "${!var}" 2>/dev/null || true
-  wait "${!var}" 2>/dev/null || true
-}
+lc_watch_stop() { bg_stop "LCWATCH_$1"; }
 # lc_watch_summary NAME: one line per pod: seen for how long, Ready flips (true -> false while
 # not being deleted), restarts, time from first seen to first Ready; and the most pods seen at
 # once. Exit status 1 if any pod flipped or restarted.

@@ -76,11 +76,7 @@ EOF
   eval "PROBE2_${1//-/_}=$!"
 }
 
-probe2_stop() {
-  local var="PROBE2_${1//-/_}"
-  kill -TERM "${!var}" 2>/dev/null || true
-  wait "${!var}" 2>/dev/null || true
-}
+probe2_stop() { bg_stop "PROBE2_${1//-/_}"; }
 
 # probe2_summary NAME: one clause per address; probe2_refused NAME: the refusals, all addresses.
 probe2_summary() {
@@ -146,11 +142,7 @@ EOF
   eval "EPWATCH_${1//-/_}=$!"
 }
 
-epwatch_stop() {
-  local var="EPWATCH_${1//-/_}"
-  kill -TERM "${!var}" 2>/dev/null || true
-  wait "${!var}" 2>/dev/null || true
-}
+epwatch_stop() { bg_stop "EPWATCH_${1//-/_}"; }
 
 # epwatch_summary NAME T0_MS: each state with its start, in seconds after T0_MS, and how long
 # it lasted.

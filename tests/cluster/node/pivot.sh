@@ -72,11 +72,14 @@ EOF
   eval "CONNLOOP_$1=$!"
 }
 
-connloop_stop() {
-  local var="CONNLOOP_$1"
-  kill -TERM "${!var}" 2>/dev/null || true
-  wait "${!var}" 2>/dev/null || true
+# bg_stop VAR: SIGTERM to the background helper whose PID is in $VAR, then wait for its exit
+# (it writes its report on SIGTERM).
+bg_stop() {
+  kill -TERM "${!1}" 2>/dev/null || true
+  wait "${!1}" 2>/dev/null || true
 }
+
+connloop_stop() { bg_stop "CONNLOOP_$1"; }
 
 # connloop_summary NAME: "N refused of M connects (windows: …)".
 connloop_summary() {
