@@ -88,6 +88,8 @@ pub mod scrape;
 pub mod server;
 pub mod shard;
 pub mod signal;
+#[allow(unsafe_code)]
+pub mod sockmap;
 pub mod staticpod;
 #[allow(unsafe_code)]
 pub mod sys;
