@@ -204,6 +204,16 @@ pub enum CopyMode {
     Buffered,
 }
 
+/// Where bytes are moved between paired sockets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DataPath {
+    /// The proxy's threads copy (`--copy-mode`).
+    User,
+    /// The kernel redirects between the two sockets (sockmap, BPF); needs CAP_BPF and
+    /// CAP_NET_ADMIN, falls back to `user` when it cannot be set up.
+    Sockmap,
+}
+
 /// How the data path uses threads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum RuntimeShape {
@@ -393,6 +403,16 @@ pub struct RunArgs {
         default_value = "auto"
     )]
     pub copy_mode: CopyMode,
+
+    /// Where bytes move once a connection is paired: user (the proxy copies) or sockmap (the
+    /// kernel redirects; needs CAP_BPF and CAP_NET_ADMIN, else falls back to user, logged).
+    #[arg(
+        long,
+        value_enum,
+        env = "KUBE_APISERVER_PROXY_DATA_PATH",
+        default_value = "user"
+    )]
+    pub data_path: DataPath,
 
     /// Threads of the async runtime that carries connections (default: CPUs available).
     #[arg(long, value_name = "N", env = "KUBE_APISERVER_PROXY_WORKER_THREADS")]

@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use crate::addr::{AdminAddr, BackendAddr, ListenAddr};
 use crate::check::{HealthCheck, HealthConfig};
-use crate::cli::{parse_socket_addr, CopyMode, HealthCheckKind, LogFormat, RunArgs, RuntimeShape};
+use crate::cli::{
+    parse_socket_addr, CopyMode, DataPath, HealthCheckKind, LogFormat, RunArgs, RuntimeShape,
+};
 use crate::discovery::DiscoveryConfig;
 use crate::handoff::HandoffConfig;
 use crate::tls::{self, TlsError};
@@ -71,6 +73,7 @@ pub struct Config {
     pub runtime: RuntimeShape,
     /// How bytes are moved (default auto: buffered for small bursts, splice for bulk).
     pub copy_mode: crate::copy::Mode,
+    pub data_path: DataPath,
     /// Listener handoff; `None` in plain standalone use.
     pub handoff: Option<HandoffConfig>,
     /// Recovery instance: the file written once a ready peer serves (`--retire-file`).
@@ -245,6 +248,7 @@ impl TryFrom<RunArgs> for Config {
                 None => std::thread::available_parallelism().unwrap_or(std::num::NonZeroUsize::MIN),
             },
             runtime: args.runtime,
+            data_path: args.data_path,
             copy_mode: match args.copy_mode {
                 CopyMode::Auto => crate::copy::Mode::Auto,
                 CopyMode::Splice => crate::copy::Mode::Splice,

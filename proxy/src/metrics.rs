@@ -3,7 +3,7 @@
 //! Names are constants here and nowhere else; the hot path holds pre-resolved handles (no label
 //! lookups per connection).
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
@@ -41,6 +41,8 @@ pub const RUNTIME_ALIVE_TASKS: &str = "runtime_alive_tasks";
 pub const OPEN_FDS: &str = "open_fds";
 pub const PIPES_POOLED: &str = "splice_pipes_pooled";
 pub const RETIRE_REQUESTS: &str = "retire_requests_total";
+pub const SOCKMAP_ACTIVE: &str = "sockmap_active";
+pub const SOCKMAP_CONNECTIONS: &str = "sockmap_connections_total";
 
 /// The `result` label values of `health_checks_total`, one series each per backend.
 const CHECK_RESULTS: [&str; 5] = ["ok", "not_ready", "failed", "refused", "skipped"];
@@ -75,6 +77,14 @@ pub struct Metrics {
     /// Added to per burst, per thread ([`shard::Counter`]); exported at every gathering.
     pub bytes_client_to_backend: Arc<shard::Counter>,
     pub bytes_backend_to_client: Arc<shard::Counter>,
+    /// The kernel data path, once set up: its byte totals are added to `bytes_total`.
+    pub kernel_bytes: Arc<OnceLock<Arc<crate::sockmap::Sockmap>>>,
+    /// 1 while connections are paired in the kernel (`--data-path=sockmap` set up).
+    pub sockmap_active: IntGauge,
+    /// Connections paired in the kernel.
+    pub sockmap_paired: IntCounter,
+    /// Connections that could not be paired and were copied in user space instead.
+    pub sockmap_fallback: IntCounter,
     backend_up: IntGaugeVec,
     backend_active: IntGaugeVec,
     backend_connect_failures: IntCounterVec,
@@ -100,6 +110,8 @@ pub struct Metrics {
 struct PerThread {
     exported: IntCounterVec,
     sources: Vec<(IntCounter, Arc<shard::Counter>)>,
+    /// Bytes the kernel moved, per source (the direction's index).
+    kernel: Arc<OnceLock<Arc<crate::sockmap::Sockmap>>>,
     /// Two gatherings at once must not both add the same difference.
     sync: Mutex<()>,
 }
@@ -112,8 +124,9 @@ impl Collector for PerThread {
     fn collect(&self) -> Vec<MetricFamily> {
         {
             let _sync = self.sync.lock().expect("metrics sync lock");
-            for (series, source) in &self.sources {
-                let (now, shown) = (source.get(), series.get());
+            for (i, (series, source)) in self.sources.iter().enumerate() {
+                let kernel = self.kernel.get().map_or(0, |k| k.total(i as u32));
+                let (now, shown) = (source.get() + kernel, series.get());
                 if now > shown {
                     series.inc_by(now - shown);
                 }
@@ -174,7 +187,9 @@ impl Metrics {
         .expect("metric definition is valid");
         let bytes_client_to_backend = Arc::new(shard::Counter::default());
         let bytes_backend_to_client = Arc::new(shard::Counter::default());
+        let kernel_bytes = Arc::new(OnceLock::new());
         r.register(Box::new(PerThread {
+            kernel: kernel_bytes.clone(),
             exported: bytes.clone(),
             sources: vec![
                 (
@@ -189,6 +204,17 @@ impl Metrics {
             sync: Mutex::new(()),
         }))
         .expect("metric registered once");
+        let sockmap_connections = register!(
+            r,
+            IntCounterVec::new(
+                opts(
+                    SOCKMAP_CONNECTIONS,
+                    "Connections on the kernel data path: paired, or copied in user space \
+                     because pairing failed (fallback)."
+                ),
+                &["result"]
+            )
+        );
         let metrics = Metrics {
             connections_accepted: register!(
                 r,
@@ -213,6 +239,16 @@ impl Metrics {
             ),
             bytes_client_to_backend,
             bytes_backend_to_client,
+            kernel_bytes,
+            sockmap_active: register!(
+                r,
+                IntGauge::with_opts(opts(
+                    SOCKMAP_ACTIVE,
+                    "1 when connections are paired in the kernel (--data-path=sockmap)."
+                ))
+            ),
+            sockmap_paired: sockmap_connections.with_label_values(&["paired"]),
+            sockmap_fallback: sockmap_connections.with_label_values(&["fallback"]),
             backend_up: register!(
                 r,
                 IntGaugeVec::new(

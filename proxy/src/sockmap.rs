@@ -27,6 +27,7 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
+use nix::sys::socket::{recv, MsgFlags};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 
@@ -417,21 +418,9 @@ impl Sockmap {
             .map_err(|e| annotate(e, "adding to the BPF socket map"))?;
         }
         // Data that arrived before the socket was in the map waits in its receive queue until
-        // the next arrival; setting SO_RCVLOWAT runs the socket's data-ready callback (now the
-        // program's) at once.
-        for fd in [backend.as_raw_fd(), client.as_raw_fd()] {
-            let one: libc::c_int = 1;
-            // SAFETY: a valid int option.
-            unsafe {
-                libc::setsockopt(
-                    fd,
-                    libc::SOL_SOCKET,
-                    libc::SO_RCVLOWAT,
-                    (&one as *const libc::c_int).cast(),
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                );
-            }
-        }
+        // the next arrival: let the program take it now.
+        poke(backend.as_raw_fd());
+        poke(client.as_raw_fd());
         Ok(pair)
     }
 }
@@ -500,6 +489,46 @@ fn written(socket: &TcpStream) -> io::Result<u64> {
     Ok(info.tcpi_bytes_acked + queued.max(0) as u64)
 }
 
+/// How often a direction lets the program take bytes it has not taken yet, 1 ms apart, before
+/// it copies them itself.
+const STALE_WAITS: u32 = 100;
+
+/// Runs the socket's data-ready callback (the program's, once paired) over what waits in its
+/// receive queue: setting `SO_RCVLOWAT` does that at once.
+fn poke(fd: RawFd) {
+    let one: libc::c_int = 1;
+    // SAFETY: a valid int option of a socket we hold.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVLOWAT,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+}
+
+/// Reads what is readable in `src` and writes all of it to `dst`; the count.
+async fn copy_readable(src: &TcpStream, dst: &TcpStream) -> io::Result<u64> {
+    let mut buf = vec![0u8; 16 * 1024];
+    let n = match src.try_read(&mut buf) {
+        Ok(n) => n,
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(0),
+        Err(e) => return Err(e),
+    };
+    let mut rest = &buf[..n];
+    while !rest.is_empty() {
+        dst.writable().await?;
+        match dst.try_write(rest) {
+            Ok(w) => rest = &rest[w..],
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n as u64)
+}
+
 /// How long a half-close waits for the bytes before it to be written out.
 const FLUSH_LIMIT: Duration = Duration::from_secs(10);
 
@@ -526,34 +555,32 @@ async fn one_way(
 ) -> io::Result<()> {
     let base = pair.base[direction as usize];
     let mut copied = 0u64;
-    let mut buf = Vec::new();
+    let mut waits = 0;
     loop {
         src.readable().await?;
-        if buf.is_empty() {
-            buf.resize(16 * 1024, 0);
-        }
+        let mut probe = [0u8; 1];
         match src.try_io(Interest::READABLE, || {
-            nix::sys::socket::recv(
+            recv(
                 src.as_raw_fd(),
-                &mut buf,
-                nix::sys::socket::MsgFlags::MSG_DONTWAIT,
+                &mut probe,
+                MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_PEEK,
             )
             .map_err(io::Error::from)
         }) {
             Ok(0) => break,
-            Ok(n) => {
-                // Passed to user space (arrived before the pair was complete): copy it on.
-                let mut rest = &buf[..n];
-                while !rest.is_empty() {
-                    dst.writable().await?;
-                    match dst.try_write(rest) {
-                        Ok(w) => rest = &rest[w..],
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                        Err(e) => return Err(e),
-                    }
-                }
-                copied += n as u64;
-                counter.add(n as u64);
+            Ok(_) if waits < STALE_WAITS => {
+                // Bytes the program has not taken: they arrived before the pair was complete.
+                // Let the program take them (in order with what follows) rather than copy them
+                // here, where they could overtake bytes the kernel is already redirecting.
+                waits += 1;
+                poke(src.as_raw_fd());
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            Ok(_) => {
+                // Still there: copy them on in user space.
+                let n = copy_readable(src, dst).await?;
+                copied += n;
+                counter.add(n);
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(e) => return Err(e),
@@ -614,10 +641,13 @@ mod tests {
         let up = pattern(3 << 20, 1);
         let down = pattern(5 << 20, 7);
         let (up2, down2) = (up.clone(), down.clone());
-        // The backend: reads everything (the client half-closes), then answers and closes.
+        // The client speaks first and waits for an answer (a TLS hello): its first bytes are
+        // in the socket before the pair exists, and nothing else will follow until answered.
         let backend = tokio::spawn(async move {
             let (mut s, _) = back.accept().await.unwrap();
-            let mut got = Vec::new();
+            let mut got = vec![0u8; 1000];
+            s.read_exact(&mut got).await.unwrap();
+            s.write_all(b"k").await.unwrap();
             s.read_to_end(&mut got).await.unwrap();
             assert!(
                 got == up2,
@@ -630,9 +660,9 @@ mod tests {
         });
         let client = tokio::spawn(async move {
             let mut s = TcpStream::connect(front_addr).await.unwrap();
-            // Some bytes before the pair exists: they must arrive too, in order.
             s.write_all(&up[..1000]).await.unwrap();
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            let mut k = [0u8; 1];
+            s.read_exact(&mut k).await.unwrap();
             s.write_all(&up[1000..]).await.unwrap();
             s.shutdown().await.unwrap();
             let mut got = Vec::new();
@@ -646,6 +676,8 @@ mod tests {
         });
         let (c, _) = front.accept().await.unwrap();
         let b = TcpStream::connect(back_addr).await.unwrap();
+        // The client's first bytes are there before the pair is made.
+        c.readable().await.unwrap();
         let pair = map.join(&c, &b).unwrap();
         let counters = (Counter::default(), Counter::default());
         carry(&pair, &c, &b, (&counters.0, &counters.1))
@@ -662,8 +694,9 @@ mod tests {
             counters.1.get()
         );
         assert_eq!(r_up + counters.0.get(), 3 << 20);
-        assert_eq!(r_down + counters.1.get(), 5 << 20);
-        assert!(r_down > 0, "nothing went through the kernel path");
+        assert_eq!(r_down + counters.1.get(), (5 << 20) + 1);
+        // Everything went through the kernel, also the bytes sent before the pair existed.
+        assert_eq!((counters.0.get(), counters.1.get()), (0, 0));
         assert_eq!(map.total(UP) + counters.0.get(), 3 << 20);
     }
 }

@@ -201,6 +201,7 @@ mod tests {
             cut: CancellationToken::new(),
             close_window: Duration::ZERO,
             copy_mode: mode,
+            sockmap: None,
             carried: Arc::default(),
         })
     }

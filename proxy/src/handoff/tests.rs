@@ -77,6 +77,7 @@ impl Instance {
             cut: CancellationToken::new(),
             close_window: Duration::ZERO,
             copy_mode: crate::copy::Mode::Auto,
+            sockmap: None,
             carried: Arc::default(),
         });
         let listeners = Arc::new(Listeners::new(

@@ -33,6 +33,7 @@ mod monitoring;
 mod pod;
 mod recovery;
 mod reliability;
+mod sockmap;
 mod static_binary;
 mod upgrade;
 
