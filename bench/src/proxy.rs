@@ -96,6 +96,8 @@ pub struct ProxyOptions {
     pub max_connections: u64,
     /// `--log-level`.
     pub log_level: &'static str,
+    /// `--data-path=sockmap` instead of the default user-space copy.
+    pub kernel_path: bool,
 }
 
 /// Starts proxy instances and names their logs.
@@ -163,6 +165,9 @@ impl ProxyLauncher {
         if let Some(dir) = &options.handoff_dir {
             command.arg(format!("--handoff-dir={}", dir.display()));
         }
+        if options.kernel_path {
+            command.arg("--data-path=sockmap");
+        }
         command.args(&self.extra_args);
         // Flags also read KUBE_APISERVER_PROXY_* from the environment: do not inherit any.
         for (key, _) in std::env::vars_os() {
@@ -175,4 +180,24 @@ impl ProxyLauncher {
         }
         Instance::spawn(name, command, Admin::File(admin_file), &log)
     }
+}
+
+/// Fails unless `instance` (started with `--data-path=sockmap`) set the kernel path up: its
+/// `sockmap_active` gauge is 1. A silent fallback would measure the user-space path twice.
+pub async fn ensure_kernel_path(instance: &Instance) -> Result<()> {
+    let addr = instance
+        .admin_addr()
+        .context("the proxy has no admin address")?;
+    let (status, body) = crate::net::http_get(addr, "/metrics", Duration::from_secs(2)).await?;
+    let active = body
+        .lines()
+        .any(|l| l.trim() == "kube_apiserver_proxy_sockmap_active 1");
+    if status != 200 || !active {
+        bail!(
+            "{}: --data-path=sockmap could not be set up (needs root: CAP_BPF and CAP_NET_ADMIN); its log:\n{}",
+            instance.name(),
+            instance.log_tail()
+        );
+    }
+    Ok(())
 }

@@ -113,6 +113,8 @@ pub struct MetricSummary {
     pub targets: BTreeMap<Target, TargetFigure>,
     /// Proxy median ÷ HAProxy median.
     pub proxy_vs_haproxy: Option<f64>,
+    /// Every other target's median ÷ HAProxy's (the proxy's too), where both were measured.
+    pub vs_haproxy: BTreeMap<Target, f64>,
 }
 
 /// The machine and binaries a report was made with.
@@ -196,10 +198,16 @@ pub fn summarise(specs: &[MetricSpec], runs: &[RunRecord]) -> Vec<MetricSummary>
                     )
                 })
                 .collect();
+            let vs_haproxy = medians
+                .keys()
+                .filter(|t| !matches!(t, Target::Direct | Target::Haproxy))
+                .filter_map(|&t| Some((t, ratio(t, Target::Haproxy)?)))
+                .collect();
             MetricSummary {
                 spec: *spec,
                 targets,
                 proxy_vs_haproxy: ratio(Target::Proxy, Target::Haproxy),
+                vs_haproxy,
             }
         })
         .collect()
@@ -218,10 +226,18 @@ pub fn print_table(report: &ScenarioReport) {
     let mut rows: Vec<Vec<String>> = Vec::new();
     let mut header = vec!["metric".to_owned()];
     header.extend(report.targets.iter().map(|t| t.name().to_owned()));
-    let both = report.targets.contains(&Target::Proxy) && report.targets.contains(&Target::Haproxy);
-    if both {
-        header.push("proxy÷haproxy".to_owned());
-    }
+    // A ratio column for each target compared with HAProxy.
+    let compared: Vec<Target> = if report.targets.contains(&Target::Haproxy) {
+        report
+            .targets
+            .iter()
+            .copied()
+            .filter(|t| !matches!(t, Target::Direct | Target::Haproxy))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    header.extend(compared.iter().map(|t| format!("{}÷haproxy", t.name())));
     rows.push(header);
     for metric in &report.summary {
         if metric.targets.is_empty() {
@@ -250,10 +266,11 @@ pub fn print_table(report: &ScenarioReport) {
                 }
             });
         }
-        if both {
+        for target in &compared {
             row.push(
                 metric
-                    .proxy_vs_haproxy
+                    .vs_haproxy
+                    .get(target)
                     .map_or("–".to_owned(), |r| format!("{r:.2}")),
             );
         }
@@ -328,11 +345,14 @@ mod tests {
             run(Target::Direct, 10.0),
             run(Target::Haproxy, 4.0),
             run(Target::Proxy, 5.0),
+            run(Target::ProxySockmap, 8.0),
         ];
         let summary = summarise(&[SPEC], &runs);
         let proxy = &summary[0].targets[&Target::Proxy];
         assert_eq!(proxy.ratio_to_direct, Some(0.5));
         assert_eq!(summary[0].proxy_vs_haproxy, Some(1.25));
         assert_eq!(summary[0].targets[&Target::Direct].ratio_to_direct, None);
+        assert_eq!(summary[0].vs_haproxy[&Target::ProxySockmap], 2.0);
+        assert!(!summary[0].vs_haproxy.contains_key(&Target::Direct));
     }
 }

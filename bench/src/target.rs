@@ -1,5 +1,6 @@
-//! The targets a workload is sent to (`direct`, `proxy`, `haproxy`) and the environment that
-//! starts them: the built-in backends, the proxy and HAProxy launchers, and the log directory.
+//! The targets a workload is sent to (`direct`, `haproxy`, `proxy`, `proxy-sockmap`) and the
+//! environment that starts them: the built-in backends, the proxy and HAProxy launchers, and
+//! the log directory.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -19,7 +20,7 @@ use crate::proxy::{self, ProxyLauncher, ProxyOptions};
 
 /// Where the load goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, ValueEnum, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum Target {
     /// Straight to the backend: the baseline.
     Direct,
@@ -27,6 +28,9 @@ pub enum Target {
     Haproxy,
     /// Through kube-apiserver-proxy.
     Proxy,
+    /// Through kube-apiserver-proxy with `--data-path=sockmap`: the kernel redirects the bytes of
+    /// paired connections (needs root; fails rather than measure the user-space fallback).
+    ProxySockmap,
 }
 
 impl Target {
@@ -36,6 +40,7 @@ impl Target {
             Target::Direct => "direct",
             Target::Haproxy => "haproxy",
             Target::Proxy => "proxy",
+            Target::ProxySockmap => "proxy-sockmap",
         }
     }
 }
@@ -88,13 +93,15 @@ impl Env {
             }
             match target {
                 Target::Direct => {}
-                Target::Proxy => {
-                    let bin = proxy::locate(setup.proxy_bin.as_deref(), setup.no_build)?;
-                    proxy = Some(ProxyLauncher::new(
-                        bin,
-                        logs.clone(),
-                        setup.proxy_args.clone(),
-                    ));
+                Target::Proxy | Target::ProxySockmap => {
+                    if proxy.is_none() {
+                        let bin = proxy::locate(setup.proxy_bin.as_deref(), setup.no_build)?;
+                        proxy = Some(ProxyLauncher::new(
+                            bin,
+                            logs.clone(),
+                            setup.proxy_args.clone(),
+                        ));
+                    }
                 }
                 Target::Haproxy => match haproxy::locate(setup.haproxy_bin.as_deref()) {
                     Some(bin) => {
@@ -142,7 +149,7 @@ impl Env {
                     instance: None,
                 })
             }
-            Target::Proxy => {
+            Target::Proxy | Target::ProxySockmap => {
                 let launcher = self.proxy.as_mut().expect("proxy target has a launcher");
                 launcher.spawn(&ProxyOptions {
                     listen,
@@ -152,6 +159,7 @@ impl Env {
                     drain_close_window: Duration::from_millis(100),
                     max_connections,
                     log_level: "warn",
+                    kernel_path: target == Target::ProxySockmap,
                 })?
             }
             Target::Haproxy => {
@@ -170,6 +178,9 @@ impl Env {
         };
         let mut instance = instance;
         instance.wait_ready(Duration::from_secs(20)).await?;
+        if target == Target::ProxySockmap {
+            proxy::ensure_kernel_path(&instance).await?;
+        }
         Ok(Running {
             target,
             addr: listen,

@@ -256,7 +256,7 @@ impl Launch<'_> {
         let max_connections =
             (procstat::nofile_limit().saturating_sub(200) / 2).clamp(1000, 100_000);
         let mut instance = match self.variant.target {
-            Target::Proxy => self
+            Target::Proxy | Target::ProxySockmap => self
                 .env
                 .proxy
                 .as_mut()
@@ -269,6 +269,7 @@ impl Launch<'_> {
                     drain_close_window: self.drain_timeout / 4,
                     max_connections,
                     log_level: "info",
+                    kernel_path: self.variant.target == Target::ProxySockmap,
                 })?,
             Target::Haproxy => {
                 let nbthread = self.env.nbthread;
