@@ -58,8 +58,9 @@ pub struct ServeBackendArgs {
     /// Address to listen on [default: a random 127.x.y.z].
     #[arg(long)]
     pub ip: Option<IpAddr>,
-    /// Serve only the echo backend, on this exact address, and print `listening` once it
-    /// listens (the `storm` scenario's restartable backend).
+    /// Serve only the echo backend, on this exact address (shared with other processes by
+    /// SO_REUSEPORT), and print `listening` once it listens (the `storm` scenario's restartable
+    /// backend).
     #[arg(long, conflicts_with = "ip")]
     pub echo_at: Option<SocketAddr>,
 }
@@ -200,9 +201,7 @@ pub fn serve(args: ServeBackendArgs) -> Result<()> {
         .build()?;
     runtime.block_on(async {
         if let Some(addr) = args.echo_at {
-            // Bound with SO_REUSEADDR (tokio's default): a restart rebinds at once, whatever
-            // the previous instance's connections left in TIME_WAIT.
-            let listener = TcpListener::bind(addr).await?;
+            let listener = bind_shared(addr)?;
             tokio::spawn(accept_loop(listener, Kind::Echo));
             println!("listening");
         } else {
@@ -216,6 +215,23 @@ pub fn serve(args: ServeBackendArgs) -> Result<()> {
         while stdin.read(&mut byte).await.unwrap_or(0) > 0 {}
         anyhow::Ok(())
     })
+}
+
+/// Binds `addr` for the `storm` scenario's echo backend: with SO_REUSEADDR (as tokio's
+/// `TcpListener::bind`), so that a restart rebinds at once whatever the previous instance's
+/// connections left in TIME_WAIT, and with SO_REUSEPORT, so that several backend processes
+/// share the address (the storm spread over processes). The backlog is `TcpListener::bind`'s
+/// (128), per process.
+fn bind_shared(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.set_reuseport(true)?;
+    socket.bind(addr)?;
+    socket.listen(128)
 }
 
 /// Binds the four backends on `ip`, spawns their accept loops on the current runtime and

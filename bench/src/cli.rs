@@ -7,8 +7,14 @@ use clap::{Args, FromArgMatches, Parser, Subcommand};
 
 use crate::backend::ServeBackendArgs;
 use crate::scenario::{
-    chaos::ChaosArgs, churn::ChurnArgs, idle::IdleArgs, rollout::RolloutArgs, rr::RrArgs,
-    storm::StormArgs, threads::ThreadsArgs, throughput::ThroughputArgs,
+    chaos::ChaosArgs,
+    churn::ChurnArgs,
+    idle::IdleArgs,
+    rollout::RolloutArgs,
+    rr::RrArgs,
+    storm::{remote::StormClientsArgs, StormArgs},
+    threads::ThreadsArgs,
+    throughput::ThroughputArgs,
 };
 use crate::target::Target;
 
@@ -107,6 +113,9 @@ pub enum Command {
     /// Internal: runs the built-in backends (started by the harness itself).
     #[command(hide = true)]
     ServeBackend(ServeBackendArgs),
+    /// Internal: runs storm clients for the harness (`storm` spread over processes).
+    #[command(hide = true)]
+    StormClients(StormClientsArgs),
 }
 
 /// Where the targets come from and where results go.

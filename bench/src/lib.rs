@@ -55,6 +55,10 @@ use crate::cli::{Cli, Command};
 pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::ServeBackend(args) => backend::serve(args),
+        Command::StormClients(args) => {
+            procstat::raise_nofile_limit();
+            scenario::storm::remote::serve(args)
+        }
         command => {
             procstat::raise_nofile_limit();
             let runtime = tokio::runtime::Builder::new_current_thread()

@@ -98,6 +98,8 @@ pub struct ProxyOptions {
     pub log_level: &'static str,
     /// `--data-path=sockmap` instead of the default user-space copy.
     pub kernel_path: bool,
+    /// `--worker-threads` (unset: the proxy's default, the CPUs available).
+    pub worker_threads: Option<usize>,
 }
 
 /// Starts proxy instances and names their logs.
@@ -162,6 +164,14 @@ impl ProxyLauncher {
                 humantime::format_duration(options.drain_close_window)
             ))
             .arg(format!("--log-level={}", options.log_level));
+        // An explicit `--proxy-arg=--worker-threads=N` wins (the flag may be given once).
+        let explicit = self
+            .extra_args
+            .iter()
+            .any(|a| a.starts_with("--worker-threads"));
+        if let Some(threads) = options.worker_threads.filter(|_| !explicit) {
+            command.arg(format!("--worker-threads={threads}"));
+        }
         if let Some(dir) = &options.handoff_dir {
             command.arg(format!("--handoff-dir={}", dir.display()));
         }

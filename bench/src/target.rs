@@ -138,7 +138,19 @@ impl Env {
 
     /// Starts `target` in front of `backend` and waits until it is ready.
     pub async fn start(&mut self, target: Target, backend: SocketAddr) -> Result<Running> {
-        let listen = free_address()?;
+        self.start_on(target, backend, free_address()?, None).await
+    }
+
+    /// Like [`Self::start`], on `listen` (bound with SO_REUSEPORT by both the proxy and
+    /// HAProxy, so several processes can share it), with `threads` worker threads (proxy) or
+    /// `nbthread` (HAProxy) instead of the default.
+    pub async fn start_on(
+        &mut self,
+        target: Target,
+        backend: SocketAddr,
+        listen: SocketAddr,
+        threads: Option<usize>,
+    ) -> Result<Running> {
         let max_connections =
             (procstat::nofile_limit().saturating_sub(200) / 2).clamp(1000, 100_000);
         let instance = match target {
@@ -147,6 +159,7 @@ impl Env {
                     target,
                     addr: backend,
                     instance: None,
+                    peers: Vec::new(),
                 })
             }
             Target::Proxy | Target::ProxySockmap => {
@@ -160,6 +173,7 @@ impl Env {
                     max_connections,
                     log_level: "warn",
                     kernel_path: target == Target::ProxySockmap,
+                    worker_threads: threads,
                 })?
             }
             Target::Haproxy => {
@@ -170,7 +184,7 @@ impl Env {
                 launcher.spawn(&HaproxyOptions {
                     listen,
                     backend,
-                    nbthread: self.nbthread,
+                    nbthread: threads.unwrap_or(self.nbthread),
                     maxconn: max_connections,
                     hard_stop_after: None,
                 })?
@@ -185,6 +199,7 @@ impl Env {
             target,
             addr: listen,
             instance: Some(instance),
+            peers: Vec::new(),
         })
     }
 }
@@ -197,18 +212,40 @@ pub struct Running {
     pub addr: SocketAddr,
     /// The target process (none for `direct`).
     pub instance: Option<Instance>,
+    /// More processes of the target sharing `addr` (a target spread over processes).
+    pub peers: Vec<Instance>,
 }
 
 impl Running {
-    /// CPU and RSS of the target process, if there is one.
+    /// CPU and RSS of the target process, if there is one (summed over its peers).
     pub fn sample(&self) -> Result<Option<ProcSample>> {
-        self.instance.as_ref().map(Instance::sample).transpose()
+        let Some(first) = self.instance.as_ref().map(Instance::sample).transpose()? else {
+            return Ok(None);
+        };
+        self.peers.iter().try_fold(Some(first), |sum, peer| {
+            let (sum, s) = (sum.unwrap_or_default(), peer.sample()?);
+            Ok(Some(ProcSample {
+                cpu: sum.cpu + s.cpu,
+                rss_bytes: sum.rss_bytes + s.rss_bytes,
+            }))
+        })
+    }
+
+    /// The process ids of the target (none for `direct`).
+    pub fn pids(&self) -> Vec<u32> {
+        self.instance
+            .iter()
+            .chain(&self.peers)
+            .map(Instance::pid)
+            .collect()
     }
 
     /// Stops the target: SIGTERM, then SIGKILL after a short grace.
     pub async fn stop(mut self) -> Result<()> {
-        if let Some(instance) = self.instance.as_mut() {
+        for instance in self.instance.iter_mut().chain(&mut self.peers) {
             instance.signal(nix::sys::signal::Signal::SIGTERM)?;
+        }
+        for instance in self.instance.iter_mut().chain(&mut self.peers) {
             instance.wait_exit(Duration::from_secs(3)).await?;
         }
         Ok(())

@@ -3,7 +3,7 @@
 //! belongs in benchmarks; a TLS run must merely answer requests), with three exceptions: the
 //! rollout run must lose no connection through the proxy, the chaos soak (a few seconds of
 //! it) must see no failure that a SIGKILL does not explain, and every client of the storm must
-//! be back after the backend's restart.
+//! be back after the backend's restart (in one process per role, and spread over two).
 //!
 //! The proxy binary is found (and built with cargo if needed) by the harness itself, next to
 //! the `bench` binary. HAProxy takes part when installed. No fixed ports: every listener is on
@@ -196,6 +196,46 @@ fn storm() {
             run["metrics"]["all_back_us"].as_f64() > Some(0.0),
             "no reconnect measured: {run:#}"
         );
+    }
+}
+
+/// The storm spread over two processes per role (as N beyond one process's descriptor limit
+/// needs): two target processes sharing the listen address, two backends sharing theirs, two
+/// client processes reporting to the harness; every client is back.
+#[test]
+fn storm_spread() {
+    let args = [
+        &[
+            "storm",
+            "--connections",
+            "60",
+            "--processes",
+            "2",
+            "--downtime",
+            "100ms",
+        ][..],
+        &TINY,
+    ]
+    .concat();
+    let report = bench("storm-spread", &args, "storm.json");
+    assert_ran(&report);
+    assert_eq!(report["parameters"]["processes"].as_u64(), Some(2));
+    for run in report["runs"].as_array().expect("runs") {
+        assert_eq!(
+            run["metrics"]["lost"].as_f64(),
+            Some(0.0),
+            "clients not back: {run:#}"
+        );
+        assert!(
+            run["metrics"]["all_back_us"].as_f64() > Some(0.0),
+            "no reconnect measured: {run:#}"
+        );
+        if run["target"] != "direct" {
+            assert!(
+                run["metrics"]["rss_before_bytes"].as_f64() > Some(0.0),
+                "no target memory: {run:#}"
+            );
+        }
     }
 }
 

@@ -44,6 +44,10 @@ pub trait Scenario {
     fn backend(&self, addrs: &BackendAddrs) -> SocketAddr;
     /// The figures, first one the headline.
     fn metrics(&self) -> Vec<MetricSpec>;
+    /// Processes each target runs as, sharing its listen address (see [`start_spread`]).
+    fn processes(&self) -> usize {
+        1
+    }
     /// Runs the workload once against `target`.
     async fn measure(
         &self,
@@ -116,7 +120,9 @@ pub async fn run(command: Command) -> Result<()> {
             drive(&mut env, &timing, &defaults::<idle::IdleArgs>()).await?;
             rollout::run(&mut env, &defaults()).await.map(drop)
         }
-        Command::ServeBackend(_) => unreachable!("handled before the runtime starts"),
+        Command::ServeBackend(_) | Command::StormClients(_) => {
+            unreachable!("handled before the runtime starts")
+        }
     }
 }
 
@@ -166,7 +172,7 @@ pub async fn drive<S: Scenario>(
         for i in 0..targets.len() {
             let target = targets[(i + round as usize) % targets.len()];
             let result = async {
-                let running = env.start(target, backend_addr).await?;
+                let running = start_spread(env, target, backend_addr, scenario.processes()).await?;
                 let metrics = scenario.measure(&running, &env.backend, timing).await;
                 running.stop().await?;
                 metrics
@@ -246,6 +252,29 @@ pub async fn drive<S: Scenario>(
     chart::ratio_bars(&svg, &report)?;
     println!("   wrote {} and {}", json.display(), svg.display());
     Ok(report)
+}
+
+/// Starts `target` as `processes` processes sharing one listen address (SO_REUSEPORT), the
+/// threads of one (proxy `--worker-threads`, HAProxy `nbthread`: the CPUs by default) divided
+/// among them, at least one each, alike for both. One process is started as [`Env::start`]
+/// does, with the default threads.
+pub async fn start_spread(
+    env: &mut Env,
+    target: Target,
+    backend: SocketAddr,
+    processes: usize,
+) -> Result<Running> {
+    if processes <= 1 {
+        return env.start(target, backend).await;
+    }
+    let threads = (env.nbthread / processes).max(1);
+    let listen = crate::net::free_address()?;
+    let mut running = env.start_on(target, backend, listen, Some(threads)).await?;
+    for _ in 1..processes {
+        let peer = env.start_on(target, backend, listen, Some(threads)).await?;
+        running.peers.extend(peer.instance);
+    }
+    Ok(running)
 }
 
 /// CPU time of the three processes at one instant.

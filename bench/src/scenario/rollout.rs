@@ -270,6 +270,7 @@ impl Launch<'_> {
                     max_connections,
                     log_level: "info",
                     kernel_path: self.variant.target == Target::ProxySockmap,
+                    worker_threads: None,
                 })?,
             Target::Haproxy => {
                 let nbthread = self.env.nbthread;

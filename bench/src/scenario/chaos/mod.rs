@@ -142,6 +142,7 @@ pub async fn run(env: &mut Env, args: &ChaosArgs) -> Result<ChaosReport> {
         max_connections: (procstat::nofile_limit().saturating_sub(200) / 4).clamp(1000, 100_000),
         log_level: "info",
         kernel_path: false,
+        worker_threads: None,
     };
     let seed = args.seed.unwrap_or_else(rand::random);
     let mut rng = StdRng::seed_from_u64(seed);

@@ -1,0 +1,479 @@
+//! `storm`: a reconnection storm. N long-lived connections (a large cluster's kubelets and
+//! watches) go through the target to an echo backend; the backend is restarted (SIGKILL, then
+//! started again on the same address after `--downtime`), and every client reconnects at once:
+//! each tries again at once when its connection ends, then backs off (from `--retry`, doubling
+//! up to 1 s, with jitter) until one exchange is answered on a new connection, which it keeps.
+//!
+//! Reports the time from the backend's death until every client has a working connection again,
+//! the per-client reconnect time (p50, p99), the failed attempts on the way, the clients still
+//! not back at `--deadline`, and the target's resident memory with all connected before the
+//! restart and its peak during the storm (sampled every 10 ms).
+//!
+//! The restartable backend is a process of its own (`bench serve-backend --echo-at ADDR`, one
+//! thread like the shared backends), started before the first target and restarted in every
+//! run.
+//!
+//! Descriptors bound N per process: each connection is one descriptor in the load generator and
+//! in the backend, and two in the target. Beyond what one process's limit holds, every role is
+//! spread over K processes (`--processes`, by default the smallest K that fits, see
+//! [`processes_for`]): K target processes sharing the listen address with SO_REUSEPORT (the
+//! threads of one divided among them, `scenario::start_spread`), K echo backends sharing theirs
+//! the same way (SIGKILLed together, started again together), and K client processes
+//! ([`remote`]) whose clients' comebacks the harness merges. With K = 1 everything runs as
+//! before: the clients in the harness itself ([`clients`]), one backend, one target process.
+//!
+//! Layout:
+//! - [`clients`]: the clients and the fleet that runs them on one runtime.
+//! - [`remote`]: client processes (`bench storm-clients`) and their line protocol.
+
+use std::cell::RefCell;
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context, Result};
+use clap::Args;
+use serde_json::json;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+
+use super::Scenario;
+use crate::backend::{BackendAddrs, BackendProcess};
+use crate::cli::Timing;
+use crate::procstat;
+use crate::report::{MetricSpec, Metrics, Unit};
+use crate::target::Running;
+use clients::{ClientOptions, Comeback, Fleet};
+use remote::Remote;
+
+pub mod clients;
+pub mod remote;
+
+/// Options of `storm`.
+#[derive(Debug, Clone, Args)]
+pub struct StormArgs {
+    /// Long-lived connections. Each is one descriptor in the load generator and the backend and
+    /// two in the target; beyond one process's descriptor limit every role is spread over
+    /// several processes (`--processes`).
+    #[arg(long, default_value_t = 1000)]
+    pub connections: usize,
+    /// Processes per role (target, backend, load generator) [default: the fewest whose
+    /// descriptor limit holds the connections, 1 up to about 9,900 at a limit of 20,000].
+    #[arg(long)]
+    pub processes: Option<usize>,
+    /// Connections being opened at once before the restart (in all processes together).
+    #[arg(long, default_value_t = 64)]
+    pub ramp: usize,
+    /// Time between the backend's death and its new start.
+    #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
+    pub downtime: Duration,
+    /// A client's first pause after a failed attempt; doubles up to 1 s, with jitter.
+    #[arg(long, default_value = "50ms", value_parser = humantime::parse_duration)]
+    pub retry: Duration,
+    /// A client not back this long after the restart is counted as lost.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub deadline: Duration,
+}
+
+/// The scenario: its options and its own restartable backends.
+pub struct Storm {
+    args: StormArgs,
+    /// Processes per role.
+    processes: usize,
+    addr: SocketAddr,
+    backends: RefCell<Vec<Child>>,
+}
+
+/// Descriptors one process needs besides its connections (listeners, pipes, logs, the
+/// runtime's own).
+const SPARE_DESCRIPTORS: u64 = 200;
+
+/// Descriptors one target process needs for `n` connections spread over `k` processes: two per
+/// connection, plus a tenth for an uneven spread by SO_REUSEPORT when `k > 1`, plus
+/// [`SPARE_DESCRIPTORS`].
+pub fn target_descriptors(n: usize, k: usize) -> u64 {
+    let k = k.max(1) as u64;
+    let share = (n as u64).div_ceil(k);
+    let share = if k > 1 {
+        share + share.div_ceil(10)
+    } else {
+        share
+    };
+    2 * share + SPARE_DESCRIPTORS
+}
+
+/// The fewest processes per role whose descriptor `limit` holds `n` connections
+/// ([`target_descriptors`] below the limit).
+pub fn processes_for(n: usize, limit: u64) -> Option<usize> {
+    (1..=n.max(1)).find(|&k| target_descriptors(n, k) < limit)
+}
+
+/// Checks `--processes` against the descriptor limit, or picks the fewest processes that fit.
+fn choose_processes(n: usize, asked: Option<usize>, limit: u64) -> Result<usize> {
+    let fewest = processes_for(n, limit);
+    match (asked, fewest) {
+        (Some(0), _) => bail!("--processes must be at least 1"),
+        (Some(k), Some(fewest)) if target_descriptors(n, k) >= limit => bail!(
+            "{n} connections over {k} processes need {} descriptors in each target process, \
+             over the limit ({limit}); use --processes {fewest} or more",
+            target_descriptors(n, k)
+        ),
+        (Some(k), _) => Ok(k),
+        (None, Some(k)) => Ok(k),
+        (None, None) => bail!(
+            "{n} connections need {} descriptors in the target, over the limit ({limit}), \
+             however many processes",
+            target_descriptors(n, 1)
+        ),
+    }
+}
+
+/// The ports `net.ipv4.ip_local_port_range` gives each destination, if readable.
+fn ephemeral_ports() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    let mut bounds = text.split_whitespace().map(|w| w.parse::<u64>().ok());
+    let (low, high) = (bounds.next()??, bounds.next()??);
+    Some(high.saturating_sub(low) + 1)
+}
+
+impl Storm {
+    /// Chooses the processes per role and starts the scenario's backends on a free loopback
+    /// address.
+    pub async fn new(args: StormArgs) -> Result<Self> {
+        let n = args.connections.max(1);
+        let processes = choose_processes(n, args.processes, procstat::nofile_limit())?;
+        // Every client connects from 127.0.0.1 to one address, and every target process to
+        // one backend address: a port each, from the same range.
+        if let Some(ports) = ephemeral_ports() {
+            ensure!(
+                n as u64 + SPARE_DESCRIPTORS < ports,
+                "{n} connections to one address need as many ephemeral ports, \
+                 over what net.ipv4.ip_local_port_range gives ({ports})"
+            );
+        }
+        let addr = crate::net::free_address()?;
+        let backends = start_backends(addr, processes).await?;
+        Ok(Self {
+            args,
+            processes,
+            addr,
+            backends: RefCell::new(backends),
+        })
+    }
+
+    /// SIGKILLs the backends, waits `downtime`, starts them again on the same address.
+    async fn restart_backend(&self) -> Result<()> {
+        let old = std::mem::take(&mut *self.backends.borrow_mut());
+        for mut old in old {
+            old.start_kill().context("kill the storm backend")?;
+            old.wait().await?;
+        }
+        tokio::time::sleep(self.args.downtime).await;
+        let new = start_backends(self.addr, self.processes).await?;
+        *self.backends.borrow_mut() = new;
+        Ok(())
+    }
+}
+
+/// `processes` times `bench serve-backend --echo-at ADDR`, all started before any is waited
+/// for, once all listen.
+async fn start_backends(addr: SocketAddr, processes: usize) -> Result<Vec<Child>> {
+    let exe = std::env::current_exe().context("cannot find the bench binary")?;
+    let mut children = Vec::with_capacity(processes);
+    for _ in 0..processes {
+        let child = Command::new(&exe)
+            .arg("serve-backend")
+            .arg(format!("--echo-at={addr}"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .context("cannot start the storm backend")?;
+        children.push(child);
+    }
+    for child in &mut children {
+        let stdout = child.stdout.take().context("no stdout")?;
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).await?;
+        ensure!(
+            line.trim() == "listening",
+            "storm backend said {line:?} instead of listening"
+        );
+    }
+    Ok(children)
+}
+
+/// The load generator of one run: in this process, or spread over client processes.
+enum Clients {
+    Here(Fleet),
+    Spread(Remote),
+}
+
+impl Clients {
+    async fn up(&mut self) -> Result<()> {
+        match self {
+            Clients::Here(fleet) => fleet.up().await,
+            Clients::Spread(remote) => remote.up().await,
+        }
+    }
+
+    async fn restart(&mut self) -> Result<()> {
+        match self {
+            Clients::Here(fleet) => {
+                fleet.restart(Instant::now());
+                Ok(())
+            }
+            Clients::Spread(remote) => remote.restart().await,
+        }
+    }
+
+    /// The comebacks, and the CPU seconds of the client processes (none here).
+    async fn collect(&mut self, timeout: Duration) -> Result<(Vec<Comeback>, f64)> {
+        match self {
+            Clients::Here(fleet) => Ok((fleet.collect().await?, 0.0)),
+            Clients::Spread(remote) => remote.collect(timeout).await,
+        }
+    }
+
+    async fn release(self) -> Result<()> {
+        match self {
+            Clients::Here(fleet) => {
+                drop(fleet);
+                Ok(())
+            }
+            Clients::Spread(remote) => remote.release().await,
+        }
+    }
+}
+
+fn spec(key: &'static str, label: &'static str, unit: Unit) -> MetricSpec {
+    MetricSpec {
+        key,
+        label,
+        unit,
+        higher_is_better: false,
+        chart: false,
+    }
+}
+
+/// The figures of the comebacks: time until all back, p50, p99, failed attempts (also by
+/// kind, as `failed_KIND`) and lost clients.
+fn summarise(comebacks: &[Comeback]) -> Metrics {
+    let mut back: Vec<u64> = comebacks.iter().filter_map(|c| c.after_us).collect();
+    back.sort_unstable();
+    let mut metrics = Metrics::new();
+    let quantile = |q: f64| {
+        let i = ((back.len() as f64 * q).ceil() as usize).clamp(1, back.len()) - 1;
+        back[i] as f64
+    };
+    if !back.is_empty() {
+        metrics.insert("all_back_us".into(), quantile(1.0));
+        metrics.insert("back_p50_us".into(), quantile(0.5));
+        metrics.insert("back_p99_us".into(), quantile(0.99));
+    }
+    let failed: u64 = comebacks.iter().map(|c| c.failed).sum();
+    metrics.insert("failed".into(), failed as f64);
+    // By kind (refused, reset, closed, timeout, other): in the JSON file only.
+    for comeback in comebacks {
+        for (kind, count) in &comeback.kinds {
+            *metrics.entry(format!("failed_{kind}")).or_insert(0.0) += *count as f64;
+        }
+    }
+    let lost = comebacks.iter().filter(|c| c.after_us.is_none()).count();
+    metrics.insert("lost".into(), lost as f64);
+    metrics
+}
+
+impl Scenario for Storm {
+    const NAME: &'static str = "storm";
+
+    fn description(&self) -> String {
+        let spread = if self.processes > 1 {
+            format!(", {} processes per role", self.processes)
+        } else {
+            String::new()
+        };
+        format!(
+            "{} long-lived connections reconnecting at once after a backend restart ({} down){spread}",
+            self.args.connections,
+            humantime::format_duration(self.args.downtime)
+        )
+    }
+
+    fn parameters(&self) -> serde_json::Value {
+        json!({
+            "connections": self.args.connections,
+            "processes": self.processes,
+            "ramp": self.args.ramp,
+            "downtime_s": self.args.downtime.as_secs_f64(),
+            "retry_s": self.args.retry.as_secs_f64(),
+            "deadline_s": self.args.deadline.as_secs_f64(),
+            "nofile_limit": procstat::nofile_limit(),
+            "ephemeral_ports": ephemeral_ports(),
+        })
+    }
+
+    fn backend(&self, _addrs: &BackendAddrs) -> SocketAddr {
+        self.addr
+    }
+
+    fn processes(&self) -> usize {
+        self.processes
+    }
+
+    fn metrics(&self) -> Vec<MetricSpec> {
+        vec![
+            MetricSpec {
+                chart: true,
+                ..spec("all_back_us", "time until all reconnected", Unit::Micros)
+            },
+            spec("back_p50_us", "reconnect p50", Unit::Micros),
+            spec("back_p99_us", "reconnect p99", Unit::Micros),
+            spec("failed", "failed attempts", Unit::Count),
+            spec("lost", "clients not back", Unit::Count),
+            spec("rss_before_bytes", "target RSS, all connected", Unit::Bytes),
+            spec(
+                "rss_peak_bytes",
+                "target RSS peak in the storm",
+                Unit::Bytes,
+            ),
+        ]
+    }
+
+    async fn measure(
+        &self,
+        target: &Running,
+        _backend: &BackendProcess,
+        timing: &Timing,
+    ) -> Result<Metrics> {
+        // Up: N connections, each after one answered exchange.
+        let options = ClientOptions {
+            addr: target.addr,
+            connections: self.args.connections.max(1),
+            ramp: self.args.ramp,
+            retry: self.args.retry,
+            deadline: self.args.deadline,
+        };
+        let mut clients = if self.processes > 1 {
+            Clients::Spread(Remote::start(&options, self.processes)?)
+        } else {
+            Clients::Here(Fleet::start(options))
+        };
+        clients.up().await?;
+        tokio::time::sleep(timing.warmup).await;
+        let before = target.sample()?;
+        let loadgen_cpu = procstat::self_cpu();
+
+        // The storm, with the target's memory (all its processes together) sampled meanwhile.
+        let peak = Arc::new(AtomicU64::new(before.map_or(0, |s| s.rss_bytes)));
+        let pids = target.pids();
+        let sampler = (!pids.is_empty()).then(|| {
+            let peak = peak.clone();
+            tokio::spawn(async move {
+                loop {
+                    let rss: Result<u64> = pids
+                        .iter()
+                        .map(|&pid| procstat::sample(pid).map(|s| s.rss_bytes))
+                        .sum();
+                    if let Ok(rss) = rss {
+                        peak.fetch_max(rss, Ordering::Relaxed);
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            })
+        });
+        clients.restart().await?;
+        self.restart_backend().await?;
+        // A client gives up at the deadline, after its last attempt (5 s at most).
+        let (comebacks, children_cpu) = clients
+            .collect(self.args.deadline + Duration::from_secs(30))
+            .await?;
+        if let Some(sampler) = sampler {
+            sampler.abort();
+        }
+        let after = target.sample()?;
+
+        let mut metrics = summarise(&comebacks);
+        metrics.insert(
+            "loadgen_cpu_s".into(),
+            procstat::self_cpu()
+                .saturating_sub(loadgen_cpu)
+                .as_secs_f64()
+                + children_cpu,
+        );
+        if let (Some(before), Some(after)) = (before, after) {
+            metrics.insert("rss_before_bytes".into(), before.rss_bytes as f64);
+            metrics.insert(
+                "rss_peak_bytes".into(),
+                peak.load(Ordering::Relaxed).max(after.rss_bytes) as f64,
+            );
+            metrics.insert(
+                "target_cpu_s".into(),
+                after.cpu.saturating_sub(before.cpu).as_secs_f64(),
+            );
+        }
+        clients.release().await?;
+        Ok(metrics)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_process_up_to_the_limit_as_before() {
+        // 2 n + 200 below the limit: one process, as before the spread.
+        assert_eq!(processes_for(1000, 20_000), Some(1));
+        assert_eq!(processes_for(9000, 20_000), Some(1));
+        assert_eq!(processes_for(9899, 20_000), Some(1));
+        assert_eq!(processes_for(9900, 20_000), Some(2));
+    }
+
+    #[test]
+    fn twenty_thousand_need_three_processes_at_a_limit_of_twenty_thousand() {
+        // Two would need 2 × 11,000 + 200 descriptors each.
+        assert_eq!(target_descriptors(20_000, 2), 22_200);
+        assert_eq!(processes_for(20_000, 20_000), Some(3));
+        assert_eq!(processes_for(20_000, 1_048_576), Some(1));
+        assert_eq!(processes_for(10, 100), None);
+    }
+
+    #[test]
+    fn asked_processes_are_checked_against_the_limit() {
+        assert_eq!(choose_processes(50, Some(2), 20_000).unwrap(), 2);
+        assert_eq!(choose_processes(9000, None, 20_000).unwrap(), 1);
+        let err = choose_processes(20_000, Some(2), 20_000).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "20000 connections over 2 processes need 22200 descriptors in each target process, \
+             over the limit (20000); use --processes 3 or more"
+        );
+        assert!(choose_processes(50, Some(0), 20_000).is_err());
+    }
+
+    #[test]
+    fn comebacks_are_merged() {
+        let back = |us, failed, kind: &str| Comeback {
+            after_us: us,
+            failed,
+            kinds: [(kind.to_owned(), failed)].into(),
+        };
+        let comebacks: Vec<Comeback> = (1..=100)
+            .map(|i| back(Some(i * 1000), 1, "refused"))
+            .chain([back(None, 3, "timeout")])
+            .collect();
+        let metrics = summarise(&comebacks);
+        assert_eq!(metrics["all_back_us"], 100_000.0);
+        assert_eq!(metrics["back_p50_us"], 50_000.0);
+        assert_eq!(metrics["back_p99_us"], 99_000.0);
+        assert_eq!(metrics["failed"], 103.0);
+        assert_eq!(metrics["failed_refused"], 100.0);
+        assert_eq!(metrics["failed_timeout"], 3.0);
+        assert_eq!(metrics["lost"], 1.0);
+    }
+}
