@@ -153,6 +153,15 @@ impl Storm {
                 "{n} connections to one address need as many ephemeral ports, \
                  over what net.ipv4.ip_local_port_range gives ({ports})"
             );
+            // connect() takes ports of one parity first and searches all of them before it
+            // takes one of the other: beyond half of the range each connect costs far more.
+            if n as u64 > ports / 2 {
+                eprintln!(
+                    "storm: warning: {n} connections to one address are over half of \
+                     net.ipv4.ip_local_port_range ({ports} ports): each connect() then searches \
+                     thousands of ports; widen the range (bench/scripts/netns.sh)"
+                );
+            }
         }
         let addr = crate::net::free_address()?;
         let backends = start_backends(addr, processes).await?;
