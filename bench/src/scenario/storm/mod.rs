@@ -16,14 +16,15 @@
 //! Descriptors bound N per process: each connection is one descriptor in the load generator and
 //! in the backend, and two in the target. Beyond what one process's limit holds, every role is
 //! spread over K processes (`--processes`, by default the smallest K that fits, see
-//! [`processes_for`]): K target processes sharing the listen address with SO_REUSEPORT (the
-//! threads of one divided among them, `scenario::start_spread`), K echo backends sharing theirs
-//! the same way (SIGKILLed together, started again together), and K client processes
+//! [`limits::processes_for`]): K target processes sharing the listen address with SO_REUSEPORT
+//! (the threads of one divided among them, `scenario::start_spread`), K echo backends sharing
+//! theirs the same way (SIGKILLed together, started again together), and K client processes
 //! ([`remote`]) whose clients' comebacks the harness merges. With K = 1 everything runs as
 //! before: the clients in the harness itself ([`clients`]), one backend, one target process.
 //!
 //! Layout:
 //! - [`clients`]: the clients and the fleet that runs them on one runtime.
+//! - [`limits`]: descriptors and ports: how many processes N needs.
 //! - [`remote`]: client processes (`bench storm-clients`) and their line protocol.
 
 use std::cell::RefCell;
@@ -33,7 +34,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use clap::Args;
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -47,9 +48,11 @@ use crate::procstat;
 use crate::report::{MetricSpec, Metrics, Unit};
 use crate::target::Running;
 use clients::{ClientOptions, Comeback, Fleet};
+use limits::{choose_processes, ephemeral_ports, SPARE_DESCRIPTORS};
 use remote::Remote;
 
 pub mod clients;
+pub mod limits;
 pub mod remote;
 
 /// Options of `storm`.
@@ -85,58 +88,6 @@ pub struct Storm {
     processes: usize,
     addr: SocketAddr,
     backends: RefCell<Vec<Child>>,
-}
-
-/// Descriptors one process needs besides its connections (listeners, pipes, logs, the
-/// runtime's own).
-const SPARE_DESCRIPTORS: u64 = 200;
-
-/// Descriptors one target process needs for `n` connections spread over `k` processes: two per
-/// connection, plus a tenth for an uneven spread by SO_REUSEPORT when `k > 1`, plus
-/// [`SPARE_DESCRIPTORS`].
-pub fn target_descriptors(n: usize, k: usize) -> u64 {
-    let k = k.max(1) as u64;
-    let share = (n as u64).div_ceil(k);
-    let share = if k > 1 {
-        share + share.div_ceil(10)
-    } else {
-        share
-    };
-    2 * share + SPARE_DESCRIPTORS
-}
-
-/// The fewest processes per role whose descriptor `limit` holds `n` connections
-/// ([`target_descriptors`] below the limit).
-pub fn processes_for(n: usize, limit: u64) -> Option<usize> {
-    (1..=n.max(1)).find(|&k| target_descriptors(n, k) < limit)
-}
-
-/// Checks `--processes` against the descriptor limit, or picks the fewest processes that fit.
-fn choose_processes(n: usize, asked: Option<usize>, limit: u64) -> Result<usize> {
-    let fewest = processes_for(n, limit);
-    match (asked, fewest) {
-        (Some(0), _) => bail!("--processes must be at least 1"),
-        (Some(k), Some(fewest)) if target_descriptors(n, k) >= limit => bail!(
-            "{n} connections over {k} processes need {} descriptors in each target process, \
-             over the limit ({limit}); use --processes {fewest} or more",
-            target_descriptors(n, k)
-        ),
-        (Some(k), _) => Ok(k),
-        (None, Some(k)) => Ok(k),
-        (None, None) => bail!(
-            "{n} connections need {} descriptors in the target, over the limit ({limit}), \
-             however many processes",
-            target_descriptors(n, 1)
-        ),
-    }
-}
-
-/// The ports `net.ipv4.ip_local_port_range` gives each destination, if readable.
-fn ephemeral_ports() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
-    let mut bounds = text.split_whitespace().map(|w| w.parse::<u64>().ok());
-    let (low, high) = (bounds.next()??, bounds.next()??);
-    Some(high.saturating_sub(low) + 1)
 }
 
 impl Storm {
@@ -433,37 +384,6 @@ impl Scenario for Storm {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn one_process_up_to_the_limit_as_before() {
-        // 2 n + 200 below the limit: one process, as before the spread.
-        assert_eq!(processes_for(1000, 20_000), Some(1));
-        assert_eq!(processes_for(9000, 20_000), Some(1));
-        assert_eq!(processes_for(9899, 20_000), Some(1));
-        assert_eq!(processes_for(9900, 20_000), Some(2));
-    }
-
-    #[test]
-    fn twenty_thousand_need_three_processes_at_a_limit_of_twenty_thousand() {
-        // Two would need 2 × 11,000 + 200 descriptors each.
-        assert_eq!(target_descriptors(20_000, 2), 22_200);
-        assert_eq!(processes_for(20_000, 20_000), Some(3));
-        assert_eq!(processes_for(20_000, 1_048_576), Some(1));
-        assert_eq!(processes_for(10, 100), None);
-    }
-
-    #[test]
-    fn asked_processes_are_checked_against_the_limit() {
-        assert_eq!(choose_processes(50, Some(2), 20_000).unwrap(), 2);
-        assert_eq!(choose_processes(9000, None, 20_000).unwrap(), 1);
-        let err = choose_processes(20_000, Some(2), 20_000).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "20000 connections over 2 processes need 22200 descriptors in each target process, \
-             over the limit (20000); use --processes 3 or more"
-        );
-        assert!(choose_processes(50, Some(0), 20_000).is_err());
-    }
 
     #[test]
     fn comebacks_are_merged() {
