@@ -8,7 +8,9 @@
 //!
 //! The load generator runs on a single-threaded tokio runtime in this process; the built-in
 //! backends run in a child process (`bench serve-backend`) on their own single-threaded runtime,
-//! so that on a small machine the CPU goes to the thing being measured. Each figure comes with
+//! so that on a small machine the CPU goes to the thing being measured. (`storm` beyond one
+//! process's descriptor limit spreads the load generator, the backend and the target over
+//! several processes each.) Each figure comes with
 //! the CPU seconds used by the load generator, the backend and the target process.
 //!
 //! Layout:
