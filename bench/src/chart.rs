@@ -20,6 +20,7 @@ fn color(target: Target) -> RGBColor {
         Target::Direct => RGBColor(140, 140, 140),
         Target::Haproxy => RGBColor(31, 119, 180),
         Target::Proxy => RGBColor(44, 160, 44),
+        Target::Uring => RGBColor(214, 39, 40),
     }
 }
 

@@ -11,6 +11,7 @@ use crate::scenario::{
     storm::StormArgs, threads::ThreadsArgs, throughput::ThroughputArgs,
 };
 use crate::target::Target;
+use crate::uring::ServeUringArgs;
 
 /// Benchmarks kube-apiserver-proxy against the direct path and HAProxy, and demonstrates a
 /// rollout under load.
@@ -107,6 +108,9 @@ pub enum Command {
     /// Internal: runs the built-in backends (started by the harness itself).
     #[command(hide = true)]
     ServeBackend(ServeBackendArgs),
+    /// Internal: runs the io_uring forwarder of the `uring` target (started by the harness).
+    #[command(hide = true)]
+    ServeUring(ServeUringArgs),
 }
 
 /// Where the targets come from and where results go.

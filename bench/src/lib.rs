@@ -18,7 +18,10 @@
 //! - [`instance`]: one child process (proxy or HAProxy): readiness, signals, exit, CPU and RSS.
 //! - [`proxy`]: locating (or building) the `kube-apiserver-proxy` binary and starting instances.
 //! - [`haproxy`]: locating HAProxy, writing its TCP-mode config and starting instances.
-//! - [`target`]: the targets (`direct`, `proxy`, `haproxy`) and starting one for a scenario.
+//! - [`target`]: the targets (`direct`, `proxy`, `haproxy`, `uring`) and starting one for a
+//!   scenario.
+//! - [`uring`]: the `uring` target, an io_uring forwarder (`bench serve-uring`); its
+//!   [`uring::forward`] is the crate's one module with `unsafe`, and says why.
 //! - [`client`]: the load generator's connection primitives (request, stream, bulk).
 //! - [`outcome`]: failure kinds (refused, reset, timeout, closed, other) and their counts.
 //! - [`procstat`]: CPU time and resident memory from `/proc` and `getrusage`.
@@ -29,7 +32,7 @@
 //! - [`tempdir`]: a self-removing temporary directory.
 //! - [`scenario`]: the scenarios themselves.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 pub mod backend;
 pub mod chart;
@@ -46,6 +49,7 @@ pub mod scenario;
 pub mod stats;
 pub mod target;
 pub mod tempdir;
+pub mod uring;
 
 use anyhow::Result;
 
@@ -55,6 +59,7 @@ use crate::cli::{Cli, Command};
 pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::ServeBackend(args) => backend::serve(args),
+        Command::ServeUring(args) => uring::serve(args),
         command => {
             procstat::raise_nofile_limit();
             let runtime = tokio::runtime::Builder::new_current_thread()

@@ -27,6 +27,8 @@ pub enum Target {
     Haproxy,
     /// Through kube-apiserver-proxy.
     Proxy,
+    /// Through the io_uring forwarder (`bench serve-uring`): an upper bound, not a proxy.
+    Uring,
 }
 
 impl Target {
@@ -36,6 +38,7 @@ impl Target {
             Target::Direct => "direct",
             Target::Haproxy => "haproxy",
             Target::Proxy => "proxy",
+            Target::Uring => "uring",
         }
     }
 }
@@ -87,7 +90,7 @@ impl Env {
                 continue;
             }
             match target {
-                Target::Direct => {}
+                Target::Direct | Target::Uring => {}
                 Target::Proxy => {
                     let bin = proxy::locate(setup.proxy_bin.as_deref(), setup.no_build)?;
                     proxy = Some(ProxyLauncher::new(
@@ -166,6 +169,9 @@ impl Env {
                     maxconn: max_connections,
                     hard_stop_after: None,
                 })?
+            }
+            Target::Uring => {
+                crate::uring::spawn(&self.out.join("logs"), listen, backend, self.nbthread)?
             }
         };
         let mut instance = instance;

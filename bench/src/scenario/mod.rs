@@ -116,7 +116,9 @@ pub async fn run(command: Command) -> Result<()> {
             drive(&mut env, &timing, &defaults::<idle::IdleArgs>()).await?;
             rollout::run(&mut env, &defaults()).await.map(drop)
         }
-        Command::ServeBackend(_) => unreachable!("handled before the runtime starts"),
+        Command::ServeBackend(_) | Command::ServeUring(_) => {
+            unreachable!("handled before the runtime starts")
+        }
     }
 }
 

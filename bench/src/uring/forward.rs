@@ -1,0 +1,472 @@
+//! One thread of the io_uring forwarder: a ring, one `SO_REUSEPORT` listening socket, a
+//! multishot accept, and per connection a connect to the backend and then `recv`/`send` both
+//! ways, everything submitted to the ring and nothing waited for in a system call of its own
+//! (the loop's one `io_uring_enter` submits and waits).
+//!
+//! Buffers come from a provided-buffer ring (`IORING_REGISTER_PBUF_RING`) of [`BUFFERS`]
+//! buffers of [`BUFFER_SIZE`] bytes per thread: a `recv` takes one only when data arrives and
+//! the buffer goes back to the ring when its bytes are sent, so an idle connection holds no
+//! buffer. At most one `recv` or `send` is in flight per direction (the next `recv` is
+//! submitted when the previous buffer has been sent), which keeps TCP's flow control end to
+//! end. When the ring has no free buffer (`ENOBUFS`) the direction waits for the next one
+//! returned. The pool is touched at start, so its memory counts before any connection.
+//!
+//! Half-close: a `recv` of 0 bytes on one side is forwarded as `shutdown(SHUT_WR)` of the
+//! other; a connection is closed when both directions have ended, or at once (both sockets
+//! `shutdown(SHUT_RDWR)`, then closed when its last operation completes) after an error.
+//!
+//! `unsafe` is allowed in this module and nowhere else in the bench crate: an operation
+//! handed to the ring carries raw pointers (a buffer to send, the backend's address) that the
+//! kernel uses until the operation completes, which the compiler cannot check, and the
+//! provided-buffer ring is memory shared with the kernel. Each `unsafe` block says why its
+//! pointers stay valid.
+
+#![allow(unsafe_code)]
+
+use std::alloc::{alloc, dealloc, Layout};
+use std::collections::VecDeque;
+use std::io;
+use std::net::{Shutdown, SocketAddr};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::sync::atomic::{AtomicU16, Ordering};
+
+use io_uring::types::{BufRingEntry, Fd};
+use io_uring::{cqueue, opcode, squeue, IoUring};
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+
+/// Submission queue entries per ring (the completion queue has twice as many).
+const RING_ENTRIES: u32 = 4096;
+/// Buffers in each thread's provided-buffer ring (a power of two).
+pub const BUFFERS: u16 = 512;
+/// Bytes per buffer: HAProxy's default `tune.bufsize`.
+pub const BUFFER_SIZE: usize = 16 * 1024;
+/// The buffer group id of the provided-buffer ring.
+const GROUP: u16 = 0;
+
+/// `user_data` of the multishot accept; the others are `slot << 8 | op`.
+const ACCEPT: u64 = u64::MAX;
+const OP_CONNECT: u64 = 0;
+/// Plus the direction (0 or 1).
+const OP_RECV: u64 = 1;
+const OP_SEND: u64 = 3;
+const OP_SHUTDOWN: u64 = 5;
+
+/// Client to backend, and backend to client.
+const DIRECTIONS: [usize; 2] = [0, 1];
+
+/// Whether io_uring can be used here: a ring is set up and dropped.
+pub fn probe() -> io::Result<()> {
+    IoUring::new(8).map(drop)
+}
+
+/// One thread's ring, listening socket and connections.
+pub struct Worker {
+    // Dropped first: the kernel stops using the buffer ring before its memory is freed.
+    ring: IoUring,
+    buffers: BufferRing,
+    listener: Socket,
+    /// Boxed: connects in flight point at it.
+    backend: Box<SockAddr>,
+    conns: Vec<Option<Conn>>,
+    free: Vec<usize>,
+    /// Directions waiting for a buffer: (slot, direction).
+    starved: VecDeque<(usize, usize)>,
+}
+
+/// A proxied connection.
+struct Conn {
+    client: Socket,
+    backend: Socket,
+    halves: [Half; 2],
+    /// Operations submitted and not yet completed (a starved direction counts as one).
+    inflight: u32,
+    /// An error was seen: both sockets are shut down, the slot is freed when `inflight` is 0.
+    failed: bool,
+}
+
+/// One direction of a connection.
+#[derive(Default)]
+struct Half {
+    /// The buffer being sent: (buffer id, length, bytes sent).
+    held: Option<(u16, usize, usize)>,
+    /// End of stream seen and forwarded.
+    done: bool,
+}
+
+impl Conn {
+    /// The socket a direction reads from.
+    fn source(&self, dir: usize) -> RawFd {
+        if dir == 0 {
+            self.client.as_raw_fd()
+        } else {
+            self.backend.as_raw_fd()
+        }
+    }
+
+    /// The socket a direction writes to.
+    fn sink(&self, dir: usize) -> RawFd {
+        self.source(1 - dir)
+    }
+}
+
+impl Worker {
+    /// Sets up the ring (single issuer, deferred task work where the kernel has them) and the
+    /// provided-buffer ring for `listener`'s connections to `backend`.
+    pub fn new(listener: Socket, backend: SocketAddr) -> io::Result<Self> {
+        let ring = IoUring::builder()
+            .setup_single_issuer()
+            .setup_defer_taskrun()
+            .build(RING_ENTRIES)
+            .or_else(|_| IoUring::new(RING_ENTRIES))?;
+        let buffers = BufferRing::new(&ring)?;
+        Ok(Self {
+            ring,
+            buffers,
+            listener,
+            backend: Box::new(SockAddr::from(backend)),
+            conns: Vec::new(),
+            free: Vec::new(),
+            starved: VecDeque::new(),
+        })
+    }
+
+    /// Forwards connections until an error of the ring itself.
+    pub fn run(mut self) -> io::Result<()> {
+        self.arm_accept()?;
+        let mut completions: Vec<(u64, i32, u32)> = Vec::with_capacity(2 * RING_ENTRIES as usize);
+        loop {
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(err) if matches!(err.raw_os_error(), Some(libc::EINTR | libc::EBUSY)) => {}
+                Err(err) => return Err(err),
+            }
+            completions.clear();
+            completions.extend(
+                self.ring
+                    .completion()
+                    .map(|c| (c.user_data(), c.result(), c.flags())),
+            );
+            for &(data, result, flags) in &completions {
+                self.complete(data, result, flags)?;
+            }
+        }
+    }
+
+    fn complete(&mut self, data: u64, result: i32, flags: u32) -> io::Result<()> {
+        if data == ACCEPT {
+            if result >= 0 {
+                // SAFETY: the accept returned a new descriptor that nothing else owns.
+                let client = unsafe { Socket::from_raw_fd(result) };
+                self.open(client)?;
+            }
+            if !cqueue::more(flags) {
+                self.arm_accept()?;
+            }
+            return Ok(());
+        }
+        let slot = (data >> 8) as usize;
+        let op = data & 0xff;
+        let conn = self.conns[slot]
+            .as_mut()
+            .expect("completion of a live slot");
+        conn.inflight -= 1;
+        match op {
+            OP_CONNECT => {
+                if result < 0 || conn.failed {
+                    self.fail(slot);
+                } else {
+                    for dir in DIRECTIONS {
+                        self.recv(slot, dir)?;
+                    }
+                }
+            }
+            OP_RECV | 2 => self.received(slot, (op - OP_RECV) as usize, result, flags)?,
+            OP_SEND | 4 => self.sent(slot, (op - OP_SEND) as usize, result)?,
+            _ => {} // OP_SHUTDOWN, either direction: nothing left to do but maybe close.
+        }
+        self.maybe_close(slot);
+        Ok(())
+    }
+
+    /// A new client: its backend socket and the connect.
+    fn open(&mut self, client: Socket) -> io::Result<()> {
+        let backend = Socket::new(
+            Domain::for_address(self.backend.as_socket().expect("an IP address")),
+            Type::STREAM,
+            Some(Protocol::TCP),
+        )?;
+        let _ = client.set_nodelay(true);
+        let _ = backend.set_nodelay(true);
+        let fd = backend.as_raw_fd();
+        let slot = self.insert(Conn {
+            client,
+            backend,
+            halves: Default::default(),
+            inflight: 1,
+            failed: false,
+        });
+        let connect = opcode::Connect::new(Fd(fd), self.backend.as_ptr(), self.backend.len())
+            .build()
+            .user_data(user_data(slot, OP_CONNECT));
+        self.push(&connect)
+    }
+
+    /// Submits a `recv` into a buffer of the ring for `dir`.
+    fn recv(&mut self, slot: usize, dir: usize) -> io::Result<()> {
+        let conn = self.conns[slot].as_mut().expect("live slot");
+        conn.inflight += 1;
+        let entry = opcode::Recv::new(
+            Fd(conn.source(dir)),
+            std::ptr::null_mut(),
+            BUFFER_SIZE as u32,
+        )
+        .buf_group(GROUP)
+        .build()
+        .flags(squeue::Flags::BUFFER_SELECT)
+        .user_data(user_data(slot, OP_RECV + dir as u64));
+        self.push(&entry)
+    }
+
+    /// Submits a `send` of what is left of the buffer `dir` holds.
+    fn send(&mut self, slot: usize, dir: usize) -> io::Result<()> {
+        let conn = self.conns[slot].as_mut().expect("live slot");
+        let (bid, len, sent) = conn.halves[dir].held.expect("a held buffer");
+        conn.inflight += 1;
+        let data = self.buffers.buffer(bid).wrapping_add(sent);
+        let entry = opcode::Send::new(Fd(conn.sink(dir)), data, (len - sent) as u32)
+            .flags(libc::MSG_NOSIGNAL)
+            .build()
+            .user_data(user_data(slot, OP_SEND + dir as u64));
+        self.push(&entry)
+    }
+
+    fn received(&mut self, slot: usize, dir: usize, result: i32, flags: u32) -> io::Result<()> {
+        let bid = cqueue::buffer_select(flags);
+        let conn = self.conns[slot].as_mut().expect("live slot");
+        if conn.failed || result <= 0 {
+            if let Some(bid) = bid {
+                self.give_back(bid)?;
+            }
+        }
+        let conn = self.conns[slot].as_mut().expect("live slot");
+        if conn.failed {
+            return Ok(());
+        }
+        match result {
+            n if n == -libc::ENOBUFS => {
+                conn.inflight += 1;
+                self.starved.push_back((slot, dir));
+                Ok(())
+            }
+            n if n < 0 => {
+                self.fail(slot);
+                Ok(())
+            }
+            0 => {
+                conn.halves[dir].done = true;
+                conn.inflight += 1;
+                let entry = opcode::Shutdown::new(Fd(conn.sink(dir)), libc::SHUT_WR)
+                    .build()
+                    .user_data(user_data(slot, OP_SHUTDOWN + dir as u64));
+                self.push(&entry)
+            }
+            n => {
+                let bid = bid.expect("a recv with data names its buffer");
+                conn.halves[dir].held = Some((bid, n as usize, 0));
+                self.send(slot, dir)
+            }
+        }
+    }
+
+    fn sent(&mut self, slot: usize, dir: usize, result: i32) -> io::Result<()> {
+        let conn = self.conns[slot].as_mut().expect("live slot");
+        let (bid, len, sent) = conn.halves[dir].held.expect("a send has its buffer");
+        if conn.failed || result < 0 {
+            conn.halves[dir].held = None;
+            self.give_back(bid)?;
+            if result < 0 {
+                self.fail(slot);
+            }
+            return Ok(());
+        }
+        let sent = sent + result as usize;
+        if sent < len {
+            conn.halves[dir].held = Some((bid, len, sent));
+            return self.send(slot, dir);
+        }
+        conn.halves[dir].held = None;
+        self.give_back(bid)?;
+        self.recv(slot, dir)
+    }
+
+    /// Returns a buffer to the ring; the first starved direction gets to `recv` again.
+    fn give_back(&mut self, bid: u16) -> io::Result<()> {
+        self.buffers.give_back(bid);
+        while let Some((slot, dir)) = self.starved.pop_front() {
+            let conn = self.conns[slot].as_mut().expect("a starved slot is live");
+            conn.inflight -= 1;
+            if conn.failed {
+                self.maybe_close(slot);
+                continue;
+            }
+            return self.recv(slot, dir);
+        }
+        Ok(())
+    }
+
+    /// After an error: both sockets shut down, so that every operation in flight completes.
+    fn fail(&mut self, slot: usize) {
+        let conn = self.conns[slot].as_mut().expect("live slot");
+        if !conn.failed {
+            conn.failed = true;
+            let _ = conn.client.shutdown(Shutdown::Both);
+            let _ = conn.backend.shutdown(Shutdown::Both);
+        }
+    }
+
+    /// Closes the connection if nothing is in flight and it is over.
+    fn maybe_close(&mut self, slot: usize) {
+        let Some(conn) = self.conns[slot].as_ref() else {
+            return;
+        };
+        let over = conn.failed || conn.halves.iter().all(|h| h.done);
+        if conn.inflight == 0 && over {
+            self.conns[slot] = None;
+            self.free.push(slot);
+        }
+    }
+
+    fn insert(&mut self, conn: Conn) -> usize {
+        match self.free.pop() {
+            Some(slot) => {
+                self.conns[slot] = Some(conn);
+                slot
+            }
+            None => {
+                self.conns.push(Some(conn));
+                self.conns.len() - 1
+            }
+        }
+    }
+
+    fn arm_accept(&mut self) -> io::Result<()> {
+        let entry = opcode::AcceptMulti::new(Fd(self.listener.as_raw_fd()))
+            .flags(libc::SOCK_CLOEXEC)
+            .build()
+            .user_data(ACCEPT);
+        self.push(&entry)
+    }
+
+    /// Queues `entry`, submitting what is queued first if the queue is full.
+    fn push(&mut self, entry: &squeue::Entry) -> io::Result<()> {
+        loop {
+            // SAFETY: the pointers an entry carries stay valid until it completes: a send's
+            // points into the buffer ring's memory, owned by `self` and held by the direction
+            // until the send completes; a connect's at the boxed backend address, owned by
+            // `self`; the descriptors are owned by a connection that is not dropped while it
+            // has operations in flight.
+            if unsafe { self.ring.submission().push(entry) }.is_ok() {
+                return Ok(());
+            }
+            self.ring.submit()?;
+        }
+    }
+}
+
+fn user_data(slot: usize, op: u64) -> u64 {
+    (slot as u64) << 8 | op
+}
+
+/// A provided-buffer ring: [`BUFFERS`] entries shared with the kernel, and the buffers'
+/// memory.
+struct BufferRing {
+    entries: *mut BufRingEntry,
+    entries_layout: Layout,
+    memory: *mut u8,
+    memory_layout: Layout,
+    tail: u16,
+}
+
+impl BufferRing {
+    /// Allocates the ring and the buffers, touches every page of them, hands every buffer to
+    /// the kernel and registers the ring with `ring` as group [`GROUP`].
+    fn new(ring: &IoUring) -> io::Result<Self> {
+        let page = 4096;
+        let entries_layout =
+            Layout::from_size_align(usize::from(BUFFERS) * size_of::<BufRingEntry>(), page)
+                .expect("valid layout");
+        let memory_layout = Layout::from_size_align(usize::from(BUFFERS) * BUFFER_SIZE, page)
+            .expect("valid layout");
+        // SAFETY: both layouts have a non-zero size.
+        let (entries, memory) = unsafe { (alloc(entries_layout), alloc(memory_layout)) };
+        if entries.is_null() || memory.is_null() {
+            return Err(io::Error::from(io::ErrorKind::OutOfMemory));
+        }
+        // SAFETY: every offset written is inside its allocation; volatile, so that the pages
+        // are really faulted in now (the pool's memory is a cost before any connection).
+        unsafe {
+            std::ptr::write_bytes(entries, 0, entries_layout.size());
+            for offset in (0..memory_layout.size()).step_by(page) {
+                memory.add(offset).write_volatile(0);
+            }
+        }
+        let mut this = Self {
+            entries: entries.cast(),
+            entries_layout,
+            memory,
+            memory_layout,
+            tail: 0,
+        };
+        for bid in 0..BUFFERS {
+            this.give_back(bid);
+        }
+        // SAFETY: the entries stay allocated until `self` is dropped, which the worker does
+        // after the ring (its field order).
+        unsafe {
+            ring.submitter().register_buf_ring_with_flags(
+                this.entries as u64,
+                BUFFERS,
+                GROUP,
+                0,
+            )?;
+        }
+        Ok(this)
+    }
+
+    /// The start of buffer `bid`.
+    fn buffer(&self, bid: u16) -> *const u8 {
+        // SAFETY: `bid` < BUFFERS, so the offset is inside the allocation.
+        unsafe { self.memory.add(usize::from(bid) * BUFFER_SIZE) }
+    }
+
+    /// Puts buffer `bid` at the ring's tail and publishes the tail to the kernel.
+    fn give_back(&mut self, bid: u16) {
+        let index = usize::from(self.tail & (BUFFERS - 1));
+        // SAFETY: `index` < BUFFERS; the kernel reads an entry only between its head and the
+        // tail published below, and this entry is past the old tail.
+        unsafe {
+            let entry = &mut *self.entries.add(index);
+            entry.set_addr(self.buffer(bid) as u64);
+            entry.set_len(BUFFER_SIZE as u32);
+            entry.set_bid(bid);
+        }
+        self.tail = self.tail.wrapping_add(1);
+        // SAFETY: the tail field is the `resv` of entry 0, a valid, aligned u16 that the
+        // kernel reads concurrently: written atomically, with release ordering so that the
+        // entry above is visible first.
+        unsafe {
+            let tail = BufRingEntry::tail(self.entries).cast::<AtomicU16>();
+            (*tail).store(self.tail, Ordering::Release);
+        }
+    }
+}
+
+impl Drop for BufferRing {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with these layouts; the ring that used them is gone.
+        unsafe {
+            dealloc(self.entries.cast(), self.entries_layout);
+            dealloc(self.memory, self.memory_layout);
+        }
+    }
+}
