@@ -137,6 +137,9 @@ pub struct Setup {
     /// HAProxy `nbthread` [default: available CPUs, like HAProxy itself and the proxy's runtime].
     #[arg(long)]
     pub haproxy_nbthread: Option<usize>,
+    /// Extra argument for every `uring` instance (repeatable), e.g. `--uring-arg=--buffers=128`.
+    #[arg(long = "uring-arg", allow_hyphen_values = true)]
+    pub uring_args: Vec<String>,
 }
 
 /// How long and how often each target is measured.

@@ -69,6 +69,8 @@ pub struct Env {
     pub haproxy_version: Option<String>,
     /// Output directory.
     pub out: PathBuf,
+    /// Extra arguments of every `uring` instance.
+    pub uring_args: Vec<String>,
 }
 
 impl Env {
@@ -129,6 +131,7 @@ impl Env {
             nbthread,
             haproxy_version,
             out,
+            uring_args: setup.uring_args.clone(),
         })
     }
 
@@ -171,7 +174,8 @@ impl Env {
                 })?
             }
             Target::Uring => {
-                crate::uring::spawn(&self.out.join("logs"), listen, backend, self.nbthread)?
+                let logs = self.out.join("logs");
+                crate::uring::spawn(&logs, listen, backend, self.nbthread, &self.uring_args)?
             }
         };
         let mut instance = instance;

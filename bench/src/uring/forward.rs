@@ -3,8 +3,8 @@
 //! ways, everything submitted to the ring and nothing waited for in a system call of its own
 //! (the loop's one `io_uring_enter` submits and waits).
 //!
-//! Buffers come from a provided-buffer ring (`IORING_REGISTER_PBUF_RING`) of [`BUFFERS`]
-//! buffers of [`BUFFER_SIZE`] bytes per thread: a `recv` takes one only when data arrives and
+//! Buffers come from a provided-buffer ring (`IORING_REGISTER_PBUF_RING`) per thread, of
+//! [`Pool::buffers`] buffers of [`Pool::size`] bytes (512 of 16 KiB by default): a `recv` takes one only when data arrives and
 //! the buffer goes back to the ring when its bytes are sent, so an idle connection holds no
 //! buffer. At most one `recv` or `send` is in flight per direction (the next `recv` is
 //! submitted when the previous buffer has been sent), which keeps TCP's flow control end to
@@ -36,10 +36,23 @@ use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 /// Submission queue entries per ring (the completion queue has twice as many).
 const RING_ENTRIES: u32 = 4096;
-/// Buffers in each thread's provided-buffer ring (a power of two).
-pub const BUFFERS: u16 = 512;
-/// Bytes per buffer: HAProxy's default `tune.bufsize`.
-pub const BUFFER_SIZE: usize = 16 * 1024;
+/// The buffers of one thread's provided-buffer ring.
+#[derive(Debug, Clone, Copy)]
+pub struct Pool {
+    /// How many: a power of two, at most 32768. Default 512.
+    pub buffers: u16,
+    /// Bytes each. Default 16 KiB, HAProxy's default `tune.bufsize`.
+    pub size: u32,
+}
+
+impl Default for Pool {
+    fn default() -> Self {
+        Self {
+            buffers: 512,
+            size: 16 * 1024,
+        }
+    }
+}
 /// The buffer group id of the provided-buffer ring.
 const GROUP: u16 = 0;
 
@@ -112,13 +125,13 @@ impl Conn {
 impl Worker {
     /// Sets up the ring (single issuer, deferred task work where the kernel has them) and the
     /// provided-buffer ring for `listener`'s connections to `backend`.
-    pub fn new(listener: Socket, backend: SocketAddr) -> io::Result<Self> {
+    pub fn new(listener: Socket, backend: SocketAddr, pool: Pool) -> io::Result<Self> {
         let ring = IoUring::builder()
             .setup_single_issuer()
             .setup_defer_taskrun()
             .build(RING_ENTRIES)
             .or_else(|_| IoUring::new(RING_ENTRIES))?;
-        let buffers = BufferRing::new(&ring)?;
+        let buffers = BufferRing::new(&ring, pool)?;
         Ok(Self {
             ring,
             buffers,
@@ -218,7 +231,7 @@ impl Worker {
         let entry = opcode::Recv::new(
             Fd(conn.source(dir)),
             std::ptr::null_mut(),
-            BUFFER_SIZE as u32,
+            self.buffers.pool.size,
         )
         .buf_group(GROUP)
         .build()
@@ -377,7 +390,7 @@ fn user_data(slot: usize, op: u64) -> u64 {
     (slot as u64) << 8 | op
 }
 
-/// A provided-buffer ring: [`BUFFERS`] entries shared with the kernel, and the buffers'
+/// A provided-buffer ring: one entry per buffer, shared with the kernel, and the buffers'
 /// memory.
 struct BufferRing {
     entries: *mut BufRingEntry,
@@ -385,18 +398,26 @@ struct BufferRing {
     memory: *mut u8,
     memory_layout: Layout,
     tail: u16,
+    pool: Pool,
 }
 
 impl BufferRing {
     /// Allocates the ring and the buffers, touches every page of them, hands every buffer to
     /// the kernel and registers the ring with `ring` as group [`GROUP`].
-    fn new(ring: &IoUring) -> io::Result<Self> {
+    fn new(ring: &IoUring, pool: Pool) -> io::Result<Self> {
+        if !pool.buffers.is_power_of_two() || pool.buffers > 32768 || pool.size == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "buffers must be a power of two up to 32768, of a non-zero size",
+            ));
+        }
         let page = 4096;
         let entries_layout =
-            Layout::from_size_align(usize::from(BUFFERS) * size_of::<BufRingEntry>(), page)
+            Layout::from_size_align(usize::from(pool.buffers) * size_of::<BufRingEntry>(), page)
                 .expect("valid layout");
-        let memory_layout = Layout::from_size_align(usize::from(BUFFERS) * BUFFER_SIZE, page)
-            .expect("valid layout");
+        let memory_layout =
+            Layout::from_size_align(usize::from(pool.buffers) * pool.size as usize, page)
+                .expect("valid layout");
         // SAFETY: both layouts have a non-zero size.
         let (entries, memory) = unsafe { (alloc(entries_layout), alloc(memory_layout)) };
         if entries.is_null() || memory.is_null() {
@@ -416,8 +437,9 @@ impl BufferRing {
             memory,
             memory_layout,
             tail: 0,
+            pool,
         };
-        for bid in 0..BUFFERS {
+        for bid in 0..pool.buffers {
             this.give_back(bid);
         }
         // SAFETY: the entries stay allocated until `self` is dropped, which the worker does
@@ -425,7 +447,7 @@ impl BufferRing {
         unsafe {
             ring.submitter().register_buf_ring_with_flags(
                 this.entries as u64,
-                BUFFERS,
+                pool.buffers,
                 GROUP,
                 0,
             )?;
@@ -435,19 +457,19 @@ impl BufferRing {
 
     /// The start of buffer `bid`.
     fn buffer(&self, bid: u16) -> *const u8 {
-        // SAFETY: `bid` < BUFFERS, so the offset is inside the allocation.
-        unsafe { self.memory.add(usize::from(bid) * BUFFER_SIZE) }
+        // SAFETY: `bid` < the number of buffers, so the offset is inside the allocation.
+        unsafe { self.memory.add(usize::from(bid) * self.pool.size as usize) }
     }
 
     /// Puts buffer `bid` at the ring's tail and publishes the tail to the kernel.
     fn give_back(&mut self, bid: u16) {
-        let index = usize::from(self.tail & (BUFFERS - 1));
-        // SAFETY: `index` < BUFFERS; the kernel reads an entry only between its head and the
+        let index = usize::from(self.tail & (self.pool.buffers - 1));
+        // SAFETY: `index` < the number of entries; the kernel reads an entry only between its head and the
         // tail published below, and this entry is past the old tail.
         unsafe {
             let entry = &mut *self.entries.add(index);
             entry.set_addr(self.buffer(bid) as u64);
-            entry.set_len(BUFFER_SIZE as u32);
+            entry.set_len(self.pool.size);
             entry.set_bid(bid);
         }
         self.tail = self.tail.wrapping_add(1);

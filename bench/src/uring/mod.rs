@@ -44,6 +44,12 @@ pub struct ServeUringArgs {
     /// Where `GET /readyz` answers 200 once every ring is set up.
     #[arg(long)]
     pub ready_listen: Option<SocketAddr>,
+    /// Buffers in each thread's provided-buffer ring (a power of two, at most 32768).
+    #[arg(long, default_value_t = forward::Pool::default().buffers)]
+    pub buffers: u16,
+    /// Bytes per buffer.
+    #[arg(long, default_value_t = forward::Pool::default().size)]
+    pub buffer_size: u32,
 }
 
 /// Entry point of `bench serve-uring`: runs until killed, or until a ring fails.
@@ -53,6 +59,10 @@ pub fn serve(args: ServeUringArgs) -> Result<()> {
         .threads
         .or_else(|| std::thread::available_parallelism().ok())
         .map_or(1, NonZeroUsize::get);
+    let pool = forward::Pool {
+        buffers: args.buffers,
+        size: args.buffer_size,
+    };
     let (setup_tx, setup_rx) = mpsc::channel();
     let mut workers = Vec::new();
     for i in 0..threads {
@@ -63,7 +73,7 @@ pub fn serve(args: ServeUringArgs) -> Result<()> {
             .name(format!("uring-{i}"))
             .spawn(move || -> std::io::Result<()> {
                 // Set up on its own thread: the ring's single issuer is the thread that made it.
-                let worker = match forward::Worker::new(listener, backend) {
+                let worker = match forward::Worker::new(listener, backend, pool) {
                     Ok(worker) => {
                         let _ = setup.send(Ok(()));
                         worker
@@ -87,8 +97,8 @@ pub fn serve(args: ServeUringArgs) -> Result<()> {
     eprintln!(
         "listening on {} ({threads} threads, io_uring, {} buffers of {} KiB per thread), forwarding to {}",
         args.listen,
-        forward::BUFFERS,
-        forward::BUFFER_SIZE / 1024,
+        pool.buffers,
+        pool.size / 1024,
         args.backend
     );
     if let Some(addr) = args.ready_listen {
@@ -140,12 +150,14 @@ fn answer_ready(listener: TcpListener) {
 static STARTED: AtomicU32 = AtomicU32::new(0);
 
 /// Starts `bench serve-uring` from this very binary in front of `backend` with `threads`
-/// threads, its log in `logs/uring-N.log` (not yet ready: call [`Instance::wait_ready`]).
+/// threads and `extra_args`, its log in `logs/uring-N.log` (not yet ready: call
+/// [`Instance::wait_ready`]).
 pub fn spawn(
     logs: &Path,
     listen: SocketAddr,
     backend: SocketAddr,
     threads: usize,
+    extra_args: &[String],
 ) -> Result<Instance> {
     let n = STARTED.fetch_add(1, Ordering::Relaxed) + 1;
     let ready = free_address()?;
@@ -156,7 +168,8 @@ pub fn spawn(
         .arg(format!("--listen={listen}"))
         .arg(format!("--backend={backend}"))
         .arg(format!("--threads={}", threads.max(1)))
-        .arg(format!("--ready-listen={ready}"));
+        .arg(format!("--ready-listen={ready}"))
+        .args(extra_args);
     Instance::spawn(
         format!("uring#{n}"),
         command,
