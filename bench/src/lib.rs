@@ -1,6 +1,7 @@
 //! Benchmark harness for kube-apiserver-proxy: the same workload sent straight to a backend
 //! (`direct`), through the proxy (`proxy`, the real binary as separate processes) and through
-//! HAProxy in TCP mode (`haproxy`, when installed), alternately for several rounds, reported as
+//! HAProxy in TCP mode (`haproxy`, when installed), and when asked for through an io_uring
+//! forwarder (`uring`, an upper bound, not a proxy), alternately for several rounds, reported as
 //! medians, min–max and ratios; plus the `rollout` scenario, the project's demo, which replaces
 //! running instances under load and counts every failed connection, and the `chaos` soak,
 //! which starts, SIGTERMs and SIGKILLs instances at random for minutes under load and judges

@@ -1,5 +1,6 @@
-//! The targets a workload is sent to (`direct`, `proxy`, `haproxy`) and the environment that
-//! starts them: the built-in backends, the proxy and HAProxy launchers, and the log directory.
+//! The targets a workload is sent to (`direct`, `proxy`, `haproxy`, `uring`) and the environment
+//! that starts them: the built-in backends, the proxy and HAProxy launchers, and the log
+//! directory.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

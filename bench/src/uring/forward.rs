@@ -67,9 +67,19 @@ const OP_SHUTDOWN: u64 = 5;
 /// Client to backend, and backend to client.
 const DIRECTIONS: [usize; 2] = [0, 1];
 
-/// Whether io_uring can be used here: a ring is set up and dropped.
+/// Whether io_uring can be used here: a ring with a provided-buffer ring of one buffer is set
+/// up and dropped (`ENOSYS` without io_uring, `EPERM` where `kernel.io_uring_disabled` forbids
+/// it, `EINVAL` before Linux 5.19).
 pub fn probe() -> io::Result<()> {
-    IoUring::new(8).map(drop)
+    let ring = IoUring::new(8)?;
+    let pool = Pool {
+        buffers: 1,
+        size: 4096,
+    };
+    let buffers = BufferRing::new(&ring, pool)?;
+    drop(ring);
+    drop(buffers);
+    Ok(())
 }
 
 /// One thread's ring, listening socket and connections.
