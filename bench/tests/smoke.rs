@@ -320,16 +320,24 @@ fn uring_rr_and_throughput() {
 /// The io_uring forwarder carries every byte exactly, both ways and on several connections at
 /// once, and forwards each half-close: the backend echoes until it sees the client's end of
 /// stream, then closes its side, and the client reads everything and then the end of stream.
+/// Once with the default buffer pool, once with one buffer per thread, so that directions wait
+/// for a buffer (`ENOBUFS`) all the time.
 #[test]
 fn uring_forwards_bytes_exactly_and_half_closes() {
-    use std::io::{Read, Write};
-    use std::net::{Shutdown, TcpListener, TcpStream};
-    use std::time::{Duration, Instant};
-
     if !uring_available("uring_forwards_bytes_exactly_and_half_closes") {
         return;
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    forward_exactly(&[]);
+    forward_exactly(&["--buffers", "1"]);
+}
+
+/// [`uring_forwards_bytes_exactly_and_half_closes`] with `extra` flags for `serve-uring`.
+fn forward_exactly(extra: &[&str]) {
+    use std::io::{Read, Write};
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    use std::time::{Duration, Instant};
+
     let ip = kube_apiserver_proxy_bench::net::random_loopback();
     let backend = TcpListener::bind((ip, 0)).expect("bind the echo backend");
     let backend_addr = backend.local_addr().unwrap();
@@ -367,6 +375,7 @@ fn uring_forwards_bytes_exactly_and_half_closes() {
             .arg(format!("--backend={backend_addr}"))
             .args(["--threads", "2"])
             .arg(format!("--ready-listen={ready}"))
+            .args(extra)
             .spawn()
             .expect("start serve-uring"),
     );
@@ -383,6 +392,7 @@ fn uring_forwards_bytes_exactly_and_half_closes() {
     // buffers and than the sockets' buffers, so that sends are partial and flow control acts.
     let clients: Vec<_> = (0..8u8)
         .map(|i| {
+            let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
             std::thread::spawn(move || {
                 let sent: Vec<u8> = (0..3 * 1024 * 1024 + 123)
                     .map(|n: usize| (n as u8).wrapping_mul(31).wrapping_add(i))
@@ -402,8 +412,12 @@ fn uring_forwards_bytes_exactly_and_half_closes() {
                     .read_to_end(&mut received)
                     .expect("read until the forwarded end of stream");
                 write.join().unwrap();
-                assert_eq!(received.len(), sent.len(), "connection {i}: byte count");
-                assert!(received == sent, "connection {i}: bytes differ");
+                assert_eq!(
+                    received.len(),
+                    sent.len(),
+                    "{extra:?} connection {i}: byte count"
+                );
+                assert!(received == sent, "{extra:?} connection {i}: bytes differ");
             })
         })
         .collect();

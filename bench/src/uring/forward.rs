@@ -271,7 +271,11 @@ impl Worker {
                 self.give_back(bid)?;
             }
         }
-        let conn = self.conns[slot].as_mut().expect("live slot");
+        // Giving a buffer back may have closed this very connection (a starved direction of
+        // a failed one).
+        let Some(conn) = self.conns[slot].as_mut() else {
+            return Ok(());
+        };
         if conn.failed {
             return Ok(());
         }
@@ -339,7 +343,9 @@ impl Worker {
 
     /// After an error: both sockets shut down, so that every operation in flight completes.
     fn fail(&mut self, slot: usize) {
-        let conn = self.conns[slot].as_mut().expect("live slot");
+        let Some(conn) = self.conns[slot].as_mut() else {
+            return;
+        };
         if !conn.failed {
             conn.failed = true;
             let _ = conn.client.shutdown(Shutdown::Both);
