@@ -59,7 +59,8 @@ const GROUP: u16 = 0;
 /// `user_data` of the multishot accept; the others are `slot << 8 | op`.
 const ACCEPT: u64 = u64::MAX;
 const OP_CONNECT: u64 = 0;
-/// Plus the direction (0 or 1).
+/// `recv`, `send` and `shutdown` are followed by the direction (0 or 1): 1 and 2, 3 and 4, 5
+/// and 6.
 const OP_RECV: u64 = 1;
 const OP_SEND: u64 = 3;
 const OP_SHUTDOWN: u64 = 5;
@@ -203,21 +204,21 @@ impl Worker {
                     }
                 }
             }
-            OP_RECV | 2 => self.received(slot, (op - OP_RECV) as usize, result, flags)?,
-            OP_SEND | 4 => self.sent(slot, (op - OP_SEND) as usize, result)?,
-            _ => {} // OP_SHUTDOWN, either direction: nothing left to do but maybe close.
+            op if op < OP_SEND => self.received(slot, (op - OP_RECV) as usize, result, flags)?,
+            op if op < OP_SHUTDOWN => self.sent(slot, (op - OP_SEND) as usize, result)?,
+            _ => {} // A `shutdown`, either direction: nothing left to do but maybe close.
         }
         self.maybe_close(slot);
         Ok(())
     }
 
-    /// A new client: its backend socket and the connect.
+    /// A new client: its backend socket and the connect. Without a descriptor for the backend
+    /// socket the client is closed.
     fn open(&mut self, client: Socket) -> io::Result<()> {
-        let backend = Socket::new(
-            Domain::for_address(self.backend.as_socket().expect("an IP address")),
-            Type::STREAM,
-            Some(Protocol::TCP),
-        )?;
+        let domain = Domain::for_address(self.backend.as_socket().expect("an IP address"));
+        let Ok(backend) = Socket::new(domain, Type::STREAM, Some(Protocol::TCP)) else {
+            return Ok(());
+        };
         let _ = client.set_nodelay(true);
         let _ = backend.set_nodelay(true);
         let fd = backend.as_raw_fd();
