@@ -8,8 +8,11 @@
 //! the buffer goes back to the ring when its bytes are sent, so an idle connection holds no
 //! buffer. At most one `recv` or `send` is in flight per direction (the next `recv` is
 //! submitted when the previous buffer has been sent), which keeps TCP's flow control end to
-//! end. When the ring has no free buffer (`ENOBUFS`) the direction waits for the next one
-//! returned. The pool is touched at start, so its memory counts before any connection.
+//! end. When the ring has no free buffer (`ENOBUFS`) the direction receives into a buffer of
+//! its own, freed once its bytes are sent: waiting for a buffer of the ring could wait
+//! forever, for each may be held by a send that waits for this very direction (an echo peer
+//! that stops reading while its replies are not read). The pool is touched at start, so its
+//! memory counts before any connection.
 //!
 //! Half-close: a `recv` of 0 bytes on one side is forwarded as `shutdown(SHUT_WR)` of the
 //! other; a connection is closed when both directions have ended, or at once (both sockets
@@ -24,7 +27,6 @@
 #![allow(unsafe_code)]
 
 use std::alloc::{alloc, dealloc, Layout};
-use std::collections::VecDeque;
 use std::io;
 use std::net::{Shutdown, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
@@ -87,14 +89,14 @@ pub fn probe() -> io::Result<()> {
 pub struct Worker {
     // Dropped first: the kernel stops using the buffer ring before its memory is freed.
     ring: IoUring,
+    /// Set up with `IORING_SETUP_SINGLE_ISSUER` and `IORING_SETUP_DEFER_TASKRUN` (Linux 6.1).
+    deferred: bool,
     buffers: BufferRing,
     listener: Socket,
     /// Boxed: connects in flight point at it.
     backend: Box<SockAddr>,
     conns: Vec<Option<Conn>>,
     free: Vec<usize>,
-    /// Directions waiting for a buffer: (slot, direction).
-    starved: VecDeque<(usize, usize)>,
 }
 
 /// A proxied connection.
@@ -102,7 +104,7 @@ struct Conn {
     client: Socket,
     backend: Socket,
     halves: [Half; 2],
-    /// Operations submitted and not yet completed (a starved direction counts as one).
+    /// Operations submitted and not yet completed.
     inflight: u32,
     /// An error was seen: both sockets are shut down, the slot is freed when `inflight` is 0.
     failed: bool,
@@ -111,10 +113,24 @@ struct Conn {
 /// One direction of a connection.
 #[derive(Default)]
 struct Half {
-    /// The buffer being sent: (buffer id, length, bytes sent).
-    held: Option<(u16, usize, usize)>,
+    /// The buffer being sent.
+    held: Option<Held>,
+    /// A buffer of the direction's own, made when the ring had none (`ENOBUFS`) and freed when
+    /// its bytes are sent.
+    own: Option<Box<[u8]>>,
     /// End of stream seen and forwarded.
     done: bool,
+}
+
+/// Received bytes being sent.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    /// The ring's buffer, or `None` for the direction's own.
+    bid: Option<u16>,
+    /// Bytes received.
+    len: usize,
+    /// Bytes sent so far.
+    sent: usize,
 }
 
 impl Conn {
@@ -137,21 +153,29 @@ impl Worker {
     /// Sets up the ring (single issuer, deferred task work where the kernel has them) and the
     /// provided-buffer ring for `listener`'s connections to `backend`.
     pub fn new(listener: Socket, backend: SocketAddr, pool: Pool) -> io::Result<Self> {
-        let ring = IoUring::builder()
+        let (ring, deferred) = match IoUring::builder()
             .setup_single_issuer()
             .setup_defer_taskrun()
             .build(RING_ENTRIES)
-            .or_else(|_| IoUring::new(RING_ENTRIES))?;
+        {
+            Ok(ring) => (ring, true),
+            Err(_) => (IoUring::new(RING_ENTRIES)?, false),
+        };
         let buffers = BufferRing::new(&ring, pool)?;
         Ok(Self {
             ring,
+            deferred,
             buffers,
             listener,
             backend: Box::new(SockAddr::from(backend)),
             conns: Vec::new(),
             free: Vec::new(),
-            starved: VecDeque::new(),
         })
+    }
+
+    /// Whether the ring defers task work to the single issuer (else it is a plain ring).
+    pub fn deferred(&self) -> bool {
+        self.deferred
     }
 
     /// Forwards connections until an error of the ring itself.
@@ -235,32 +259,37 @@ impl Worker {
         self.push(&connect)
     }
 
-    /// Submits a `recv` into a buffer of the ring for `dir`.
+    /// Submits a `recv` for `dir`: into a buffer of the ring, or into the direction's own
+    /// buffer if it has one.
     fn recv(&mut self, slot: usize, dir: usize) -> io::Result<()> {
         let conn = self.conns[slot].as_mut().expect("live slot");
         conn.inflight += 1;
-        let entry = opcode::Recv::new(
-            Fd(conn.source(dir)),
-            std::ptr::null_mut(),
-            self.buffers.pool.size,
-        )
-        .buf_group(GROUP)
-        .build()
-        .flags(squeue::Flags::BUFFER_SELECT)
-        .user_data(user_data(slot, OP_RECV + dir as u64));
-        self.push(&entry)
+        let fd = Fd(conn.source(dir));
+        let entry = match conn.halves[dir].own.as_mut() {
+            Some(own) => opcode::Recv::new(fd, own.as_mut_ptr(), own.len() as u32).build(),
+            None => opcode::Recv::new(fd, std::ptr::null_mut(), self.buffers.pool.size)
+                .buf_group(GROUP)
+                .build()
+                .flags(squeue::Flags::BUFFER_SELECT),
+        };
+        self.push(&entry.user_data(user_data(slot, OP_RECV + dir as u64)))
     }
 
     /// Submits a `send` of what is left of the buffer `dir` holds.
     fn send(&mut self, slot: usize, dir: usize) -> io::Result<()> {
         let conn = self.conns[slot].as_mut().expect("live slot");
-        let (bid, len, sent) = conn.halves[dir].held.expect("a held buffer");
-        conn.inflight += 1;
-        let data = self.buffers.buffer(bid).wrapping_add(sent);
-        let entry = opcode::Send::new(Fd(conn.sink(dir)), data, (len - sent) as u32)
+        let half = &conn.halves[dir];
+        let held = half.held.expect("a held buffer");
+        let start = match held.bid {
+            Some(bid) => self.buffers.buffer(bid),
+            None => half.own.as_ref().expect("an own buffer").as_ptr(),
+        };
+        let data = start.wrapping_add(held.sent);
+        let entry = opcode::Send::new(Fd(conn.sink(dir)), data, (held.len - held.sent) as u32)
             .flags(libc::MSG_NOSIGNAL)
             .build()
             .user_data(user_data(slot, OP_SEND + dir as u64));
+        conn.inflight += 1;
         self.push(&entry)
     }
 
@@ -269,22 +298,20 @@ impl Worker {
         let conn = self.conns[slot].as_mut().expect("live slot");
         if conn.failed || result <= 0 {
             if let Some(bid) = bid {
-                self.give_back(bid)?;
+                self.buffers.give_back(bid);
             }
         }
-        // Giving a buffer back may have closed this very connection (a starved direction of
-        // a failed one).
-        let Some(conn) = self.conns[slot].as_mut() else {
-            return Ok(());
-        };
         if conn.failed {
             return Ok(());
         }
         match result {
             n if n == -libc::ENOBUFS => {
-                conn.inflight += 1;
-                self.starved.push_back((slot, dir));
-                Ok(())
+                // The ring is empty: every buffer is held by a send, and such a send may wait
+                // for this very direction (an echo that stops reading while its replies are
+                // not read). A buffer of its own, freed once sent, keeps it going.
+                let size = self.buffers.pool.size as usize;
+                conn.halves[dir].own = Some(vec![0; size].into_boxed_slice());
+                self.recv(slot, dir)
             }
             n if n < 0 => {
                 self.fail(slot);
@@ -292,6 +319,7 @@ impl Worker {
             }
             0 => {
                 conn.halves[dir].done = true;
+                conn.halves[dir].own = None;
                 conn.inflight += 1;
                 let entry = opcode::Shutdown::new(Fd(conn.sink(dir)), libc::SHUT_WR)
                     .build()
@@ -299,8 +327,11 @@ impl Worker {
                 self.push(&entry)
             }
             n => {
-                let bid = bid.expect("a recv with data names its buffer");
-                conn.halves[dir].held = Some((bid, n as usize, 0));
+                conn.halves[dir].held = Some(Held {
+                    bid,
+                    len: n as usize,
+                    sent: 0,
+                });
                 self.send(slot, dir)
             }
         }
@@ -308,38 +339,28 @@ impl Worker {
 
     fn sent(&mut self, slot: usize, dir: usize, result: i32) -> io::Result<()> {
         let conn = self.conns[slot].as_mut().expect("live slot");
-        let (bid, len, sent) = conn.halves[dir].held.expect("a send has its buffer");
-        if conn.failed || result < 0 {
-            conn.halves[dir].held = None;
-            self.give_back(bid)?;
-            if result < 0 {
-                self.fail(slot);
+        let half = &mut conn.halves[dir];
+        let mut held = half.held.take().expect("a send has its buffer");
+        if !conn.failed && result >= 0 {
+            held.sent += result as usize;
+            if held.sent < held.len {
+                half.held = Some(held);
+                return self.send(slot, dir);
             }
-            return Ok(());
         }
-        let sent = sent + result as usize;
-        if sent < len {
-            conn.halves[dir].held = Some((bid, len, sent));
-            return self.send(slot, dir);
+        // All sent, or given up: the buffer goes back to the ring, or is freed.
+        match held.bid {
+            Some(bid) => self.buffers.give_back(bid),
+            None => half.own = None,
         }
-        conn.halves[dir].held = None;
-        self.give_back(bid)?;
-        self.recv(slot, dir)
-    }
-
-    /// Returns a buffer to the ring; the first starved direction gets to `recv` again.
-    fn give_back(&mut self, bid: u16) -> io::Result<()> {
-        self.buffers.give_back(bid);
-        while let Some((slot, dir)) = self.starved.pop_front() {
-            let conn = self.conns[slot].as_mut().expect("a starved slot is live");
-            conn.inflight -= 1;
-            if conn.failed {
-                self.maybe_close(slot);
-                continue;
-            }
-            return self.recv(slot, dir);
+        if result < 0 {
+            self.fail(slot);
+            Ok(())
+        } else if conn.failed {
+            Ok(())
+        } else {
+            self.recv(slot, dir)
         }
-        Ok(())
     }
 
     /// After an error: both sockets shut down, so that every operation in flight completes.
@@ -392,7 +413,9 @@ impl Worker {
         loop {
             // SAFETY: the pointers an entry carries stay valid until it completes: a send's
             // points into the buffer ring's memory, owned by `self` and held by the direction
-            // until the send completes; a connect's at the boxed backend address, owned by
+            // until the send completes, or into the direction's own boxed buffer, freed only
+            // after its send (or its `recv`, at the end of stream) has completed, and a `recv`
+            // into that buffer likewise; a connect's at the boxed backend address, owned by
             // `self`; the descriptors are owned by a connection that is not dropped while it
             // has operations in flight.
             if unsafe { self.ring.submission().push(entry) }.is_ok() {

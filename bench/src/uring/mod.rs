@@ -75,7 +75,7 @@ pub fn serve(args: ServeUringArgs) -> Result<()> {
                 // Set up on its own thread: the ring's single issuer is the thread that made it.
                 let worker = match forward::Worker::new(listener, backend, pool) {
                     Ok(worker) => {
-                        let _ = setup.send(Ok(()));
+                        let _ = setup.send(Ok(worker.deferred()));
                         worker
                     }
                     Err(err) => {
@@ -88,15 +88,21 @@ pub fn serve(args: ServeUringArgs) -> Result<()> {
         workers.push(thread);
     }
     drop(setup_tx);
+    let mut deferred = true;
     for _ in 0..threads {
-        setup_rx
+        deferred &= setup_rx
             .recv()
             .context("a worker thread ended during setup")?
             .context("io_uring setup failed")?;
     }
     eprintln!(
-        "listening on {} ({threads} threads, io_uring, {} buffers of {} KiB per thread), forwarding to {}",
+        "listening on {} ({threads} threads, io_uring{}, {} buffers of {} KiB per thread), forwarding to {}",
         args.listen,
+        if deferred {
+            " with deferred task work"
+        } else {
+            ""
+        },
         pool.buffers,
         pool.size / 1024,
         args.backend
