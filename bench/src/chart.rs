@@ -21,6 +21,7 @@ fn color(target: Target) -> RGBColor {
         Target::Haproxy => RGBColor(31, 119, 180),
         Target::Proxy => RGBColor(44, 160, 44),
         Target::ProxySockmap => RGBColor(148, 103, 189),
+        Target::Uring => RGBColor(214, 39, 40),
     }
 }
 

@@ -17,6 +17,7 @@ use crate::scenario::{
     throughput::ThroughputArgs,
 };
 use crate::target::Target;
+use crate::uring::ServeUringArgs;
 
 /// Benchmarks kube-apiserver-proxy against the direct path and HAProxy, and demonstrates a
 /// rollout under load.
@@ -116,6 +117,9 @@ pub enum Command {
     /// Internal: runs storm clients for the harness (`storm` spread over processes).
     #[command(hide = true)]
     StormClients(StormClientsArgs),
+    /// Internal: runs the io_uring forwarder of the `uring` target (started by the harness).
+    #[command(hide = true)]
+    ServeUring(ServeUringArgs),
 }
 
 /// Where the targets come from and where results go.
@@ -142,6 +146,9 @@ pub struct Setup {
     /// HAProxy `nbthread` [default: available CPUs, like HAProxy itself and the proxy's runtime].
     #[arg(long)]
     pub haproxy_nbthread: Option<usize>,
+    /// Extra argument for every `uring` instance (repeatable), e.g. `--uring-arg=--buffers=128`.
+    #[arg(long = "uring-arg", allow_hyphen_values = true)]
+    pub uring_args: Vec<String>,
 }
 
 /// How long and how often each target is measured.

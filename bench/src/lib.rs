@@ -1,6 +1,7 @@
 //! Benchmark harness for kube-apiserver-proxy: the same workload sent straight to a backend
 //! (`direct`), through the proxy (`proxy`, the real binary as separate processes) and through
-//! HAProxy in TCP mode (`haproxy`, when installed), alternately for several rounds, reported as
+//! HAProxy in TCP mode (`haproxy`, when installed), and when asked for through an io_uring
+//! forwarder (`uring`, an upper bound, not a proxy), alternately for several rounds, reported as
 //! medians, min–max and ratios; plus the `rollout` scenario, the project's demo, which replaces
 //! running instances under load and counts every failed connection, and the `chaos` soak,
 //! which starts, SIGTERMs and SIGKILLs instances at random for minutes under load and judges
@@ -20,7 +21,10 @@
 //! - [`instance`]: one child process (proxy or HAProxy): readiness, signals, exit, CPU and RSS.
 //! - [`proxy`]: locating (or building) the `kube-apiserver-proxy` binary and starting instances.
 //! - [`haproxy`]: locating HAProxy, writing its TCP-mode config and starting instances.
-//! - [`target`]: the targets (`direct`, `proxy`, `haproxy`) and starting one for a scenario.
+//! - [`target`]: the targets (`direct`, `proxy`, `haproxy`, `uring`) and starting one for a
+//!   scenario.
+//! - [`uring`]: the `uring` target, an io_uring forwarder (`bench serve-uring`); its
+//!   [`uring::forward`] is the crate's one module with `unsafe`, and says why.
 //! - [`client`]: the load generator's connection primitives (request, stream, bulk).
 //! - [`outcome`]: failure kinds (refused, reset, timeout, closed, other) and their counts.
 //! - [`procstat`]: CPU time and resident memory from `/proc` and `getrusage`.
@@ -31,7 +35,7 @@
 //! - [`tempdir`]: a self-removing temporary directory.
 //! - [`scenario`]: the scenarios themselves.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 pub mod backend;
 pub mod chart;
@@ -48,6 +52,7 @@ pub mod scenario;
 pub mod stats;
 pub mod target;
 pub mod tempdir;
+pub mod uring;
 
 use anyhow::Result;
 
@@ -61,6 +66,7 @@ pub fn run(cli: Cli) -> Result<()> {
             procstat::raise_nofile_limit();
             scenario::storm::remote::serve(args)
         }
+        Command::ServeUring(args) => uring::serve(args),
         command => {
             procstat::raise_nofile_limit();
             let runtime = tokio::runtime::Builder::new_current_thread()

@@ -1,6 +1,6 @@
-//! The targets a workload is sent to (`direct`, `haproxy`, `proxy`, `proxy-sockmap`) and the
-//! environment that starts them: the built-in backends, the proxy and HAProxy launchers, and
-//! the log directory.
+//! The targets a workload is sent to (`direct`, `haproxy`, `proxy`, `proxy-sockmap`, `uring`)
+//! and the environment that starts them: the built-in backends, the proxy, HAProxy and io_uring
+//! forwarder launchers, and the log directory.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -31,6 +31,8 @@ pub enum Target {
     /// Through kube-apiserver-proxy with `--data-path=sockmap`: the kernel redirects the bytes of
     /// paired connections (needs root; fails rather than measure the user-space fallback).
     ProxySockmap,
+    /// Through the io_uring forwarder (`bench serve-uring`): an upper bound, not a proxy.
+    Uring,
 }
 
 impl Target {
@@ -41,6 +43,7 @@ impl Target {
             Target::Haproxy => "haproxy",
             Target::Proxy => "proxy",
             Target::ProxySockmap => "proxy-sockmap",
+            Target::Uring => "uring",
         }
     }
 }
@@ -71,6 +74,8 @@ pub struct Env {
     pub haproxy_version: Option<String>,
     /// Output directory.
     pub out: PathBuf,
+    /// Extra arguments of every `uring` instance.
+    pub uring_args: Vec<String>,
 }
 
 impl Env {
@@ -92,7 +97,7 @@ impl Env {
                 continue;
             }
             match target {
-                Target::Direct => {}
+                Target::Direct | Target::Uring => {}
                 Target::Proxy | Target::ProxySockmap => {
                     if proxy.is_none() {
                         let bin = proxy::locate(setup.proxy_bin.as_deref(), setup.no_build)?;
@@ -133,6 +138,7 @@ impl Env {
             nbthread,
             haproxy_version,
             out,
+            uring_args: setup.uring_args.clone(),
         })
     }
 
@@ -188,6 +194,16 @@ impl Env {
                     maxconn: max_connections,
                     hard_stop_after: None,
                 })?
+            }
+            Target::Uring => {
+                let logs = self.out.join("logs");
+                crate::uring::spawn(
+                    &logs,
+                    listen,
+                    backend,
+                    threads.unwrap_or(self.nbthread),
+                    &self.uring_args,
+                )?
             }
         };
         let mut instance = instance;

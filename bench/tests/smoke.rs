@@ -3,7 +3,10 @@
 //! belongs in benchmarks; a TLS run must merely answer requests), with three exceptions: the
 //! rollout run must lose no connection through the proxy, the chaos soak (a few seconds of
 //! it) must see no failure that a SIGKILL does not explain, and every client of the storm must
-//! be back after the backend's restart (in one process per role, and spread over two).
+//! be back after the backend's restart (in one process per role, and spread over two). The
+//! `uring` target (the io_uring forwarder) also runs `rr` and `throughput` without a failure,
+//! and must carry bytes exactly and forward half-closes; where io_uring is unavailable those
+//! tests skip loudly, and fail in CI.
 //!
 //! The proxy binary is found (and built with cargo if needed) by the harness itself, next to
 //! the `bench` binary. HAProxy takes part when installed. No fixed ports: every listener is on
@@ -341,4 +344,167 @@ fn chaos() {
     );
     let anomalies = report["anomalies"].as_array().expect("anomalies");
     assert!(anomalies.is_empty(), "instances misbehaved: {anomalies:#?}");
+}
+
+/// Whether this run is CI (`CI` set to anything but empty, `false` or `0`).
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
+}
+
+/// Whether the `uring` target can run here. Where io_uring is unavailable (no kernel support,
+/// or disabled: `ENOSYS`, `EPERM`) the test skips loudly by hand and fails in CI.
+fn uring_available(test: &str) -> bool {
+    match kube_apiserver_proxy_bench::uring::probe() {
+        Ok(()) => true,
+        Err(err) if matches!(err.raw_os_error(), Some(libc::ENOSYS | libc::EPERM)) => {
+            assert!(
+                !in_ci(),
+                "{test}: io_uring is unavailable ({err}) and CI is set: failing instead of skipping"
+            );
+            eprintln!("SKIPPED {test}: io_uring is unavailable here ({err})");
+            false
+        }
+        Err(err) => panic!("{test}: io_uring setup failed: {err}"),
+    }
+}
+
+/// `rr` and `throughput` through the `uring` target: every request answered, no failure.
+#[test]
+fn uring_rr_and_throughput() {
+    if !uring_available("uring_rr_and_throughput") {
+        return;
+    }
+    let args = [
+        &["rr", "--targets", "direct,uring", "--connections", "4"][..],
+        &TINY,
+    ]
+    .concat();
+    let rr = bench("uring-rr", &args, "rr.json");
+    assert_ran(&rr);
+    let args = [
+        &["throughput", "--targets", "uring", "--connections", "2"][..],
+        &TINY,
+    ]
+    .concat();
+    let throughput = bench("uring-throughput", &args, "throughput.json");
+    assert_ran(&throughput);
+    for (report, headline) in [(&rr, "requests_per_s"), (&throughput, "bytes_per_s")] {
+        for run in report["runs"].as_array().expect("runs") {
+            assert!(
+                run["metrics"][headline].as_f64() > Some(0.0),
+                "nothing forwarded: {run:#}"
+            );
+            assert_eq!(run["metrics"]["failed"].as_f64(), Some(0.0), "{run:#}");
+        }
+    }
+}
+
+/// The io_uring forwarder carries every byte exactly, both ways and on several connections at
+/// once, and forwards each half-close: the backend echoes until it sees the client's end of
+/// stream, then closes its side, and the client reads everything and then the end of stream.
+/// Once with the default buffer pool, once with one buffer per thread, so that directions wait
+/// for a buffer (`ENOBUFS`) all the time.
+#[test]
+fn uring_forwards_bytes_exactly_and_half_closes() {
+    if !uring_available("uring_forwards_bytes_exactly_and_half_closes") {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    forward_exactly(&[]);
+    forward_exactly(&["--buffers", "1"]);
+}
+
+/// [`uring_forwards_bytes_exactly_and_half_closes`] with `extra` flags for `serve-uring`.
+fn forward_exactly(extra: &[&str]) {
+    use std::io::{Read, Write};
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    use std::time::{Duration, Instant};
+
+    let ip = kube_apiserver_proxy_bench::net::random_loopback();
+    let backend = TcpListener::bind((ip, 0)).expect("bind the echo backend");
+    let backend_addr = backend.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for stream in backend.incoming() {
+            let mut stream = stream.expect("accept");
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                loop {
+                    match stream.read(&mut buf) {
+                        Ok(0) => break,
+                        Ok(n) => stream.write_all(&buf[..n]).expect("echo"),
+                        Err(err) => panic!("backend read: {err}"),
+                    }
+                }
+                // The client's end of stream arrived: end ours.
+                stream.shutdown(Shutdown::Write).expect("backend shutdown");
+            });
+        }
+    });
+
+    let listen = kube_apiserver_proxy_bench::net::free_address().unwrap();
+    let ready = kube_apiserver_proxy_bench::net::free_address().unwrap();
+    struct Child(std::process::Child);
+    impl Drop for Child {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut child = Child(
+        Command::new(env!("CARGO_BIN_EXE_bench"))
+            .arg("serve-uring")
+            .arg(format!("--listen={listen}"))
+            .arg(format!("--backend={backend_addr}"))
+            .args(["--threads", "2"])
+            .arg(format!("--ready-listen={ready}"))
+            .args(extra)
+            .spawn()
+            .expect("start serve-uring"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(ready).is_err() {
+        if let Some(status) = child.0.try_wait().unwrap() {
+            panic!("serve-uring exited with {status} before it was ready");
+        }
+        assert!(Instant::now() < deadline, "serve-uring not ready in 10 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // Eight connections at once, each with its own pattern, larger than the forwarder's
+    // buffers and than the sockets' buffers, so that sends are partial and flow control acts.
+    let clients: Vec<_> = (0..8u8)
+        .map(|i| {
+            let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+            std::thread::spawn(move || {
+                let sent: Vec<u8> = (0..3 * 1024 * 1024 + 123)
+                    .map(|n: usize| (n as u8).wrapping_mul(31).wrapping_add(i))
+                    .collect();
+                let stream = TcpStream::connect(listen).expect("connect through uring");
+                stream
+                    .set_read_timeout(Some(Duration::from_secs(20)))
+                    .unwrap();
+                let mut writer = stream.try_clone().unwrap();
+                let data = sent.clone();
+                let write = std::thread::spawn(move || {
+                    writer.write_all(&data).expect("write");
+                    writer.shutdown(Shutdown::Write).expect("client shutdown");
+                });
+                let mut received = Vec::new();
+                (&stream)
+                    .read_to_end(&mut received)
+                    .expect("read until the forwarded end of stream");
+                write.join().unwrap();
+                assert_eq!(
+                    received.len(),
+                    sent.len(),
+                    "{extra:?} connection {i}: byte count"
+                );
+                assert!(received == sent, "{extra:?} connection {i}: bytes differ");
+            })
+        })
+        .collect();
+    for client in clients {
+        client.join().expect("client");
+    }
+    assert!(child.0.try_wait().unwrap().is_none(), "serve-uring exited");
 }

@@ -120,7 +120,7 @@ pub async fn run(command: Command) -> Result<()> {
             drive(&mut env, &timing, &defaults::<idle::IdleArgs>()).await?;
             rollout::run(&mut env, &defaults()).await.map(drop)
         }
-        Command::ServeBackend(_) | Command::StormClients(_) => {
+        Command::ServeBackend(_) | Command::StormClients(_) | Command::ServeUring(_) => {
             unreachable!("handled before the runtime starts")
         }
     }

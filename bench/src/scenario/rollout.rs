@@ -286,7 +286,9 @@ impl Launch<'_> {
                         hard_stop_after: Some(self.drain_timeout),
                     })?
             }
-            Target::Direct => anyhow::bail!("direct cannot be rolled out"),
+            Target::Direct | Target::Uring => {
+                anyhow::bail!("{} cannot be rolled out", self.variant.target.name())
+            }
         };
         instance.wait_ready(Duration::from_secs(20)).await?;
         Ok(instance)
