@@ -2,19 +2,23 @@
 //! Bytes arrive intact both ways, half-close propagates after the bytes before it, TLS works
 //! end to end (the client speaks first, before the pair exists), the drain deadline cuts
 //! paired connections like others, byte counters include what the kernel moved, and without
-//! the privileges the proxy falls back to copying in user space.
+//! the privileges the proxy falls back to copying in user space. An in-place upgrade leaves
+//! paired connections with the old instance, which drains them.
 
 use std::time::{Duration, Instant};
 
-use anyhow::{ensure, Result};
+use anyhow::{ensure, Context as _, Result};
 use kube_apiserver_proxy_tests::certs::Pki;
 use kube_apiserver_proxy_tests::client::TcpClient;
 use kube_apiserver_proxy_tests::fake_apiserver::FakeApiserver;
+use kube_apiserver_proxy_tests::load::Load;
 use kube_apiserver_proxy_tests::proxy::Proxy;
+use kube_apiserver_proxy_tests::streams::Streams;
 use kube_apiserver_proxy_tests::util::{eventually, is_root, skip};
 use rand::RngCore as _;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
+use crate::upgrade::{upgrade, PidGuard, Upgradable, UPGRADE_DEADLINE};
 use crate::{
     connect_echo, echo_backend, https_backend, https_client, https_proxy, listen_addr, serving,
     tcp_proxy, DEADLINE,
@@ -223,6 +227,61 @@ async fn kernel_path_falls_back_to_user_space_without_privileges() -> Result<()>
             .await?
             >= 5.0,
         "bytes not counted on the fallback path"
+    );
+    Ok(())
+}
+
+/// An in-place upgrade (SIGUSR2) does not hand over connections paired in the kernel (the bytes
+/// queued for redirection cannot be read out): the old instance declines to park them, keeps
+/// them flowing until they end and then exits 0, while the successor takes the listening socket
+/// and the new connections. No stream fails, no request fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kernel_path_connections_stay_with_the_old_instance_at_an_upgrade() -> Result<()> {
+    if let Some(r) = can_run("kernel_path_connections_stay_with_the_old_instance_at_an_upgrade") {
+        return r;
+    }
+    let backend = FakeApiserver::tcp_echo().start().await?;
+    let listen = listen_addr()?;
+    let up = Upgradable::start(listen, backend.addr(), |b| {
+        b.drain_timeout(Duration::from_secs(120)).arg(KERNEL_PATH)
+    })
+    .await?;
+    let streams = Streams::start(listen, 8, Duration::from_millis(10), |i| {
+        if i % 4 == 0 {
+            8192
+        } else {
+            1
+        }
+    })
+    .await?;
+    paired_at_least(&up.first, 8.0).await?;
+    let load = Load::start(listen, 4);
+    let next = upgrade(up.first.pid(), up.first.admin_addr()).await?;
+    let _guard = PidGuard(next);
+    // The streams go on through the old instance, which stays for them.
+    let words = streams.words();
+    eventually(UPGRADE_DEADLINE, || async {
+        ensure!(
+            streams.words() > words + 10_000,
+            "streams stalled after the upgrade"
+        );
+        Ok(())
+    })
+    .await?;
+    up.first
+        .ensure_running()
+        .context("the old instance left its paired connections")?;
+    ensure!(streams.failed() == 0, "a stream failed at the upgrade");
+    let report = streams.stop().await;
+    let status = up.first.wait_exit(UPGRADE_DEADLINE).await?;
+    ensure!(status.success(), "old instance: {status}");
+    let churn = load.stop().await;
+    println!("streams {}; churn {}", report.summary(), churn.summary());
+    ensure!(report.failures.is_empty(), "{:?}", report.failures);
+    ensure!(
+        churn.failures.is_empty() && churn.ok > 0,
+        "{}",
+        churn.summary()
     );
     Ok(())
 }

@@ -25,7 +25,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 /// Deadline for a successor to become ready and its predecessor to be gone.
-const UPGRADE_DEADLINE: Duration = Duration::from_secs(30);
+pub const UPGRADE_DEADLINE: Duration = Duration::from_secs(30);
 
 /// Kills a process that is not our child (a successor) when the test ends.
 pub struct PidGuard(pub u32);
