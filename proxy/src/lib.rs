@@ -32,7 +32,8 @@
 //! - [`net`]: TCP socket options and binding.
 //! - [`tls`]: PEM loading and the health-check TLS client config.
 //! - [`handoff`]: listener handoff between instances (codec, wire, peer server).
-//! - [`sys`]: the only `unsafe`: raw descriptor work (`SO_COOKIE`, `SCM_RIGHTS`).
+//! - [`sockmap`]: `--data-path=sockmap`: pairs of sockets whose bytes the kernel moves.
+//! - [`sys`]: the only `unsafe`: raw descriptor work (`SO_COOKIE`, `SCM_RIGHTS`) and `bpf(2)`.
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz`, `/status`, `/peer-ready`.
 //! - [`scrape`]: `--metrics-listen`, the node's one scrape target: every instance's metrics.
 //! - [`metrics`]: every Prometheus metric, in one struct.
@@ -88,7 +89,6 @@ pub mod scrape;
 pub mod server;
 pub mod shard;
 pub mod signal;
-#[allow(unsafe_code)]
 pub mod sockmap;
 pub mod staticpod;
 #[allow(unsafe_code)]

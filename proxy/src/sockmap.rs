@@ -17,35 +17,22 @@
 //! program passed to user space (a chunk read before the pair was complete) is copied on by the
 //! proxy as usual.
 //!
-//! The program is eleven lines of BPF assembly, written out below as instructions; loading it
-//! needs `CAP_BPF` and `CAP_NET_ADMIN` and a kernel with `CONFIG_BPF_STREAM_PARSER` (5.13 or
+//! The program is 31 BPF instructions, written out below and loaded through
+//! [`crate::sys::bpf`] (the typed `bpf(2)` calls, where the `unsafe` is); loading it needs `CAP_BPF` and `CAP_NET_ADMIN` and a kernel with `CONFIG_BPF_STREAM_PARSER` (5.13 or
 //! newer for the verdict-only attachment). Anything that fails while setting up makes the proxy
 //! fall back to copying in user space ([`Sockmap::open`] errors at start, [`Sockmap::join`]
 //! errors per connection); nothing is lost either way.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 
 use nix::sys::socket::{recv, MsgFlags};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 
-// bpf(2) commands, map and program types, attach type (include/uapi/linux/bpf.h).
-const BPF_MAP_CREATE: libc::c_long = 0;
-const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
-const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
-const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
-const BPF_PROG_LOAD: libc::c_long = 5;
-const BPF_PROG_ATTACH: libc::c_long = 8;
-const BPF_MAP_TYPE_HASH: u32 = 1;
-const BPF_MAP_TYPE_PERCPU_ARRAY: u32 = 6;
-const BPF_MAP_TYPE_SOCKHASH: u32 = 18;
-const BPF_PROG_TYPE_SK_SKB: u32 = 14;
-const BPF_SK_SKB_VERDICT: u32 = 38;
-const BPF_F_NO_PREALLOC: u32 = 1;
-const BPF_ANY: u64 = 0;
-const BPF_NOEXIST: u64 = 1;
+use crate::sys::bpf::{self, Insn, Map, MapKind, BPF_ANY, BPF_F_NO_PREALLOC, BPF_NOEXIST};
+use crate::sys::{cookie, set_rcvlowat, tcp_bytes_written};
 
 /// Directions, as indices of the per-CPU totals.
 pub const UP: u32 = 0;
@@ -54,7 +41,7 @@ pub const DOWN: u32 = 1;
 /// The `peers` value of one socket: where its data goes and how much went.
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy)]
-struct Peer {
+pub(crate) struct Peer {
     /// The other socket's cookie (the key of its `SOCKHASH` entry).
     cookie: u64,
     /// [`UP`] for the client's socket, [`DOWN`] for the backend's.
@@ -66,21 +53,13 @@ struct Peer {
 
 /// The kernel objects: the program, attached to the socket map, and the maps.
 pub struct Sockmap {
-    sockets: OwnedFd,
-    peers: OwnedFd,
-    totals: OwnedFd,
-    _program: OwnedFd,
-    cpus: usize,
-}
-
-/// A BPF instruction (`struct bpf_insn`).
-#[derive(Clone, Copy)]
-#[repr(C)]
-struct Insn {
-    code: u8,
-    regs: u8,
-    off: i16,
-    imm: i32,
+    /// Both sockets of every pair, by cookie.
+    sockets: Map<u64, u32>,
+    /// Each paired socket's [`Peer`], by cookie.
+    peers: Map<u64, Peer>,
+    /// Bytes redirected per direction, per CPU.
+    totals: Map<u32, u64>,
+    _program: std::os::fd::OwnedFd,
 }
 
 const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
@@ -159,219 +138,29 @@ fn program(peers: RawFd, totals: RawFd, sockets: RawFd) -> Vec<Insn> {
     ]
 }
 
-/// `union bpf_attr`, large enough for every command used here (the kernel checks that the
-/// bytes it does not know are zero).
-#[repr(C, align(8))]
-struct Attr([u8; 128]);
-
-impl Attr {
-    fn new() -> Attr {
-        Attr([0; 128])
-    }
-    fn u32(mut self, at: usize, v: u32) -> Attr {
-        self.0[at..at + 4].copy_from_slice(&v.to_ne_bytes());
-        self
-    }
-    fn u64(mut self, at: usize, v: u64) -> Attr {
-        self.0[at..at + 8].copy_from_slice(&v.to_ne_bytes());
-        self
-    }
-    fn name(mut self, at: usize, name: &str) -> Attr {
-        let n = name.len().min(15);
-        self.0[at..at + n].copy_from_slice(&name.as_bytes()[..n]);
-        self
-    }
-}
-
-fn bpf(cmd: libc::c_long, attr: &mut Attr) -> io::Result<libc::c_long> {
-    // SAFETY: `attr` is a valid, writable `union bpf_attr` of the size given.
-    let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.0.as_mut_ptr(), attr.0.len()) };
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r)
-    }
-}
-
-fn bpf_fd(cmd: libc::c_long, attr: &mut Attr) -> io::Result<OwnedFd> {
-    let fd = bpf(cmd, attr)?;
-    // SAFETY: the commands used with this return a new descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
-}
-
-fn create_map(
-    kind: u32,
-    key: u32,
-    value: u32,
-    entries: u32,
-    flags: u32,
-    name: &str,
-) -> io::Result<OwnedFd> {
-    let mut attr = Attr::new()
-        .u32(0, kind)
-        .u32(4, key)
-        .u32(8, value)
-        .u32(12, entries)
-        .u32(16, flags)
-        .name(28, name);
-    bpf_fd(BPF_MAP_CREATE, &mut attr).map_err(|e| annotate(e, &format!("creating BPF map {name}")))
-}
-
-fn update(map: &OwnedFd, key: *const u8, value: *const u8, flags: u64) -> io::Result<()> {
-    let mut attr = Attr::new()
-        .u32(0, map.as_raw_fd() as u32)
-        .u64(8, key as u64)
-        .u64(16, value as u64)
-        .u64(24, flags);
-    bpf(BPF_MAP_UPDATE_ELEM, &mut attr).map(drop)
-}
-
-fn lookup(map: &OwnedFd, key: *const u8, value: *mut u8) -> io::Result<()> {
-    let mut attr = Attr::new()
-        .u32(0, map.as_raw_fd() as u32)
-        .u64(8, key as u64)
-        .u64(16, value as u64);
-    bpf(BPF_MAP_LOOKUP_ELEM, &mut attr).map(drop)
-}
-
-fn delete(map: &OwnedFd, key: *const u8) {
-    let mut attr = Attr::new()
-        .u32(0, map.as_raw_fd() as u32)
-        .u64(8, key as u64);
-    let _ = bpf(BPF_MAP_DELETE_ELEM, &mut attr);
-}
-
-fn annotate(e: io::Error, what: &str) -> io::Error {
-    io::Error::new(e.kind(), format!("{what}: {e}"))
-}
-
-/// Number of possible CPUs (the per-CPU maps hold a value for each).
-fn possible_cpus() -> io::Result<usize> {
-    let text = std::fs::read_to_string("/sys/devices/system/cpu/possible")?;
-    let mut n = 0;
-    for range in text.trim().split(',') {
-        let mut ends = range.split('-').map(|s| s.trim().parse::<usize>());
-        let bad = || {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                "/sys/devices/system/cpu/possible",
-            )
-        };
-        let lo = ends.next().ok_or_else(bad)?.map_err(|_| bad())?;
-        let hi = match ends.next() {
-            Some(hi) => hi.map_err(|_| bad())?,
-            None => lo,
-        };
-        n += hi - lo + 1;
-    }
-    Ok(n.max(1))
-}
-
-/// A socket's cookie: the kernel's number for it, unique while the system runs.
-fn cookie(fd: &impl AsFd) -> io::Result<u64> {
-    let mut v: u64 = 0;
-    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
-    // SAFETY: `v` and `len` are valid for writing and describe an u64.
-    let r = unsafe {
-        libc::getsockopt(
-            fd.as_fd().as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_COOKIE,
-            (&mut v as *mut u64).cast(),
-            &mut len,
-        )
-    };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(v)
-}
-
 impl Sockmap {
     /// Creates the maps and loads and attaches the program; `pairs` connections at most are
     /// redirected at once (more are copied in user space).
     pub fn open(pairs: u32) -> io::Result<Sockmap> {
         let entries = pairs.saturating_mul(2).max(2);
-        let sockets = create_map(BPF_MAP_TYPE_SOCKHASH, 8, 4, entries, 0, "kap_sockets")?;
-        let peers = create_map(
-            BPF_MAP_TYPE_HASH,
-            8,
-            std::mem::size_of::<Peer>() as u32,
-            entries,
-            BPF_F_NO_PREALLOC,
-            "kap_peers",
-        )?;
-        let totals = create_map(BPF_MAP_TYPE_PERCPU_ARRAY, 4, 8, 2, 0, "kap_bytes")?;
-        let insns = program(peers.as_raw_fd(), totals.as_raw_fd(), sockets.as_raw_fd());
-        let license = c"GPL";
-        let mut log = vec![0u8; 64 * 1024];
-        let load = |log_level: u32, log: &mut Vec<u8>| {
-            let mut attr = Attr::new()
-                .u32(0, BPF_PROG_TYPE_SK_SKB)
-                .u32(4, insns.len() as u32)
-                .u64(8, insns.as_ptr() as u64)
-                .u64(16, license.as_ptr() as u64)
-                .u32(24, log_level)
-                .u32(28, if log_level > 0 { log.len() as u32 } else { 0 })
-                .u64(
-                    32,
-                    if log_level > 0 {
-                        log.as_mut_ptr() as u64
-                    } else {
-                        0
-                    },
-                )
-                .name(48, "kap_verdict")
-                .u32(68, BPF_SK_SKB_VERDICT);
-            bpf_fd(BPF_PROG_LOAD, &mut attr)
-        };
-        let program = match load(0, &mut log) {
-            Ok(p) => p,
-            Err(e)
-                if e.raw_os_error() == Some(libc::EACCES)
-                    || e.raw_os_error() == Some(libc::EINVAL) =>
-            {
-                // Load again with the verifier's log, to say why.
-                let _ = load(1, &mut log);
-                let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
-                let text = String::from_utf8_lossy(&log[..end]);
-                let last = text
-                    .lines()
-                    .rev()
-                    .find(|l| !l.trim().is_empty())
-                    .unwrap_or("");
-                return Err(annotate(
-                    e,
-                    &format!("loading the BPF verdict program ({last})"),
-                ));
-            }
-            Err(e) => return Err(annotate(e, "loading the BPF verdict program")),
-        };
-        let mut attr = Attr::new()
-            .u32(0, sockets.as_raw_fd() as u32)
-            .u32(4, program.as_raw_fd() as u32)
-            .u32(8, BPF_SK_SKB_VERDICT);
-        bpf(BPF_PROG_ATTACH, &mut attr)
-            .map_err(|e| annotate(e, "attaching the BPF verdict program"))?;
+        let sockets = Map::create(MapKind::Sockhash, entries, 0, "kap_sockets")?;
+        let peers = Map::create(MapKind::Hash, entries, BPF_F_NO_PREALLOC, "kap_peers")?;
+        let totals = Map::create(MapKind::PercpuArray, 2, 0, "kap_bytes")?;
+        let insns = program(peers.raw_fd(), totals.raw_fd(), sockets.raw_fd());
+        let program = bpf::load_sk_skb_verdict(&insns, "kap_verdict")?;
+        bpf::attach_verdict(&sockets, &program)?;
         Ok(Sockmap {
             sockets,
             peers,
             totals,
             _program: program,
-            cpus: possible_cpus()?,
         })
     }
 
     /// Bytes redirected so far by the kernel, client to backend ([`UP`]) or back ([`DOWN`]).
     pub fn total(&self, direction: u32) -> u64 {
-        let mut values = vec![0u64; self.cpus];
-        let key = direction;
-        match lookup(
-            &self.totals,
-            (&key as *const u32).cast(),
-            values.as_mut_ptr().cast(),
-        ) {
-            Ok(()) => values.iter().sum(),
+        match self.totals.lookup_percpu(&direction) {
+            Ok(values) => values.iter().sum(),
             Err(_) => 0,
         }
     }
@@ -379,13 +168,16 @@ impl Sockmap {
     /// Pairs `client` with `backend`: from now on the kernel moves their bytes. Dropping the
     /// pair takes them out again.
     pub fn join<'a>(&'a self, client: &TcpStream, backend: &TcpStream) -> io::Result<Pair<'a>> {
-        let cookies = [cookie(client)?, cookie(backend)?];
+        let cookies = [cookie(client.as_fd())?, cookie(backend.as_fd())?];
         let mut pair = Pair {
             map: self,
             cookies,
             joined: 0,
             // What each destination had before the kernel wrote to it: up goes to the backend.
-            base: [written(backend)?, written(client)?],
+            base: [
+                tcp_bytes_written(backend.as_fd())?,
+                tcp_bytes_written(client.as_fd())?,
+            ],
         };
         for (i, direction) in [UP, DOWN].into_iter().enumerate() {
             let peer = Peer {
@@ -393,13 +185,9 @@ impl Sockmap {
                 direction,
                 ..Peer::default()
             };
-            update(
-                &self.peers,
-                (&cookies[i] as *const u64).cast(),
-                (&peer as *const Peer).cast(),
-                BPF_NOEXIST,
-            )
-            .map_err(|e| annotate(e, "adding to the BPF peers map"))?;
+            self.peers
+                .update(&cookies[i], &peer, BPF_NOEXIST)
+                .map_err(|e| annotate(e, "adding to the BPF peers map"))?;
             pair.joined += 1;
         }
         // Sockets in last: a chunk is only redirected once both are in (before that, the
@@ -408,19 +196,14 @@ impl Sockmap {
             (backend.as_raw_fd(), &cookies[1]),
             (client.as_raw_fd(), &cookies[0]),
         ] {
-            let value = fd as u32;
-            update(
-                &self.sockets,
-                (key as *const u64).cast(),
-                (&value as *const u32).cast(),
-                BPF_ANY,
-            )
-            .map_err(|e| annotate(e, "adding to the BPF socket map"))?;
+            self.sockets
+                .update(key, &(fd as u32), BPF_ANY)
+                .map_err(|e| annotate(e, "adding to the BPF socket map"))?;
         }
         // Data that arrived before the socket was in the map waits in its receive queue until
         // the next arrival: let the program take it now.
-        poke(backend.as_raw_fd());
-        poke(client.as_raw_fd());
+        poke(backend);
+        poke(client);
         Ok(pair)
     }
 }
@@ -438,14 +221,8 @@ pub struct Pair<'a> {
 impl Pair<'_> {
     /// Bytes the kernel redirected from the client ([`UP`]) or the backend ([`DOWN`]).
     pub fn redirected(&self, direction: u32) -> u64 {
-        let mut peer = Peer::default();
-        let key = self.cookies[direction as usize];
-        match lookup(
-            &self.map.peers,
-            (&key as *const u64).cast(),
-            (&mut peer as *mut Peer).cast(),
-        ) {
-            Ok(()) => peer.bytes,
+        match self.map.peers.lookup(&self.cookies[direction as usize]) {
+            Ok(peer) => peer.bytes,
             Err(_) => 0,
         }
     }
@@ -454,39 +231,16 @@ impl Pair<'_> {
 impl Drop for Pair<'_> {
     fn drop(&mut self) {
         for key in &self.cookies[..self.joined] {
-            delete(&self.map.peers, (key as *const u64).cast());
+            self.map.peers.delete(key);
         }
         for key in &self.cookies {
-            delete(&self.map.sockets, (key as *const u64).cast());
+            self.map.sockets.delete(key);
         }
     }
 }
 
-/// Bytes written into `socket` so far: acknowledged by the peer plus still in the send queue.
-fn written(socket: &TcpStream) -> io::Result<u64> {
-    let fd = socket.as_raw_fd();
-    // SAFETY: `tcp_info` is plain integers, for which all zeroes is a valid value.
-    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
-    // SAFETY: `info` and `len` describe a `tcp_info` buffer valid for writing.
-    let r = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            (&mut info as *mut libc::tcp_info).cast(),
-            &mut len,
-        )
-    };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let mut queued: libc::c_int = 0;
-    // SAFETY: SIOCOUTQ writes one int.
-    if unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut queued) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(info.tcpi_bytes_acked + queued.max(0) as u64)
+fn annotate(e: io::Error, what: &str) -> io::Error {
+    io::Error::new(e.kind(), format!("{what}: {e}"))
 }
 
 /// How often a direction lets the program take bytes it has not taken yet, 1 ms apart, before
@@ -495,18 +249,8 @@ const STALE_WAITS: u32 = 100;
 
 /// Runs the socket's data-ready callback (the program's, once paired) over what waits in its
 /// receive queue: setting `SO_RCVLOWAT` does that at once.
-fn poke(fd: RawFd) {
-    let one: libc::c_int = 1;
-    // SAFETY: a valid int option of a socket we hold.
-    unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_RCVLOWAT,
-            (&one as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        );
-    }
+fn poke(socket: &TcpStream) {
+    let _ = set_rcvlowat(socket.as_fd(), 1);
 }
 
 /// Reads what is readable in `src` and writes all of it to `dst`; the count.
@@ -573,7 +317,7 @@ async fn one_way(
                 // Let the program take them (in order with what follows) rather than copy them
                 // here, where they could overtake bytes the kernel is already redirecting.
                 waits += 1;
-                poke(src.as_raw_fd());
+                poke(src);
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
             Ok(_) => {
@@ -592,7 +336,7 @@ async fn one_way(
     let mut last = u64::MAX;
     loop {
         let want = pair.redirected(direction) + copied;
-        let have = written(dst)?.saturating_sub(base);
+        let have = tcp_bytes_written(dst.as_fd())?.saturating_sub(base);
         if have >= want && want == last {
             break;
         }

@@ -1,7 +1,11 @@
-//! The one module with `unsafe`: raw file-descriptor work for the listener handoff.
+//! The one module with `unsafe`: raw file-descriptor and socket work for the listener
+//! handoff, and `bpf(2)` for the kernel data path ([`bpf`]).
 //!
 //! Why `unsafe` is needed here and nowhere else:
-//! - `SO_COOKIE` has no safe wrapper in nix or socket2, so it is read with `libc::getsockopt`.
+//! - `SO_COOKIE` has no safe wrapper in nix or socket2, so it is read with `libc::getsockopt`;
+//!   likewise `TCP_INFO`, `SIOCOUTQ` and `SO_RCVLOWAT` for the kernel data path.
+//! - `bpf(2)` has no wrapper at all: the kernel reads and writes memory at addresses passed
+//!   inside its argument ([`bpf`] says how that is kept sound).
 //! - File descriptors received with `SCM_RIGHTS` arrive as raw integers; turning them into
 //!   `OwnedFd` (so they are closed exactly once) is `unsafe` by nature. It is done immediately
 //!   on receipt, for every descriptor, before anything can fail — also when the control message
@@ -23,6 +27,8 @@ use nix::sys::socket::{
     getsockopt, sendmsg, sockopt, ControlMessage, MsgFlags, SockType, UnixCredentials,
 };
 
+pub mod bpf;
+
 /// `SO_COOKIE` (Linux 4.13+): a 64-bit identity unique to one socket for the boot.
 const SO_COOKIE: libc::c_int = 57;
 
@@ -36,8 +42,8 @@ pub struct SocketIdentity {
     pub inode: u64,
 }
 
-/// Reads the identity of a socket.
-pub fn identity(fd: BorrowedFd<'_>) -> io::Result<SocketIdentity> {
+/// Reads a socket's cookie (`SO_COOKIE`): the kernel's number for it, unique for the boot.
+pub fn cookie(fd: BorrowedFd<'_>) -> io::Result<u64> {
     let mut cookie: u64 = 0;
     let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
     // SAFETY: `fd` is a valid open descriptor for the borrow; `cookie` and `len` are valid for
@@ -54,6 +60,12 @@ pub fn identity(fd: BorrowedFd<'_>) -> io::Result<SocketIdentity> {
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
+    Ok(cookie)
+}
+
+/// Reads the identity of a socket.
+pub fn identity(fd: BorrowedFd<'_>) -> io::Result<SocketIdentity> {
+    let cookie = cookie(fd)?;
     let stat = nix::sys::stat::fstat(fd.as_raw_fd())?;
     Ok(SocketIdentity {
         cookie,
@@ -273,6 +285,54 @@ pub fn take_fd_of(pid: u32, fd: RawFd) -> io::Result<OwnedFd> {
     }
     // SAFETY: as above, a fresh descriptor owned by nothing else.
     Ok(unsafe { OwnedFd::from_raw_fd(taken as RawFd) })
+}
+
+/// Bytes written into a TCP socket so far: acknowledged by the peer (`tcpi_bytes_acked`) plus
+/// still in the send queue (`SIOCOUTQ`).
+pub fn tcp_bytes_written(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    let raw = fd.as_raw_fd();
+    // SAFETY: `tcp_info` is plain integers, for which all zeroes is a valid value.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: `info` and `len` describe a `tcp_info` buffer valid for writing; the kernel
+    // writes at most `len` bytes.
+    let r = unsafe {
+        libc::getsockopt(
+            raw,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut queued: libc::c_int = 0;
+    // SAFETY: SIOCOUTQ writes one int.
+    if unsafe { libc::ioctl(raw, libc::TIOCOUTQ, &mut queued) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(info.tcpi_bytes_acked + queued.max(0) as u64)
+}
+
+/// Sets `SO_RCVLOWAT`. Setting it also runs the socket's data-ready callback over what waits
+/// in its receive queue (the kernel data path uses that to let its program take such data).
+pub fn set_rcvlowat(fd: BorrowedFd<'_>, bytes: libc::c_int) -> io::Result<()> {
+    // SAFETY: a valid int option of a descriptor valid for the borrow.
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVLOWAT,
+            (&bytes as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Reads `net.ipv4.tcp_migrate_req`; `None` when the kernel has no such sysctl.
