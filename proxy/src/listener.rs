@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
+use tokio::runtime::Handle;
 use tokio::sync::{watch, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -223,7 +224,16 @@ impl Listeners {
         self.limit.clone().try_acquire_owned().ok()
     }
 
-    /// Carries on a connection handed over by the predecessor of an in-place upgrade.
+    /// The runtime for the next connection taken over from the predecessor of an in-place
+    /// upgrade: spread over the worker threads as accepted connections are (the sockets must
+    /// be registered with its reactor, under [`Handle::enter`], before
+    /// [`Listeners::resume_connection`] runs them there).
+    pub fn connection_runtime(&self) -> Handle {
+        self.placement.next()
+    }
+
+    /// Carries on a connection handed over by the predecessor of an in-place upgrade, on
+    /// `runtime` (whose reactor its sockets are registered with).
     pub fn resume_connection(
         &self,
         client: TcpStream,
@@ -231,12 +241,16 @@ impl Listeners {
         client_addr: ClientAddr,
         pending: crate::copy::Pending,
         slot: tokio::sync::OwnedSemaphorePermit,
+        runtime: &Handle,
     ) {
         let ctx = self.ctx.clone();
-        self.connections.spawn(async move {
-            forward::resume(client, upstream, client_addr, pending, ctx).await;
-            drop(slot);
-        });
+        self.connections.spawn_on(
+            async move {
+                forward::resume(client, upstream, client_addr, pending, ctx).await;
+                drop(slot);
+            },
+            runtime,
+        );
     }
 
     /// Duplicates of every held socket, for sending to a peer.

@@ -2,9 +2,10 @@
 //! running its own current-thread tokio runtime, and one `SO_REUSEPORT` listening socket of the
 //! group per thread (HAProxy's and Envoy's model). The kernel spreads new connections over the
 //! sockets of the group; a connection is accepted, carried and closed on the thread of its
-//! socket, so no task moves between threads and no wake-up crosses them. The control plane
-//! (health checks, admin, handoff, and the connections taken over at an in-place upgrade) stays
-//! on the main runtime.
+//! socket, so no task moves between threads and no wake-up crosses them. Connections taken
+//! over at an in-place upgrade are dealt round-robin over the threads (listener.rs,
+//! `connection_runtime`). The control plane (health checks, admin, handoff) stays on the main
+//! runtime.
 //!
 //! With `--runtime shared` there are no such threads: accept loops and connections run on the
 //! one multi-threaded runtime, which steals work between its threads.

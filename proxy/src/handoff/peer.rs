@@ -192,6 +192,7 @@ struct Taken {
         crate::addr::ClientAddr,
         crate::copy::Pending,
         tokio::sync::OwnedSemaphorePermit,
+        tokio::runtime::Handle,
     )>,
     offered: usize,
 }
@@ -254,9 +255,13 @@ fn take_connections(
         let Ok(identity) = sys::identity(client.as_fd()) else {
             continue;
         };
+        // Registered with the reactor of the runtime that will carry it (a worker thread's,
+        // with a runtime per thread), as accepted connections are.
+        let runtime = handoff.listeners.connection_runtime();
         let stream = |fd: std::os::fd::OwnedFd| {
             let s = std::net::TcpStream::from(fd);
             s.set_nonblocking(true)?;
+            let _entered = runtime.enter();
             tokio::net::TcpStream::from_std(s)
         };
         let (Ok(client), Ok(upstream)) = (stream(client), stream(backend)) else {
@@ -269,6 +274,7 @@ fn take_connections(
             crate::addr::ClientAddr(peer),
             crate::copy::Pending { up, down },
             slot,
+            runtime,
         ));
     }
     Ok(taken)
@@ -297,8 +303,8 @@ fn commit_connections(handoff: &Handoff, stream: UnixStream, taken: Taken, pid: 
         }
         let n = taken.conns.len();
         let clients: Vec<String> = taken.conns.iter().map(|c| c.2.to_string()).collect();
-        for (client, upstream, addr, pending, slot) in taken.conns {
-            listeners.resume_connection(client, upstream, addr, pending, slot);
+        for (client, upstream, addr, pending, slot, runtime) in taken.conns {
+            listeners.resume_connection(client, upstream, addr, pending, slot, &runtime);
         }
         metrics.handoff("connections_received", "ok");
         // One line per batch (at most 32 connections), naming what we now own.

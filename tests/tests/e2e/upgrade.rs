@@ -293,6 +293,93 @@ async fn upgrade_hands_over_established_connections() -> Result<()> {
     Ok(())
 }
 
+/// CPU time (utime + stime, in clock ticks) of each thread of `pid`, by thread name.
+fn thread_cpu(pid: u32) -> Result<Vec<(String, u64)>> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let dir = task?.path();
+        let (Ok(comm), Ok(stat)) = (
+            std::fs::read_to_string(dir.join("comm")),
+            std::fs::read_to_string(dir.join("stat")),
+        ) else {
+            continue; // the thread ended meanwhile
+        };
+        // After the command name in parentheses: state is field 3, utime 14, stime 15.
+        let rest = stat.rsplit_once(')').context("stat without comm")?.1;
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ticks = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
+        out.push((comm.trim().to_owned(), ticks));
+    }
+    Ok(out)
+}
+
+/// With a runtime per worker thread (the default), connections taken over at an in-place
+/// upgrade are carried by the worker threads, like accepted ones, not by the main thread,
+/// which also runs the health checks, admin and handoff.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn taken_over_connections_run_on_the_worker_threads() -> Result<()> {
+    let backend = FakeApiserver::tcp_echo().start().await?;
+    let listen = free_random_loopback_addr()?;
+    let up = Upgradable::start(listen, backend.addr(), |b| {
+        b.drain_timeout(Duration::from_secs(120))
+            .arg("--worker-threads")
+            .arg("2")
+            // Through user space: more CPU per byte to tell the threads apart by.
+            .arg("--copy-mode")
+            .arg("buffered")
+    })
+    .await?;
+    let admin = up.first.admin_addr();
+    // Bulk streams only (64 KiB every 10 ms each): the successor's CPU goes to carrying them.
+    let streams = Streams::start(listen, 8, Duration::from_millis(10), |_| 8192).await?;
+    let first = up.first.pid();
+    let next = upgrade(first, admin).await?;
+    let _guard = PidGuard(next);
+    wait_gone(first)
+        .await
+        .context("old instance kept connections")?;
+    ensure!(streams.failed() == 0, "a stream failed at the upgrade");
+    // No new connection from now on: every byte the successor moves is a taken-over one's.
+    let before = thread_cpu(next)?;
+    let words = streams.words();
+    eventually(UPGRADE_DEADLINE, || async {
+        ensure!(
+            streams.words() > words + 20_000_000,
+            "streams moved {} words",
+            streams.words() - words
+        );
+        Ok(())
+    })
+    .await?;
+    let after = thread_cpu(next)?;
+    let report = streams.stop().await;
+    ensure!(report.failures.is_empty(), "{:?}", report.failures);
+    let spent = |name: &dyn Fn(&str) -> bool| -> u64 {
+        let sum = |v: &[(String, u64)]| -> u64 {
+            v.iter().filter(|(n, _)| name(n)).map(|(_, t)| *t).sum()
+        };
+        sum(&after) - sum(&before)
+    };
+    let workers = spent(&|n| n.starts_with("worker-"));
+    let (w0, w1) = (spent(&|n| n == "worker-0"), spent(&|n| n == "worker-1"));
+    let others = spent(&|n| !n.starts_with("worker-"));
+    println!("successor CPU while carrying taken-over streams: worker threads {workers} ticks ({w0} + {w1}), other threads {others} ticks");
+    let log = up.first.stderr();
+    ensure!(
+        log.contains("established connections handed over"),
+        "the upgrade handed connections over"
+    );
+    ensure!(
+        workers > others,
+        "taken-over connections are carried by the worker threads: {workers} ticks there, {others} on the others"
+    );
+    ensure!(
+        w0 > 0 && w1 > 0,
+        "taken-over connections are spread over both worker threads: {w0} and {w1} ticks"
+    );
+    Ok(())
+}
+
 /// Upgrades in the proof below (the count the design asks of CI); `KAP_TEST_UPGRADES`
 /// overrides.
 const UPGRADES: usize = 100;
