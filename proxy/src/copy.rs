@@ -25,6 +25,7 @@
 use std::cell::RefCell;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use nix::fcntl::{splice, OFlag, SpliceFFlags};
@@ -141,8 +142,20 @@ pub async fn bidirectional(
     turn: Option<Turn>,
     pause: &Control,
 ) -> io::Result<Copied> {
-    let upstream = one_way(client, backend, mode, counters.0, pending.up, None, pause);
-    let downstream = one_way(backend, client, mode, counters.1, pending.down, turn, pause);
+    let ended = AtomicBool::new(false);
+    let upstream = one_way(
+        client, backend, mode, counters.0, pending.up, None, pause, &ended,
+    );
+    let downstream = one_way(
+        backend,
+        client,
+        mode,
+        counters.1,
+        pending.down,
+        turn,
+        pause,
+        &ended,
+    );
     match tokio::try_join!(upstream, downstream)? {
         (None, None) => Ok(Copied::Done),
         (up, down) => Ok(Copied::Paused(Pending {
@@ -183,9 +196,16 @@ async fn ready_unless_parked(
     .await
 }
 
-/// One direction — `initial` bytes first — until EOF (then shuts down the write half of
-/// `dst`; `None`) or until parked (`Some`: the bytes read but not written). `turn` is given
-/// back once `src` is first readable (pace.rs: the backend answered).
+/// One direction — `initial` bytes first — until EOF (`None`) or until parked (`Some`: the
+/// bytes read but not written). `turn` is given back once `src` is first readable (pace.rs:
+/// the backend answered).
+///
+/// At EOF the write half of `dst` is shut down, so the half-close reaches the other peer while
+/// the other direction goes on — unless the other direction has ended already (`ended`): then
+/// the copy returns at once and the caller's close of both sockets sends that FIN, which saves
+/// a system call per connection. (Closing a socket sends a FIN, not a reset, when everything it
+/// received was read: here it was, up to its EOF.)
+#[allow(clippy::too_many_arguments)]
 async fn one_way(
     src: &TcpStream,
     dst: &TcpStream,
@@ -194,6 +214,7 @@ async fn one_way(
     initial: Vec<u8>,
     mut turn: Option<Turn>,
     pause: &Control,
+    ended: &AtomicBool,
 ) -> io::Result<Option<Vec<u8>>> {
     if !initial.is_empty() {
         if let Some(rest) = write_all(dst, &initial, pause).await? {
@@ -221,9 +242,11 @@ async fn one_way(
         };
         match burst {
             Burst::Eof => {
-                socket2::SockRef::from(dst)
-                    .shutdown(std::net::Shutdown::Write)
-                    .or_else(ignore_not_connected)?;
+                if !ended.swap(true, Ordering::Relaxed) {
+                    socket2::SockRef::from(dst)
+                        .shutdown(std::net::Shutdown::Write)
+                        .or_else(ignore_not_connected)?;
+                }
                 return Ok(None);
             }
             Burst::Paused(rest) => return Ok(Some(rest)),
