@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use socket2::{Domain, SockRef, Socket, TcpKeepalive, Type};
+use tokio::io::Interest;
 use tokio::net::TcpStream;
 
 /// Idle time before the first keepalive probe.
@@ -75,11 +76,32 @@ pub fn bind_reuseport(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
 }
 
 /// Connects to `addr` within `timeout`.
+///
+/// The outcome is read from the readiness the event loop reports: a connect that succeeded
+/// makes the socket writable; one that failed also reports an error (`EPOLLERR`), and only
+/// then is the error read (`SO_ERROR`). Tokio's `TcpStream::connect` reads `SO_ERROR` after
+/// every connect: one system call per connection more.
 pub async fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
-    match tokio::time::timeout(timeout, TcpStream::connect(addr)).await {
-        Ok(result) => result,
-        Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "connect timed out")),
+    let socket = Socket::new(
+        Domain::for_address(addr),
+        Type::STREAM.nonblocking().cloexec(),
+        None,
+    )?;
+    match socket.connect(&addr.into()) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+        Err(e) => return Err(e),
     }
+    let stream = TcpStream::from_std(socket.into())?;
+    let ready = tokio::time::timeout(timeout, stream.ready(Interest::WRITABLE | Interest::ERROR))
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
+    if ready.is_error() || ready.is_write_closed() {
+        return Err(stream.take_error()?.unwrap_or_else(|| {
+            io::Error::new(io::ErrorKind::ConnectionAborted, "connect failed")
+        }));
+    }
+    Ok(stream)
 }
 
 /// True when an error means this process is out of descriptors or memory: not the peer's fault.
@@ -88,4 +110,36 @@ pub fn is_local_exhaustion(e: &io::Error) -> bool {
         e.raw_os_error(),
         Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The outcome read from the readiness: connected, refused (the kernel's own error), or no
+    /// answer within the timeout.
+    #[tokio::test]
+    async fn connect_tells_connected_refused_and_timed_out_apart() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stream = connect(addr, Duration::from_secs(10)).await.unwrap();
+        assert_eq!(stream.peer_addr().unwrap(), addr);
+        drop((stream, listener));
+        let refused = connect(addr, Duration::from_secs(10)).await.unwrap_err();
+        assert_eq!(
+            refused.kind(),
+            io::ErrorKind::ConnectionRefused,
+            "{refused}"
+        );
+
+        // A listener whose accept queue is full drops the handshake: no answer.
+        let full = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        full.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into())
+            .unwrap();
+        full.listen(0).unwrap();
+        let addr = full.local_addr().unwrap().as_socket().unwrap();
+        let _queued = std::net::TcpStream::connect(addr).unwrap();
+        let silent = connect(addr, Duration::from_millis(300)).await.unwrap_err();
+        assert_eq!(silent.kind(), io::ErrorKind::TimedOut, "{silent}");
+    }
 }
