@@ -107,8 +107,12 @@ pub async fn run(
     let placement = match config.runtime {
         RuntimeShape::Shared => Placement::Shared,
         RuntimeShape::PerThread => Placement::PerThread(
-            Workers::start(config.worker_threads.get(), root.child_token())
-                .map_err(RunError::Workers)?,
+            Workers::start(
+                config.worker_threads.get(),
+                root.child_token(),
+                crate::workers::tick_for(config.connect_timeout),
+            )
+            .map_err(RunError::Workers)?,
         ),
     };
     let listeners = Arc::new(Listeners::new(

@@ -11,6 +11,7 @@
 //! one multi-threaded runtime, which steals work between its threads.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use tokio::runtime::Handle;
 use tokio_util::sync::CancellationToken;
@@ -47,9 +48,22 @@ pub struct Workers {
     next: AtomicUsize,
 }
 
+/// How often a worker thread's runtime wakes with nothing to do, for a connect timeout of
+/// `connect_timeout` (see [`Workers::start`]).
+pub fn tick_for(connect_timeout: Duration) -> Duration {
+    (connect_timeout / 2).clamp(Duration::from_millis(10), Duration::from_secs(1))
+}
+
 impl Workers {
     /// Starts `n` threads, each with its own current-thread runtime.
-    pub fn start(n: usize, stop: CancellationToken) -> std::io::Result<Workers> {
+    ///
+    /// Each runtime keeps a timer pending at all times, one that fires every `tick`, shorter
+    /// than the connect timeout ([`tick_for`]). Every new connection starts a connect timeout,
+    /// and tokio wakes its own driver (a write to its eventfd, and one more turn of the event
+    /// loop) whenever a new timer expires before every pending one, or when none is pending:
+    /// without the tick, that was most connections. With it, a connect timeout is never the
+    /// earliest timer, and the thread wakes once a `tick` instead (docs/benchmarks.md).
+    pub fn start(n: usize, stop: CancellationToken, tick: Duration) -> std::io::Result<Workers> {
         let mut handles = Vec::with_capacity(n);
         for i in 0..n {
             let runtime = tokio::runtime::Builder::new_current_thread()
@@ -59,7 +73,19 @@ impl Workers {
             let stop = stop.clone();
             std::thread::Builder::new()
                 .name(format!("worker-{i}"))
-                .spawn(move || runtime.block_on(stop.cancelled()))?;
+                .spawn(move || {
+                    runtime.block_on(async move {
+                        let ticks = async {
+                            loop {
+                                tokio::time::sleep(tick).await;
+                            }
+                        };
+                        tokio::select! {
+                            () = stop.cancelled() => {}
+                            () = ticks => {}
+                        }
+                    })
+                })?;
         }
         Ok(Workers {
             handles,
