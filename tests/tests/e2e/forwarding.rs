@@ -1,5 +1,6 @@
 //! Forwarding: byte-exact both ways at once, TLS with client certificates end to end,
-//! half-close, no idle timeout, `--max-connections`, IPv6 listen addresses.
+//! half-close, no idle timeout, `--max-connections`, IPv6 listen addresses, no self-wake-up per
+//! connection.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -339,5 +340,57 @@ async fn keepalive_user_timeout_and_nodelay_on_both_sides() -> Result<()> {
         );
     }
     client.round_trip(b"inspected").await?;
+    Ok(())
+}
+
+/// Writes to the proxy's event-loop eventfds so far: each eventfd's counter (`eventfd-count`
+/// in `/proc/PID/fdinfo`; tokio never reads it back, so it counts every wake-up by write).
+fn eventfd_writes(pid: u32) -> Result<u64> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(format!("/proc/{pid}/fd"))? {
+        let entry = entry?;
+        let Ok(target) = std::fs::read_link(entry.path()) else {
+            continue;
+        };
+        if !target.to_string_lossy().contains("eventfd") {
+            continue;
+        }
+        let info = std::fs::read_to_string(format!(
+            "/proc/{pid}/fdinfo/{}",
+            entry.file_name().to_string_lossy()
+        ))?;
+        let count = info
+            .lines()
+            .find_map(|l| l.strip_prefix("eventfd-count:"))
+            .context("fdinfo of an eventfd without eventfd-count")?;
+        total += u64::from_str_radix(count.trim(), 16)?;
+    }
+    Ok(total)
+}
+
+/// A new connection does not make a worker thread wake its own event loop through its
+/// eventfd (a system call, and one more turn of the loop): its connect timeout is never the
+/// runtime's earliest timer, because each worker keeps a tick pending (workers.rs). Without
+/// the tick, each of these one-at-a-time connections cost one such write.
+#[tokio::test]
+async fn new_connections_do_not_wake_the_event_loop_by_eventfd() -> Result<()> {
+    let backend = echo_backend().await?;
+    let listen = listen_addr()?;
+    let proxy = serving(tcp_proxy(listen, &[&backend]).fast_health()).await?;
+    connect_echo(listen).await?;
+    const CONNECTIONS: u64 = 300;
+    let before = eventfd_writes(proxy.pid())?;
+    for _ in 0..CONNECTIONS {
+        let mut client = TcpClient::connect(listen).await?;
+        client.round_trip(b"hello").await?;
+    }
+    let writes = eventfd_writes(proxy.pid())? - before;
+    println!("{CONNECTIONS} connections, {writes} eventfd writes");
+    // Without the tick: one write per connection. With it: the ticks' own and the main
+    // runtime's (health checks), a few per second; a third leaves room for a slow machine.
+    ensure!(
+        writes < CONNECTIONS / 3,
+        "{writes} eventfd writes for {CONNECTIONS} connections made one at a time"
+    );
     Ok(())
 }
