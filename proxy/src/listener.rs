@@ -85,6 +85,21 @@ pub struct Listeners {
     accept_loops: TaskTracker,
 }
 
+/// A connection taken over from the predecessor of an in-place upgrade, verified and ready to
+/// resume.
+pub struct TakenConnection {
+    pub client: TcpStream,
+    pub upstream: TcpStream,
+    pub client_addr: ClientAddr,
+    /// Bytes the predecessor had read but not written, written first.
+    pub pending: crate::copy::Pending,
+    /// Its `--max-connections` slot.
+    pub slot: tokio::sync::OwnedSemaphorePermit,
+    /// The runtime whose reactor both sockets are registered with
+    /// ([`Listeners::connection_runtime`]), which carries it.
+    pub runtime: Handle,
+}
+
 impl Listeners {
     /// `stop`: the instance's cancellation tree; every accept loop stops with it.
     pub fn new(
@@ -232,24 +247,24 @@ impl Listeners {
         self.placement.next()
     }
 
-    /// Carries on a connection handed over by the predecessor of an in-place upgrade, on
-    /// `runtime` (whose reactor its sockets are registered with).
-    pub fn resume_connection(
-        &self,
-        client: TcpStream,
-        upstream: TcpStream,
-        client_addr: ClientAddr,
-        pending: crate::copy::Pending,
-        slot: tokio::sync::OwnedSemaphorePermit,
-        runtime: &Handle,
-    ) {
+    /// Carries on a connection handed over by the predecessor of an in-place upgrade, on the
+    /// runtime its sockets are registered with.
+    pub fn resume_connection(&self, taken: TakenConnection) {
         let ctx = self.ctx.clone();
+        let TakenConnection {
+            client,
+            upstream,
+            client_addr,
+            pending,
+            slot,
+            runtime,
+        } = taken;
         self.connections.spawn_on(
             async move {
                 forward::resume(client, upstream, client_addr, pending, ctx).await;
                 drop(slot);
             },
-            runtime,
+            &runtime,
         );
     }
 

@@ -18,8 +18,9 @@
 //! proxy as usual.
 //!
 //! The program is 31 BPF instructions, written out below and loaded through
-//! [`crate::sys::bpf`] (the typed `bpf(2)` calls, where the `unsafe` is); loading it needs `CAP_BPF` and `CAP_NET_ADMIN` and a kernel with `CONFIG_BPF_STREAM_PARSER` (5.13 or
-//! newer for the verdict-only attachment). Anything that fails while setting up makes the proxy
+//! [`crate::sys::bpf`] (the typed `bpf(2)` calls, where the `unsafe` is); loading it needs
+//! `CAP_BPF` and `CAP_NET_ADMIN` and a kernel with `CONFIG_BPF_STREAM_PARSER` (5.13 or newer
+//! for the verdict-only attachment). Anything that fails while setting up makes the proxy
 //! fall back to copying in user space ([`Sockmap::open`] errors at start, [`Sockmap::join`]
 //! errors per connection); nothing is lost either way.
 
@@ -31,7 +32,9 @@ use nix::sys::socket::{recv, MsgFlags};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 
-use crate::sys::bpf::{self, Insn, Map, MapKind, BPF_ANY, BPF_F_NO_PREALLOC, BPF_NOEXIST};
+use crate::sys::bpf::{
+    self, annotate, Insn, Map, MapKind, BPF_ANY, BPF_F_NO_PREALLOC, BPF_NOEXIST,
+};
 use crate::sys::{cookie, set_rcvlowat, tcp_bytes_written};
 
 /// Directions, as indices of the per-CPU totals.
@@ -237,10 +240,6 @@ impl Drop for Pair<'_> {
             self.map.sockets.delete(key);
         }
     }
-}
-
-fn annotate(e: io::Error, what: &str) -> io::Error {
-    io::Error::new(e.kind(), format!("{what}: {e}"))
 }
 
 /// How often a direction lets the program take bytes it has not taken yet, 1 ms apart, before

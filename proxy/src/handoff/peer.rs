@@ -8,7 +8,7 @@ use tokio::net::{UnixListener, UnixStream};
 use super::codec::Message;
 use super::{wire, Handoff, EXCHANGE_TIMEOUT};
 use crate::lifecycle::State;
-use crate::listener::HoldError;
+use crate::listener::{HoldError, TakenConnection};
 use crate::sys;
 
 /// Accepts peer connections until the handoff is closed.
@@ -186,14 +186,7 @@ async fn adopt(
 /// Connections verified and ready to resume once the `ack` naming them is written.
 struct Taken {
     cookies: Vec<u64>,
-    conns: Vec<(
-        tokio::net::TcpStream,
-        tokio::net::TcpStream,
-        crate::addr::ClientAddr,
-        crate::copy::Pending,
-        tokio::sync::OwnedSemaphorePermit,
-        tokio::runtime::Handle,
-    )>,
+    conns: Vec<TakenConnection>,
     offered: usize,
 }
 
@@ -268,14 +261,14 @@ fn take_connections(
             continue;
         };
         taken.cookies.push(identity.cookie);
-        taken.conns.push((
+        taken.conns.push(TakenConnection {
             client,
             upstream,
-            crate::addr::ClientAddr(peer),
-            crate::copy::Pending { up, down },
+            client_addr: crate::addr::ClientAddr(peer),
+            pending: crate::copy::Pending { up, down },
             slot,
             runtime,
-        ));
+        });
     }
     Ok(taken)
 }
@@ -302,9 +295,13 @@ fn commit_connections(handoff: &Handoff, stream: UnixStream, taken: Taken, pid: 
             return;
         }
         let n = taken.conns.len();
-        let clients: Vec<String> = taken.conns.iter().map(|c| c.2.to_string()).collect();
-        for (client, upstream, addr, pending, slot, runtime) in taken.conns {
-            listeners.resume_connection(client, upstream, addr, pending, slot, &runtime);
+        let clients: Vec<String> = taken
+            .conns
+            .iter()
+            .map(|c| c.client_addr.to_string())
+            .collect();
+        for conn in taken.conns {
+            listeners.resume_connection(conn);
         }
         metrics.handoff("connections_received", "ok");
         // One line per batch (at most 32 connections), naming what we now own.

@@ -115,7 +115,8 @@ unsafe fn bpf_fd(cmd: libc::c_long, attr: &mut Attr) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
-fn annotate(e: io::Error, what: &str) -> io::Error {
+/// `e`, its message prefixed with what was being done.
+pub fn annotate(e: io::Error, what: &str) -> io::Error {
     io::Error::new(e.kind(), format!("{what}: {e}"))
 }
 

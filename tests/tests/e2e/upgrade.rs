@@ -354,15 +354,15 @@ async fn taken_over_connections_run_on_the_worker_threads() -> Result<()> {
     let after = thread_cpu(next)?;
     let report = streams.stop().await;
     ensure!(report.failures.is_empty(), "{:?}", report.failures);
-    let spent = |name: &dyn Fn(&str) -> bool| -> u64 {
-        let sum = |v: &[(String, u64)]| -> u64 {
-            v.iter().filter(|(n, _)| name(n)).map(|(_, t)| *t).sum()
-        };
+    // CPU ticks spent in the window by the threads whose name passes `on`.
+    let spent = |on: fn(&str) -> bool| -> u64 {
+        let sum =
+            |v: &[(String, u64)]| -> u64 { v.iter().filter(|(n, _)| on(n)).map(|(_, t)| t).sum() };
         sum(&after) - sum(&before)
     };
-    let workers = spent(&|n| n.starts_with("worker-"));
-    let (w0, w1) = (spent(&|n| n == "worker-0"), spent(&|n| n == "worker-1"));
-    let others = spent(&|n| !n.starts_with("worker-"));
+    let (w0, w1) = (spent(|n| n == "worker-0"), spent(|n| n == "worker-1"));
+    let workers = w0 + w1;
+    let others = spent(|n| !n.starts_with("worker-"));
     println!("successor CPU while carrying taken-over streams: worker threads {workers} ticks ({w0} + {w1}), other threads {others} ticks");
     let log = up.first.stderr();
     ensure!(
