@@ -61,6 +61,21 @@ pub enum CheckpointError {
     },
 }
 
+/// Why a GET failed: the apiserver's answer, or no answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ApiError {
+    #[error("{1}")]
+    Status(u16, String),
+    #[error("{0}")]
+    Other(String),
+}
+
+impl From<String> for ApiError {
+    fn from(message: String) -> Self {
+        ApiError::Other(message)
+    }
+}
+
 /// An apiserver and the credentials to read from it.
 #[derive(Clone)]
 pub struct ApiClient {
@@ -144,7 +159,7 @@ impl ApiClient {
     }
 
     /// `GET path` (with query); the JSON body of a 200.
-    pub async fn get_json(&self, path: &str) -> Result<Value, String> {
+    pub async fn get_json(&self, path: &str) -> Result<Value, ApiError> {
         let work = async {
             let addr: SocketAddr = tokio::net::lookup_host((self.host.as_str(), self.port))
                 .await
@@ -182,12 +197,15 @@ impl ApiClient {
                     .to_bytes();
                 if status != hyper::StatusCode::OK {
                     let text = String::from_utf8_lossy(&body);
-                    return Err(format!(
-                        "HTTP {status}: {}",
-                        text.chars().take(200).collect::<String>()
+                    return Err(ApiError::Status(
+                        status.as_u16(),
+                        format!(
+                            "HTTP {status}: {}",
+                            text.chars().take(200).collect::<String>()
+                        ),
                     ));
                 }
-                serde_json::from_slice(&body).map_err(|e| format!("not JSON: {e}"))
+                serde_json::from_slice(&body).map_err(|e| ApiError::Other(format!("not JSON: {e}")))
             }
             .await;
             conn.abort();
@@ -195,7 +213,37 @@ impl ApiClient {
         };
         tokio::time::timeout(REQUEST_TIMEOUT, work)
             .await
-            .map_err(|_| format!("no answer within {REQUEST_TIMEOUT:?}"))?
+            .map_err(|_| ApiError::Other(format!("no answer within {REQUEST_TIMEOUT:?}")))?
+    }
+}
+
+/// The workload whose pods may become the checkpoint (`recover --workload`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Workload {
+    /// Its pods are owned by a ReplicaSet that this Deployment owns.
+    Deployment(String),
+    /// Its pods are owned by this DaemonSet.
+    DaemonSet(String),
+}
+
+impl std::str::FromStr for Workload {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.split_once('/') {
+            Some(("deployment", name)) if !name.is_empty() => Ok(Workload::Deployment(name.into())),
+            Some(("daemonset", name)) if !name.is_empty() => Ok(Workload::DaemonSet(name.into())),
+            _ => Err(format!("{s:?} is not deployment/NAME or daemonset/NAME")),
+        }
+    }
+}
+
+impl std::fmt::Display for Workload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Workload::Deployment(n) => write!(f, "deployment/{n}"),
+            Workload::DaemonSet(n) => write!(f, "daemonset/{n}"),
+        }
     }
 }
 
@@ -208,13 +256,19 @@ pub struct WriterConfig {
     pub namespace: String,
     /// Label selector of the Deployment's pods.
     pub selector: String,
+    /// The workload a pod must belong to (through its owner references) to be written.
+    pub workload: Workload,
     /// This node's name (pods bound to it).
     pub node: String,
     /// How long a pod must have been Ready without a break.
     pub after: Duration,
     /// Given to the recovery instance's proxy as `--retire-file`.
     pub retire_file: String,
-    pub api: ApiClient,
+    /// The node's kubeconfig, read again at every attempt: the kubelet rotates the client
+    /// certificate it names.
+    pub kubeconfig: PathBuf,
+    /// What a checkpoint may hold: the rules `recover` applies again at boot.
+    pub policy: staticpod::Policy,
 }
 
 /// What an attempt came to.
@@ -224,8 +278,13 @@ pub enum Outcome {
     Written(String),
     /// No pod qualifies yet.
     NoCandidate,
+    /// The checkpoint is of this pod already: it is current.
+    Current,
     /// The checkpoint is kept as it is (why).
     Kept(&'static str),
+    /// The pod that qualifies would be refused at boot, or does not belong to the workload:
+    /// not written, the checkpoint kept.
+    Refused { pod: String, reason: String },
 }
 
 /// Whether a checkpoint of `existing` may be replaced by one of `ours`.
@@ -269,21 +328,106 @@ pub fn choose(pods: &[Value], now: SystemTime, after: Duration) -> Option<&Value
         })
 }
 
-/// One attempt: list the Deployment's pods on this node, choose, compare, write.
+/// The controller owner reference of `object` (kind, name, uid), if it has one.
+pub fn controller_of(object: &Value) -> Option<(&str, &str, &str)> {
+    object["metadata"]["ownerReferences"]
+        .as_array()?
+        .iter()
+        .find(|r| r["controller"] == true)
+        .and_then(|r| Some((r["kind"].as_str()?, r["name"].as_str()?, r["uid"].as_str()?)))
+}
+
+/// Follows `pod`'s controller owner references up to `workload`, reading each owner from the
+/// API and comparing uids: `Ok(Err(why))` when the chain does not lead there.
+async fn owned_by(
+    api: &ApiClient,
+    namespace: &str,
+    pod: &Value,
+    workload: &Workload,
+) -> Result<Result<(), String>, CheckpointError> {
+    let get = |path: String| async move {
+        match api.get_json(&path).await {
+            Ok(v) => Ok(Ok(v)),
+            Err(ApiError::Status(404, _)) => Ok(Err(format!("{path} does not exist"))),
+            Err(e) => Err(CheckpointError::Api {
+                path,
+                message: e.to_string(),
+            }),
+        }
+    };
+    let (want_kind, name) = match workload {
+        Workload::Deployment(n) => ("ReplicaSet", n),
+        Workload::DaemonSet(n) => ("DaemonSet", n),
+    };
+    let Some((kind, owner, uid)) = controller_of(pod) else {
+        return Ok(Err(format!(
+            "it has no controller owner reference (not made by {workload})"
+        )));
+    };
+    if kind != want_kind {
+        return Ok(Err(format!(
+            "its controller is {kind} {owner}, not a {want_kind} of {workload}"
+        )));
+    }
+    let apps = format!("/apis/apps/v1/namespaces/{namespace}");
+    let mut path = match workload {
+        Workload::Deployment(_) => format!("{apps}/replicasets/{owner}"),
+        Workload::DaemonSet(_) => format!("{apps}/daemonsets/{owner}"),
+    };
+    let (mut owner, mut uid) = (owner.to_owned(), uid.to_owned());
+    loop {
+        let object = match get(path.clone()).await? {
+            Ok(o) => o,
+            Err(why) => return Ok(Err(why)),
+        };
+        if object["metadata"]["uid"].as_str() != Some(uid.as_str()) {
+            return Ok(Err(format!(
+                "{path} has another uid than the owner reference names ({uid})"
+            )));
+        }
+        if object["kind"] != "ReplicaSet" {
+            // The workload itself.
+            return Ok(if owner == *name {
+                Ok(())
+            } else {
+                Err(format!("its owner is {owner}, not {workload}"))
+            });
+        }
+        match controller_of(&object) {
+            Some(("Deployment", d, u)) if matches!(workload, Workload::Deployment(_)) => {
+                if d != name {
+                    return Ok(Err(format!(
+                        "its ReplicaSet {owner} belongs to deployment/{d}, not {workload}"
+                    )));
+                }
+                path = format!("{apps}/deployments/{d}");
+                (owner, uid) = (d.to_owned(), u.to_owned());
+            }
+            _ => {
+                return Ok(Err(format!(
+                    "its ReplicaSet {owner} is not controlled by {workload}"
+                )))
+            }
+        }
+    }
+}
+
+/// One attempt: list the workload's pods on this node, choose, check, compare, write. The
+/// node's kubeconfig is read afresh: a rotated client certificate is picked up at once.
 pub async fn attempt(config: &WriterConfig, now: SystemTime) -> Result<Outcome, CheckpointError> {
+    let api = ApiClient::from_kubeconfig(&config.kubeconfig)?;
     let path = format!(
         "/api/v1/namespaces/{}/pods?labelSelector={}&fieldSelector={}",
         config.namespace,
         encode(&config.selector),
         encode(&format!("spec.nodeName={}", config.node)),
     );
-    let list = config
-        .api
+    let list = api
         .get_json(&path)
         .await
-        .map_err(|message| CheckpointError::Api {
+        .map_err(|e| CheckpointError::Api {
             path: path.clone(),
-            message,
+            message: e.to_string(),
         })?;
     let items = list["items"].as_array().cloned().unwrap_or_default();
     let Some(pod) = choose(&items, now, config.after) else {
@@ -295,20 +439,48 @@ pub async fn attempt(config: &WriterConfig, now: SystemTime) -> Result<Outcome, 
     })?;
     let file = config.dir.join(FILE);
     let existing = std::fs::read(&file).ok();
-    let existing_origin = existing
+    let existing_value = existing
         .as_deref()
-        .and_then(|b| serde_json::from_slice::<Value>(b).ok())
-        .and_then(|v| Origin::of_checkpoint(&v).ok());
+        .and_then(|b| serde_json::from_slice::<Value>(b).ok());
+    let existing_origin = existing_value
+        .as_ref()
+        .and_then(|v| Origin::of_checkpoint(v).ok());
+    let refused = |reason: String| {
+        Ok(Outcome::Refused {
+            pod: ours.pod.clone(),
+            reason,
+        })
+    };
     if let Err(why) = replaces(existing_origin.as_ref(), &ours) {
-        return Ok(Outcome::Kept(why));
+        // Kept: it must still pass the rules of the boot (they may have changed since it was
+        // written), or the reboot would find nothing to activate.
+        if let Some(Err(e)) = existing_value
+            .as_ref()
+            .map(|v| staticpod::validate(v, &config.policy))
+        {
+            return refused(format!(
+                "the checkpoint in {} would be refused at boot: {e}",
+                config.dir.display()
+            ));
+        }
+        return Ok(if existing_origin.is_some_and(|e| e.uid == ours.uid) {
+            Outcome::Current
+        } else {
+            Outcome::Kept(why)
+        });
+    }
+    if let Err(why) = owned_by(&api, &config.namespace, pod, &config.workload).await? {
+        return refused(why);
     }
     let stamp = humantime::format_rfc3339_seconds(now).to_string();
-    let checkpoint = staticpod::from_pod(pod, &config.retire_file, &stamp).map_err(|source| {
-        CheckpointError::Unusable {
-            pod: ours.pod.clone(),
-            source,
-        }
-    })?;
+    let checkpoint = match staticpod::from_pod(pod, &config.retire_file, &stamp) {
+        Ok(c) => c,
+        Err(e) => return refused(e.to_string()),
+    };
+    // The rules of the activation at boot, now, while there is an API to report to.
+    if let Err(e) = staticpod::validate(&checkpoint, &config.policy) {
+        return refused(format!("it would be refused at boot: {e}"));
+    }
     let mut text = serde_json::to_vec_pretty(&checkpoint).expect("JSON value serializes");
     text.push(b'\n');
     store(&config.dir, existing.as_deref(), &text).map_err(|source| CheckpointError::File {
@@ -316,6 +488,12 @@ pub async fn attempt(config: &WriterConfig, now: SystemTime) -> Result<Outcome, 
         source,
     })?;
     Ok(Outcome::Written(ours.pod))
+}
+
+/// When the checkpoint in `dir` was written (its annotation), if there is a readable one.
+pub fn written_at(dir: &Path) -> Option<SystemTime> {
+    let v: Value = serde_json::from_slice(&std::fs::read(dir.join(FILE)).ok()?).ok()?;
+    humantime::parse_rfc3339(v["metadata"]["annotations"][staticpod::AT].as_str()?).ok()
 }
 
 /// Percent-encodes a query value.

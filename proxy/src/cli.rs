@@ -161,10 +161,33 @@ pub struct RecoverArgs {
     )]
     pub boot_marker: PathBuf,
 
-    /// Host path a checkpoint may mount (repeatable; default: kubeadm's certificate
-    /// directories, /run/kube-apiserver-proxy and /var/lib/kube-apiserver-proxy).
+    /// The workload whose pods may become the checkpoint: deployment/NAME or daemonset/NAME in
+    /// --namespace. A pod is written only if its controller owner references lead there (read
+    /// from the API: the node's identity needs `get` on them, manifests/recovery).
+    #[arg(
+        long,
+        value_name = "KIND/NAME",
+        default_value = "deployment/kube-apiserver"
+    )]
+    pub workload: String,
+
+    /// A further host path a checkpoint may mount, ADDED to the defaults (repeatable): kubeadm's
+    /// certificate directories (/etc/kubernetes/pki, /etc/ssl/certs, /etc/ca-certificates,
+    /// /etc/pki, /usr/share/ca-certificates, /usr/local/share/ca-certificates) and
+    /// /run/kube-apiserver-proxy. Never allowed, whatever is given here: the checkpoint
+    /// directory, the static pod directory, and any directory above either.
     #[arg(long = "allow-host-path", value_name = "PATH")]
     pub allow_host_path: Vec<String>,
+
+    /// A further image repository a checkpoint's containers may run (repeatable, without tag),
+    /// ADDED to the default registry.k8s.io/kube-apiserver: give the proxy's repository, and
+    /// your mirror's. An entry ending in / allows every repository below it.
+    #[arg(long = "allow-image-repository", value_name = "REPOSITORY")]
+    pub allow_image_repository: Vec<String>,
+
+    /// Serve the agent's metrics (checkpoint age and refusals) on ADDR at /metrics.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<String>,
 
     /// How often the retire file is looked for.
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]

@@ -43,6 +43,21 @@ pub const PIPES_POOLED: &str = "splice_pipes_pooled";
 pub const RETIRE_REQUESTS: &str = "retire_requests_total";
 pub const SOCKMAP_ACTIVE: &str = "sockmap_active";
 pub const SOCKMAP_CONNECTIONS: &str = "sockmap_connections_total";
+pub const CHECKPOINT_ATTEMPTS: &str = "checkpoint_attempts_total";
+pub const CHECKPOINT_REFUSED: &str = "checkpoint_refused";
+pub const CHECKPOINT_WRITTEN: &str = "checkpoint_written_timestamp_seconds";
+pub const CHECKPOINT_VERIFIED: &str = "checkpoint_verified_timestamp_seconds";
+pub const CHECKPOINT_ACTIVE: &str = "checkpoint_active";
+
+/// The `result` label values of `checkpoint_attempts_total`.
+pub const CHECKPOINT_RESULTS: [&str; 6] = [
+    "written",
+    "current",
+    "kept",
+    "no_candidate",
+    "refused",
+    "error",
+];
 
 /// The `result` label values of `health_checks_total`, one series each per backend.
 const CHECK_RESULTS: [&str; 5] = ["ok", "not_ready", "failed", "refused", "skipped"];
@@ -486,6 +501,63 @@ impl Metrics {
     /// Counts a handoff event.
     pub fn handoff(&self, direction: &str, result: &str) {
         self.handoffs.with_label_values(&[direction, result]).inc();
+    }
+}
+
+/// The metrics of the `recover` node agent (its own registry and `--metrics-listen`).
+#[derive(Clone)]
+pub struct CheckpointMetrics {
+    /// Attempts to write the checkpoint, by `result` ([`CHECKPOINT_RESULTS`]).
+    pub attempts: IntCounterVec,
+    /// 1 while the pod that would be the checkpoint (or the checkpoint kept) fails the rules
+    /// of the boot: a reboot now would not bring back the current apiserver.
+    pub refused: IntGauge,
+    /// When the checkpoint on disk was written (Unix seconds; 0: none).
+    pub written: IntGauge,
+    /// When the checkpoint was last found to be of the pod the writer would choose now, and to
+    /// pass the rules of the boot (Unix seconds; 0: not yet since the agent started).
+    pub verified: IntGauge,
+    /// 1 while the checkpoint is active in the static pod directory (a recovery instance runs).
+    pub active: IntGauge,
+}
+
+impl CheckpointMetrics {
+    /// Creates the agent's metrics and registers them on `registry`.
+    pub fn new(registry: &Registry) -> Self {
+        let r = registry;
+        let attempts = register!(
+            r,
+            IntCounterVec::new(
+                opts(
+                    CHECKPOINT_ATTEMPTS,
+                    "Attempts of the recovery agent to write the checkpoint, by result."
+                ),
+                &["result"]
+            )
+        );
+        for result in CHECKPOINT_RESULTS {
+            attempts.with_label_values(&[result]);
+        }
+        let gauge = |name: &str, help: &str| register!(r, IntGauge::with_opts(opts(name, help)));
+        Self {
+            attempts,
+            refused: gauge(
+                CHECKPOINT_REFUSED,
+                "1 while the pod that would become the checkpoint, or the checkpoint kept, fails the rules applied at boot.",
+            ),
+            written: gauge(
+                CHECKPOINT_WRITTEN,
+                "When the checkpoint on disk was written, Unix seconds (0: no checkpoint).",
+            ),
+            verified: gauge(
+                CHECKPOINT_VERIFIED,
+                "When the checkpoint was last found current: of the newest pod ready long enough, passing the rules applied at boot (Unix seconds).",
+            ),
+            active: gauge(
+                CHECKPOINT_ACTIVE,
+                "1 while the checkpoint is active in the kubelet's static pod directory.",
+            ),
+        }
     }
 }
 

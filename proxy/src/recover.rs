@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::cli::RecoverArgs;
+use crate::metrics::CheckpointMetrics;
 use crate::staticpod;
 
 /// Why `recover` cannot start (bad input: exit 2).
@@ -40,6 +41,14 @@ pub enum RecoverError {
     CheckpointTiming,
     #[error("--kubeconfig: {0}")]
     Kubeconfig(String),
+    #[error("--workload: {0}")]
+    Workload(String),
+    #[error("--allow-host-path {0}: not a plain absolute path")]
+    HostPath(String),
+    #[error("--allow-image-repository {0:?}: give a repository without tag or digest")]
+    ImageRepository(String),
+    #[error("--metrics-listen: {0}")]
+    MetricsListen(String),
     #[error("cannot start: {0}")]
     Runtime(std::io::Error),
 }
@@ -61,7 +70,9 @@ pub struct Recover {
     pub retire_file: PathBuf,
     pub boot_marker: PathBuf,
     pub node_address: SocketAddr,
-    pub allow_host_paths: Vec<String>,
+    /// What a checkpoint may hold, at writing and at activation.
+    pub policy: staticpod::Policy,
+    pub metrics_listen: Option<SocketAddr>,
     pub interval: Duration,
 }
 
@@ -82,29 +93,56 @@ impl TryFrom<&RecoverArgs> for Recover {
         if args.checkpoint_interval.is_zero() || args.checkpoint_after.is_zero() {
             return Err(RecoverError::CheckpointTiming);
         }
+        for path in &args.allow_host_path {
+            if staticpod::normalize(path).is_none() {
+                return Err(RecoverError::HostPath(path.clone()));
+            }
+        }
+        for repo in &args.allow_image_repository {
+            if repo.is_empty() || staticpod::image_repository(repo) != repo {
+                return Err(RecoverError::ImageRepository(repo.clone()));
+            }
+        }
+        // A pod that can write the checkpoint or the static pod directory can make any pod a
+        // static pod: no checkpoint may mount either, nor a directory above them.
+        let protected = [&args.checkpoint_dir, &args.static_pod_dir]
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>();
+        let policy = staticpod::Policy::new(
+            &args.allow_host_path,
+            &args.allow_image_repository,
+            &protected,
+        );
+        let workload: crate::checkpoint::Workload =
+            args.workload.parse().map_err(RecoverError::Workload)?;
+        let metrics_listen = args
+            .metrics_listen
+            .as_deref()
+            .map(crate::cli::parse_socket_addr)
+            .transpose()
+            .map_err(RecoverError::MetricsListen)?;
         let writer = match (&args.kubeconfig, &args.node_name) {
-            (Some(kubeconfig), Some(node)) => Some(crate::checkpoint::WriterConfig {
-                dir: args.checkpoint_dir.clone(),
-                namespace: args.namespace.clone(),
-                selector: args.selector.clone(),
-                node: node.clone(),
-                after: args.checkpoint_after,
-                retire_file: args.retire_file.display().to_string(),
-                api: crate::checkpoint::ApiClient::from_kubeconfig(kubeconfig).map_err(|e| {
+            (Some(kubeconfig), Some(node)) => {
+                // Read now to refuse a bad one at start; read again at every attempt.
+                crate::checkpoint::ApiClient::from_kubeconfig(kubeconfig).map_err(|e| {
                     RecoverError::Kubeconfig(
                         e.to_string().trim_start_matches("kubeconfig ").to_string(),
                     )
-                })?,
-            }),
+                })?;
+                Some(crate::checkpoint::WriterConfig {
+                    dir: args.checkpoint_dir.clone(),
+                    namespace: args.namespace.clone(),
+                    selector: args.selector.clone(),
+                    workload,
+                    node: node.clone(),
+                    after: args.checkpoint_after,
+                    retire_file: args.retire_file.display().to_string(),
+                    kubeconfig: kubeconfig.clone(),
+                    policy: policy.clone(),
+                })
+            }
             _ => None,
-        };
-        let allow_host_paths = if args.allow_host_path.is_empty() {
-            staticpod::DEFAULT_HOST_PATHS
-                .iter()
-                .map(|s| s.to_string())
-                .collect()
-        } else {
-            args.allow_host_path.clone()
         };
         Ok(Recover {
             checkpoint: args.checkpoint_dir.join(crate::checkpoint::FILE),
@@ -115,7 +153,8 @@ impl TryFrom<&RecoverArgs> for Recover {
             retire_file: args.retire_file.clone(),
             boot_marker: args.boot_marker.clone(),
             node_address,
-            allow_host_paths,
+            policy,
+            metrics_listen,
             interval: args.interval,
         })
     }
@@ -142,11 +181,27 @@ pub fn run(args: &RecoverArgs) -> Result<(), RecoverError> {
     runtime.block_on(async move {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .map_err(RecoverError::Runtime)?;
-        tracing::info!(checkpoint = %config.checkpoint.display(), static_pod_dir = %config.static_pod_dir.display(), node_address = %config.node_address, "recover: started");
+        let registry = prometheus::Registry::new();
+        let metrics = CheckpointMetrics::new(&registry);
+        let stop = tokio_util::sync::CancellationToken::new();
+        let tasks = tokio_util::task::TaskTracker::new();
+        if let Some(addr) = config.metrics_listen {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| RecoverError::MetricsListen(format!("bind {addr}: {e}")))?;
+            tasks.spawn(serve_metrics(listener, registry, stop.clone(), tasks.clone()));
+        }
+        tracing::info!(checkpoint = %config.checkpoint.display(), static_pod_dir = %config.static_pod_dir.display(), node_address = %config.node_address, metrics_listen = ?config.metrics_listen, "recover: started");
+        metrics
+            .written
+            .set(unix_seconds(crate::checkpoint::written_at(&config.checkpoint_dir)));
         boot(&config).await;
-        let mut writer = Writer::default();
+        let mut writer = Writer::new(metrics.clone());
         let mut next_checkpoint = tokio::time::Instant::now();
         loop {
+            metrics
+                .active
+                .set(i64::from(config.static_pod_dir.join(manifest_name()).exists()));
             tokio::select! {
                 _ = term.recv() => break,
                 _ = tokio::signal::ctrl_c() => break,
@@ -161,8 +216,47 @@ pub fn run(args: &RecoverArgs) -> Result<(), RecoverError> {
             }
         }
         tracing::info!("recover: stopping");
+        stop.cancel();
+        tasks.close();
+        let _ = tokio::time::timeout(Duration::from_secs(1), tasks.wait()).await;
         Ok(())
     })
+}
+
+/// Serves `GET /metrics` of the agent's registry until `stop`.
+async fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    registry: prometheus::Registry,
+    stop: tokio_util::sync::CancellationToken,
+    tasks: tokio_util::task::TaskTracker,
+) {
+    use prometheus::Encoder as _;
+    let handler = move |req: hyper::Request<hyper::body::Incoming>| {
+        let registry = registry.clone();
+        async move {
+            if req.method() != hyper::Method::GET || req.uri().path() != "/metrics" {
+                return crate::admin::text(hyper::StatusCode::NOT_FOUND, "not found\n");
+            }
+            let mut body = Vec::new();
+            let encoder = prometheus::TextEncoder::new();
+            if let Err(e) = encoder.encode(&registry.gather(), &mut body) {
+                return crate::admin::text(
+                    hyper::StatusCode::INTERNAL_SERVER_ERROR,
+                    &format!("{e}\n"),
+                );
+            }
+            hyper::Response::builder()
+                .header(hyper::header::CONTENT_TYPE, encoder.format_type())
+                .body(http_body_util::Full::new(hyper::body::Bytes::from(body)))
+                .expect("valid response")
+        }
+    };
+    crate::admin::serve_with(listener, handler, false, stop, tasks).await;
+}
+
+fn unix_seconds(t: Option<std::time::SystemTime>) -> i64 {
+    t.and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_secs() as i64)
 }
 
 /// The once-per-boot decision; writes the marker.
@@ -210,7 +304,7 @@ async fn decide(config: &Recover) -> Decision {
     };
     let origin = match serde_json::from_slice(&bytes)
         .map_err(|e| staticpod::Unusable(format!("not JSON: {e}")))
-        .and_then(|v| staticpod::validate(&v, &config.allow_host_paths))
+        .and_then(|v| staticpod::validate(&v, &config.policy))
     {
         Ok(o) => o,
         Err(e) => {
@@ -267,37 +361,77 @@ fn remove(path: &Path) {
     }
 }
 
-/// The checkpoint writer's state between attempts: what was last logged.
-#[derive(Default)]
+/// The checkpoint writer's state between attempts: what was last logged, and its metrics.
 struct Writer {
+    metrics: CheckpointMetrics,
     last: Option<String>,
     last_logged: Option<std::time::Instant>,
 }
 
 impl Writer {
-    /// One attempt; logs a change of outcome (an unchanged failure at most every 5 minutes).
+    fn new(metrics: CheckpointMetrics) -> Self {
+        Self {
+            metrics,
+            last: None,
+            last_logged: None,
+        }
+    }
+
+    /// One attempt; counts it, and logs a change of outcome (an unchanged failure or refusal at
+    /// most every 5 minutes).
     async fn attempt(&mut self, config: &crate::checkpoint::WriterConfig) {
         use crate::checkpoint::Outcome;
-        let result = crate::checkpoint::attempt(config, std::time::SystemTime::now()).await;
-        let (text, error) = match &result {
+        let now = std::time::SystemTime::now();
+        let result = crate::checkpoint::attempt(config, now).await;
+        let m = &self.metrics;
+        let label = match &result {
+            Ok(Outcome::Written(_)) => "written",
+            Ok(Outcome::Current) => "current",
+            Ok(Outcome::Kept(_)) => "kept",
+            Ok(Outcome::NoCandidate) => "no_candidate",
+            Ok(Outcome::Refused { .. }) => "refused",
+            Err(_) => "error",
+        };
+        m.attempts.with_label_values(&[label]).inc();
+        match &result {
+            Ok(Outcome::Written(_) | Outcome::Current) => {
+                m.refused.set(0);
+                m.verified.set(unix_seconds(Some(now)));
+            }
+            Ok(Outcome::Refused { .. }) => m.refused.set(1),
+            // The newest pod is not ready long enough yet, or an older one is listed: nothing
+            // new is known about the checkpoint; an error: nothing at all.
+            _ => {}
+        }
+        let (text, warn) = match &result {
             Ok(Outcome::Written(pod)) => {
+                m.written
+                    .set(unix_seconds(crate::checkpoint::written_at(&config.dir)));
                 tracing::info!(pod, file = %config.dir.join(crate::checkpoint::FILE).display(), after = ?config.after, "recover: checkpoint written: this pod was ready without a break for --checkpoint-after, the last known good one");
                 self.last = None;
                 return;
             }
             Ok(Outcome::NoCandidate) => ("no pod ready long enough yet".to_string(), false),
+            Ok(Outcome::Current) => (
+                "checkpoint kept: this pod is already the checkpoint".to_string(),
+                false,
+            ),
             Ok(Outcome::Kept(why)) => (format!("checkpoint kept: {why}"), false),
-            Err(e) => (chain(e), true),
+            Ok(Outcome::Refused { pod, reason }) => (
+                format!("checkpoint refused: pod {pod}: {reason}; the previous checkpoint stays"),
+                true,
+            ),
+            Err(e) => (format!("checkpoint not written: {}", chain(e)), true),
         };
         let changed = self.last.as_deref() != Some(text.as_str());
         let stale = self
             .last_logged
             .is_none_or(|t| t.elapsed() > Duration::from_secs(300));
-        if changed || (error && stale) {
-            if error {
-                tracing::warn!(error = %text, "recover: checkpoint not written");
+        if changed || (warn && stale) {
+            if warn {
+                tracing::warn!("recover: {text}");
             } else {
-                tracing::info!(state = %text, "recover: checkpoint");
+                tracing::info!("recover: {text}");
             }
             self.last = Some(text);
             self.last_logged = Some(std::time::Instant::now());

@@ -286,8 +286,8 @@ fn add_retire_file(c: &mut Map<String, Value>, retire_file: &str) {
     c.insert("args".into(), json!(args));
 }
 
-/// The host paths a checkpoint may mount when `recover` is given none: kubeadm's certificate
-/// directories and the proxy's own node directories.
+/// The host paths a checkpoint may always mount: kubeadm's certificate directories (those its
+/// apiserver mounts) and the proxy's node directory. `recover --allow-host-path` adds to them.
 pub const DEFAULT_HOST_PATHS: &[&str] = &[
     "/etc/kubernetes/pki",
     "/etc/ssl/certs",
@@ -296,14 +296,88 @@ pub const DEFAULT_HOST_PATHS: &[&str] = &[
     "/usr/share/ca-certificates",
     "/usr/local/share/ca-certificates",
     "/run/kube-apiserver-proxy",
-    "/var/lib/kube-apiserver-proxy",
 ];
 
-/// Checks a checkpoint before it is given to the kubelet: a pod named [`NAME`] carrying its
-/// origin, no privileged container, no host PID or IPC namespace, and host paths only under
-/// `allowed` (the checkpoint is written by an unprivileged sidecar; the kubelet runs what is
-/// activated as root).
-pub fn validate(checkpoint: &Value, allowed: &[String]) -> Result<Origin, Unusable> {
+/// The image repositories a checkpoint may always run: kubeadm's kube-apiserver (its default
+/// `imageRepository`). `recover --allow-image-repository` adds to them (the proxy's image, a
+/// mirror).
+pub const DEFAULT_IMAGE_REPOSITORIES: &[&str] = &["registry.k8s.io/kube-apiserver"];
+
+/// What a checkpoint may hold: the rules applied when a pod is written as the checkpoint and
+/// again before it is activated at boot (the kubelet runs what is activated as root, with no
+/// admission in between).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// Host paths a volume may mount (the path itself or anything below it).
+    pub host_paths: Vec<String>,
+    /// Paths no volume may mount, nor anything above or below them, even when allowed: the
+    /// checkpoint directory and the kubelet's static pod directory (a pod that can write either
+    /// can make any pod a static pod).
+    pub protected: Vec<String>,
+    /// Image repositories (`registry/path`, without tag or digest) the containers may run; an
+    /// entry ending in `/` allows every repository below it.
+    pub image_repositories: Vec<String>,
+}
+
+impl Policy {
+    /// The defaults plus `host_paths` and `image_repositories`; `protected` as given.
+    pub fn new(host_paths: &[String], image_repositories: &[String], protected: &[String]) -> Self {
+        let with_defaults = |defaults: &[&str], extra: &[String]| {
+            let mut all: Vec<String> = defaults.iter().map(|s| s.to_string()).collect();
+            for e in extra {
+                if !all.contains(e) {
+                    all.push(e.clone());
+                }
+            }
+            all
+        };
+        Policy {
+            host_paths: with_defaults(DEFAULT_HOST_PATHS, host_paths),
+            protected: protected
+                .iter()
+                .map(|p| normalize(p).unwrap_or(p).to_owned())
+                .collect(),
+            image_repositories: with_defaults(DEFAULT_IMAGE_REPOSITORIES, image_repositories),
+        }
+    }
+}
+
+/// `path` without trailing slashes, if it is absolute and has no empty, `.` or `..` component
+/// (`/` stays `/`).
+pub fn normalize(path: &str) -> Option<&str> {
+    if !path.is_empty() && path.bytes().all(|b| b == b'/') {
+        return Some("/");
+    }
+    let p = path.trim_end_matches('/');
+    let ok = p.starts_with('/')
+        && p[1..]
+            .split('/')
+            .all(|part| !part.is_empty() && part != "." && part != "..");
+    ok.then_some(p)
+}
+
+/// Whether `path` is `dir` or below it (both normalized).
+fn within(path: &str, dir: &str) -> bool {
+    dir == "/" || path == dir || path.starts_with(&format!("{dir}/"))
+}
+
+/// The repository of an image reference: without `@digest` and without `:tag` (a `:` before
+/// the last `/` is a registry's port).
+pub fn image_repository(image: &str) -> &str {
+    let name = image.split('@').next().unwrap_or(image);
+    match name.rfind(':') {
+        Some(i) if !name[i..].contains('/') => &name[..i],
+        _ => name,
+    }
+}
+
+/// Checks a checkpoint against `policy`, when it is written and before it is given to the
+/// kubelet: a pod named [`NAME`] carrying its origin; no host PID or IPC namespace, no
+/// ephemeral container; in every container: not privileged, no added capability, an image
+/// from an allowed repository, a seccomp profile (`RuntimeDefault` or `Localhost`; unset is
+/// `Unconfined` on a kubelet without `seccompDefault`); host paths only under the allowed ones
+/// and never over the protected ones.
+pub fn validate(checkpoint: &Value, policy: &Policy) -> Result<Origin, Unusable> {
     if checkpoint["apiVersion"] != "v1" || checkpoint["kind"] != "Pod" {
         return Err(unusable("not a v1 Pod"));
     }
@@ -317,29 +391,85 @@ pub fn validate(checkpoint: &Value, allowed: &[String]) -> Result<Origin, Unusab
             return Err(unusable(format!("spec.{ns} is set")));
         }
     }
+    if spec["ephemeralContainers"]
+        .as_array()
+        .is_some_and(|a| !a.is_empty())
+    {
+        return Err(unusable("spec.ephemeralContainers is set"));
+    }
+    let pod_seccomp = spec["securityContext"]["seccompProfile"]["type"].as_str();
     for list in ["initContainers", "containers"] {
         for c in spec[list].as_array().into_iter().flatten() {
-            if c["securityContext"]["privileged"] == true {
+            let name = c["name"].as_str().unwrap_or("?");
+            let security = &c["securityContext"];
+            if security["privileged"] == true {
+                return Err(unusable(format!("container {name} is privileged")));
+            }
+            if let Some(added) = security["capabilities"]["add"]
+                .as_array()
+                .filter(|a| !a.is_empty())
+            {
+                let added: Vec<&str> = added.iter().filter_map(Value::as_str).collect();
                 return Err(unusable(format!(
-                    "container {} is privileged",
-                    c["name"].as_str().unwrap_or("?")
+                    "container {name} adds capabilities ({})",
+                    added.join(", ")
                 )));
+            }
+            let image = c["image"].as_str().unwrap_or("");
+            let repository = image_repository(image);
+            let allowed = policy.image_repositories.iter().any(|a| {
+                repository == a || (a.ends_with('/') && repository.starts_with(a.as_str()))
+            });
+            if image.is_empty() || !allowed {
+                return Err(unusable(format!(
+                    "container {name} runs image {image:?}, not from an allowed repository ({})",
+                    policy.image_repositories.join(", ")
+                )));
+            }
+            match security["seccompProfile"]["type"].as_str().or(pod_seccomp) {
+                Some("RuntimeDefault" | "Localhost") => {}
+                Some(other) => {
+                    return Err(unusable(format!(
+                        "container {name} runs with seccomp profile {other}"
+                    )))
+                }
+                None => {
+                    return Err(unusable(format!(
+                        "container {name} has no seccomp profile (Unconfined unless the kubelet's seccompDefault is on); set RuntimeDefault"
+                    )))
+                }
             }
         }
     }
     for v in spec["volumes"].as_array().into_iter().flatten() {
-        if let Some(path) = v["hostPath"]["path"].as_str() {
-            let inside = allowed.iter().any(|a| {
-                let a = a.trim_end_matches('/');
-                path == a || path.starts_with(&format!("{a}/"))
-            });
-            if !inside || path.split('/').any(|part| part == "..") {
-                return Err(unusable(format!(
-                    "volume {} mounts host path {path}, not under an allowed path ({})",
-                    v["name"].as_str().unwrap_or("?"),
-                    allowed.join(", ")
-                )));
-            }
+        let Some(path) = v["hostPath"]["path"].as_str() else {
+            continue;
+        };
+        let volume = v["name"].as_str().unwrap_or("?");
+        let Some(p) = normalize(path) else {
+            return Err(unusable(format!(
+                "volume {volume} mounts host path {path}, which is not a plain absolute path"
+            )));
+        };
+        if let Some(dir) = policy
+            .protected
+            .iter()
+            .find(|d| within(p, d) || within(d, p))
+        {
+            return Err(unusable(format!(
+                "volume {volume} mounts host path {path}, which is or holds {dir}: a pod that can write there can make any pod a static pod"
+            )));
+        }
+        let inside = policy
+            .host_paths
+            .iter()
+            .filter_map(|a| normalize(a))
+            .any(|a| within(p, a));
+        if !inside {
+            return Err(unusable(format!(
+                "volume {volume} mounts host path {path}, not under an allowed path ({})",
+                policy.host_paths.join(", ")
+            )));
         }
     }
     Ok(origin)
@@ -372,6 +502,7 @@ mod tests {
                 "serviceAccount": "kube-apiserver-proxy",
                 "automountServiceAccountToken": false,
                 "hostNetwork": true,
+                "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
                 "tolerations": [{"operator": "Exists"}],
                 "affinity": {"podAntiAffinity": {}},
                 "nodeSelector": {"node-role.kubernetes.io/control-plane": ""},
@@ -407,6 +538,18 @@ mod tests {
     }
 
     const RETIRE: &str = "/run/kube-apiserver-proxy/checkpoint-retire";
+
+    /// The agent's policy for the test pod's images, with the manifests' directories protected.
+    fn policy() -> Policy {
+        Policy::new(
+            &[],
+            &["proxy".into(), "kube-apiserver".into()],
+            &[
+                "/var/lib/kube-apiserver-proxy/checkpoint".into(),
+                "/etc/kubernetes/manifests/".into(),
+            ],
+        )
+    }
 
     fn container<'a>(pod: &'a Value, name: &str) -> &'a Value {
         pod["spec"]["containers"]
@@ -497,8 +640,7 @@ mod tests {
             .collect();
         assert_eq!(mounts, ["shared", "proxy-run"]);
         // What it makes passes the checks `recover` makes before activating it.
-        let allowed: Vec<String> = DEFAULT_HOST_PATHS.iter().map(|s| s.to_string()).collect();
-        let origin = validate(&s, &allowed).unwrap();
+        let origin = validate(&s, &policy()).unwrap();
         assert_eq!(origin, Origin::of_pod(&pod()).unwrap());
     }
 
@@ -530,31 +672,166 @@ mod tests {
 
     #[test]
     fn validation_refuses_what_an_apiserver_pod_does_not_need() {
-        let allowed: Vec<String> = DEFAULT_HOST_PATHS.iter().map(|s| s.to_string()).collect();
+        let policy = policy();
         let good = from_pod(&pod(), RETIRE, "t").unwrap();
+        assert!(validate(&good, &policy).is_ok());
         type Break = fn(&mut Value);
-        let cases: [(&str, Break); 5] = [
-            ("host path /", |s| {
-                s["spec"]["volumes"][2]["hostPath"]["path"] = json!("/")
-            }),
-            ("host path /etc/kubernetes/pki/../..", |s| {
+        let cases: [(&str, &str, Break); 20] = [
+            (
+                "host path /",
+                "holds /var/lib/kube-apiserver-proxy/checkpoint",
+                |s| s["spec"]["volumes"][2]["hostPath"]["path"] = json!("/"),
+            ),
+            ("a path with ..", "not a plain absolute path", |s| {
                 s["spec"]["volumes"][2]["hostPath"]["path"] = json!("/etc/kubernetes/pki/../..")
             }),
-            ("privileged", |s| {
+            ("a relative path", "not a plain absolute path", |s| {
+                s["spec"]["volumes"][2]["hostPath"]["path"] = json!("etc/kubernetes/pki")
+            }),
+            ("host path /var/log", "not under an allowed path", |s| {
+                s["spec"]["volumes"][2]["hostPath"]["path"] = json!("/var/log")
+            }),
+            // A sibling directory with a common prefix is not "under" an allowed path.
+            ("a sibling", "not under an allowed path", |s| {
+                s["spec"]["volumes"][2]["hostPath"]["path"] = json!("/etc/kubernetes/pki-other")
+            }),
+            (
+                "the checkpoint directory",
+                "holds /var/lib/kube-apiserver-proxy/checkpoint",
+                |s| {
+                    s["spec"]["volumes"][2]["hostPath"]["path"] =
+                        json!("/var/lib/kube-apiserver-proxy/checkpoint")
+                },
+            ),
+            (
+                "a parent of it",
+                "holds /var/lib/kube-apiserver-proxy/checkpoint",
+                |s| s["spec"]["volumes"][2]["hostPath"]["path"] = json!("/var/lib/"),
+            ),
+            (
+                "a file in it",
+                "holds /var/lib/kube-apiserver-proxy/checkpoint",
+                |s| {
+                    s["spec"]["volumes"][2]["hostPath"]["path"] =
+                        json!("/var/lib/kube-apiserver-proxy/checkpoint/kube-apiserver.json")
+                },
+            ),
+            (
+                "the static pod directory",
+                "holds /etc/kubernetes/manifests",
+                |s| s["spec"]["volumes"][2]["hostPath"]["path"] = json!("/etc/kubernetes"),
+            ),
+            ("privileged", "is privileged", |s| {
                 s["spec"]["containers"][0]["securityContext"] = json!({"privileged": true})
             }),
-            ("hostPID", |s| s["spec"]["hostPID"] = json!(true)),
-            ("name", |s| s["metadata"]["name"] = json!("other")),
+            (
+                "an added capability",
+                "adds capabilities (SYS_ADMIN)",
+                |s| {
+                    s["spec"]["containers"][1]["securityContext"] =
+                        json!({"capabilities": {"drop": ["ALL"], "add": ["SYS_ADMIN"]}})
+                },
+            ),
+            (
+                "an init container's capability",
+                "container install-proxy adds",
+                |s| {
+                    s["spec"]["initContainers"][0]["securityContext"] =
+                        json!({"capabilities": {"add": ["NET_ADMIN"]}})
+                },
+            ),
+            (
+                "an image of another repository",
+                "runs image \"evil.example/kube-apiserver:v1\"",
+                |s| s["spec"]["containers"][0]["image"] = json!("evil.example/kube-apiserver:v1"),
+            ),
+            (
+                "a repository with an allowed prefix",
+                "not from an allowed repository",
+                |s| s["spec"]["containers"][1]["image"] = json!("proxy-evil:1"),
+            ),
+            ("no image", "runs image \"\"", |s| {
+                s["spec"]["containers"][1]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("image");
+            }),
+            (
+                "seccomp Unconfined (pod)",
+                "seccomp profile Unconfined",
+                |s| s["spec"]["securityContext"]["seccompProfile"]["type"] = json!("Unconfined"),
+            ),
+            (
+                "seccomp Unconfined (container)",
+                "seccomp profile Unconfined",
+                |s| {
+                    s["spec"]["containers"][0]["securityContext"] =
+                        json!({"seccompProfile": {"type": "Unconfined"}})
+                },
+            ),
+            ("no seccomp profile", "no seccomp profile", |s| {
+                s["spec"].as_object_mut().unwrap().remove("securityContext");
+            }),
+            ("hostPID", "spec.hostPID", |s| {
+                s["spec"]["hostPID"] = json!(true)
+            }),
+            ("name", "metadata.name", |s| {
+                s["metadata"]["name"] = json!("other")
+            }),
         ];
-        for (what, break_it) in cases {
+        for (what, why, break_it) in cases {
             let mut s = good.clone();
             break_it(&mut s);
-            assert!(validate(&s, &allowed).is_err(), "{what} accepted");
+            match validate(&s, &policy) {
+                Ok(_) => panic!("{what} accepted"),
+                Err(e) => assert!(e.0.contains(why), "{what}: {e}"),
+            }
         }
-        // A sibling directory with a common prefix is not "under" an allowed path.
+        // A container may tighten the pod's profile, and images by tag or digest (a registry
+        // with a port) name their repository.
         let mut s = good.clone();
-        s["spec"]["volumes"][2]["hostPath"]["path"] = json!("/etc/kubernetes/pki-other");
-        assert!(validate(&s, &allowed).is_err());
+        s["spec"]["containers"][0]["securityContext"] =
+            json!({"seccompProfile": {"type": "Localhost", "localhostProfile": "p.json"}});
+        s["spec"]["containers"][0]["image"] = json!("kube-apiserver@sha256:abcd");
+        assert!(validate(&s, &policy).is_ok());
+        let mirror = Policy::new(&[], &["registry.example:5000/mirror/".into()], &[]);
+        s["spec"]["containers"][0]["image"] =
+            json!("registry.example:5000/mirror/kube-apiserver:v1.37.2");
+        s["spec"]["containers"][1]["image"] = json!("registry.example:5000/mirror/proxy:1");
+        s["spec"]["initContainers"][0]["image"] = json!("registry.example:5000/mirror/proxy:1");
+        assert!(validate(&s, &mirror).is_ok());
+    }
+
+    #[test]
+    fn allowed_host_paths_and_repositories_add_to_the_defaults() {
+        let p = Policy::new(
+            &["/var/log/kubernetes/audit".into()],
+            &["ghcr.io/example/kube-apiserver-proxy".into()],
+            &[],
+        );
+        for d in DEFAULT_HOST_PATHS {
+            assert!(p.host_paths.iter().any(|h| h == d), "{d} dropped");
+        }
+        assert!(p
+            .host_paths
+            .iter()
+            .any(|h| h == "/var/log/kubernetes/audit"));
+        assert_eq!(
+            p.image_repositories,
+            [
+                "registry.k8s.io/kube-apiserver",
+                "ghcr.io/example/kube-apiserver-proxy"
+            ]
+        );
+        assert_eq!(
+            image_repository("registry.k8s.io/kube-apiserver:v1.37.2"),
+            "registry.k8s.io/kube-apiserver"
+        );
+        assert_eq!(image_repository("localhost:5000/a/b"), "localhost:5000/a/b");
+        assert_eq!(
+            image_repository("localhost:5000/a/b:1@sha256:00"),
+            "localhost:5000/a/b"
+        );
     }
 
     #[test]

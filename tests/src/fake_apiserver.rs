@@ -7,7 +7,10 @@
 //!   `GET /watch[?interval_ms=N]` (chunked, one line every N ms until the client goes away) and
 //!   `GET /slow?ms=N` (answers after N ms: an in-flight request), and `GET` of any path given
 //!   to [`FakeApiserverBuilder::object`] (its JSON; with [`FakeApiserverBuilder::bearer_token`],
-//!   only to requests carrying that token, 401 to others).
+//!   only to requests carrying that token, 401 to others; replaced at run time with
+//!   [`FakeApiserver::set_object`]). A client certificate given to
+//!   [`FakeApiserver::revoke_client_cert`] gets 401 on every object, as the real apiserver
+//!   answers an expired one.
 //! - **raw TCP** ([`FakeApiserver::tcp_echo`], [`FakeApiserver::tcp_sink`]): for byte-exact
 //!   forwarding tests. Echo writes back every byte and closes its write side after reading
 //!   EOF; sink reads until EOF, then answers `<bytes received>\n` and closes.
@@ -156,7 +159,8 @@ impl FakeApiserverBuilder {
             ready: AtomicBool::new(self.ready),
             ready_file: self.ready_file,
             watch_interval: self.watch_interval,
-            objects: self.objects,
+            objects: Mutex::new(self.objects),
+            revoked: Mutex::new(Vec::new()),
             bearer_token: self.bearer_token,
             accepted: AtomicU64::new(0),
             active: AtomicU64::new(0),
@@ -317,6 +321,20 @@ impl FakeApiserver {
         self.shared.active_watches.load(Ordering::SeqCst)
     }
 
+    /// https: serves `json` at `GET path` from now on (added or replaced).
+    pub fn set_object(&self, path: &str, json: &serde_json::Value) {
+        self.shared
+            .objects
+            .lock()
+            .unwrap()
+            .insert(path.to_owned(), json.to_string());
+    }
+
+    /// https: requests presenting this client certificate get 401 on objects from now on.
+    pub fn revoke_client_cert(&self, cert: &CertificateDer<'_>) {
+        self.shared.revoked.lock().unwrap().push(cert.to_vec());
+    }
+
     /// https: requests received for `path` (without query).
     pub fn requests(&self, path: &str) -> u64 {
         self.shared
@@ -340,7 +358,9 @@ struct Shared {
     ready: AtomicBool,
     ready_file: Option<PathBuf>,
     watch_interval: Duration,
-    objects: HashMap<String, String>,
+    objects: Mutex<HashMap<String, String>>,
+    /// Client certificates (DER) answered 401.
+    revoked: Mutex<Vec<Vec<u8>>>,
     bearer_token: Option<String>,
     accepted: AtomicU64,
     active: AtomicU64,
@@ -427,8 +447,14 @@ async fn serve(stream: TcpStream, handler: Handler, shared: &Arc<Shared>) {
             else {
                 return;
             };
+            let peer = tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|c| c.first())
+                .map(|c| c.to_vec());
             let shared = shared.clone();
-            let service = service_fn(move |request| handle(request, shared.clone()));
+            let service = service_fn(move |request| handle(request, shared.clone(), peer.clone()));
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(tls), service)
                 .await;
@@ -505,6 +531,7 @@ fn query_u64(request: &Request<Incoming>, key: &str) -> Option<u64> {
 async fn handle(
     request: Request<Incoming>,
     shared: Arc<Shared>,
+    peer: Option<Vec<u8>>,
 ) -> Result<Response<ResponseBody>, Infallible> {
     let path = request.uri().path().to_owned();
     *shared
@@ -525,21 +552,23 @@ async fn handle(
             }
         }
         (&Method::GET, "/livez" | "/healthz") => text(StatusCode::OK, "ok"),
-        (&Method::GET, p) if shared.objects.contains_key(p) => {
+        (&Method::GET, p) if shared.objects.lock().unwrap().contains_key(p) => {
             let authorized = shared.bearer_token.as_ref().is_none_or(|token| {
                 request
                     .headers()
                     .get(hyper::header::AUTHORIZATION)
                     .and_then(|v| v.to_str().ok())
                     == Some(format!("Bearer {token}").as_str())
-            });
-            if authorized {
-                Response::builder()
+            }) && peer
+                .as_ref()
+                .is_none_or(|c| !shared.revoked.lock().unwrap().contains(c));
+            let object = shared.objects.lock().unwrap().get(p).cloned();
+            match object {
+                Some(json) if authorized => Response::builder()
                     .header("content-type", "application/json")
-                    .body(Full::new(Bytes::from(shared.objects[p].clone())).boxed_unsync())
-                    .expect("valid response")
-            } else {
-                text(StatusCode::UNAUTHORIZED, "Unauthorized")
+                    .body(Full::new(Bytes::from(json)).boxed_unsync())
+                    .expect("valid response"),
+                _ => text(StatusCode::UNAUTHORIZED, "Unauthorized"),
             }
         }
         (&Method::GET, "/version") => Response::builder()

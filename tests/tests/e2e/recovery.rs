@@ -11,9 +11,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{ensure, Context as _, Result};
 use kube_apiserver_proxy_tests::certs::Pki;
+use kube_apiserver_proxy_tests::client::http_get;
 use kube_apiserver_proxy_tests::fake_apiserver::FakeApiserver;
 use kube_apiserver_proxy_tests::process::ChildProcess;
-use kube_apiserver_proxy_tests::proxy::{proxy_bin, run_cli, ProxyBuilder};
+use kube_apiserver_proxy_tests::proxy::{parse_metric, proxy_bin, run_cli, ProxyBuilder};
 use kube_apiserver_proxy_tests::util::{eventually, free_random_loopback_addr, TempDir};
 use serde_json::{json, Value};
 
@@ -26,8 +27,16 @@ fn rfc3339(t: SystemTime) -> String {
     humantime::format_rfc3339_seconds(t).to_string()
 }
 
+/// The images of the test pods: kubeadm's apiserver repository (allowed by default) and the
+/// proxy's (allowed with `--allow-image-repository`, as the agent's manifest does).
+const APISERVER_IMAGE: &str = "registry.k8s.io/kube-apiserver:v1.37.2";
+const PROXY_IMAGE: &str = "ghcr.io/example/kube-apiserver-proxy:v0.1.0";
+const PROXY_REPOSITORY: &str = "ghcr.io/example/kube-apiserver-proxy";
+const RS_PATH: &str = "/apis/apps/v1/namespaces/kube-system/replicasets/kube-apiserver-5c9d8";
+const DEPLOYMENT_PATH: &str = "/apis/apps/v1/namespaces/kube-system/deployments/kube-apiserver";
+
 /// A pod of the Deployment as the API lists it, created `age` ago, Ready since `ready` ago
-/// (never ready: `None`).
+/// (never ready: `None`), owned by the ReplicaSet of [`replicaset`].
 fn pod(name: &str, age: Duration, ready: Option<Duration>) -> Value {
     let now = SystemTime::now();
     let conditions = match ready {
@@ -42,39 +51,72 @@ fn pod(name: &str, age: Duration, ready: Option<Duration>) -> Value {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": "kube-system", "uid": format!("uid-{name}"),
             "creationTimestamp": rfc3339(now - age),
-            "labels": {"component": "kube-apiserver", "tier": "control-plane", "pod-template-hash": "5c9d8"}},
+            "labels": {"component": "kube-apiserver", "tier": "control-plane", "pod-template-hash": "5c9d8"},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                "name": "kube-apiserver-5c9d8", "uid": "uid-rs", "controller": true}]},
         "spec": {
             "nodeName": "node-1", "hostNetwork": true,
+            "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
             "containers": [
-                {"name": "kube-apiserver", "image": "kube-apiserver:v1",
+                {"name": "kube-apiserver", "image": APISERVER_IMAGE,
                  "args": [format!("--etcd-servers=https://127.0.0.1:2379/{name}")]},
-                {"name": "proxy", "image": "proxy:v1", "command": ["/kube-apiserver-proxy", "run"],
-                 "args": ["--handoff-dir=/run/kube-apiserver-proxy/handoff"]}
+                {"name": "proxy", "image": PROXY_IMAGE, "command": ["/kube-apiserver-proxy", "run"],
+                 "args": ["--handoff-dir=/run/kube-apiserver-proxy/handoff"],
+                 "securityContext": {"capabilities": {"drop": ["ALL"]}}}
             ]
         },
         "status": {"phase": "Running", "conditions": conditions}
     })
 }
 
-/// A checkpoint directory, and an apiserver listing `pods` to the node's client certificate.
+/// The pods' ReplicaSet, controlled by `deployment/DEPLOYMENT` (uid `uid-DEPLOYMENT`).
+fn replicaset(deployment: &str) -> Value {
+    json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+        "metadata": {"name": "kube-apiserver-5c9d8", "namespace": "kube-system", "uid": "uid-rs",
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment",
+                "name": deployment, "uid": format!("uid-{deployment}"), "controller": true}]}})
+}
+
+fn deployment() -> Value {
+    json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "kube-apiserver", "namespace": "kube-system", "uid": "uid-kube-apiserver"}})
+}
+
+/// A checkpoint directory, and an apiserver listing `pods` (and their owners) to the node's
+/// client certificate.
 struct Api {
     pki: Pki,
     fake: FakeApiserver,
     dir: TempDir,
+    metrics: SocketAddr,
 }
 
 impl Api {
     async fn new(pods: &[Value]) -> Result<Self> {
+        Self::with_owners(
+            pods,
+            &[
+                (RS_PATH, replicaset("kube-apiserver")),
+                (DEPLOYMENT_PATH, deployment()),
+            ],
+        )
+        .await
+    }
+
+    async fn with_owners(pods: &[Value], owners: &[(&str, Value)]) -> Result<Self> {
         let pki = Pki::new()?;
         // Kubeconfigs name the apiserver by IP: the serving certificate has it.
         let ip = kube_apiserver_proxy_tests::util::random_loopback_ip()?;
         let serving = pki.ca.server_cert(&["kubernetes", &ip.to_string()])?;
-        let fake = FakeApiserver::https_with_identity(serving.cert_chain(), serving.private_key())
-            .bind(SocketAddr::new(ip, 0))
-            .require_client_cert(pki.ca.root_store()?)
-            .object(PODS_PATH, &json!({"kind": "PodList", "items": pods}))
-            .start()
-            .await?;
+        let mut fake =
+            FakeApiserver::https_with_identity(serving.cert_chain(), serving.private_key())
+                .bind(SocketAddr::new(ip, 0))
+                .require_client_cert(pki.ca.root_store()?)
+                .object(PODS_PATH, &json!({"kind": "PodList", "items": pods}));
+        for (path, object) in owners {
+            fake = fake.object(path, object);
+        }
+        let fake = fake.start().await?;
         let dir = TempDir::new("writer")?;
         std::fs::create_dir(dir.join("manifests"))?;
         // The agent's first start this boot is over: only the writer runs.
@@ -90,7 +132,12 @@ impl Api {
                 pki.client_key_file().display()
             ),
         )?;
-        Ok(Self { pki, fake, dir })
+        Ok(Self {
+            pki,
+            fake,
+            dir,
+            metrics: free_random_loopback_addr()?,
+        })
     }
 
     fn checkpoint_dir(&self) -> PathBuf {
@@ -101,8 +148,16 @@ impl Api {
         self.checkpoint_dir().join("kube-apiserver.json")
     }
 
-    /// The agent writing checkpoints into `dir` (reading from this apiserver).
+    /// The agent writing checkpoints into `dir` (reading from this apiserver), with the
+    /// manifest's image allow-list.
     fn agent(&self, dir: &Path) -> Result<ChildProcess> {
+        self.agent_with(
+            dir,
+            &[&format!("--allow-image-repository={PROXY_REPOSITORY}")],
+        )
+    }
+
+    fn agent_with(&self, dir: &Path, extra: &[&str]) -> Result<ChildProcess> {
         let mut command = Command::new(proxy_bin()?);
         command
             .arg("recover")
@@ -117,10 +172,19 @@ impl Api {
             .arg(format!("--retire-file={RETIRE}"))
             .arg("--boot-marker")
             .arg(self.dir.join("boot"))
+            .arg(format!("--metrics-listen={}", self.metrics))
             .args(["--interval=100ms", "--checkpoint-interval=200ms"])
             .arg("--checkpoint-after=60s")
+            .args(extra)
             .env_remove("RUST_LOG");
         ChildProcess::spawn(command, "recover")
+    }
+
+    /// A metric of the agent (0 when absent).
+    async fn metric(&self, name: &str, labels: &[(&str, &str)]) -> Result<f64> {
+        let (status, text) = http_get(self.metrics, "/metrics").await?;
+        ensure!(status == 200, "GET /metrics: {status}");
+        Ok(parse_metric(&text, name, labels).unwrap_or(0.0))
     }
 }
 
@@ -222,6 +286,273 @@ async fn the_checkpoint_is_the_newest_pod_that_stayed_ready() -> Result<()> {
     Ok(())
 }
 
+/// Waits until the agent's metric reaches `want`.
+async fn wait_metric(
+    api: &Api,
+    agent: &ChildProcess,
+    name: &str,
+    labels: &[(&str, &str)],
+    want: impl Fn(f64) -> bool,
+) -> Result<f64> {
+    eventually(DEADLINE, || async {
+        agent.ensure_running()?;
+        let v = api.metric(name, labels).await?;
+        ensure!(want(v), "{name}{labels:?} = {v}; log: {}", agent.stderr());
+        Ok(v)
+    })
+    .await
+}
+
+/// The checks `recover` makes before activating a checkpoint are made before writing one: a
+/// pod that the boot would refuse, or that is not the told workload's, is never written; the
+/// good checkpoint stays, and the agent's metrics say so.
+#[tokio::test]
+async fn a_pod_the_boot_would_refuse_is_never_the_checkpoint() -> Result<()> {
+    let good = pod("good", MINUTE * 90, Some(MINUTE * 60));
+    let api = Api::new(std::slice::from_ref(&good)).await?;
+    let dir = api.checkpoint_dir();
+    let agent = api.agent(&dir)?;
+    wait_log(&agent, "checkpoint written").await?;
+    let written = wait_metric(
+        &api,
+        &agent,
+        "checkpoint_written_timestamp_seconds",
+        &[],
+        |v| v > 0.0,
+    )
+    .await?;
+    let at = read_json(&api.checkpoint())?["metadata"]["annotations"]
+        ["kube-apiserver-proxy/checkpointed-at"]
+        .as_str()
+        .map(humantime::parse_rfc3339)
+        .context("checkpointed-at")??;
+    ensure!(
+        written == at.duration_since(SystemTime::UNIX_EPOCH)?.as_secs() as f64,
+        "written {written}, annotation {at:?}"
+    );
+    // Verified again at every attempt while it is current.
+    let verified = wait_metric(
+        &api,
+        &agent,
+        "checkpoint_verified_timestamp_seconds",
+        &[],
+        |v| v >= written,
+    )
+    .await?;
+    ensure!(api.metric("checkpoint_refused", &[]).await? == 0.0);
+    drop(agent);
+    let good_file = std::fs::read(api.checkpoint())?;
+
+    // A newer pod, ready for long enough, each time with one thing the boot refuses or that is
+    // not the Deployment's.
+    let checkpoint_dir = dir.display().to_string();
+    type Break = Box<dyn Fn(&mut Value)>;
+    type Owners = Vec<(&'static str, Value)>;
+    let cases: Vec<(&str, Break, Owners)> = vec![
+        (
+            "which is or holds",
+            Box::new(move |p: &mut Value| {
+                p["spec"]["volumes"] = json!([{"name": "x", "hostPath": {"path": checkpoint_dir}}])
+            }),
+            vec![
+                (RS_PATH, replicaset("kube-apiserver")),
+                (DEPLOYMENT_PATH, deployment()),
+            ],
+        ),
+        (
+            "adds capabilities (SYS_ADMIN)",
+            Box::new(|p: &mut Value| {
+                p["spec"]["containers"][0]["securityContext"] =
+                    json!({"capabilities": {"add": ["SYS_ADMIN"]}})
+            }),
+            vec![
+                (RS_PATH, replicaset("kube-apiserver")),
+                (DEPLOYMENT_PATH, deployment()),
+            ],
+        ),
+        (
+            "seccomp profile Unconfined",
+            Box::new(|p: &mut Value| {
+                p["spec"]["securityContext"]["seccompProfile"]["type"] = json!("Unconfined")
+            }),
+            vec![
+                (RS_PATH, replicaset("kube-apiserver")),
+                (DEPLOYMENT_PATH, deployment()),
+            ],
+        ),
+        (
+            "not from an allowed repository",
+            Box::new(|p: &mut Value| {
+                p["spec"]["containers"][0]["image"] = json!("registry.example/kube-apiserver:v1")
+            }),
+            vec![
+                (RS_PATH, replicaset("kube-apiserver")),
+                (DEPLOYMENT_PATH, deployment()),
+            ],
+        ),
+        (
+            "no controller owner reference",
+            Box::new(|p: &mut Value| {
+                p["metadata"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("ownerReferences");
+            }),
+            vec![],
+        ),
+        (
+            "belongs to deployment/impostor",
+            Box::new(|_: &mut Value| {}),
+            vec![
+                (RS_PATH, replicaset("impostor")),
+                (
+                    "/apis/apps/v1/namespaces/kube-system/deployments/impostor",
+                    deployment(),
+                ),
+            ],
+        ),
+        (
+            "has another uid than the owner reference names",
+            Box::new(|_: &mut Value| {}),
+            vec![
+                (RS_PATH, replicaset("kube-apiserver")),
+                (
+                    DEPLOYMENT_PATH,
+                    json!({"kind": "Deployment", "metadata": {"name": "kube-apiserver", "uid": "recreated"}}),
+                ),
+            ],
+        ),
+        (
+            "replicasets/kube-apiserver-5c9d8 does not exist",
+            Box::new(|_: &mut Value| {}),
+            vec![(DEPLOYMENT_PATH, deployment())],
+        ),
+    ];
+    for (why, break_it, owners) in cases {
+        let mut newer = pod("newer", MINUTE * 5, Some(MINUTE * 2));
+        break_it(&mut newer);
+        let api = Api::with_owners(&[good.clone(), newer], &owners).await?;
+        let agent = api.agent(&dir)?;
+        wait_log(&agent, "checkpoint refused: pod kube-system/newer").await?;
+        ensure!(agent.stderr().contains(why), "{why}: {}", agent.stderr());
+        wait_metric(&api, &agent, "checkpoint_refused", &[], |v| v == 1.0).await?;
+        ensure!(
+            api.metric("checkpoint_attempts_total", &[("result", "refused")])
+                .await?
+                >= 1.0
+        );
+        ensure!(
+            api.metric("checkpoint_attempts_total", &[("result", "written")])
+                .await?
+                == 0.0
+        );
+        // Not verified: the alert on its age fires if this lasts.
+        ensure!(
+            api.metric("checkpoint_verified_timestamp_seconds", &[])
+                .await?
+                == 0.0
+        );
+        ensure!(
+            std::fs::read(api.checkpoint_dir().join("kube-apiserver.json"))
+                .ok()
+                .is_none()
+                && std::fs::read(dir.join("kube-apiserver.json"))? == good_file,
+            "{why}: the checkpoint changed"
+        );
+        ensure!(
+            !dir.join("kube-apiserver.previous.json").exists(),
+            "{why}: replaced"
+        );
+    }
+
+    // The checkpoint kept must pass the rules of the boot too: without the proxy's repository
+    // the boot would refuse it, and the agent says so now rather than at the next reboot.
+    let api = Api::new(&[good]).await?;
+    let agent = api.agent_with(&dir, &[])?;
+    wait_log(&agent, "would be refused at boot").await?;
+    wait_metric(&api, &agent, "checkpoint_refused", &[], |v| v == 1.0).await?;
+    ensure!(
+        agent
+            .stderr()
+            .contains("ghcr.io/example/kube-apiserver-proxy:v0.1.0"),
+        "{}",
+        agent.stderr()
+    );
+    ensure!(
+        api.metric("checkpoint_written_timestamp_seconds", &[])
+            .await?
+            == written
+    );
+    ensure!(verified >= written);
+    Ok(())
+}
+
+/// The kubelet rotates its client certificate (kubeadm's kubelet.conf names
+/// `kubelet-client-current.pem`, a link the kubelet moves); once the old one is refused (it
+/// expired), the agent must present the new one.
+#[tokio::test]
+async fn a_rotated_client_certificate_is_used_at_the_next_attempt() -> Result<()> {
+    let good = pod("good", MINUTE * 90, Some(MINUTE * 60));
+    let api = Api::new(std::slice::from_ref(&good)).await?;
+    let pki_dir = api.dir.join("pki");
+    std::fs::create_dir(&pki_dir)?;
+    let issue = |n: u32| -> Result<(PathBuf, rustls::pki_types::CertificateDer<'static>)> {
+        let cert = api.pki.ca.client_cert("system:node:node-1")?;
+        let (c, k) = cert.write_pem(&pki_dir, &format!("part-{n}"))?;
+        let file = pki_dir.join(format!("kubelet-client-{n}.pem"));
+        std::fs::write(
+            &file,
+            std::fs::read_to_string(c)? + &std::fs::read_to_string(k)?,
+        )?;
+        Ok((file, cert.cert_chain()[0].clone()))
+    };
+    let current = pki_dir.join("kubelet-client-current.pem");
+    let (first, first_der) = issue(1)?;
+    std::os::unix::fs::symlink(&first, &current)?;
+    let conf = std::fs::read_to_string(api.dir.join("kubelet.conf"))?
+        .replace(
+            &api.pki.client_cert_file().display().to_string(),
+            &current.display().to_string(),
+        )
+        .replace(
+            &api.pki.client_key_file().display().to_string(),
+            &current.display().to_string(),
+        );
+    std::fs::write(api.dir.join("kubelet.conf"), conf)?;
+    let agent = api.agent(&api.checkpoint_dir())?;
+    wait_log(&agent, "checkpoint written").await?;
+
+    // The rotation, as the kubelet does it; then the old certificate is refused.
+    let (second, _) = issue(2)?;
+    let link = pki_dir.join("link.tmp");
+    std::os::unix::fs::symlink(&second, &link)?;
+    std::fs::rename(&link, &current)?;
+    api.fake.revoke_client_cert(&first_der);
+    // A rollout's new pod: it is written only if the agent reads with the new certificate.
+    let newer = pod("newer", MINUTE * 5, Some(MINUTE * 2));
+    api.fake.set_object(
+        PODS_PATH,
+        &json!({"kind": "PodList", "items": [good, newer]}),
+    );
+    eventually(DEADLINE, || async {
+        agent.ensure_running()?;
+        ensure!(
+            checkpoint_of(&api.checkpoint()).as_deref() == Some("kube-system/newer"),
+            "checkpoint of {:?}; log: {}",
+            checkpoint_of(&api.checkpoint()),
+            agent.stderr()
+        );
+        Ok(())
+    })
+    .await?;
+    ensure!(
+        api.metric("checkpoint_attempts_total", &[("result", "written")])
+            .await?
+            == 2.0
+    );
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_refused_client_certificate_writes_nothing() -> Result<()> {
     let api = Api::new(&[pod("good", MINUTE * 90, Some(MINUTE * 60))]).await?;
@@ -280,6 +611,33 @@ async fn recover_flags_are_checked_before_anything_starts() -> Result<()> {
                 format!("--kubeconfig={}", dir.join("bad.conf").display()),
             ],
             "no server",
+        ),
+        (
+            vec![
+                "recover".to_owned(),
+                "--node-address=127.0.0.1:6443".to_owned(),
+                format!("--static-pod-dir={}", dir.path().display()),
+                "--workload=statefulset/x".to_owned(),
+            ],
+            "--workload",
+        ),
+        (
+            vec![
+                "recover".to_owned(),
+                "--node-address=127.0.0.1:6443".to_owned(),
+                format!("--static-pod-dir={}", dir.path().display()),
+                "--allow-host-path=var/log".to_owned(),
+            ],
+            "--allow-host-path var/log",
+        ),
+        (
+            vec![
+                "recover".to_owned(),
+                "--node-address=127.0.0.1:6443".to_owned(),
+                format!("--static-pod-dir={}", dir.path().display()),
+                "--allow-image-repository=registry.example/proxy:v1".to_owned(),
+            ],
+            "--allow-image-repository",
         ),
     ] {
         let out = run_cli(&args).await?;
@@ -377,8 +735,13 @@ async fn recovery_instance_asks_to_retire_once_a_ready_peer_serves() -> Result<(
     Ok(())
 }
 
-/// A checkpoint as the writer makes it (enough for `recover`'s checks).
-fn checkpoint(host_path: &str) -> Value {
+/// A checkpoint as the writer makes it (enough for `recover`'s checks), mounting `host_paths`.
+fn checkpoint_of_paths(host_paths: &[&str]) -> Value {
+    let volumes: Vec<Value> = host_paths
+        .iter()
+        .enumerate()
+        .map(|(i, p)| json!({"name": format!("v{i}"), "hostPath": {"path": p}}))
+        .collect();
     json!({"apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "kube-apiserver-checkpoint", "namespace": "kube-system",
             "annotations": {"kube-apiserver-proxy/checkpoint-of": "kube-system/good",
@@ -386,8 +749,13 @@ fn checkpoint(host_path: &str) -> Value {
                 "kube-apiserver-proxy/checkpoint-of-created": "2025-01-01T00:00:00Z",
                 "kube-apiserver-proxy/checkpointed-at": "2025-01-01T00:01:00Z"}},
         "spec": {"hostNetwork": true,
-            "containers": [{"name": "kube-apiserver", "image": "kube-apiserver:v1"}],
-            "volumes": [{"name": "pki", "hostPath": {"path": host_path}}]}})
+            "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{"name": "kube-apiserver", "image": APISERVER_IMAGE}],
+            "volumes": volumes}})
+}
+
+fn checkpoint(host_path: &str) -> Value {
+    checkpoint_of_paths(&[host_path])
 }
 
 /// The agent's node: static pod directory, checkpoint, retire file, boot marker.
@@ -425,6 +793,10 @@ impl AgentNode {
 
     /// Starts `recover` and waits until it made (or skipped) this boot's decision.
     async fn agent(&self) -> Result<ChildProcess> {
+        self.agent_with(&[]).await
+    }
+
+    async fn agent_with(&self, extra: &[&str]) -> Result<ChildProcess> {
         let mut command = Command::new(proxy_bin()?);
         command
             .arg("recover")
@@ -438,6 +810,7 @@ impl AgentNode {
             .arg("--boot-marker")
             .arg(self.marker())
             .arg("--interval=100ms")
+            .args(extra)
             .env_remove("RUST_LOG");
         let agent = ChildProcess::spawn(command, "recover")?;
         eventually(DEADLINE, || async {
@@ -530,6 +903,53 @@ async fn recover_does_not_activate_when_the_node_serves_or_the_checkpoint_is_ref
         "a refused checkpoint was activated"
     );
 
+    // Checkpoints that break one of the other rules of the boot (the writer applies the same).
+    type Break = fn(&mut Value);
+    let cases: [(&str, Break); 3] = [
+        ("adds capabilities (NET_ADMIN)", |c| {
+            c["spec"]["containers"][0]["securityContext"] =
+                json!({"capabilities": {"add": ["NET_ADMIN"]}})
+        }),
+        ("seccomp profile Unconfined", |c| {
+            c["spec"]["securityContext"]["seccompProfile"]["type"] = json!("Unconfined")
+        }),
+        ("not from an allowed repository", |c| {
+            c["spec"]["containers"][0]["image"] = json!("registry.example/x:1")
+        }),
+    ];
+    for (why, break_it) in cases {
+        let mut c = checkpoint("/etc/kubernetes/pki");
+        break_it(&mut c);
+        let node = AgentNode::new(&c)?;
+        let _agent = node.agent().await?;
+        ensure!(
+            node.marker_text().contains("refused") && node.marker_text().contains(why),
+            "{why}: marker: {}",
+            node.marker_text()
+        );
+        ensure!(!node.manifest().exists(), "{why}: activated");
+    }
+    // The checkpoint directory itself is never mountable, even when allowed by hand.
+    let node = AgentNode::new(&checkpoint("/var/lib/kube-apiserver-proxy"))?;
+    let protected = node.dir.join("checkpoint").display().to_string();
+    std::fs::write(
+        node.dir.join("checkpoint/kube-apiserver.json"),
+        checkpoint(&protected).to_string(),
+    )?;
+    let _agent = node
+        .agent_with(&[&format!("--allow-host-path={}", node.dir.path().display())])
+        .await?;
+    ensure!(
+        node.marker_text()
+            .contains(&format!("which is or holds {protected}")),
+        "marker: {}",
+        node.marker_text()
+    );
+    ensure!(
+        !node.manifest().exists(),
+        "a checkpoint mounting the checkpoint directory was activated"
+    );
+
     // No checkpoint at all.
     let node = AgentNode::new(&checkpoint("/etc/kubernetes/pki"))?;
     std::fs::remove_file(node.dir.join("checkpoint/kube-apiserver.json"))?;
@@ -538,6 +958,44 @@ async fn recover_does_not_activate_when_the_node_serves_or_the_checkpoint_is_ref
         node.marker_text().contains("no checkpoint"),
         "{}",
         node.marker_text()
+    );
+    Ok(())
+}
+
+/// `--allow-host-path` adds to the default paths (what docs/operations.md says): a checkpoint
+/// that mounts kubeadm's PKI and an audit log directory given with the flag is activated.
+#[tokio::test]
+async fn allowed_host_paths_add_to_the_defaults() -> Result<()> {
+    let audit = "/var/log/kubernetes/audit";
+    let node = AgentNode::new(&checkpoint_of_paths(&["/etc/kubernetes/pki", audit]))?;
+    let _agent = node
+        .agent_with(&[&format!("--allow-host-path={audit}")])
+        .await?;
+    ensure!(
+        node.marker_text().starts_with("activated kube-system/good"),
+        "marker: {}",
+        node.marker_text()
+    );
+    // Without the flag the audit directory is refused, by name.
+    let node = AgentNode::new(&checkpoint_of_paths(&["/etc/kubernetes/pki", audit]))?;
+    let _agent = node.agent().await?;
+    ensure!(
+        node.marker_text().contains(&format!(
+            "mounts host path {audit}, not under an allowed path"
+        )),
+        "marker: {}",
+        node.marker_text()
+    );
+    // And --help says so.
+    let out = run_cli(&["recover", "--help"]).await?;
+    let help = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    ensure!(
+        help.contains("A further host path a checkpoint may mount, ADDED to the defaults")
+            && help.contains("/etc/kubernetes/pki"),
+        "{help}"
     );
     Ok(())
 }
