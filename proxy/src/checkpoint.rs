@@ -14,6 +14,11 @@
 //! need the API to be mounted, and the pod could then never start while it is the only
 //! apiserver.
 //!
+//! A pod is written only if it is the told workload's (its controller owner references lead
+//! there, uids compared through the API) and passes [`staticpod::validate`], the rules `recover`
+//! applies again before activating it: a refusal is reported while there is an API, not found
+//! at boot. The kubeconfig is read at every attempt (the kubelet rotates its certificate).
+//!
 //! Files in the checkpoint directory: [`FILE`] (the checkpoint) and [`PREVIOUS`] (the one it
 //! replaced, for an operator's manual fallback); nothing else is kept. A checkpoint of a newer
 //! pod (by `creationTimestamp`) is never replaced by an older pod's.

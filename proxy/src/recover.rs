@@ -8,9 +8,11 @@
 //! - **Checkpoint** ([`crate::checkpoint`]), every `--checkpoint-interval` while an apiserver
 //!   answers: the newest pod of the Deployment on this node that has been Ready for
 //!   `--checkpoint-after` is written to the checkpoint directory, read with the node's own
-//!   identity (`--kubeconfig`).
+//!   identity (`--kubeconfig`), if it belongs to `--workload` and passes the rules of the boot
+//!   ([`staticpod::Policy`]); otherwise the previous checkpoint stays and the refusal is logged
+//!   and counted (`--metrics-listen`).
 //! - **Activate, once per boot.** At its first start after a boot (no `--boot-marker` in the
-//!   node's `/run`, a tmpfs), if a checkpoint exists, passes [`staticpod::validate`] and
+//!   node's `/run`, a tmpfs), if a checkpoint exists, passes [`staticpod::validate`] again and
 //!   nothing accepts connections on `--node-address`, it copies the checkpoint into the static
 //!   pod directory as `kube-apiserver-checkpoint.json`; the kubelet starts it at once (it
 //!   watches the directory). Then it writes the marker, so a restart of the kubelet or of this

@@ -1,6 +1,7 @@
 //! The checkpoint of an apiserver pod as a static pod: the pure transformation applied to the pod
-//! before it is written ([`crate::checkpoint`]), and the checks `recover` makes before it puts a
-//! checkpoint into the kubelet's static pod directory.
+//! before it is written ([`crate::checkpoint`]), and the checks ([`Policy`], [`validate`]) made
+//! on it when it is written and again before `recover` puts it into the kubelet's static pod
+//! directory.
 //!
 //! A static pod cannot refer to API objects (the kubelet runs it before there is an API), so the
 //! pod as the API returns it is reduced to what the kubelet needs on its own:

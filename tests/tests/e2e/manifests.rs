@@ -1728,7 +1728,9 @@ async fn monitoring_uses_only_exported_metrics() -> Result<()> {
 
     let backend = echo_backend().await?;
     let proxy = serving(tcp_proxy(listen_addr()?, &[&backend]).fast_health()).await?;
-    let metrics = proxy.metrics().await?;
+    // And the reboot recovery agent's (the alerts and the dashboard read both).
+    let agent = RecoveryAgent::start(&[]).await?;
+    let metrics = proxy.metrics().await? + &agent.metrics().await?;
     let exported: BTreeSet<String> = metrics
         .lines()
         .filter_map(|line| {
@@ -1741,7 +1743,8 @@ async fn monitoring_uses_only_exported_metrics() -> Result<()> {
     let unknown: Vec<&String> = used.difference(&exported).collect();
     ensure!(
         unknown.is_empty(),
-        "the dashboard or the alerts query metrics the proxy does not export: {unknown:?}\n\
+        "the dashboard or the alerts query metrics neither the proxy nor the recovery agent \
+         exports: {unknown:?}\n\
          exported: {exported:?}"
     );
     drop(backend);
@@ -1832,20 +1835,57 @@ fn monitoring_manifests_fit_the_pods() -> Result<()> {
             "the PodMonitor's relabelings lack {needed:?}: {relabelings}"
         );
     }
-    // The alerts' `up` is the PodMonitor's job: "<namespace>/<name>".
-    let job = format!(
-        "{}/{}",
-        monitor["metadata"]["namespace"]
-            .as_str()
-            .context("namespace")?,
-        monitor["metadata"]["name"].as_str().context("name")?
-    );
-    let rules = serde_json::to_string(&rule["spec"])?;
+    // The recovery agent's PodMonitor selects its static pod and scrapes its --metrics-listen.
+    let agent_monitor = objects
+        .iter()
+        .find(|o| o["kind"] == "PodMonitor" && o["metadata"]["name"] == "kube-apiserver-recovery")
+        .context("no PodMonitor kube-apiserver-recovery")?;
+    let agent_pod = yaml_to_json(&std::fs::read_to_string(
+        repo_root().join("manifests/node/kube-apiserver-recovery.yaml"),
+    )?)?
+    .remove(0);
+    for (k, v) in agent_monitor["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .context("matchLabels")?
+    {
+        ensure!(
+            agent_pod["metadata"]["labels"][k] == *v,
+            "the recovery PodMonitor selects {k}={v}; the agent's pod is labelled {}",
+            agent_pod["metadata"]["labels"]
+        );
+    }
+    let agent_listen = flag(
+        &argv(container(&agent_pod["spec"], "recover")?),
+        "--metrics-listen",
+    )
+    .context("the recovery agent has no --metrics-listen")?;
+    let agent_relabelings =
+        serde_json::to_string(&agent_monitor["spec"]["podMetricsEndpoints"][0]["relabelings"])?;
     ensure!(
-        rules.matches("up{job=").count() >= 2
-            && rules.matches("up{job=").count()
-                == rules.matches(&format!("up{{job=\\\"{job}\\\"}}")).count(),
-        "the alerts must read up{{job=\"{job}\"}}: {rules}"
+        agent_listen.starts_with("$(HOST_IP):")
+            && agent_relabelings.contains(&format!(
+                "$1:{}",
+                agent_listen.rsplit_once(':').context("port")?.1
+            ))
+            && agent_relabelings.contains("\"recover\""),
+        "the recovery PodMonitor does not scrape {agent_listen} of container recover: {agent_relabelings}"
+    );
+    // The alerts' `up` is a PodMonitor's job: "<namespace>/<name>".
+    let rules = serde_json::to_string(&rule["spec"])?;
+    let mut counted = 0;
+    for m in [monitor, agent_monitor] {
+        let job = format!(
+            "{}/{}",
+            m["metadata"]["namespace"].as_str().context("namespace")?,
+            m["metadata"]["name"].as_str().context("name")?
+        );
+        let n = rules.matches(&format!("up{{job=\\\"{job}\\\"}}")).count();
+        ensure!(n >= 2, "the alerts must read up{{job=\"{job}\"}}: {rules}");
+        counted += n;
+    }
+    ensure!(
+        rules.matches("up{job=").count() == counted,
+        "an alert reads the up of a job no PodMonitor makes: {rules}"
     );
     Ok(())
 }
@@ -1908,5 +1948,155 @@ fn alert_rules_pass_promtool() -> Result<()> {
             "alerts.test.yaml never expects {alert} to fire"
         );
     }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reboot recovery: the agent's static pod and what it needs in the cluster
+// ---------------------------------------------------------------------------------------------
+
+/// The recovery agent run with the command line of `manifests/node/kube-apiserver-recovery.yaml`:
+/// every path it mounts moved under a temporary node directory, `$(HOST_IP)` a random loopback
+/// address, the kubelet's kubeconfig one of a test PKI (naming an apiserver that is not there).
+struct RecoveryAgent {
+    child: kube_apiserver_proxy_tests::process::ChildProcess,
+    argv: Vec<String>,
+    metrics: SocketAddr,
+    _pki: Pki,
+    _dir: TempDir,
+}
+
+impl RecoveryAgent {
+    async fn start(extra: &[&str]) -> Result<Self> {
+        let path = repo_root().join("manifests/node/kube-apiserver-recovery.yaml");
+        let pod = yaml_to_json(&std::fs::read_to_string(&path)?)?.remove(0);
+        let c = container(&pod["spec"], "recover")?;
+        let dir = TempDir::new("recovery-node")?;
+        let pki = Pki::new()?;
+        let ip = random_loopback_ip()?;
+        let mut mounts: Vec<String> = c["volumeMounts"]
+            .as_array()
+            .context("volumeMounts")?
+            .iter()
+            .filter_map(|m| m["mountPath"].as_str().map(str::to_owned))
+            .collect();
+        mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        let moved = |p: &str| format!("{}{p}", dir.path().display());
+        for m in &mounts {
+            if m.ends_with(".conf") {
+                std::fs::create_dir_all(Path::new(&moved(m)).parent().context("parent")?)?;
+                std::fs::write(
+                    moved(m),
+                    format!(
+                        "apiVersion: v1\nclusters:\n- cluster:\n    certificate-authority: {}\n    server: https://127.0.0.1:1\n  name: c\nusers:\n- name: u\n  user:\n    client-certificate: {}\n    client-key: {}\n",
+                        pki.ca_file().display(),
+                        pki.client_cert_file().display(),
+                        pki.client_key_file().display()
+                    ),
+                )?;
+            } else {
+                std::fs::create_dir_all(moved(m))?;
+            }
+        }
+        let mut argv: Vec<String> = argv(c)
+            .into_iter()
+            .map(|a| {
+                let mut a = a
+                    .replace("$(HOST_IP)", &ip.to_string())
+                    .replace("$(NODE_NAME)", "node-1");
+                if let Some(m) = mounts.iter().find(|m| a.contains(m.as_str())) {
+                    a = a.replace(m.as_str(), &moved(m));
+                }
+                a
+            })
+            .collect();
+        argv.extend(extra.iter().map(|s| s.to_string()));
+        let listen = flag(&argv, "--metrics-listen").context("no --metrics-listen")?;
+        let metrics: SocketAddr = listen.parse()?;
+        ensure!(
+            argv[0] == "/kube-apiserver-proxy" && argv[1] == "recover",
+            "the agent runs {argv:?}"
+        );
+        let mut command = Command::new(proxy_bin()?);
+        command.args(&argv[1..]).env_remove("RUST_LOG");
+        let child = kube_apiserver_proxy_tests::process::ChildProcess::spawn(command, "recover")?;
+        eventually(DEADLINE, || async {
+            child.ensure_running()?;
+            ensure!(
+                child.stderr().contains("recover: started")
+                    && child.stderr().contains("checkpoint not written"),
+                "not started: {}",
+                child.stderr()
+            );
+            Ok(())
+        })
+        .await?;
+        Ok(Self {
+            child,
+            argv,
+            metrics,
+            _pki: pki,
+            _dir: dir,
+        })
+    }
+
+    async fn metrics(&self) -> Result<String> {
+        let (status, text) = http_get(self.metrics, "/metrics").await?;
+        ensure!(status == 200, "GET /metrics: {status}");
+        Ok(text)
+    }
+}
+
+/// `manifests/node/kube-apiserver-recovery.yaml` and `manifests/recovery` validate; the agent's
+/// command line is accepted by the binary and serves the metrics the alerts read; its PodMonitor
+/// fits it (monitoring_manifests_fit_the_pods).
+#[tokio::test]
+async fn recovery_manifests_validate_and_the_agent_runs_as_written() -> Result<()> {
+    if !tools_available("recovery_manifests_validate_and_the_agent_runs_as_written")? {
+        return Ok(());
+    }
+    let yaml = render("recovery")?;
+    validate("recovery", &yaml)?;
+    let objects = yaml_to_json(&yaml)?;
+    for kind in [
+        "Role",
+        "RoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ] {
+        object(&objects, kind)?;
+    }
+    let node =
+        std::fs::read_to_string(repo_root().join("manifests/node/kube-apiserver-recovery.yaml"))?;
+    validate("node/kube-apiserver-recovery.yaml", &node)?;
+
+    let agent = RecoveryAgent::start(&[]).await?;
+    for name in [
+        "checkpoint_attempts_total",
+        "checkpoint_refused",
+        "checkpoint_written_timestamp_seconds",
+        "checkpoint_verified_timestamp_seconds",
+    ] {
+        let text = agent.metrics().await?;
+        ensure!(
+            text.contains(&format!("{METRIC_PREFIX}{name}")),
+            "the agent does not export {name}: {text}"
+        );
+    }
+    // It reads the apiserver workload it was told about, and the image of the manifest.
+    let image = yaml_to_json(&node)?[0]["spec"]["containers"][0]["image"]
+        .as_str()
+        .context("image")?
+        .to_owned();
+    let repository = image.rsplit_once(':').context("tag")?.0;
+    ensure!(
+        flag(&agent.argv, "--workload").as_deref() == Some("deployment/kube-apiserver")
+            && flag(&agent.argv, "--allow-image-repository").as_deref() == Some(repository),
+        "the agent's flags: {:?}",
+        agent.argv
+    );
+    agent.child.signal(Signal::SIGTERM)?;
+    let status = agent.child.wait_exit(DEADLINE).await?;
+    ensure!(status.success(), "recover exit {status}");
     Ok(())
 }
