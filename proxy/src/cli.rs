@@ -92,6 +92,18 @@ pub struct MigrateArgs {
     /// How long to wait for the Deployment's proxy to ask for the sockets.
     #[arg(long, value_name = "DURATION", default_value = "15m", value_parser = parse_duration)]
     pub timeout: Duration,
+
+    /// An address of this node that serves the port now and may stop being served (repeatable):
+    /// before acting, migrate looks for every address in use (established connections,
+    /// servers of the kubeconfigs in --kubernetes-dir and of kube-public/cluster-info) and
+    /// refuses while one is neither a --listen address nor dropped here.
+    #[arg(long = "drop", value_name = "IP", value_parser = parse_ip)]
+    pub drop: Vec<std::net::IpAddr>,
+
+    /// kubeadm's directory: its *.conf kubeconfigs name the servers clients use; admin.conf
+    /// reads kube-public/cluster-info.
+    #[arg(long, value_name = "DIR", default_value = "/etc/kubernetes")]
+    pub kubernetes_dir: PathBuf,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -590,6 +602,15 @@ pub fn is_display(e: &clap::Error) -> bool {
 /// Parses `500ms`, `2s`, `1m`, `1h30m`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (expected e.g. 500ms, 2s, 1m)"))
+}
+
+/// Parses an IP (`192.0.2.10`, `::1`, `[::1]`) or the IP of an `ip:port`.
+pub fn parse_ip(s: &str) -> Result<std::net::IpAddr, String> {
+    let t = s.trim();
+    t.parse::<SocketAddr>()
+        .map(|a| a.ip())
+        .or_else(|_| t.trim_start_matches('[').trim_end_matches(']').parse())
+        .map_err(|_| format!("{s:?} is not an IP address"))
 }
 
 /// Parses an address, accepting only literal `ip:port` (no DNS: the proxy must not depend on it).

@@ -38,6 +38,8 @@
 //! - [`scrape`]: `--metrics-listen`, the node's one scrape target: every instance's metrics.
 //! - [`metrics`]: every Prometheus metric, in one struct.
 //! - [`migrate`]: moving the node address off kubeadm's static apiserver (`migrate`).
+//! - [`served`]: the addresses of the node that serve or are used for a port (what `migrate`
+//!   must not leave behind).
 //! - [`shard`]: per-thread counters for the data path (no cache line shared by threads).
 //! - [`limits`]: `RLIMIT_NOFILE` raised to the hard limit at start, checked against `--max-connections`.
 //! - [`lograte`]: rate limits for log lines that client traffic can trigger.
@@ -86,6 +88,7 @@ pub mod readiness;
 pub mod recover;
 pub mod retire;
 pub mod scrape;
+pub mod served;
 pub mod server;
 pub mod shard;
 pub mod signal;

@@ -23,13 +23,22 @@
 //!    those addresses reaches the proxy; the apiserver's wildcard socket only sees connections
 //!    to other addresses of the node, and it closes when the apiserver stops.
 //!
+//! Before step 1 changes anything, it looks for every address of the node that serves the port
+//! or is used for it ([`crate::served`]: established connections, the servers of kubeadm's
+//! kubeconfigs and of `kube-public/cluster-info`): a VIP used as `controlPlaneEndpoint`, a second
+//! NIC, the IPv6 side of a dual-stack node, `[::1]`. Each must be a `--listen` address or be
+//! given to `--drop`; otherwise it refuses with one line naming them (exit 2), since those stop
+//! being served when kubeadm's apiserver stops.
+//!
 //! It exits 0 once a proxy took the sockets, 1 when none asked before `--timeout` (nothing
 //! listens then but the apiserver: nothing was changed but `SO_REUSEPORT` on its socket), 2 on
-//! bad input (nothing bound).
+//! bad input or an address left behind (nothing bound). When the kernel denies the access to
+//! the apiserver's descriptors, the error says what denies it: Yama's `ptrace_scope`, a missing
+//! `CAP_SYS_PTRACE`, or a security module.
 
 use std::collections::HashSet;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -41,7 +50,7 @@ use tokio::net::{UnixListener, UnixStream};
 use crate::cli::MigrateArgs;
 use crate::handoff::codec::Message;
 use crate::handoff::{wire, EXCHANGE_TIMEOUT};
-use crate::sys;
+use crate::{served, sys};
 
 /// Why `migrate` failed. [`MigrateError::is_bad_input`] tells exit code 2 from 1.
 #[derive(Debug, thiserror::Error)]
@@ -124,23 +133,40 @@ pub fn parse_wildcard_listeners(table: &str, port: u16) -> Vec<u64> {
 }
 
 /// The first process (lowest pid, or `only`) with a descriptor on one of `inodes`: its pid,
-/// the descriptor number and the inode.
-fn find_holder(inodes: &[u64], only: Option<u32>) -> Option<(u32, RawFd, u64)> {
+/// the descriptor number and the inode; or, if none, the processes whose descriptors could not
+/// be read (the holder may be one of them).
+fn find_holder(
+    inodes: &[u64],
+    only: Option<u32>,
+) -> Result<(u32, RawFd, u64), Vec<(u32, io::Error)>> {
     let mut pids: Vec<u32> = match only {
         Some(p) => vec![p],
         None => std::fs::read_dir("/proc")
-            .ok()?
+            .map_err(|e| vec![(0, e)])?
             .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
             .collect(),
     };
     pids.sort_unstable();
+    let mut denied = Vec::new();
     for pid in pids {
-        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-            continue;
-        };
-        for entry in fds.filter_map(|e| e.ok()) {
-            let Ok(target) = std::fs::read_link(entry.path()) else {
+        let fds = match std::fs::read_dir(format!("/proc/{pid}/fd")) {
+            Ok(fds) => fds,
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+                denied.push((pid, e));
                 continue;
+            }
+            Err(_) => continue,
+        };
+        let mut unreadable = None;
+        for entry in fds.filter_map(|e| e.ok()) {
+            let target = match std::fs::read_link(entry.path()) {
+                Ok(t) => t,
+                // Listing the directory needs only its mode; the links need ptrace access.
+                Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+                    unreadable.get_or_insert(e);
+                    continue;
+                }
+                Err(_) => continue,
             };
             let Some(inode) = target
                 .to_str()
@@ -151,12 +177,85 @@ fn find_holder(inodes: &[u64], only: Option<u32>) -> Option<(u32, RawFd, u64)> {
                 continue;
             };
             if inodes.contains(&inode) {
-                let fd = entry.file_name().to_str()?.parse().ok()?;
-                return Some((pid, fd, inode));
+                if let Some(fd) = entry.file_name().to_str().and_then(|f| f.parse().ok()) {
+                    return Ok((pid, fd, inode));
+                }
             }
         }
+        if let Some(e) = unreadable {
+            denied.push((pid, e));
+        }
     }
-    None
+    Err(denied)
+}
+
+/// What the system says about a denied `ptrace` access (`pidfd_getfd`, reading
+/// `/proc/PID/fd`): Yama's scope, our `CAP_SYS_PTRACE`, the active security modules.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PtraceContext {
+    /// `/proc/sys/kernel/yama/ptrace_scope` (None: no Yama).
+    pub yama_scope: Option<u8>,
+    /// `CAP_SYS_PTRACE` in our effective set.
+    pub cap_sys_ptrace: bool,
+    /// `/sys/kernel/security/lsm` (None: not readable).
+    pub lsms: Option<String>,
+}
+
+impl PtraceContext {
+    /// Read from this system.
+    pub fn read() -> Self {
+        let yama_scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope")
+            .ok()
+            .and_then(|s| s.trim().parse().ok());
+        // CapEff: a hex mask; CAP_SYS_PTRACE is capability 19.
+        let cap_sys_ptrace = std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("CapEff:"))
+                    .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            })
+            .is_some_and(|mask| mask & (1 << 19) != 0);
+        let lsms = std::fs::read_to_string("/sys/kernel/security/lsm")
+            .ok()
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty());
+        PtraceContext {
+            yama_scope,
+            cap_sys_ptrace,
+            lsms,
+        }
+    }
+
+    /// Why an access to another process was denied (`EPERM`/`EACCES`). Pure.
+    pub fn explain(&self) -> String {
+        match (self.yama_scope, self.cap_sys_ptrace) {
+            (Some(3), _) => "Yama's kernel.yama.ptrace_scope is 3: no process may attach to another, root with CAP_SYS_PTRACE included, and only a reboot lowers it; boot with a lower scope (1 or 2) for the migration, or move the node address with an outage".into(),
+            (_, false) => format!(
+                "this process lacks CAP_SYS_PTRACE{} (run it as root on the host, not in a container that drops it)",
+                match self.yama_scope {
+                    Some(2) => " (Yama's ptrace_scope is 2: only CAP_SYS_PTRACE may attach)",
+                    _ => "",
+                }
+            ),
+            (scope, true) => format!(
+                "this process has CAP_SYS_PTRACE and Yama {} allows it, so a Linux security module forbids it (active: {}): look for a ptrace denial in the audit log (AppArmor: a profile confining the apiserver or this process; SELinux: the domain of either)",
+                scope.map_or("(not active)".to_owned(), |s| format!("(ptrace_scope {s})")),
+                self.lsms.as_deref().unwrap_or("unknown, /sys/kernel/security/lsm unreadable")
+            ),
+        }
+    }
+}
+
+/// The error of `pidfd_getfd` (or `pidfd_open`) on `pid`, with what the system says about it.
+fn explain_getfd(e: &io::Error, pid: u32, fd: RawFd) -> String {
+    let why = match e.raw_os_error() {
+        Some(libc::ENOSYS) => "this kernel has no pidfd_getfd (Linux 5.6+ needed)".to_owned(),
+        Some(libc::ESRCH) => format!("process {pid} exited"),
+        Some(libc::EPERM | libc::EACCES) => PtraceContext::read().explain(),
+        _ => "needs Linux 5.6+ and CAP_SYS_PTRACE".to_owned(),
+    };
+    format!("pidfd_getfd of descriptor {fd} of process {pid}: {e}: {why}")
 }
 
 /// Checks the flags before anything is looked at or bound.
@@ -273,19 +372,29 @@ pub fn run(args: &MigrateArgs) -> Result<Outcome, MigrateError> {
         return Ok(Outcome::NothingToMigrate);
     }
     let inodes: Vec<u64> = wildcards.iter().map(|w| w.inode).collect();
-    let (pid, fd, inode) = find_holder(&inodes, args.pid).ok_or_else(|| {
+    let (pid, fd, inode) = find_holder(&inodes, args.pid).map_err(|denied| {
+        let unread = match denied.first() {
+            None => String::new(),
+            Some((p, e)) => format!(
+                "; the descriptors of {} process{} could not be read (/proc/{p}/fd: {e}): {}",
+                denied.len(),
+                if denied.len() == 1 { "" } else { "es" },
+                PtraceContext::read().explain()
+            ),
+        };
         failed(match args.pid {
-            Some(p) => format!("process {p} holds no wildcard listener on port {port}"),
-            None => {
-                format!("no process holds the wildcard listener on port {port} (inodes {inodes:?})")
-            }
+            Some(p) => format!("process {p} holds no wildcard listener on port {port}{unread}"),
+            None => format!(
+                "no process holds the wildcard listener on port {port} (inodes {inodes:?}){unread}"
+            ),
         })
     })?;
-    let taken = sys::take_fd_of(pid, fd).map_err(|e| {
-        failed(format!(
-            "pidfd_getfd of descriptor {fd} of process {pid}: {e} (needs Linux 5.6+ and CAP_SYS_PTRACE)"
-        ))
-    })?;
+
+    // 2. Every address in use must be moved or dropped on purpose: the others stop being
+    // served when kubeadm's apiserver stops.
+    check_served(args, port, pid)?;
+
+    let taken = sys::take_fd_of(pid, fd).map_err(|e| failed(explain_getfd(&e, pid, fd)))?;
     let owner = check_taken(&taken, port, inode)?;
     socket2::SockRef::from(&taken)
         .set_reuse_port(true)
@@ -299,7 +408,7 @@ pub fn run(args: &MigrateArgs) -> Result<Outcome, MigrateError> {
         "migrate: SO_REUSEPORT set on the wildcard listening socket (it stays with its process)"
     );
 
-    // 2. Our sockets, bound beside it, not listening yet.
+    // 3. Our sockets, bound beside it, not listening yet.
     let mut prepared = Vec::new();
     for addr in &args.listen {
         let socket = bind_as(owner, *addr).map_err(|e| {
@@ -315,7 +424,7 @@ pub fn run(args: &MigrateArgs) -> Result<Outcome, MigrateError> {
     }
     tracing::info!(addrs = ?args.listen, "migrate: bound (not listening yet)");
 
-    // 3. The proxy's uid from here on, and its handoff directory.
+    // 4. The proxy's uid from here on, and its handoff directory.
     drop_privileges(args.uid, args.gid.unwrap_or(args.uid))
         .map_err(|e| failed(format!("cannot drop to uid {}: {e}", args.uid)))?;
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -323,6 +432,64 @@ pub fn run(args: &MigrateArgs) -> Result<Outcome, MigrateError> {
         .build()
         .map_err(|e| failed(format!("runtime: {e}")))?;
     runtime.block_on(serve(args, prepared))
+}
+
+/// Refuses (bad input: nothing was touched) while an address of this node that serves `port`
+/// or is used for it is neither a `--listen` address nor given to `--drop`.
+fn check_served(args: &MigrateArgs, port: u16, pid: u32) -> Result<(), MigrateError> {
+    let cluster_info = read_cluster_info(&args.kubernetes_dir);
+    let found = served::find(
+        port,
+        &served::socket_inodes(pid),
+        &args.kubernetes_dir,
+        cluster_info,
+    );
+    for w in &found.warnings {
+        tracing::warn!(warning = %w, "migrate: could not look everywhere for addresses in use");
+    }
+    let listen: Vec<IpAddr> = args
+        .listen
+        .iter()
+        .map(|a| served::canonical(a.ip()))
+        .collect();
+    let mut uncovered = Vec::new();
+    for (ip, f) in &found.addresses {
+        let moved = listen.contains(ip);
+        let dropped = args.drop.iter().any(|d| served::canonical(*d) == *ip);
+        tracing::info!(address = %SocketAddr::new(*ip, port), reasons = %f.reasons.join("; "), moved, dropped, "migrate: address in use");
+        if !moved && !dropped {
+            uncovered.push(format!(
+                "{} ({})",
+                SocketAddr::new(*ip, port),
+                f.reasons.join("; ")
+            ));
+        }
+    }
+    if uncovered.is_empty() {
+        return Ok(());
+    }
+    Err(bad(format!(
+        "these addresses of this node serve port {port} now and would stop being served when kubeadm's apiserver stops: {}; give each as --listen (and in the Deployment's proxy --listen) or accept losing it with --drop",
+        uncovered.join(", ")
+    )))
+}
+
+/// The kubeconfig in `kube-public/cluster-info` (kubeadm's `controlPlaneEndpoint` as joining
+/// nodes see it), read with `admin.conf`.
+fn read_cluster_info(dir: &Path) -> Result<String, String> {
+    let api = crate::checkpoint::ApiClient::from_kubeconfig(&dir.join("admin.conf"))
+        .map_err(|e| e.to_string())?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let cm = runtime
+        .block_on(api.get_json("/api/v1/namespaces/kube-public/configmaps/cluster-info"))
+        .map_err(|e| e.to_string())?;
+    cm["data"]["kubeconfig"]
+        .as_str()
+        .map(str::to_owned)
+        .ok_or_else(|| "no data.kubeconfig".to_owned())
 }
 
 /// The taken descriptor must be the wildcard listener found; returns its owner's uid.
@@ -505,6 +672,36 @@ mod tests {
    0: 00000000000000000000000000000000:192B 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 5555 1 0000000000000000 100 0 0 10 0\n";
         assert_eq!(parse_wildcard_listeners(v6, 6443), vec![5555]);
         assert!(parse_wildcard_listeners(v6, 6444).is_empty());
+    }
+
+    #[test]
+    fn a_denied_ptrace_is_explained_by_what_denies_it() {
+        let ctx = |yama_scope, cap_sys_ptrace, lsms: Option<&str>| PtraceContext {
+            yama_scope,
+            cap_sys_ptrace,
+            lsms: lsms.map(str::to_owned),
+        };
+        let yama3 = ctx(Some(3), true, Some("capability,yama")).explain();
+        assert!(
+            yama3.contains("ptrace_scope is 3") && yama3.contains("reboot"),
+            "{yama3}"
+        );
+        assert!(ctx(Some(3), false, None)
+            .explain()
+            .contains("ptrace_scope is 3"));
+        let no_cap = ctx(Some(1), false, None).explain();
+        assert!(no_cap.contains("lacks CAP_SYS_PTRACE"), "{no_cap}");
+        assert!(ctx(Some(2), false, None)
+            .explain()
+            .contains("ptrace_scope is 2"));
+        let lsm = ctx(Some(1), true, Some("lockdown,capability,yama,apparmor")).explain();
+        assert!(
+            lsm.contains("security module")
+                && lsm.contains("apparmor")
+                && lsm.contains("ptrace_scope 1"),
+            "{lsm}"
+        );
+        assert!(ctx(None, true, None).explain().contains("(not active)"));
     }
 
     #[test]

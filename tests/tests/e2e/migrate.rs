@@ -13,6 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{ensure, Context as _, Result};
+use kube_apiserver_proxy_tests::certs::Pki;
+use kube_apiserver_proxy_tests::fake_apiserver::FakeApiserver;
 use kube_apiserver_proxy_tests::process::ChildProcess;
 use kube_apiserver_proxy_tests::proxy::{proxy_bin, run_cli};
 use kube_apiserver_proxy_tests::util::{
@@ -131,14 +133,62 @@ fn handoff_dir(tmp: &TempDir) -> Result<std::path::PathBuf> {
     Ok(dir)
 }
 
+/// `migrate` with these `--listen` addresses; the kubeconfigs it reads are in `dir/kubernetes`
+/// (none unless the test writes some), never the host's `/etc/kubernetes`.
 fn migrate_command(listen: &[SocketAddr], dir: &Path) -> Result<Command> {
+    let kubernetes = dir
+        .parent()
+        .context("handoff dir's parent")?
+        .join("kubernetes");
+    std::fs::create_dir_all(&kubernetes)?;
     let mut cmd = Command::new(proxy_bin()?);
     cmd.arg("migrate");
     for addr in listen {
         cmd.arg("--listen").arg(addr.to_string());
     }
-    cmd.arg("--handoff-dir").arg(dir).args(["--timeout", "60s"]);
+    cmd.arg("--handoff-dir")
+        .arg(dir)
+        .args(["--timeout", "60s"])
+        .arg("--kubernetes-dir")
+        .arg(kubernetes);
     Ok(cmd)
+}
+
+/// "kubeadm's apiserver": root, no SO_REUSEPORT, on `listen` (a wildcard), ready.
+async fn wildcard_holder(listen: &str, run_as: Option<u32>) -> Result<ChildProcess> {
+    let mut cmd = match run_as {
+        Some(uid) => {
+            let mut c = Command::new("setpriv");
+            c.arg(format!("--reuid={uid}"))
+                .arg(format!("--regid={uid}"))
+                .arg("--clear-groups")
+                .arg(fake_apiserver_bin());
+            c
+        }
+        None => Command::new(fake_apiserver_bin()),
+    };
+    cmd.args(["--mode", "echo", "--listen", listen]);
+    let holder = ChildProcess::spawn(cmd, "wildcard holder")?;
+    eventually(DEADLINE, || async {
+        holder.ensure_running()?;
+        ensure!(holder.stdout().contains("listening on"), "not yet");
+        Ok(())
+    })
+    .await?;
+    Ok(holder)
+}
+
+/// Whether a root socket with SO_REUSEPORT can bind beside the holder's wildcard socket, i.e.
+/// whether SO_REUSEPORT was set on it.
+fn reuseport_set_on_the_wildcard(addr: SocketAddr) -> bool {
+    let s = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        None,
+    )
+    .expect("socket");
+    s.set_reuse_port(true).expect("SO_REUSEPORT");
+    s.bind(&addr.into()).is_ok()
 }
 
 #[test]
@@ -386,5 +436,166 @@ async fn launch_moves_the_port_while_a_wildcard_listener_holds_it() -> Result<()
         "{out:?}"
     );
     drop(wildcard);
+    Ok(())
+}
+
+#[test]
+fn refuses_to_leave_an_address_in_use_behind() -> Result<()> {
+    crate::handoff::run_in_netns("migrate::inner_refuses_to_leave_an_address_in_use_behind")
+}
+
+/// A VIP named by `kube-public/cluster-info` (`controlPlaneEndpoint`), a second address named by
+/// a kubeconfig, and `[::1]` with an established client: `migrate --listen NODE --listen
+/// 127.0.0.1` refuses with one line naming the three (exit 2) and changes nothing; once each is
+/// moved or dropped on purpose, it proceeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "runs inside a network namespace through refuses_to_leave_an_address_in_use_behind"]
+async fn inner_refuses_to_leave_an_address_in_use_behind() -> Result<()> {
+    crate::handoff::inner_setup()?;
+    let port = free_random_loopback_addr()?.port();
+    let node = SocketAddr::from(([127, 1, 1, 1], port));
+    let local = SocketAddr::from(([127, 0, 0, 1], port));
+    let vip = SocketAddr::from(([127, 4, 4, 4], port));
+    let second = SocketAddr::from(([127, 2, 2, 2], port));
+    let v6 = kube_apiserver_proxy_tests::util::ipv6_loopback_available();
+    // Go's kube-apiserver on 0.0.0.0 listens dual-stack, [::]:PORT.
+    let holder = wildcard_holder(
+        &format!("{}:{port}", if v6 { "[::]" } else { "0.0.0.0" }),
+        None,
+    )
+    .await?;
+    let tmp = TempDir::new("migrate-served")?;
+    let dir = handoff_dir(&tmp)?;
+    let kubernetes = tmp.join("kubernetes");
+    std::fs::create_dir(&kubernetes)?;
+
+    // kube-public/cluster-info names the VIP; admin.conf reaches the apiserver that serves it.
+    let pki = Pki::new()?;
+    let api_ip = kube_apiserver_proxy_tests::util::random_loopback_ip()?;
+    let serving = pki.ca.server_cert(&["kubernetes", &api_ip.to_string()])?;
+    let api = FakeApiserver::https_with_identity(serving.cert_chain(), serving.private_key())
+        .bind(SocketAddr::new(api_ip, 0))
+        .require_client_cert(pki.ca.root_store()?)
+        .object(
+            "/api/v1/namespaces/kube-public/configmaps/cluster-info",
+            &serde_json::json!({"kind": "ConfigMap", "data": {"kubeconfig": format!(
+                "apiVersion: v1\nclusters:\n- cluster:\n    certificate-authority-data: x\n    server: https://{vip}\n  name: \"\"\n")}}),
+        )
+        .start()
+        .await?;
+    let conf = |server: SocketAddr| {
+        format!(
+            "apiVersion: v1\nclusters:\n- cluster:\n    certificate-authority: {}\n    server: https://{server}\n  name: c\nusers:\n- name: u\n  user:\n    client-certificate: {}\n    client-key: {}\n",
+            pki.ca_file().display(),
+            pki.client_cert_file().display(),
+            pki.client_key_file().display()
+        )
+    };
+    std::fs::write(kubernetes.join("admin.conf"), conf(api.addr()))?;
+    std::fs::write(kubernetes.join("scheduler.conf"), conf(second))?;
+    std::fs::write(kubernetes.join("kubelet.conf"), conf(node))?;
+    // A client of [::1] that stays connected (the node's own kubectl, say).
+    let _client = if v6 {
+        Some(
+            tokio::net::TcpStream::connect(SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, port)))
+                .await?,
+        )
+    } else {
+        None
+    };
+
+    let run = |extra: &[String]| -> Result<Command> {
+        let mut cmd = migrate_command(&[node, local], &dir)?;
+        cmd.args(extra);
+        Ok(cmd)
+    };
+    let refused = ChildProcess::spawn(run(&[])?, "migrate")?;
+    let status = refused.wait_exit(DEADLINE).await?;
+    let stderr = refused.stderr();
+    let last = stderr.lines().last().unwrap_or("");
+    ensure!(status.code() == Some(2), "migrate: {status}: {stderr}");
+    ensure!(
+        last.starts_with("error: migrate: these addresses of this node serve port")
+            && last.contains(&format!("{vip} (server {vip} in kube-public/cluster-info)"))
+            && last.contains(&format!(
+                "{second} (server {second} in {}",
+                kubernetes.join("scheduler.conf").display()
+            ))
+            && (!v6 || last.contains(&format!("[::1]:{port} (1 established connection)")))
+            && !last.contains(&node.to_string())
+            && !last.contains(&local.to_string()),
+        "{stderr}"
+    );
+    // Nothing was touched: the wildcard socket still refuses company.
+    ensure!(
+        !reuseport_set_on_the_wildcard(node),
+        "SO_REUSEPORT was set on the holder's socket"
+    );
+    ensure!(
+        std::fs::read_dir(&dir)?.next().is_none(),
+        "something in the handoff directory"
+    );
+
+    // Moved (the second address) or dropped (the VIP, [::1]) on purpose: it goes ahead.
+    let mut extra = vec![
+        "--listen".to_owned(),
+        second.to_string(),
+        "--drop".to_owned(),
+        vip.ip().to_string(),
+    ];
+    if v6 {
+        extra.extend(["--drop".to_owned(), "[::1]".to_owned()]);
+    }
+    let going = ChildProcess::spawn(run(&extra)?, "migrate")?;
+    eventually(DEADLINE, || async {
+        going.ensure_running()?;
+        ensure!(
+            going.stderr().contains("waiting for a proxy"),
+            "not yet: {}",
+            going.stderr()
+        );
+        Ok(())
+    })
+    .await?;
+    going.signal(Signal::SIGTERM)?;
+    let status = going.wait_exit(DEADLINE).await?;
+    ensure!(
+        status.code() == Some(1) && going.stderr().contains("nothing was handed over"),
+        "{status}: {}",
+        going.stderr()
+    );
+    drop(holder);
+    Ok(())
+}
+
+#[test]
+fn a_denied_ptrace_says_what_denies_it() -> Result<()> {
+    crate::handoff::run_in_netns("migrate::inner_a_denied_ptrace_says_what_denies_it")
+}
+
+/// `migrate` without `CAP_SYS_PTRACE` (dropped from its bounding set: a container that runs it
+/// as root) cannot reach the apiserver's descriptors of another uid; the error says that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "runs inside a network namespace through a_denied_ptrace_says_what_denies_it"]
+async fn inner_a_denied_ptrace_says_what_denies_it() -> Result<()> {
+    crate::handoff::inner_setup()?;
+    let port = free_random_loopback_addr()?.port();
+    let holder = wildcard_holder(&format!("0.0.0.0:{port}"), Some(65534)).await?;
+    let tmp = TempDir::new("migrate-ptrace")?;
+    let dir = handoff_dir(&tmp)?;
+    let inner = migrate_command(&[SocketAddr::from(([127, 1, 1, 1], port))], &dir)?;
+    let mut cmd = Command::new("setpriv");
+    cmd.args(["--inh-caps=-sys_ptrace", "--bounding-set=-sys_ptrace", "--"])
+        .arg(inner.get_program())
+        .args(inner.get_args());
+    let out = cmd.output()?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(out.status.code() == Some(1), "{:?}: {stderr}", out.status);
+    ensure!(
+        stderr.contains("could not be read")
+            && stderr.contains("this process lacks CAP_SYS_PTRACE"),
+        "{stderr}"
+    );
+    drop(holder);
     Ok(())
 }
