@@ -163,8 +163,28 @@ impl ApiClient {
         })
     }
 
+    /// An apiserver at `addr` verified against the CA bundle `ca` under `server_name`, read
+    /// anonymously (`/readyz`, `/version`).
+    pub fn anonymous(addr: SocketAddr, ca: &Path, server_name: &str) -> Result<Self, String> {
+        let roots = crate::tls::load_roots(ca).map_err(|e| e.to_string())?;
+        let tls = crate::tls::client_config(Some(roots), None).map_err(|e| e.to_string())?;
+        Ok(ApiClient {
+            host: addr.ip().to_string(),
+            port: addr.port(),
+            server_name: rustls::pki_types::ServerName::try_from(server_name.to_owned())
+                .map_err(|e| format!("server name {server_name}: {e}"))?,
+            tls,
+        })
+    }
+
     /// `GET path` (with query); the JSON body of a 200.
     pub async fn get_json(&self, path: &str) -> Result<Value, ApiError> {
+        let body = self.get(path).await?;
+        serde_json::from_slice(&body).map_err(|e| ApiError::Other(format!("not JSON: {e}")))
+    }
+
+    /// `GET path` (with query); the body of a 200.
+    pub async fn get(&self, path: &str) -> Result<Bytes, ApiError> {
         let work = async {
             let addr: SocketAddr = tokio::net::lookup_host((self.host.as_str(), self.port))
                 .await
@@ -210,7 +230,7 @@ impl ApiClient {
                         ),
                     ));
                 }
-                serde_json::from_slice(&body).map_err(|e| ApiError::Other(format!("not JSON: {e}")))
+                Ok(body)
             }
             .await;
             conn.abort();

@@ -44,6 +44,9 @@ pub enum Command {
     /// kube-apiserver's wildcard socket (0.0.0.0:6443) to the Deployment's proxy without
     /// refusing a connection (docs/operations.md, "Migrating from kubeadm").
     Migrate(MigrateArgs),
+    /// As root, on the controller: back from the Deployment to kubeadm's static kube-apiserver
+    /// without refusing a connection (docs/operations.md, "Going back to kubeadm's static pod").
+    MigrateBack(MigrateBackArgs),
     /// Node agent (a static pod): keep the last-known-good checkpoint of the apiserver
     /// Deployment's pod; after a reboot, put it into the kubelet's static pod directory when
     /// nothing serves the node address; remove it once the recovery instance asks to be retired.
@@ -104,6 +107,60 @@ pub struct MigrateArgs {
     /// reads kube-public/cluster-info.
     #[arg(long, value_name = "DIR", default_value = "/etc/kubernetes")]
     pub kubernetes_dir: PathBuf,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct MigrateBackArgs {
+    /// kubeadm's kube-apiserver manifest for the version that runs now, with
+    /// --permit-port-sharing=true (docs/operations.md says how kubeadm renders it); put into
+    /// --static-pod-dir as kube-apiserver.yaml.
+    #[arg(long, value_name = "FILE")]
+    pub manifest: PathBuf,
+
+    /// The kubelet's static pod directory.
+    #[arg(long, value_name = "DIR", default_value = "/etc/kubernetes/manifests")]
+    pub static_pod_dir: PathBuf,
+
+    /// The proxies' handoff directory (owned by --uid, mode 0700): the Deployment's proxy hands
+    /// its listening sockets over here as it drains.
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/run/kube-apiserver-proxy/handoff"
+    )]
+    pub handoff_dir: PathBuf,
+
+    /// The proxies' uid (peers authenticate each other by uid).
+    #[arg(long, value_name = "UID", default_value = "65532")]
+    pub uid: u32,
+
+    /// The proxies' gid (default: --uid).
+    #[arg(long, value_name = "GID")]
+    pub gid: Option<u32>,
+
+    /// The cluster CA: the apiservers' /version and /readyz are read verified against it, under
+    /// the name `kubernetes`.
+    #[arg(
+        long,
+        value_name = "FILE",
+        default_value = "/etc/kubernetes/pki/ca.crt"
+    )]
+    pub ca_file: PathBuf,
+
+    /// Go ahead even though the manifest's image tag is not the version the apiserver serving
+    /// now reports.
+    #[arg(long)]
+    pub allow_version_change: bool,
+
+    /// How long to wait for the static apiserver and then for the Deployment's proxies to hand
+    /// their sockets over (delete the Deployment meanwhile).
+    #[arg(long, value_name = "DURATION", default_value = "15m", value_parser = parse_duration)]
+    pub timeout: Duration,
+
+    /// How long connections still queued on a taken socket, forwarded to the static apiserver,
+    /// may go on before they are closed.
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+    pub drain_timeout: Duration,
 }
 
 #[derive(Debug, Clone, Args)]

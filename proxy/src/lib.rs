@@ -38,6 +38,7 @@
 //! - [`scrape`]: `--metrics-listen`, the node's one scrape target: every instance's metrics.
 //! - [`metrics`]: every Prometheus metric, in one struct.
 //! - [`migrate`]: moving the node address off kubeadm's static apiserver (`migrate`).
+//! - [`migrate_back`]: back from the Deployment to kubeadm's static apiserver (`migrate-back`).
 //! - [`served`]: the addresses of the node that serve or are used for a port (what `migrate`
 //!   must not leave behind).
 //! - [`shard`]: per-thread counters for the data path (no cache line shared by threads).
@@ -80,6 +81,7 @@ pub mod listener;
 pub mod lograte;
 pub mod metrics;
 pub mod migrate;
+pub mod migrate_back;
 pub mod net;
 pub mod notify;
 pub mod pace;

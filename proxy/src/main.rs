@@ -12,7 +12,7 @@ use clap::Parser;
 use kube_apiserver_proxy::cli::{self, Cli, Command, LogFormat, RunArgs, RuntimeShape};
 use kube_apiserver_proxy::config::Config;
 use kube_apiserver_proxy::{
-    install, kubernetes_endpoints, launch, migrate, probe, recover, server, signal,
+    install, kubernetes_endpoints, launch, migrate, migrate_back, probe, recover, server, signal,
 };
 
 fn main() -> ExitCode {
@@ -53,6 +53,17 @@ fn main() -> ExitCode {
             init_tracing(LogFormat::Text, "info");
             match migrate::run(&args) {
                 Ok(_) => ExitCode::SUCCESS,
+                Err(e) if e.is_bad_input() => bad_input(format!("error: {e}")),
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Some(Command::MigrateBack(args)) => {
+            init_tracing(LogFormat::Text, "info");
+            match migrate_back::run(&args) {
+                Ok(()) => ExitCode::SUCCESS,
                 Err(e) if e.is_bad_input() => bad_input(format!("error: {e}")),
                 Err(e) => {
                     eprintln!("error: {e}");

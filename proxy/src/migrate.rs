@@ -135,7 +135,7 @@ pub fn parse_wildcard_listeners(table: &str, port: u16) -> Vec<u64> {
 /// The first process (lowest pid, or `only`) with a descriptor on one of `inodes`: its pid,
 /// the descriptor number and the inode; or, if none, the processes whose descriptors could not
 /// be read (the holder may be one of them).
-fn find_holder(
+pub(crate) fn find_holder(
     inodes: &[u64],
     only: Option<u32>,
 ) -> Result<(u32, RawFd, u64), Vec<(u32, io::Error)>> {
@@ -248,7 +248,7 @@ impl PtraceContext {
 }
 
 /// The error of `pidfd_getfd` (or `pidfd_open`) on `pid`, with what the system says about it.
-fn explain_getfd(e: &io::Error, pid: u32, fd: RawFd) -> String {
+pub(crate) fn explain_getfd(e: &io::Error, pid: u32, fd: RawFd) -> String {
     let why = match e.raw_os_error() {
         Some(libc::ENOSYS) => "this kernel has no pidfd_getfd (Linux 5.6+ needed)".to_owned(),
         Some(libc::ESRCH) => format!("process {pid} exited"),
@@ -293,25 +293,26 @@ fn validate(args: &MigrateArgs) -> Result<u16, MigrateError> {
             "must run as root: it reads the apiserver's socket with pidfd_getfd (CAP_SYS_PTRACE) and binds beside it under its uid",
         ));
     }
-    let dir = &args.handoff_dir;
+    check_handoff_dir(&args.handoff_dir, args.uid).map_err(bad)?;
+    Ok(port)
+}
+
+/// The proxies' handoff directory must be a directory of `uid`, writable by nobody else.
+pub(crate) fn check_handoff_dir(dir: &Path, uid: u32) -> Result<(), String> {
     let meta = std::fs::symlink_metadata(dir)
-        .map_err(|e| bad(format!("--handoff-dir {}: {e}", dir.display())))?;
+        .map_err(|e| format!("--handoff-dir {}: {e}", dir.display()))?;
     if !meta.is_dir() || meta.file_type().is_symlink() {
-        return Err(bad(format!(
-            "--handoff-dir {}: not a directory",
-            dir.display()
-        )));
+        return Err(format!("--handoff-dir {}: not a directory", dir.display()));
     }
-    if meta.uid() != args.uid || meta.mode() & 0o022 != 0 {
-        return Err(bad(format!(
-            "--handoff-dir {}: must belong to uid {} with mode 0700 (it is {}, {:o}); see manifests/node/tmpfiles.d",
+    if meta.uid() != uid || meta.mode() & 0o022 != 0 {
+        return Err(format!(
+            "--handoff-dir {}: must belong to uid {uid} with mode 0700 (it is {}, {:o}); see manifests/node/tmpfiles.d",
             dir.display(),
-            args.uid,
             meta.uid(),
             meta.mode() & 0o7777
-        )));
+        ));
     }
-    Ok(port)
+    Ok(())
 }
 
 /// A socket created under `owner`'s uid (the uid `SO_REUSEPORT` matches against), with

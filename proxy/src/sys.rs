@@ -16,6 +16,8 @@
 //!   successor turns the inherited descriptor number back into an `OwnedFd`.
 //! - `migrate` duplicates kube-apiserver's listening socket out of its process with
 //!   `pidfd_open` and `pidfd_getfd`, which have no safe wrapper in nix or libc.
+//! - `migrate-back` attaches a classic BPF socket filter (`SO_ATTACH_FILTER`, whose argument
+//!   points at the program) to a listening socket it is about to close.
 //!
 //! Everything else (credentials, socket type and state, addresses) uses nix's safe API.
 
@@ -287,6 +289,71 @@ pub fn take_fd_of(pid: u32, fd: RawFd) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(taken as RawFd) })
 }
 
+/// Makes a listening TCP socket drop every new connection attempt (a SYN without ACK) while it
+/// still completes the handshakes already under way: a classic BPF filter on the socket
+/// (`SO_ATTACH_FILTER`; the kernel runs it on every segment for the socket, with the TCP header
+/// at offset 0). A dropped SYN is sent again by the client (after 1 s on Linux) and then finds
+/// whatever listens once this socket is closed; closing a listener with an empty queue resets
+/// nothing. No privilege is needed.
+pub fn drop_new_connections(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // ldb [13]            TCP flags
+    // and #0x12           SYN | ACK
+    // jeq #0x02, 0, 1     SYN alone?
+    // ret #0              drop
+    // ret #0xffffffff     keep
+    let program = [
+        libc::sock_filter {
+            code: 0x30,
+            jt: 0,
+            jf: 0,
+            k: 13,
+        },
+        libc::sock_filter {
+            code: 0x54,
+            jt: 0,
+            jf: 0,
+            k: 0x12,
+        },
+        libc::sock_filter {
+            code: 0x15,
+            jt: 0,
+            jf: 1,
+            k: 0x02,
+        },
+        libc::sock_filter {
+            code: 0x06,
+            jt: 0,
+            jf: 0,
+            k: 0,
+        },
+        libc::sock_filter {
+            code: 0x06,
+            jt: 0,
+            jf: 0,
+            k: u32::MAX,
+        },
+    ];
+    let fprog = libc::sock_fprog {
+        len: program.len() as libc::c_ushort,
+        filter: program.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: `fprog` points at `program`, both alive for the call; the kernel copies the
+    // program and reads nothing after returning.
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_FILTER,
+            &fprog as *const libc::sock_fprog as *const libc::c_void,
+            std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Bytes written into a TCP socket so far: acknowledged by the peer (`tcpi_bytes_acked`) plus
 /// still in the send queue (`SIOCOUTQ`).
 pub fn tcp_bytes_written(fd: BorrowedFd<'_>) -> io::Result<u64> {
@@ -417,5 +484,33 @@ mod tests {
         let sock =
             socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
         assert!(listening_tcp_addr(sock.as_fd()).is_err());
+    }
+}
+
+#[cfg(test)]
+mod filter_tests {
+    use super::*;
+    use std::os::fd::AsFd;
+    use std::time::Duration;
+
+    #[test]
+    fn a_filtered_listener_takes_no_new_connection_and_refuses_none() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        // Before: a connect completes.
+        drop(std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).unwrap());
+        let (first, _) = listener.accept().unwrap();
+        drop(first);
+        drop_new_connections(listener.as_fd()).unwrap();
+        // After: the SYN is dropped, neither accepted nor refused (the client would send it
+        // again after 1 s).
+        let e = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(300))
+            .expect_err("connected through the filter");
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
+        listener.set_nonblocking(true).unwrap();
+        assert_eq!(
+            listener.accept().unwrap_err().kind(),
+            io::ErrorKind::WouldBlock
+        );
     }
 }

@@ -83,6 +83,7 @@ pub struct FakeApiserverBuilder {
     watch_interval: Duration,
     objects: HashMap<String, String>,
     bearer_token: Option<String>,
+    reuse_port: bool,
 }
 
 impl FakeApiserverBuilder {
@@ -95,7 +96,14 @@ impl FakeApiserverBuilder {
             watch_interval: DEFAULT_WATCH_INTERVAL,
             objects: HashMap::new(),
             bearer_token: None,
+            reuse_port: false,
         }
+    }
+
+    /// Binds with `SO_REUSEPORT` (kube-apiserver's `--permit-port-sharing`).
+    pub fn reuse_port(mut self, on: bool) -> Self {
+        self.reuse_port = on;
+        self
     }
 
     /// Serves `json` at `GET path` (e.g. `/api/v1/namespaces/kube-system/pods/p`).
@@ -151,9 +159,25 @@ impl FakeApiserverBuilder {
 
     /// Binds and starts serving in the current tokio runtime.
     pub async fn start(self) -> Result<FakeApiserver> {
-        let listener = TcpListener::bind(self.addr)
-            .await
-            .with_context(|| format!("fake apiserver: bind {}", self.addr))?;
+        let listener = if self.reuse_port {
+            let socket = socket2::Socket::new(
+                socket2::Domain::for_address(self.addr),
+                socket2::Type::STREAM,
+                None,
+            )?;
+            socket.set_reuse_address(true)?;
+            socket.set_reuse_port(true)?;
+            socket.set_nonblocking(true)?;
+            socket
+                .bind(&self.addr.into())
+                .with_context(|| format!("fake apiserver: bind {} (SO_REUSEPORT)", self.addr))?;
+            socket.listen(1024)?;
+            TcpListener::from_std(socket.into())?
+        } else {
+            TcpListener::bind(self.addr)
+                .await
+                .with_context(|| format!("fake apiserver: bind {}", self.addr))?
+        };
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             ready: AtomicBool::new(self.ready),

@@ -7,6 +7,7 @@
 //! ```text
 //! fake-apiserver --listen ADDR --cert F --key F [--client-ca F] [--ready-file F]
 //!                [--address-file F] [--mode https|echo|sink] [--watch-interval-ms N]
+//!                [--permit-port-sharing[=true]]
 //! ```
 //!
 //! With `--ready-file`, `/readyz` answers 200 only while that file exists, and never after
@@ -37,6 +38,8 @@ struct Args {
     watch_interval_ms: Option<u64>,
     /// Like kube-apiserver: after SIGTERM, /readyz fails at once and serving goes on this long.
     shutdown_delay: Duration,
+    /// kube-apiserver's `--permit-port-sharing`: bind with SO_REUSEPORT.
+    permit_port_sharing: bool,
 }
 
 /// Parses `500ms`, `5s`, `1m` (the forms kube-apiserver manifests use).
@@ -82,6 +85,9 @@ fn parse_args() -> Result<Args> {
             "--ready-file" => args.ready_file = Some(value()?.into()),
             "--address-file" => args.address_file = Some(value()?.into()),
             "--mode" => args.mode = value()?,
+            "--permit-port-sharing" => {
+                args.permit_port_sharing = inline.as_deref().is_none_or(|v| v == "true")
+            }
             "--watch-interval-ms" => {
                 args.watch_interval_ms = Some(value()?.parse().context("--watch-interval-ms")?)
             }
@@ -148,7 +154,7 @@ fn builder(args: &Args) -> Result<FakeApiserverBuilder> {
         }
         other => bail!("--mode {other}: expected https, echo or sink"),
     };
-    builder = builder.bind(addr);
+    builder = builder.bind(addr).reuse_port(args.permit_port_sharing);
     if let Some(file) = &args.ready_file {
         builder = builder.ready_file(file);
     }

@@ -599,3 +599,208 @@ async fn inner_a_denied_ptrace_says_what_denies_it() -> Result<()> {
     drop(holder);
     Ok(())
 }
+
+// ---------------------------------------------------------------------------------------------
+// migrate-back: from the Deployment back to kubeadm's static apiserver
+// ---------------------------------------------------------------------------------------------
+
+/// What the HTTPS prober saw on one address: successes, refusals, other errors, slowest.
+#[derive(Debug, Default, Clone)]
+struct HttpsSeen {
+    ok: u64,
+    refused: u64,
+    errors: Vec<String>,
+    slowest: Duration,
+}
+
+/// `GET /readyz` over a fresh TLS connection to every address in turn, until stopped: an
+/// answer (whatever its status) is a success, a refused connect or any other error is not.
+fn https_prober(
+    client: Arc<kube_apiserver_proxy_tests::client::HttpsClient>,
+    addrs: Vec<SocketAddr>,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<Vec<(SocketAddr, HttpsSeen)>> {
+    tokio::spawn(async move {
+        let mut seen: Vec<(SocketAddr, HttpsSeen)> =
+            addrs.iter().map(|a| (*a, HttpsSeen::default())).collect();
+        while !stop.load(Ordering::SeqCst) {
+            for (addr, s) in seen.iter_mut() {
+                let t = std::time::Instant::now();
+                // Any answer counts: an apiserver that is stopping answers /readyz with 503.
+                match client.get(*addr, "/readyz").await {
+                    Ok(_) => s.ok += 1,
+                    Err(e) if format!("{e:#}").contains("Connection refused") => s.refused += 1,
+                    Err(e) => s.errors.push(format!("{e:#}")),
+                }
+                s.slowest = s.slowest.max(t.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        seen
+    })
+}
+
+#[test]
+fn migrate_back_hands_the_addresses_to_a_static_apiserver_without_refusing() -> Result<()> {
+    crate::handoff::run_in_netns(
+        "migrate::inner_migrate_back_hands_the_addresses_to_a_static_apiserver",
+    )
+}
+
+/// The Deployment (its proxy, as 65532, on the node address and 127.0.0.1; its apiserver on a
+/// random 127.a.b.c) goes, kubeadm's static apiserver (root, `0.0.0.0`, `--permit-port-sharing`)
+/// comes: it can bind only after `migrate-back` prepared the sockets, the draining proxy hands
+/// its sockets to `migrate-back`, which closes them with nothing reset, and not one request of
+/// an HTTPS prober on both addresses fails or is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "runs inside a network namespace through migrate_back_hands_the_addresses_to_a_static_apiserver_without_refusing"]
+async fn inner_migrate_back_hands_the_addresses_to_a_static_apiserver() -> Result<()> {
+    crate::handoff::inner_setup()?;
+    let pki = Pki::new()?;
+    let port = free_random_loopback_addr()?.port();
+    let node = SocketAddr::from(([127, 1, 1, 1], port));
+    let local = SocketAddr::from(([127, 0, 0, 1], port));
+    let tmp = TempDir::new("migrate-back")?;
+    let dir = handoff_dir(&tmp)?;
+    let manifests = tmp.join("manifests");
+    std::fs::create_dir(&manifests)?;
+    let fake = |listen: String, extra: &[&str]| -> Result<ChildProcess> {
+        let mut cmd = Command::new(fake_apiserver_bin());
+        cmd.args(["--listen", &listen, "--cert"])
+            .arg(pki.server_cert_file())
+            .arg("--key")
+            .arg(pki.server_key_file())
+            .args(extra);
+        ChildProcess::spawn(cmd, "fake apiserver")
+    };
+    let started = |p: &ChildProcess| {
+        let out = p.stdout();
+        out.contains("listening on")
+    };
+
+    // The Deployment's pod: its apiserver (root, no SO_REUSEPORT; kube-apiserver's shutdown
+    // delay keeps serving after SIGTERM) and its proxy.
+    let own = SocketAddr::new(
+        kube_apiserver_proxy_tests::util::random_loopback_ip()?,
+        port,
+    );
+    let deployment_apiserver = fake(own.to_string(), &["--shutdown-delay-duration=3s"])?;
+    eventually(DEADLINE, || async {
+        deployment_apiserver.ensure_running()?;
+        ensure!(started(&deployment_apiserver), "not yet");
+        Ok(())
+    })
+    .await?;
+    let proxy = serving(
+        kube_apiserver_proxy_tests::proxy::ProxyBuilder::new()
+            .listen(node)
+            .listen(local)
+            .backend(own)
+            .health_check("tcp")
+            .fast_health()
+            .drain_timeout(Duration::from_secs(10))
+            .arg("--handoff-dir")
+            .arg(&dir)
+            .run_as(PROXY_UID),
+    )
+    .await?;
+
+    let client = Arc::new(kube_apiserver_proxy_tests::client::HttpsClient::new(
+        pki.client_config(false)?,
+    ));
+    let stop = Arc::new(AtomicBool::new(false));
+    let prober = https_prober(client.clone(), vec![node, local], stop.clone());
+
+    // Without migrate-back, kubeadm's apiserver cannot bind beside them.
+    let blocked = fake(format!("0.0.0.0:{port}"), &["--permit-port-sharing=true"])?;
+    let status = blocked.wait_exit(DEADLINE).await?;
+    ensure!(
+        !status.success() && blocked.stderr().contains("in use"),
+        "kubeadm's apiserver bound beside the Deployment: {status} {}",
+        blocked.stderr()
+    );
+
+    // kubeadm's manifest, of the version that serves (the fake's /version).
+    let manifest = tmp.join("kube-apiserver.yaml");
+    std::fs::write(
+        &manifest,
+        "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - command:\n    - kube-apiserver\n    - --secure-port=PORT\n    - --permit-port-sharing=true\n    image: registry.k8s.io/kube-apiserver:v1.31.0-fake\n"
+            .replace("PORT", &port.to_string()),
+    )?;
+    let mut cmd = Command::new(proxy_bin()?);
+    cmd.arg("migrate-back")
+        .arg("--manifest")
+        .arg(&manifest)
+        .arg("--static-pod-dir")
+        .arg(&manifests)
+        .arg("--handoff-dir")
+        .arg(&dir)
+        .arg("--ca-file")
+        .arg(pki.ca_file())
+        .args(["--timeout", "60s"]);
+    let back = ChildProcess::spawn(cmd, "migrate-back")?;
+
+    // The kubelet: starts the static pod once its manifest appears.
+    let placed = manifests.join("kube-apiserver.yaml");
+    eventually(DEADLINE, || async {
+        back.ensure_running()?;
+        ensure!(placed.exists(), "no manifest yet: {}", back.stderr());
+        Ok(())
+    })
+    .await?;
+    ensure!(std::fs::read(&placed)? == std::fs::read(&manifest)?);
+    let kubeadm = fake(format!("0.0.0.0:{port}"), &["--permit-port-sharing=true"])?;
+    eventually(DEADLINE, || async {
+        kubeadm.ensure_running()?;
+        ensure!(started(&kubeadm), "not yet: {}", kubeadm.stderr());
+        Ok(())
+    })
+    .await?;
+    eventually(DEADLINE, || async {
+        back.ensure_running()?;
+        ensure!(
+            back.stderr().contains("delete the Deployment now"),
+            "not yet: {}",
+            back.stderr()
+        );
+        Ok(())
+    })
+    .await?;
+
+    // The Deployment is deleted: its proxy drains and hands its sockets over; its apiserver
+    // stops after its shutdown delay.
+    proxy.sigterm()?;
+    deployment_apiserver.signal(Signal::SIGTERM)?;
+    let status = back.wait_exit(Duration::from_secs(30)).await?;
+    ensure!(
+        status.success() && back.stderr().contains("closed with nothing reset"),
+        "migrate-back: {status}: {}",
+        back.stderr()
+    );
+    ensure!(
+        proxy.stderr().contains("listening sockets adopted by peer"),
+        "the proxy did not hand over: {}",
+        proxy.stderr()
+    );
+    proxy.wait_exit(Duration::from_secs(30)).await?;
+    // kubeadm's apiserver alone serves both addresses now.
+    for addr in [node, local] {
+        let (status, _) = client.get(addr, "/readyz").await?;
+        ensure!(status == 200, "{addr}: {status}");
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.store(true, Ordering::SeqCst);
+    let seen = prober.await?;
+    for (addr, s) in &seen {
+        ensure!(
+            s.refused == 0 && s.errors.is_empty() && s.ok > 20,
+            "{addr}: {} ok, {} refused, errors {:?}",
+            s.ok,
+            s.refused,
+            s.errors
+        );
+    }
+    println!("migrate-back: {seen:?}");
+    drop(kubeadm);
+    Ok(())
+}
