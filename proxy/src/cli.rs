@@ -254,6 +254,12 @@ pub struct RecoverArgs {
     #[arg(long = "allow-image-repository", value_name = "REPOSITORY")]
     pub allow_image_repository: Vec<String>,
 
+    /// A capability a checkpoint's container may add (repeatable; none by default: a pod that
+    /// adds any is refused). Only for a Deployment that needs one, e.g. transparent client
+    /// addresses (NET_RAW, SETUID, SETGID for its sidecar).
+    #[arg(long = "allow-capability", value_name = "CAP")]
+    pub allow_capability: Vec<String>,
+
     /// Serve the agent's metrics (checkpoint age and refusals) on ADDR at /metrics.
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<String>,

@@ -115,7 +115,8 @@ impl TryFrom<&RecoverArgs> for Recover {
             &args.allow_host_path,
             &args.allow_image_repository,
             &protected,
-        );
+        )
+        .allow_capabilities(&args.allow_capability);
         let workload: crate::checkpoint::Workload =
             args.workload.parse().map_err(RecoverError::Workload)?;
         let metrics_listen = args

@@ -318,6 +318,8 @@ pub struct Policy {
     /// Image repositories (`registry/path`, without tag or digest) the containers may run; an
     /// entry ending in `/` allows every repository below it.
     pub image_repositories: Vec<String>,
+    /// Capabilities a container may add (none by default; upper case, without `CAP_`).
+    pub capabilities: Vec<String>,
 }
 
 impl Policy {
@@ -339,8 +341,21 @@ impl Policy {
                 .map(|p| normalize(p).unwrap_or(p).to_owned())
                 .collect(),
             image_repositories: with_defaults(DEFAULT_IMAGE_REPOSITORIES, image_repositories),
+            capabilities: Vec::new(),
         }
     }
+
+    /// Lets containers add these capabilities (`NET_RAW` or `CAP_NET_RAW`, any case).
+    pub fn allow_capabilities(mut self, capabilities: &[String]) -> Self {
+        self.capabilities = capabilities.iter().map(|c| capability_name(c)).collect();
+        self
+    }
+}
+
+/// `cap_net_raw`, `CAP_NET_RAW` and `NET_RAW` are `NET_RAW`.
+fn capability_name(c: &str) -> String {
+    let up = c.trim().to_ascii_uppercase();
+    up.strip_prefix("CAP_").unwrap_or(&up).to_owned()
 }
 
 /// `path` without trailing slashes, if it is absolute and has no empty, `.` or `..` component
@@ -374,7 +389,8 @@ pub fn image_repository(image: &str) -> &str {
 
 /// Checks a checkpoint against `policy`, when it is written and before it is given to the
 /// kubelet: a pod named [`NAME`] carrying its origin; no host PID or IPC namespace, no
-/// ephemeral container; in every container: not privileged, no added capability, an image
+/// ephemeral container; in every container: not privileged, no added capability (but those of
+/// `Policy::capabilities`), an image
 /// from an allowed repository, a seccomp profile (`RuntimeDefault` or `Localhost`; unset is
 /// `Unconfined` on a kubelet without `seccompDefault`); host paths only under the allowed ones
 /// and never over the protected ones.
@@ -406,11 +422,14 @@ pub fn validate(checkpoint: &Value, policy: &Policy) -> Result<Origin, Unusable>
             if security["privileged"] == true {
                 return Err(unusable(format!("container {name} is privileged")));
             }
-            if let Some(added) = security["capabilities"]["add"]
+            let added: Vec<&str> = security["capabilities"]["add"]
                 .as_array()
-                .filter(|a| !a.is_empty())
-            {
-                let added: Vec<&str> = added.iter().filter_map(Value::as_str).collect();
+                .into_iter()
+                .flatten()
+                .map(|c| c.as_str().unwrap_or("?"))
+                .filter(|c| !policy.capabilities.contains(&capability_name(c)))
+                .collect();
+            if !added.is_empty() {
                 return Err(unusable(format!(
                     "container {name} adds capabilities ({})",
                     added.join(", ")
@@ -801,6 +820,16 @@ mod tests {
         s["spec"]["containers"][1]["image"] = json!("registry.example:5000/mirror/proxy:1");
         s["spec"]["initContainers"][0]["image"] = json!("registry.example:5000/mirror/proxy:1");
         assert!(validate(&s, &mirror).is_ok());
+        // Capabilities only as allowed by name.
+        let mut s = good.clone();
+        s["spec"]["containers"][1]["securityContext"] =
+            json!({"capabilities": {"drop": ["ALL"], "add": ["NET_RAW", "CAP_SETUID"]}});
+        assert!(validate(&s, &policy).is_err());
+        let some = policy.clone().allow_capabilities(&["net_raw".into()]);
+        let e = validate(&s, &some).unwrap_err();
+        assert!(e.0.ends_with("adds capabilities (CAP_SETUID)"), "{e}");
+        let both = policy.allow_capabilities(&["CAP_NET_RAW".into(), "SETUID".into()]);
+        assert!(validate(&s, &both).is_ok());
     }
 
     #[test]
