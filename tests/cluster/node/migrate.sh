@@ -263,6 +263,18 @@ migrate() {
     fail "applying kubernetes-endpoints failed: $(tail -n 3 "$S/endpoints-apply.log")"
   fi
 
+  # An address in use that the proxy would not take (127.0.0.1, which the local load uses):
+  # migrate refuses before it touches anything.
+  local rc=0
+  "$S/bins/kube-apiserver-proxy" migrate --listen "$NODE_IP:6443" --handoff-dir "$HANDOFF_DIR" \
+    --timeout 10s >"$S/migrate-refused.log" 2>&1 || rc=$?
+  if [ "$rc" = 2 ] && tail -n 1 "$S/migrate-refused.log" | grep -q "127.0.0.1:6443 ([0-9]* established connection" \
+    && ! tail -n 1 "$S/migrate-refused.log" | grep -q "$NODE_IP:6443 ("; then
+    pass "migrate without 127.0.0.1 refuses (exit 2, nothing touched): $(tail -n 1 "$S/migrate-refused.log" | cut -c1-300)"
+  else
+    fail "migrate --listen $NODE_IP:6443 alone: exit $rc: $(tail -n 2 "$S/migrate-refused.log")"
+  fi
+
   # Step 1: as root on the node (docs/operations.md).
   "$S/bins/kube-apiserver-proxy" migrate --listen "$NODE_IP:6443" --listen 127.0.0.1:6443 \
     --handoff-dir "$HANDOFF_DIR" --timeout 600s >"$S/migrate.log" 2>&1 &
@@ -278,6 +290,7 @@ migrate() {
     return 1
   fi
   note "listeners on port 6443 with migrate waiting: $(listeners_6443)"
+  note "addresses in use that migrate found: $(grep -o 'address in use.*' "$S/migrate.log" | cut -c1-200 | tr '\n' ';')$(grep -o 'could not look everywhere.*' "$S/migrate.log" | cut -c1-200 | tr '\n' ';')"
 
   # Step 2: the Deployment.
   t1="$(now_ms)"

@@ -94,20 +94,172 @@ agent_log() {
 
 readyz() { curl -fsS --max-time 3 --cacert /etc/kubernetes/pki/ca.crt "https://$NODE_IP:6443/readyz"; }
 
+# reboot_apply_recovery: manifests/recovery (the node identity's reads for the agent's owner
+# check, the admission policies on the apiserver workload), before the agent, as documented.
+reboot_apply_recovery() {
+  if kc apply -k "$here/../../../manifests/recovery" >"$S/recovery-apply.log" 2>&1; then
+    pass "kubectl apply -k manifests/recovery: $(tr '\n' ' ' <"$S/recovery-apply.log")"
+  else
+    fail "kubectl apply -k manifests/recovery: $(tail -n 3 "$S/recovery-apply.log")"
+    return 1
+  fi
+}
+
+# reboot_install_agent: the agent's manifest with the image set, and, as docs/operations.md says,
+# its repository in --allow-image-repository and the cluster's imageRepository added.
 reboot_install_agent() {
   local src="$here/../../../manifests/node/kube-apiserver-recovery.yaml"
-  sed "s|image: ghcr.io/example/kube-apiserver-proxy:v0.1.0|image: $PROXY_IMAGE|" "$src" >"$S/kube-apiserver-recovery.yaml"
-  if ! grep -q "image: $PROXY_IMAGE" "$S/kube-apiserver-recovery.yaml"; then
+  sed -e "s|image: ghcr.io/example/kube-apiserver-proxy:v0.1.0|image: $PROXY_IMAGE|" \
+    -e "s|^\( *\)- --allow-image-repository=ghcr.io/example/kube-apiserver-proxy\$|\1- --allow-image-repository=${PROXY_IMAGE%:*}\n\1- --allow-image-repository=$IMAGE_REPO/kube-apiserver|" \
+    "$src" >"$S/kube-apiserver-recovery.yaml"
+  if ! grep -q "image: $PROXY_IMAGE" "$S/kube-apiserver-recovery.yaml" \
+    || ! grep -q -- "--allow-image-repository=$IMAGE_REPO/kube-apiserver$" "$S/kube-apiserver-recovery.yaml"; then
     fail "could not set the image of manifests/node/kube-apiserver-recovery.yaml"
     return 1
   fi
   mv "$S/kube-apiserver-recovery.yaml" "$MANIFESTS/kube-apiserver-recovery.yaml"
   if wait_for 120 kubelet_runs "kube-apiserver-recovery-$NODE_NAME"; then
-    pass "recovery agent installed as a static pod (manifests/node/kube-apiserver-recovery.yaml, only the image changed) and running"
+    pass "recovery agent installed as a static pod (manifests/node/kube-apiserver-recovery.yaml: the image and its repository set, $IMAGE_REPO/kube-apiserver allowed) and running"
   else
     fail "recovery agent static pod not running within 120 s"
     return 1
   fi
+}
+
+# The kubelet's client certificate rotation (the agent reads the kubeconfig and the certificate
+# it names at every attempt). kubeadm's layout: /var/lib/kubelet/pki/kubelet-client-current.pem,
+# named by kubelet.conf once kubeadm's kubelet-finalize phase ran.
+ROTATION_PKI=/var/lib/kubelet/pki
+ROTATION_LIFETIME="${ROTATION_LIFETIME:-150}"
+
+# rotation_serial: the serial of the certificate kubelet-client-current.pem holds now.
+rotation_serial() { openssl x509 -noout -serial -in "$ROTATION_PKI/kubelet-client-current.pem" 2>/dev/null; }
+rotated() { [ "$(rotation_serial)" != "$ROTATION_FIRST" ]; }
+
+# reboot_short_client_cert: the node's client certificate replaced by one that expires
+# ROTATION_LIFETIME s from now and started 10 minutes ago (so the kubelet's rotation deadline,
+# at 70-90 % of its life, has passed), signed by the cluster CA, as kubelet-client-current.pem;
+# kubeadm's kubelet-finalize points kubelet.conf at it; the kubelet restarts with it, its
+# rotation still off. The agent, installed next, starts with this certificate.
+reboot_short_client_cert() {
+  local d="$S/rotation" start end
+  mkdir -p "$d" "$ROTATION_PKI"
+  cat >"$d/ca.cnf" <<EOF
+[ca]
+default_ca = signer
+[signer]
+database = $d/index.txt
+new_certs_dir = $d
+serial = $d/serial
+default_md = sha256
+policy = any
+copy_extensions = none
+x509_extensions = client
+unique_subject = no
+[any]
+organizationName = supplied
+commonName = supplied
+[client]
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature
+extendedKeyUsage = clientAuth
+EOF
+  : >"$d/index.txt"
+  echo 1000 >"$d/serial"
+  start="$(date -u -d '-10 min' +%Y%m%d%H%M%SZ)"
+  ROTATION_EXPIRES="$(($(date +%s) + ROTATION_LIFETIME))"
+  end="$(date -u -d "@$ROTATION_EXPIRES" +%Y%m%d%H%M%SZ)"
+  if ! { openssl ecparam -name prime256v1 -genkey -noout -out "$d/key.pem" \
+    && openssl req -new -key "$d/key.pem" -subj "/O=system:nodes/CN=system:node:$NODE_NAME" -out "$d/csr.pem" \
+    && openssl ca -batch -config "$d/ca.cnf" -cert /etc/kubernetes/pki/ca.crt -keyfile /etc/kubernetes/pki/ca.key \
+      -in "$d/csr.pem" -out "$d/cert.pem" -startdate "$start" -enddate "$end" -notext; } >"$d/openssl.log" 2>&1; then
+    fail "could not make a short-lived node certificate: $(tail -n 3 "$d/openssl.log")"
+    return 1
+  fi
+  cat "$d/cert.pem" "$d/key.pem" >"$ROTATION_PKI/kubelet-client-short.pem"
+  chmod 600 "$ROTATION_PKI/kubelet-client-short.pem"
+  ln -sfn "$ROTATION_PKI/kubelet-client-short.pem" "$ROTATION_PKI/kubelet-client-current.pem"
+  if ! "$S/bins/kubeadm" init phase kubelet-finalize enable-client-cert-rotation --config "$S/kubeadm.yaml" >>"$S/kubeadm.log" 2>&1 \
+    || ! grep -q "client-certificate: $ROTATION_PKI/kubelet-client-current.pem" /etc/kubernetes/kubelet.conf; then
+    fail "kubeadm init phase kubelet-finalize enable-client-cert-rotation did not point kubelet.conf at $ROTATION_PKI/kubelet-client-current.pem: $(tail -n 3 "$S/kubeadm.log")"
+    return 1
+  fi
+  ROTATION_FIRST="$(rotation_serial)"
+  stop "$KUBELET_PID" kubelet
+  # shellcheck disable=SC2034 # read by start_kubelet in smoke
+  KUBELET_CERT_DIR="$ROTATION_PKI"
+  start_kubelet || return 1
+  wait_node || return 1
+  pass "the node's client certificate is kubeadm's kubelet-client-current.pem (kubelet-finalize rewrote kubelet.conf), valid until $(date -u -d "@$ROTATION_EXPIRES" +%T) ($ROTATION_LIFETIME s), $ROTATION_FIRST; the kubelet uses it"
+}
+
+# reboot_rotate: the kubelet's own rotation turned on (kubeadm's auto-approval of a node's
+# renewal; the controller-manager signs): it rotates at once (the deadline has passed).
+reboot_rotate() {
+  local t0
+  kc create clusterrolebinding kubeadm:node-autoapprove-certificate-rotation \
+    --clusterrole=system:certificates.k8s.io:certificatesigningrequests:selfnodeclient --group=system:nodes >/dev/null 2>&1 || true
+  stop "$KUBELET_PID" kubelet
+  # shellcheck disable=SC2034 # read by start_kubelet in smoke
+  KUBELET_ROTATE_CERTIFICATES=true
+  t0="$(now_ms)"
+  start_kubelet || return 1
+  if wait_for 180 rotated; then
+    pass "the kubelet rotated its client certificate $(since "$t0") s after its restart: kubelet-client-current.pem -> $(readlink "$ROTATION_PKI/kubelet-client-current.pem"), $(rotation_serial), valid until $(openssl x509 -noout -enddate -in "$ROTATION_PKI/kubelet-client-current.pem" | cut -d= -f2); the old one expires at $(date -u -d "@$ROTATION_EXPIRES" +%T)"
+  else
+    fail "the kubelet did not rotate its client certificate within 180 s: $(grep -i 'certificate' "$S/kubelet.log" | tail -n 3 | cut -c1-300)"
+    return 1
+  fi
+}
+
+# reboot_rotation_expired: the certificate the agent started with has expired (the apiserver
+# refuses it: checked with curl).
+reboot_rotation_expired() {
+  local wait=$((ROTATION_EXPIRES - $(date +%s) + 2))
+  [ "$wait" -le 0 ] || wait_for "$wait" false || true
+  if curl -fsS --max-time 5 --cacert /etc/kubernetes/pki/ca.crt --cert "$ROTATION_PKI/kubelet-client-short.pem" \
+    "https://$NODE_IP:6443/api/v1/nodes/$NODE_NAME" >/dev/null 2>"$S/rotation/curl.err"; then
+    fail "the first node certificate is still accepted after its expiry"
+  else
+    pass "the node certificate the agent started with has expired and is refused ($(tail -n 1 "$S/rotation/curl.err" | cut -c1-120)); the next checkpoint can only be written with the rotated one"
+  fi
+}
+
+# reboot_agent_metrics: the agent's metrics on NODE_IP:9445 (its manifest's --metrics-listen).
+reboot_agent_metrics() {
+  local m written verified refused
+  m="$(curl -fsS --max-time 5 "http://$NODE_IP:9445/metrics" 2>&1)"
+  written="$(awk '$1 == "kube_apiserver_proxy_checkpoint_written_timestamp_seconds" { print $2 }' <<<"$m")"
+  verified="$(awk '$1 == "kube_apiserver_proxy_checkpoint_verified_timestamp_seconds" { print $2 }' <<<"$m")"
+  refused="$(awk '$1 == "kube_apiserver_proxy_checkpoint_refused" { print $2 }' <<<"$m")"
+  if [ "${written:-0}" != 0 ] && [ "${verified:-0}" != 0 ] && [ "$refused" = 0 ]; then
+    pass "the agent's metrics on $NODE_IP:9445: the checkpoint written at $written (age $(($(date +%s) - ${written%.*})) s), found current at $verified, refused $refused; $(grep '^kube_apiserver_proxy_checkpoint_attempts_total' <<<"$m" | tr '\n' ' ')"
+  else
+    fail "the agent's metrics on $NODE_IP:9445: written '$written', verified '$verified', refused '$refused': $(head -c 300 <<<"$m")"
+  fi
+}
+
+# reboot_admission: manifests/recovery's admission policies refuse a user whom RBAC lets patch
+# the Deployment and create pods in kube-system; the real controllers' rollouts go on (the
+# rollout restart that follows).
+reboot_admission() {
+  kc create clusterrole smoke-mallory --verb=get,list,patch,update,create \
+    --resource=deployments,pods,replicasets >/dev/null 2>&1 || true
+  kc create clusterrolebinding smoke-mallory --clusterrole=smoke-mallory --user=mallory >/dev/null 2>&1 || true
+  local patch run
+  patch="$(kcs --as=mallory patch deployment kube-apiserver --type=merge \
+    -p '{"spec":{"template":{"metadata":{"annotations":{"smoke/mallory":"x"}}}}}' 2>&1)"
+  run="$(kcs --as=mallory run impostor --image="$PROXY_IMAGE" --restart=Never \
+    --labels=app.kubernetes.io/name=kube-apiserver,app.kubernetes.io/part-of=kube-apiserver-proxy 2>&1)"
+  if grep -q "ValidatingAdmissionPolicy 'kube-apiserver-proxy-workload'.*denied" <<<"$patch" \
+    && grep -q "ValidatingAdmissionPolicy 'kube-apiserver-proxy-pods'.*denied" <<<"$run" \
+    && kcs --as=mallory auth can-i patch deployments >/dev/null 2>&1; then
+    pass "admission: a user RBAC lets patch deployments and create pods in kube-system is refused both: $(cut -c1-200 <<<"$patch") | $(cut -c1-160 <<<"$run")"
+  else
+    fail "admission: mallory's patch: $patch; mallory's labelled pod: $run"
+  fi
+  kc delete clusterrolebinding smoke-mallory >/dev/null 2>&1 || true
+  kc delete clusterrole smoke-mallory >/dev/null 2>&1 || true
 }
 
 # wait_checkpoint POD WHAT: the checkpoint names POD within CHECKPOINT_WAIT seconds.
@@ -316,7 +468,10 @@ run_reboot() {
   local after_s="${CHECKPOINT_AFTER%s}"
   CHECKPOINT_WAIT="${CHECKPOINT_WAIT:-$((after_s + 120))}"
   BROKEN_SOAK="${BROKEN_SOAK:-$((after_s + 30))}"
+  reboot_apply_recovery || return 0
+  reboot_short_client_cert || return 0
   reboot_install_agent || return 0
+  reboot_rotate || return 0
   # The pivot as shipped: migrate.sh (the migration from kubeadm's static apiserver).
   migrate_local_kubeconfig || return 0
   migrate || return 0
@@ -324,14 +479,202 @@ run_reboot() {
   first="$(the_pod)"
   wait_checkpoint "$first" "after the pivot" || return 0
   check_checkpoint_content
+  reboot_agent_metrics
+  reboot_admission
+  reboot_rotation_expired
   rollout "rollout restart" kcs rollout restart deployment/kube-apiserver || return 0
   second="$(the_pod)"
-  wait_checkpoint "$second" "after a completed rollout" || return 0
+  wait_checkpoint "$second" "after a completed rollout, with the rotated certificate" || return 0
   reboot_broken_rollout "$second" || return 0
   local broken
   broken="$(deploy_pods | awk -v good="$second" '$1 != good { print $1 }' | head -n 1)"
   reboot_node || return 0
   reboot_recover "$second" "$broken" || return 0
   rollout "kubectl rollout undo of the broken rollout, after the recovery" kcs rollout undo deployment/kube-apiserver || true
-  note "reports: $S/load-*.json, $S/connloop-*.json"
+  reboot_go_back || true
+  note "reports: $S/load-*.json, $S/connloop-*.json, $S/probe-*.json"
+}
+
+# --- The way back to kubeadm's static apiserver (docs/operations.md, "Going back to kubeadm's
+# static pod"), after everything above: from a Deployment whose proxy sockets were bound by the
+# recovery instance (uid 65532), at another version than the copy saved at the migration.
+
+GOBACK="$S/kubeadm-back"
+
+# goback_render: kubeadm's manifest for this node from the cluster's ClusterConfiguration
+# (kubeadm-config), with the documented patch, into $GOBACK/out (kubeadm's dry-run directory).
+goback_render() {
+  rm -rf "$GOBACK/out"
+  mkdir -p "$GOBACK/patches"
+  echo '[{"op": "add", "path": "/spec/containers/0/command/-", "value": "--permit-port-sharing=true"}]' \
+    >"$GOBACK/patches/kube-apiserver+json.json"
+  { cat <<EOF
+apiVersion: kubeadm.k8s.io/v1beta4
+kind: InitConfiguration
+dryRun: true
+localAPIEndpoint: {advertiseAddress: $NODE_IP, bindPort: 6443}
+nodeRegistration: {name: $NODE_NAME}
+patches: {directory: $GOBACK/patches}
+---
+EOF
+    kcs get cm kubeadm-config -o jsonpath='{.data.ClusterConfiguration}'
+  } >"$GOBACK/kubeadm.yaml"
+  KUBEADM_INIT_DRYRUN_DIR="$GOBACK/out" "$S/bins/kubeadm" init phase control-plane apiserver \
+    --config "$GOBACK/kubeadm.yaml" >"$GOBACK/kubeadm.log" 2>&1 && [ -s "$GOBACK/out/kube-apiserver.yaml" ]
+}
+
+# upload_kubeadm_config VERSION: kubeadm-config's ClusterConfiguration as kubeadm records it
+# (`kubeadm init`, or `kubeadm upgrade apply VERSION --skip-phases control-plane`).
+upload_kubeadm_config() {
+  sed "s/^kubernetesVersion: .*/kubernetesVersion: $1/" "$S/kubeadm.yaml" >"$GOBACK/kubeadm-$1.yaml"
+  "$S/bins/kubeadm" init phase upload-config kubeadm --config "$GOBACK/kubeadm-$1.yaml" \
+    --kubeconfig "$PIVOT_ADMIN" >>"$GOBACK/upload.log" 2>&1
+}
+
+migrate_back_cmd() {
+  "$S/bins/kube-apiserver-proxy" migrate-back --manifest "$GOBACK/out/kube-apiserver.yaml" \
+    --static-pod-dir "$MANIFESTS" --handoff-dir "$HANDOFF_DIR" --timeout 600s
+}
+
+# only_kubeadm_listens: the one listener on port 6443 is kube-apiserver's wildcard socket.
+only_kubeadm_listens() {
+  local l
+  l="$(listeners_6443)"
+  [ "$(tr ';' '\n' <<<"$l" | grep -c .)" = 1 ] && grep -qE '^(\*|0\.0\.0\.0|\[::\]):6443 .*kube-apiserver' <<<"$l"
+}
+
+# leftovers: objects of the install still there.
+leftovers() {
+  local what
+  for what in "validatingadmissionpolicy kube-apiserver-proxy-workload" \
+    "validatingadmissionpolicy kube-apiserver-proxy-pods" \
+    "validatingadmissionpolicy kube-apiserver-proxy-kubernetes-endpoints" \
+    "-n kube-system role kube-apiserver-proxy:recover" \
+    "-n kube-system rolebinding kube-apiserver-proxy:recover" \
+    "-n kube-system deployment kube-apiserver" "-n kube-system pdb kube-apiserver" \
+    "-n default endpointslice kubernetes-kube-apiserver-proxy"; do
+    # shellcheck disable=SC2086 # the words are arguments
+    kc get $what -o name 2>/dev/null
+  done
+  [ ! -e "$MANIFESTS/kube-apiserver-recovery.yaml" ] || echo "$MANIFESTS/kube-apiserver-recovery.yaml"
+  [ ! -e "$CHECKPOINT_DIR" ] || echo "$CHECKPOINT_DIR"
+}
+
+reboot_go_back() {
+  local saved="$S/kube-apiserver.static.yaml" t0 rc old_image
+  mkdir -p "$GOBACK"
+  # kubeadm-config as `kubeadm init` left it (these phases never uploaded it).
+  upload_kubeadm_config "$APISERVER_VERSION" || { fail "kubeadm init phase upload-config kubeadm: $(tail -n 3 "$GOBACK/upload.log")"; return 1; }
+  # An upgrade after the migration, as documented: the image, then kubeadm's record.
+  old_image="$IMAGE_REPO/kube-apiserver:$OLD_APISERVER_VERSION"
+  rollout "the Deployment's apiserver moved to $OLD_APISERVER_VERSION (a version other than the copy saved at the migration, $APISERVER_VERSION)" \
+    kcs set image deployment/kube-apiserver "kube-apiserver=$old_image" || return 1
+  # kubeadm's record not updated yet: migrate-back refuses the manifest kubeadm renders from it.
+  if ! goback_render; then
+    fail "kubeadm init phase control-plane apiserver (dry run) failed: $(tail -n 3 "$GOBACK/kubeadm.log")"
+    return 1
+  fi
+  rc=0
+  migrate_back_cmd >"$GOBACK/refused.log" 2>&1 || rc=$?
+  if [ "$rc" = 2 ] && grep -q "the manifest runs .*:$APISERVER_VERSION but the apiserver serving now is $OLD_APISERVER_VERSION" "$GOBACK/refused.log" \
+    && [ ! -e "$MANIFESTS/kube-apiserver.yaml" ]; then
+    pass "migrate-back refuses kubeadm's manifest of another version than the one serving (exit 2, nothing touched): $(tail -n 1 "$GOBACK/refused.log" | cut -c1-220)"
+  else
+    fail "migrate-back with a manifest of $APISERVER_VERSION while $OLD_APISERVER_VERSION serves: exit $rc: $(tail -n 2 "$GOBACK/refused.log")"
+  fi
+  upload_kubeadm_config "$OLD_APISERVER_VERSION" || { fail "upload-config $OLD_APISERVER_VERSION: $(tail -n 3 "$GOBACK/upload.log")"; return 1; }
+  if goback_render && grep -q "image: $old_image$" "$GOBACK/out/kube-apiserver.yaml"; then
+    pass "kubeadm rendered kube-apiserver.yaml for $OLD_APISERVER_VERSION from kubeadm-config; it differs from the copy saved at the migration in: $(diff "$saved" "$GOBACK/out/kube-apiserver.yaml" | grep '^>' | sed 's/^> *//' | tr '\n' ' ')"
+  else
+    fail "kubeadm's manifest is not of $OLD_APISERVER_VERSION: $(grep 'image:' "$GOBACK/out/kube-apiserver.yaml" 2>&1) $(tail -n 2 "$GOBACK/kubeadm.log")"
+    return 1
+  fi
+
+  # Reboot recovery goes first.
+  mv "$MANIFESTS/kube-apiserver-recovery.yaml" "$GOBACK/"
+  if wait_for 60 eval "! kubelet_knows kube-apiserver-recovery-$NODE_NAME"; then
+    rm -rf "$CHECKPOINT_DIR"
+    kc delete -k "$here/../../../manifests/recovery" >"$GOBACK/delete-recovery.log" 2>&1 || true
+    pass "reboot recovery removed: the agent's static pod, $CHECKPOINT_DIR, manifests/recovery ($(tr '\n' ' ' <"$GOBACK/delete-recovery.log"))"
+  else
+    fail "the recovery agent still runs 60 s after its manifest was moved away"
+  fi
+
+  note "listeners on port 6443 before going back: $(listeners_6443)"
+  log_mark goback
+  probe2_start goback
+  loadgen_with goback "$PIVOT_ADMIN" || true
+  loadgen_with goback-local "$MIGRATE_LOCAL_CONF" || true
+  epwatch_start goback
+  t0="$(now_ms)"
+  migrate_back_cmd >"$GOBACK/migrate-back.log" 2>&1 &
+  local pid=$!
+  if wait_for 300 grep -q 'delete the Deployment now' "$GOBACK/migrate-back.log"; then
+    pass "migrate-back: kubeadm's apiserver binds 0.0.0.0:6443 beside the proxy and is ready $(since "$t0") s after migrate-back started: $(grep -o 'migrate-back: [^=]*' "$GOBACK/migrate-back.log" | head -n 8 | sort | uniq -c | tr -s ' ' | tr '\n' ';' | cut -c1-600)"
+  else
+    fail "migrate-back: kubeadm's apiserver not ready within 300 s: $(tail -n 3 "$GOBACK/migrate-back.log"); listeners: $(listeners_6443)"
+  fi
+  note "listeners on port 6443 with both: $(listeners_6443)"
+  local t1
+  t1="$(now_ms)"
+  kcs delete deployment kube-apiserver --wait=false >"$GOBACK/delete.log" 2>&1
+  kcs delete pdb kube-apiserver >>"$GOBACK/delete.log" 2>&1
+  if wait_for 420 eval "! kill -0 $pid 2>/dev/null"; then
+    rc=0
+    wait "$pid" || rc=$?
+    if [ "$rc" = 0 ]; then
+      pass "migrate-back done $(since "$t1") s after the Deployment's deletion (exit 0): $(grep -E 'closed with nothing reset|done:' "$GOBACK/migrate-back.log" | cut -c1-250 | tr '\n' ' ')"
+    else
+      fail "migrate-back exited $rc: $(tail -n 3 "$GOBACK/migrate-back.log")"
+    fi
+  else
+    fail "migrate-back still waiting 420 s after the Deployment's deletion: $(tail -n 3 "$GOBACK/migrate-back.log"); listeners: $(listeners_6443)"
+    kill "$pid" 2>/dev/null || true
+  fi
+  if wait_for 60 only_kubeadm_listens; then
+    pass "only kubeadm's apiserver listens on port 6443: $(listeners_6443)"
+  else
+    fail "listeners on port 6443: $(listeners_6443)"
+  fi
+  # What kubernetes-endpoints added (kubeadm's lease reconciler writes the rest itself), then
+  # the node's directories.
+  kc -n default delete endpointslice kubernetes-kube-apiserver-proxy >"$GOBACK/delete-rest.log" 2>&1 || true
+  kc delete validatingadmissionpolicybinding,validatingadmissionpolicy kube-apiserver-proxy-kubernetes-endpoints >>"$GOBACK/delete-rest.log" 2>&1 || true
+  rm -rf /run/kube-apiserver-proxy /var/lib/kube-apiserver-proxy
+  wait_for 15 false || true
+  probe2_stop goback
+  epwatch_stop goback
+  loadgen_with_stop goback
+  loadgen_with_stop goback-local
+  if [ "$(probe2_refused goback)" = 0 ]; then
+    pass "no refused connection going back: $(probe2_summary goback)"
+  else
+    fail "refused connections going back: $(probe2_summary goback)"
+  fi
+  local l
+  for l in goback goback-local; do
+    if [ "$(load_failed "$l")" = 0 ]; then
+      pass "client-go load ($l) going back: $(load_summary "$l")"
+    else
+      fail "client-go load ($l) going back: $(load_summary "$l")"
+    fi
+  done
+  note "the kubernetes Endpoints/EndpointSlices going back: $(epwatch_summary goback "$t0")"
+  epwatch_check goback "the way back"
+  local version
+  version="$(curl -fsS --max-time 5 --cacert /etc/kubernetes/pki/ca.crt "https://$NODE_IP:6443/version" 2>&1 | python3 -c 'import json,sys; print(json.load(sys.stdin)["gitVersion"])' 2>&1)"
+  if [ "$version" = "$OLD_APISERVER_VERSION" ] && wait_for 120 mirror_ready kube-system "kube-apiserver-$NODE_NAME"; then
+    pass "kubeadm's static apiserver serves $version (not the saved copy's $APISERVER_VERSION); its mirror pod kube-apiserver-$NODE_NAME is Ready"
+  else
+    fail "after going back: /version says $version; mirror pod: $(kcs get pod "kube-apiserver-$NODE_NAME" -o wide 2>&1 | tail -n 1)"
+  fi
+  local left
+  left="$(leftovers | tr '\n' ' ')"
+  if [ -z "$left" ]; then
+    pass "nothing of the install is left (admission policies, Role, RoleBinding, Deployment, PodDisruptionBudget, the second EndpointSlice, the agent, the checkpoint); the Service's slices: $(kc -n default get endpointslices -l kubernetes.io/service-name=kubernetes -o name | tr '\n' ' ')"
+  else
+    fail "left after going back: $left"
+  fi
+  note "restarts after going back: $(control_plane_restarts)"
+  note "controller-manager, scheduler and kubelet logs going back: $(log_error_summary goback)"
 }
