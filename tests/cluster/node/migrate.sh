@@ -290,6 +290,7 @@ migrate() {
     return 1
   fi
   note "listeners on port 6443 with migrate waiting: $(listeners_6443)"
+  note "clients of port 6443 now, by address and process: $(ss -Htnp state established '( dport = :6443 )' 2>/dev/null | awk '{ split($NF, p, "\""); print $4, p[2] }' | sort | uniq -c | tr -s ' ' | tr '\n' ';')"
   note "addresses in use that migrate found: $(grep -o 'address in use.*' "$S/migrate.log" | cut -c1-200 | tr '\n' ';')$(grep -o 'could not look everywhere.*' "$S/migrate.log" | cut -c1-200 | tr '\n' ';')"
 
   # Step 2: the Deployment.

@@ -228,7 +228,7 @@ reboot_rotation_expired() {
 # reboot_agent_metrics: the agent's metrics on NODE_IP:9445 (its manifest's --metrics-listen).
 reboot_agent_metrics() {
   local m written verified refused
-  m="$(curl -fsS --max-time 5 "http://$NODE_IP:9445/metrics" 2>&1)"
+  m="$(curl -fsS --max-time 5 "http://$NODE_IP:9445/metrics" 2>&1)" || true
   written="$(awk '$1 == "kube_apiserver_proxy_checkpoint_written_timestamp_seconds" { print $2 }' <<<"$m")"
   verified="$(awk '$1 == "kube_apiserver_proxy_checkpoint_verified_timestamp_seconds" { print $2 }' <<<"$m")"
   refused="$(awk '$1 == "kube_apiserver_proxy_checkpoint_refused" { print $2 }' <<<"$m")"
@@ -248,9 +248,9 @@ reboot_admission() {
   kc create clusterrolebinding smoke-mallory --clusterrole=smoke-mallory --user=mallory >/dev/null 2>&1 || true
   local patch run
   patch="$(kcs --as=mallory patch deployment kube-apiserver --type=merge \
-    -p '{"spec":{"template":{"metadata":{"annotations":{"smoke/mallory":"x"}}}}}' 2>&1)"
+    -p '{"spec":{"template":{"metadata":{"annotations":{"smoke/mallory":"x"}}}}}' 2>&1)" || true
   run="$(kcs --as=mallory run impostor --image="$PROXY_IMAGE" --restart=Never \
-    --labels=app.kubernetes.io/name=kube-apiserver,app.kubernetes.io/part-of=kube-apiserver-proxy 2>&1)"
+    --labels=app.kubernetes.io/name=kube-apiserver,app.kubernetes.io/part-of=kube-apiserver-proxy 2>&1)" || true
   if grep -q "ValidatingAdmissionPolicy 'kube-apiserver-proxy-workload'.*denied" <<<"$patch" \
     && grep -q "ValidatingAdmissionPolicy 'kube-apiserver-proxy-pods'.*denied" <<<"$run" \
     && kcs --as=mallory auth can-i patch deployments >/dev/null 2>&1; then
@@ -662,7 +662,7 @@ reboot_go_back() {
   note "the kubernetes Endpoints/EndpointSlices going back: $(epwatch_summary goback "$t0")"
   epwatch_check goback "the way back"
   local version
-  version="$(curl -fsS --max-time 5 --cacert /etc/kubernetes/pki/ca.crt "https://$NODE_IP:6443/version" 2>&1 | python3 -c 'import json,sys; print(json.load(sys.stdin)["gitVersion"])' 2>&1)"
+  version="$(curl -fsS --max-time 5 --cacert /etc/kubernetes/pki/ca.crt "https://$NODE_IP:6443/version" 2>&1 | python3 -c 'import json,sys; print(json.load(sys.stdin)["gitVersion"])' 2>&1)" || true
   if [ "$version" = "$OLD_APISERVER_VERSION" ] && wait_for 120 mirror_ready kube-system "kube-apiserver-$NODE_NAME"; then
     pass "kubeadm's static apiserver serves $version (not the saved copy's $APISERVER_VERSION); its mirror pod kube-apiserver-$NODE_NAME is Ready"
   else
