@@ -18,12 +18,17 @@
 //!    proxies keep getting every connection to theirs; the static apiserver gets the rest;
 //! 4. serves a handoff socket in `--handoff-dir` like a proxy instance (as the proxies' uid),
 //!    ready once the static apiserver answers `/readyz`. When the Deployment is deleted, its
-//!    proxy, draining, offers its listening sockets to this ready peer. They are taken, made to
-//!    drop new connection attempts (a socket filter: a SYN without ACK is dropped, the client
-//!    sends it again after 1 s), left 5 ms for the handshakes under way, then acknowledged: the
-//!    proxy stops accepting and closes them. What is still queued is accepted and forwarded to
-//!    the static apiserver, and the sockets are closed with an empty queue: nothing is reset,
-//!    and the next SYN finds the static apiserver's wildcard socket;
+//!    proxy, draining, offers its listening sockets to this ready peer. They are taken and bound
+//!    to a network device that carries no traffic (`SO_BINDTODEVICE`; a dummy, else a veth
+//!    pair, made for this and removed at the end): the kernel's lookup skips a listener bound
+//!    to another device than a SYN came in on, so from that instant every new connection to
+//!    those addresses finds the static apiserver's wildcard socket, while the handshakes already
+//!    under way still complete into the taken sockets. Then they are acknowledged (the proxy
+//!    stops accepting and closes its copies), what they queue is accepted and forwarded to the
+//!    static apiserver for 50 ms, and they are closed with an empty queue: nothing refused,
+//!    reset or delayed. Without a device (no `ip`, no dummy or veth driver) a socket filter
+//!    drops new SYNs instead while the queue is emptied: a client whose SYN falls in those
+//!    milliseconds sends it again after 1 s and then reaches the static apiserver;
 //! 5. exits 0 once nothing but the wildcard socket listens on the port (and the connections it
 //!    forwarded have ended, or `--drain-timeout` has passed).
 //!
@@ -290,6 +295,41 @@ fn bind_handoff_as(dir: &Path, uid: u32, gid: u32) -> std::io::Result<(UnixListe
     Ok((UnixListener::from_std(bound?)?, path))
 }
 
+/// A network device that carries no traffic, for `SO_BINDTODEVICE`: a dummy, else one end of
+/// a veth pair (both down); removed when dropped.
+struct Sink(String);
+
+impl Sink {
+    fn create() -> std::io::Result<Self> {
+        let name = format!("kapmb{}", std::process::id() % 100_000);
+        let ip = |args: &[&str]| {
+            std::process::Command::new("ip")
+                .args(args)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        let peer = format!("{name}p");
+        if ip(&["link", "add", &name, "type", "dummy"])
+            || ip(&["link", "add", &name, "type", "veth", "peer", "name", &peer])
+        {
+            return Ok(Sink(name));
+        }
+        Err(std::io::Error::other(
+            "`ip link add` of a dummy or veth device failed",
+        ))
+    }
+}
+
+impl Drop for Sink {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["link", "del", &self.0])
+            .status();
+    }
+}
+
 /// How the wait ended without success: sockets handed over so far, and why.
 #[derive(Debug, thiserror::Error)]
 enum Gave {
@@ -306,6 +346,16 @@ async fn serve(
 ) -> Result<(), Gave> {
     let api =
         ApiClient::anonymous(direct, &args.ca_file, "kubernetes").map_err(|e| Gave::Up(0, e))?;
+    let sink = match Sink::create() {
+        Ok(s) => {
+            tracing::info!(device = %s.0, "migrate-back: a device that carries no traffic, for the taken sockets");
+            Some(s)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "migrate-back: no device for the taken sockets; new connections arriving while they close wait for their SYN to be sent again (1 s)");
+            None
+        }
+    };
     let deadline = tokio::time::Instant::now() + args.timeout;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| Gave::Up(0, e.to_string()))?;
@@ -320,7 +370,7 @@ async fn serve(
                 let Ok((stream, _)) = r else { continue };
                 let answered = tokio::time::timeout(
                     EXCHANGE_TIMEOUT,
-                    answer(args.uid, stream, ready, port, direct, &forwards),
+                    answer(args.uid, stream, ready, port, direct, &forwards, sink.as_ref()),
                 )
                 .await;
                 match answered {
@@ -368,6 +418,7 @@ async fn answer(
     port: u16,
     direct: SocketAddr,
     forwards: &TaskTracker,
+    sink: Option<&Sink>,
 ) -> usize {
     let cred = match sys::peer_credentials(stream.as_fd()) {
         Ok(c) if c.uid() == uid => c,
@@ -398,7 +449,17 @@ async fn answer(
             ready,
         },
         Message::Adopt { addrs } if ready => {
-            return adopt(&stream, &addrs, fds, port, direct, forwards, cred.pid()).await
+            return adopt(
+                &stream,
+                &addrs,
+                fds,
+                port,
+                direct,
+                forwards,
+                sink,
+                cred.pid(),
+            )
+            .await
         }
         Message::Adopt { .. } => Message::Refuse {
             reason: "the static apiserver is not ready yet".into(),
@@ -411,9 +472,10 @@ async fn answer(
     0
 }
 
-/// Takes a draining proxy's listening sockets and closes them with nothing reset: new
-/// connection attempts dropped (sent again by the clients, they reach the static apiserver),
-/// the handshakes under way left to the proxy for 5 ms, the rest of the queue forwarded.
+/// Takes a draining proxy's listening sockets and closes them with nothing refused or reset:
+/// new connections turned away from them first (bound to `sink`, or else dropped by a filter),
+/// then acknowledged, their queue accepted and forwarded, then closed.
+#[allow(clippy::too_many_arguments)]
 async fn adopt(
     stream: &UnixStream,
     addrs: &[String],
@@ -421,6 +483,7 @@ async fn adopt(
     port: u16,
     direct: SocketAddr,
     forwards: &TaskTracker,
+    sink: Option<&Sink>,
     pid: i32,
 ) -> usize {
     let mut kept = Vec::new();
@@ -432,8 +495,14 @@ async fn adopt(
                 continue;
             }
         }
-        if let Err(e) = sys::drop_new_connections(fd.as_fd()) {
-            tracing::warn!(listen.addr = %addr, error = %e, "migrate-back: cannot filter new connections; left to the proxy");
+        let turned = match sink {
+            Some(dev) => socket2::SockRef::from(&fd)
+                .bind_device(Some(dev.0.as_bytes()))
+                .map_err(|e| format!("SO_BINDTODEVICE {}: {e}", dev.0)),
+            None => sys::drop_new_connections(fd.as_fd()).map_err(|e| format!("filter: {e}")),
+        };
+        if let Err(e) = turned {
+            tracing::warn!(listen.addr = %addr, error = %e, "migrate-back: cannot turn new connections away; left to the proxy");
             continue;
         }
         match sys::cookie(fd.as_fd()) {
@@ -441,29 +510,51 @@ async fn adopt(
             Err(e) => tracing::warn!(listen.addr = %addr, error = %e, "migrate-back: no SO_COOKIE"),
         }
     }
-    // The handshakes under way when the filter went on complete now and the proxy, still
-    // accepting until our answer, takes them.
-    tokio::time::sleep(Duration::from_millis(5)).await;
+    if sink.is_none() {
+        // The handshakes under way when the filter went on complete now and the proxy, still
+        // accepting until our answer, takes them.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let cookies = kept.iter().map(|(_, c, _)| *c).collect();
     if let Err(e) = wire::send(stream, &Message::Ack { cookies }, &[]).await {
         tracing::warn!(peer.pid = pid, error = %e, "migrate-back: the acknowledgement failed; the proxy keeps its sockets");
         return 0;
     }
-    let mut forwarded = 0;
-    for (addr, _, fd) in &kept {
-        let std = std::net::TcpListener::from(fd.try_clone().expect("dup"));
-        let _ = std.set_nonblocking(true);
-        while let Ok((client, peer)) = std.accept() {
-            forwarded += 1;
-            forwards.spawn(forward(client, direct, peer));
+    let listeners: Vec<(String, std::net::TcpListener)> = kept
+        .into_iter()
+        .filter_map(|(addr, _, fd)| {
+            let l = std::net::TcpListener::from(fd);
+            l.set_nonblocking(true).ok()?;
+            Some((addr, l))
+        })
+        .collect();
+    let sweep = || {
+        let mut n = 0;
+        for (_, l) in &listeners {
+            while let Ok((client, peer)) = l.accept() {
+                n += 1;
+                forwards.spawn(forward(client, direct, peer));
+            }
         }
+        n
+    };
+    let mut forwarded = sweep();
+    // With the device no new connection reaches these sockets: what may still arrive are the
+    // handshakes that were under way (one round trip).
+    if sink.is_some() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        forwarded += sweep();
+    }
+    for (addr, _) in &listeners {
         tracing::info!(listen.addr = %addr, "migrate-back: listening socket taken from the draining proxy and closed (new connections go to the static apiserver)");
     }
-    drop(kept);
+    drop(listeners);
+    let turned_away = if sink.is_some() { "device" } else { "filter" };
     tracing::info!(
         peer.pid = pid,
         sockets = addrs.len(),
         forwarded,
+        turned_away,
         "migrate-back: the proxy's listening sockets are closed with nothing reset"
     );
     addrs.len()

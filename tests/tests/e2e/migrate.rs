@@ -644,7 +644,15 @@ fn https_prober(
 fn migrate_back_hands_the_addresses_to_a_static_apiserver_without_refusing() -> Result<()> {
     crate::handoff::run_in_netns(
         "migrate::inner_migrate_back_hands_the_addresses_to_a_static_apiserver",
-    )
+    )?;
+    // Without `ip` (no device to turn new connections away with): the SYN filter instead.
+    crate::handoff::run_in_netns("migrate::inner_migrate_back_without_a_device")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "runs inside a network namespace through migrate_back_hands_the_addresses_to_a_static_apiserver_without_refusing"]
+async fn inner_migrate_back_without_a_device() -> Result<()> {
+    migrate_back_rehearsal(false).await
 }
 
 /// The Deployment (its proxy, as 65532, on the node address and 127.0.0.1; its apiserver on a
@@ -655,6 +663,12 @@ fn migrate_back_hands_the_addresses_to_a_static_apiserver_without_refusing() -> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "runs inside a network namespace through migrate_back_hands_the_addresses_to_a_static_apiserver_without_refusing"]
 async fn inner_migrate_back_hands_the_addresses_to_a_static_apiserver() -> Result<()> {
+    migrate_back_rehearsal(true).await
+}
+
+/// The rehearsal above; `with_device`: `ip` on PATH (the taken sockets are bound to a device
+/// that carries no traffic) or not (a SYN filter turns new connections away).
+async fn migrate_back_rehearsal(with_device: bool) -> Result<()> {
     crate::handoff::inner_setup()?;
     let pki = Pki::new()?;
     let port = free_random_loopback_addr()?.port();
@@ -738,6 +752,10 @@ async fn inner_migrate_back_hands_the_addresses_to_a_static_apiserver() -> Resul
         .arg("--ca-file")
         .arg(pki.ca_file())
         .args(["--timeout", "60s"]);
+    if !with_device {
+        // Everything but `ip`: an empty directory.
+        cmd.env("PATH", tmp.path());
+    }
     let back = ChildProcess::spawn(cmd, "migrate-back")?;
 
     // The kubelet: starts the static pod once its manifest appears.
@@ -772,8 +790,11 @@ async fn inner_migrate_back_hands_the_addresses_to_a_static_apiserver() -> Resul
     proxy.sigterm()?;
     deployment_apiserver.signal(Signal::SIGTERM)?;
     let status = back.wait_exit(Duration::from_secs(30)).await?;
+    let turned_away = if with_device { "device" } else { "filter" };
     ensure!(
-        status.success() && back.stderr().contains("closed with nothing reset"),
+        status.success()
+            && back.stderr().contains("closed with nothing reset")
+            && back.stderr().contains(&format!("turned_away=\"{turned_away}\"")),
         "migrate-back: {status}: {}",
         back.stderr()
     );
@@ -800,7 +821,7 @@ async fn inner_migrate_back_hands_the_addresses_to_a_static_apiserver() -> Resul
             s.errors
         );
     }
-    println!("migrate-back: {seen:?}");
+    println!("migrate-back ({turned_away}): {seen:?}");
     drop(kubeadm);
     Ok(())
 }
