@@ -406,8 +406,14 @@ reboot_recover() {
     pod_json 2>&1 | head -c 1500 | sed 's/^/#   /'
     return 1
   fi
-  # From the takeover on: every connect and the client-go load must succeed.
+  # From the takeover on: every connect and the client-go load must succeed. The power cycle
+  # restarted the controller-manager and the scheduler (their mirror pods say so once the
+  # kubelet reaches the API again, during this step): it does not watch them; their restart
+  # count is checked after it, the reboot's one and no more.
+  local watch=("${STEP_WATCH[@]}")
+  STEP_WATCH=(-probe "$NODE_IP:6443")
   step_start takeover -watch-endpoints || true
+  STEP_WATCH=("${watch[@]}")
   served_by="$(checkpoint_of "$active")"
   if kubelet_runs "kube-apiserver-checkpoint-$NODE_NAME" && [ "$served_by" = "kube-system/$good" ] \
     && [ "$(checkpoint_flag "$active" kube-apiserver --etcd-servers)" = https://127.0.0.1:2379 ]; then
@@ -427,7 +433,14 @@ reboot_recover() {
   wait_for 10 false || true
   # The overlay's apiservers (the recovery instance's too: it is a checkpoint of one) run
   # with --endpoint-reconciler-type=none: nothing may empty the kubernetes Service.
-  step_end takeover "from the takeover on: client-go load, connects, default/kubernetes, no controller restart"
+  step_end takeover "from the takeover on: client-go load, connects, default/kubernetes"
+  local restarts
+  restarts="$(control_plane_restarts)"
+  if [ "$restarts" = "kube-controller-manager 1; kube-scheduler 1; " ]; then
+    pass "the controller-manager and the scheduler restarted once each, by the reboot: $restarts"
+  else
+    fail "controller-manager and scheduler restarts after the reboot (1 each expected, the reboot's): $restarts"
+  fi
   local log
   log="$(kcs logs "$good" -c proxy 2>&1)"
   # Shared at its start (one kernel queue with the recovery instance), adopted at the recovery
