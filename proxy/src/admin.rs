@@ -49,6 +49,8 @@ pub struct AdminView {
     pub readiness: Readiness,
     /// The handoff side, if on: `/status` lists its peers.
     pub handoff: Option<Arc<Handoff>>,
+    /// `--client-address`: `/status` says what the apiservers see.
+    pub client_address: crate::cli::ClientAddress,
 }
 
 impl AdminView {
@@ -58,13 +60,24 @@ impl AdminView {
     }
 
     fn status(&self) -> serde_json::Value {
+        let transparent = self.client_address == crate::cli::ClientAddress::Transparent;
         let backends: Vec<serde_json::Value> = self
             .backends
             .snapshot()
             .iter()
             .map(|b| {
                 let health = b.health();
+                // What this backend sees as the client's address.
+                let client_address = if !transparent {
+                    "proxy".to_string()
+                } else if b.addr.0.ip().is_loopback() {
+                    format!("transparent: {}", b.transparent.describe())
+                } else {
+                    "client (not on loopback: connected normally, it sees the node's address)"
+                        .into()
+                };
                 serde_json::json!({
+                    "client_address": client_address,
                     "address": b.addr.to_string(),
                     "source": b.tier,
                     "healthy": health.is_up(),
@@ -82,6 +95,11 @@ impl AdminView {
             "ready": self.ready(),
             "listeners": self.listeners.info(),
             "backends": backends,
+            "client_address": {
+                "mode": if transparent { "transparent" } else { "proxy" },
+                "transparent_connections": self.metrics.client_address_transparent.get(),
+                "fallback_connections": self.metrics.client_address_fallback.get(),
+            },
             "peers": self
                 .handoff
                 .as_ref()

@@ -44,6 +44,11 @@ pub enum Command {
     /// kube-apiserver's wildcard socket (0.0.0.0:6443) to the Deployment's proxy without
     /// refusing a connection (docs/operations.md, "Migrating from kubeadm").
     Migrate(MigrateArgs),
+    /// As root (CAP_NET_ADMIN), once per boot: install the node's policy routing that
+    /// `run --client-address transparent` needs (the backends' answers to a client's address
+    /// are delivered locally); prints each rule and route, added or present; exit 0 when all
+    /// are in place.
+    TransparentRoutes(TransparentRoutesArgs),
     /// Node agent (a static pod): keep the last-known-good checkpoint of the apiserver
     /// Deployment's pod; after a reboot, put it into the kubelet's static pod directory when
     /// nothing serves the node address; remove it once the recovery instance asks to be retired.
@@ -176,6 +181,22 @@ pub struct RecoverArgs {
 }
 
 #[derive(Debug, Clone, Args)]
+pub struct TransparentRoutesArgs {
+    /// The routing table of the local routes.
+    #[arg(long, value_name = "ID", default_value_t = crate::routes::DEFAULT_TABLE, value_parser = clap::value_parser!(u32).range(1..=0xffff_ffff))]
+    pub table: u32,
+
+    /// The priority of the rule for loopback sources (the 127.0.0.0/24 exception takes the one
+    /// before it).
+    #[arg(long, value_name = "N", default_value_t = crate::routes::DEFAULT_PRIORITY, value_parser = clap::value_parser!(u32).range(2..32766))]
+    pub priority: u32,
+
+    /// Remove them instead.
+    #[arg(long)]
+    pub remove: bool,
+}
+
+#[derive(Debug, Clone, Args)]
 pub struct InstallArgs {
     /// Where to put the binary, e.g. /proxy-bin/kube-apiserver-proxy.
     #[arg(value_name = "DEST")]
@@ -221,6 +242,16 @@ pub enum RuntimeShape {
     PerThread,
     /// One multi-threaded runtime (work stealing) for everything, one socket per address.
     Shared,
+}
+
+/// Which client address kube-apiserver sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ClientAddress {
+    /// The proxy's own loopback address (no privilege needed).
+    Proxy,
+    /// The client's: connections to loopback backends are bound to it (IP_TRANSPARENT: needs
+    /// CAP_NET_RAW and the policy routing of `transparent-routes`; falls back to `proxy`).
+    Transparent,
 }
 
 /// Log output format.
@@ -413,6 +444,23 @@ pub struct RunArgs {
         default_value = "user"
     )]
     pub data_path: DataPath,
+
+    /// Which address kube-apiserver sees for a client (its audit log's sourceIPs): `proxy`, the
+    /// proxy's loopback address, or `transparent`, the client's own (needs CAP_NET_RAW and
+    /// `transparent-routes`; connects normally, counted and logged, where it cannot).
+    #[arg(
+        long,
+        value_enum,
+        env = "KUBE_APISERVER_PROXY_CLIENT_ADDRESS",
+        default_value = "proxy"
+    )]
+    pub client_address: ClientAddress,
+
+    /// Started as root, switch to UID[:GID] (numeric; GID defaults to UID) before anything
+    /// else, keeping only CAP_NET_RAW with --client-address transparent, nothing otherwise (a
+    /// pod cannot give a capability to a process that starts unprivileged).
+    #[arg(long, value_name = "UID[:GID]", env = "KUBE_APISERVER_PROXY_USER")]
+    pub user: Option<String>,
 
     /// Threads of the async runtime that carries connections (default: CPUs available).
     #[arg(long, value_name = "N", env = "KUBE_APISERVER_PROXY_WORKER_THREADS")]

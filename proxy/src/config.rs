@@ -12,7 +12,8 @@ use std::time::Duration;
 use crate::addr::{AdminAddr, BackendAddr, ListenAddr};
 use crate::check::{HealthCheck, HealthConfig};
 use crate::cli::{
-    parse_socket_addr, CopyMode, DataPath, HealthCheckKind, LogFormat, RunArgs, RuntimeShape,
+    parse_socket_addr, ClientAddress, CopyMode, DataPath, HealthCheckKind, LogFormat, RunArgs,
+    RuntimeShape,
 };
 use crate::discovery::DiscoveryConfig;
 use crate::handoff::HandoffConfig;
@@ -74,6 +75,10 @@ pub struct Config {
     /// How bytes are moved (default auto: buffered for small bursts, splice for bulk).
     pub copy_mode: crate::copy::Mode,
     pub data_path: DataPath,
+    /// Which address the apiservers see for a client (default `proxy`: the proxy's own).
+    pub client_address: ClientAddress,
+    /// `--user`: the uid and gid to switch to at start (`None`: stay).
+    pub user: Option<(u32, u32)>,
     /// Listener handoff; `None` in plain standalone use.
     pub handoff: Option<HandoffConfig>,
     /// Recovery instance: the file written once a ready peer serves (`--retire-file`).
@@ -185,6 +190,12 @@ impl TryFrom<RunArgs> for Config {
         }
 
         let check = health_check(&args)?;
+        let user = args
+            .user
+            .as_deref()
+            .map(crate::privileges::parse_user)
+            .transpose()
+            .map_err(|m| invalid("--user", m))?;
         if args.handoff_dir.is_none() && !args.handoff_allow_uid.is_empty() {
             return Err(invalid("--handoff-allow-uid", "needs --handoff-dir"));
         }
@@ -254,6 +265,8 @@ impl TryFrom<RunArgs> for Config {
                 CopyMode::Splice => crate::copy::Mode::Splice,
                 CopyMode::Buffered => crate::copy::Mode::Buffered,
             },
+            client_address: args.client_address,
+            user,
             handoff,
             retire_file: args.retire_file,
             log_format: args.log_format,
@@ -470,6 +483,7 @@ mod tests {
         let port_zero = scrape(&["--metrics-listen", "127.0.0.1:0"]);
         let reserved = scrape(&["--metrics-label", "backend=x"]);
         let bad_name = scrape(&["--metrics-label", "1pod=x"]);
+        let bad_user = scrape(&["--user", "nobody"]);
         let cases: Vec<(&[&str], &str)> = cases
             .iter()
             .copied()
@@ -479,6 +493,7 @@ mod tests {
                 (&port_zero[..], "--metrics-listen"),
                 (&reserved[..], "--metrics-label"),
                 (&bad_name[..], "--metrics-label"),
+                (&bad_user[..], "--user"),
             ])
             .collect();
         for (args, flag) in &cases {

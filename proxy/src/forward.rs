@@ -8,6 +8,7 @@
 //! draining the requests and watches on the connections it has.
 
 use std::future::Future;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -26,6 +27,7 @@ use crate::metrics::{FailReason, Metrics};
 use crate::net;
 use crate::pace::{Turn, TURN_WAIT};
 use crate::sockmap::{self, Sockmap};
+use crate::transparent;
 
 /// Failures on client traffic are logged at most once a second each (counted in metrics always).
 static NO_BACKEND_LOG: LogRate = LogRate::new(Duration::from_secs(1));
@@ -50,6 +52,9 @@ pub struct ForwardContext {
     /// Every carried connection: cut at the drain deadline, parked at the connection handoff
     /// of an in-place upgrade.
     pub carried: Arc<Registry>,
+    /// `--client-address transparent`: connections to loopback backends carry the client's
+    /// address (transparent.rs).
+    pub transparent: bool,
 }
 
 /// Cuts every carried connection once `ctx.cut` is cancelled (run as a task of the instance).
@@ -58,17 +63,24 @@ pub async fn cut_on_cancel(ctx: Arc<ForwardContext>) {
     ctx.carried.cut_all();
 }
 
-/// Carries one client connection to its end.
-pub async fn serve(client: TcpStream, client_addr: ClientAddr, ctx: Arc<ForwardContext>) {
+/// Carries one client connection to its end. `source`: the client's address, for a connection
+/// to be made transparently (decided by the accept loop, [`transparent::source_for`]).
+pub async fn serve(
+    client: TcpStream,
+    client_addr: ClientAddr,
+    source: Option<IpAddr>,
+    ctx: Arc<ForwardContext>,
+) {
     let _active = ActiveConnection::new(&ctx.metrics);
     // The client socket inherited its options from the listener (net::tune_listener).
-    let Some((backend, upstream, turn)) = connect_any(&ctx).await else {
+    let Some((backend, upstream, turn)) = connect_any(&ctx, source).await else {
         ctx.metrics.connection_failed(FailReason::NoBackend);
         if let Some(suppressed) = NO_BACKEND_LOG.allow() {
             tracing::warn!(client.addr = %client_addr, suppressed, hold = ?ctx.connect_timeout, "no backend could be reached within the connect timeout: closing client");
         }
         return;
     };
+    trace_seen_as(client_addr, &backend, &upstream);
     let _tracked = backend.track();
     carry(
         client,
@@ -79,6 +91,18 @@ pub async fn serve(client: TcpStream, client_addr: ClientAddr, ctx: Arc<ForwardC
         &ctx,
     )
     .await;
+}
+
+/// Which address the backend sees for this client's connection: a debug line under the log
+/// target `client_address` (`--log-level=info,client_address=debug`), how an audit entry's
+/// `127.0.0.1:PORT` is traced back to its client without the transparent mode. Costs one
+/// check of the log filter unless it is enabled.
+fn trace_seen_as(client_addr: ClientAddr, backend: &Backend, upstream: &TcpStream) {
+    if tracing::enabled!(target: "client_address", tracing::Level::DEBUG) {
+        if let Ok(seen_as) = upstream.local_addr() {
+            tracing::debug!(target: "client_address", seen_as = %seen_as, client.addr = %client_addr, backend = %backend.addr, "connected");
+        }
+    }
 }
 
 /// Carries on a connection handed over by the predecessor of an in-place upgrade: its pending
@@ -306,10 +330,61 @@ enum Attempt {
     Exhausted,
 }
 
-/// Connects to `backend` for a client; a failure marks it suspect.
-async fn attempt(ctx: &ForwardContext, backend: &Backend) -> Attempt {
+/// How one connect is made.
+enum Via {
+    Normal,
+    /// With the client's address as its source.
+    Transparent(IpAddr),
+    /// Normally, although the client's address was wanted: the backend has not verified.
+    Fallback,
+}
+
+/// Connects to `backend` for a client (with `source` as its address when it applies and the
+/// backend verified, transparent.rs); a failure marks it suspect.
+async fn attempt(ctx: &ForwardContext, backend: &Backend, source: Option<IpAddr>) -> Attempt {
+    let via = match source {
+        Some(src) if transparent::applies(src, backend.addr.0) => {
+            if backend.transparent.works() {
+                Via::Transparent(src)
+            } else {
+                Via::Fallback
+            }
+        }
+        _ => Via::Normal,
+    };
     let started = Instant::now();
-    match net::connect(backend.addr.0, ctx.connect_timeout).await {
+    let connected = match via {
+        Via::Normal => net::connect(backend.addr.0, ctx.connect_timeout).await,
+        Via::Fallback => {
+            let r = net::connect(backend.addr.0, ctx.connect_timeout).await;
+            if r.is_ok() {
+                ctx.metrics.client_address_fallback.inc();
+            }
+            r
+        }
+        Via::Transparent(src) => {
+            match net::connect_from(src, backend.addr.0, ctx.connect_timeout).await {
+                Ok(stream) => {
+                    ctx.metrics.client_address_transparent.inc();
+                    Ok(stream)
+                }
+                // No answer, or the socket could not be set up: the mode stopped working here
+                // (routing or capability gone, a firewall rule), not the backend. Again without.
+                Err(e) if transparent_failure(&e) => {
+                    backend
+                        .transparent
+                        .distrust(format!("connect from {src}: {e}"));
+                    let r = net::connect(backend.addr.0, ctx.connect_timeout).await;
+                    if r.is_ok() {
+                        ctx.metrics.client_address_fallback.inc();
+                    }
+                    r
+                }
+                Err(e) => Err(e),
+            }
+        }
+    };
+    match connected {
         Ok(stream) => {
             backend
                 .metrics
@@ -336,6 +411,17 @@ async fn attempt(ctx: &ForwardContext, backend: &Backend) -> Attempt {
     }
 }
 
+/// Whether a transparent connect's error is the mode's rather than the backend's.
+fn transparent_failure(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::TimedOut
+        || matches!(
+            e.raw_os_error(),
+            Some(
+                libc::EPERM | libc::EACCES | libc::EADDRNOTAVAIL | libc::EADDRINUSE | libc::EINVAL
+            )
+        )
+}
+
 /// Finds a backend for a new client: tries every backend in selection order (each failure
 /// marks that backend suspect). When none could be reached, the client is held (it has seen
 /// nothing yet, and holding is cheap) and every backend — including any added meanwhile, by
@@ -345,7 +431,10 @@ async fn attempt(ctx: &ForwardContext, backend: &Backend) -> Attempt {
 /// The first choice is found without building the ordered list (the common case: it
 /// answers); the list is built only once it failed. A held client connects in turn (pace.rs):
 /// the turn comes back with the connection, and is given back when the backend answers.
-async fn connect_any(ctx: &ForwardContext) -> Option<(Arc<Backend>, TcpStream, Option<Turn>)> {
+async fn connect_any(
+    ctx: &ForwardContext,
+    source: Option<IpAddr>,
+) -> Option<(Arc<Backend>, TcpStream, Option<Turn>)> {
     let hold_until = tokio::time::Instant::now() + ctx.connect_timeout;
     // Subscribed only once a round failed (a client that connects at once never needs it).
     let mut changes = None;
@@ -356,7 +445,7 @@ async fn connect_any(ctx: &ForwardContext) -> Option<(Arc<Backend>, TcpStream, O
         let first = ctx.backends.first_choice();
         if let Some(backend) = &first {
             let turn = take_turn(held, backend).await;
-            match attempt(ctx, backend).await {
+            match attempt(ctx, backend, source).await {
                 Attempt::Connected(stream) => return first.map(|b| (b, stream, turn)),
                 Attempt::Exhausted => return None,
                 Attempt::Failed => {}
@@ -368,7 +457,7 @@ async fn connect_any(ctx: &ForwardContext) -> Option<(Arc<Backend>, TcpStream, O
                 continue;
             }
             let turn = take_turn(held, &backend).await;
-            match attempt(ctx, &backend).await {
+            match attempt(ctx, &backend, source).await {
                 Attempt::Connected(stream) => return Some((backend, stream, turn)),
                 Attempt::Exhausted => return None,
                 Attempt::Failed => {}
@@ -434,7 +523,7 @@ mod tests {
             .await
             .unwrap();
         let (accepted, peer) = listener.accept().await.unwrap();
-        let future = serve(accepted, ClientAddr(peer), ctx);
+        let future = serve(accepted, ClientAddr(peer), Some(peer.ip()), ctx);
         let size = std::mem::size_of_val(&future);
         eprintln!("serve future: {size} bytes");
         assert!(size <= 2048, "serve future is {size} bytes");
@@ -477,7 +566,7 @@ mod tests {
         tokio::spawn(async move {
             loop {
                 let (stream, peer) = front.accept().await.unwrap();
-                tokio::spawn(serve(stream, ClientAddr(peer), serving.clone()));
+                tokio::spawn(serve(stream, ClientAddr(peer), None, serving.clone()));
             }
         });
         let mut clients = tokio::task::JoinSet::new();

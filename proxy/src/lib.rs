@@ -30,6 +30,10 @@
 //! - [`check`]: active https/tls/tcp health checks.
 //! - [`discovery`]: own backend (address file) and node-local backends (shared directory).
 //! - [`net`]: TCP socket options and binding.
+//! - [`transparent`]: `--client-address transparent`: the client's address on backend
+//!   connections, verified per backend, falling back to a normal connect.
+//! - [`routes`]: the node's policy routing for it over rtnetlink (`transparent-routes`).
+//! - [`privileges`]: `--user`: switch from root to the proxy's uid keeping `CAP_NET_RAW`.
 //! - [`tls`]: PEM loading and the health-check TLS client config.
 //! - [`handoff`]: listener handoff between instances (codec, wire, peer server).
 //! - [`sockmap`]: `--data-path=sockmap`: pairs of sockets whose bytes the kernel moves.
@@ -81,10 +85,12 @@ pub mod migrate;
 pub mod net;
 pub mod notify;
 pub mod pace;
+pub mod privileges;
 pub mod probe;
 pub mod readiness;
 pub mod recover;
 pub mod retire;
+pub mod routes;
 pub mod scrape;
 pub mod server;
 pub mod shard;
@@ -95,5 +101,6 @@ pub mod staticpod;
 pub mod sys;
 pub mod tls;
 pub mod transfer;
+pub mod transparent;
 pub mod upgrade;
 pub mod workers;

@@ -12,7 +12,8 @@ use clap::Parser;
 use kube_apiserver_proxy::cli::{self, Cli, Command, LogFormat, RunArgs, RuntimeShape};
 use kube_apiserver_proxy::config::Config;
 use kube_apiserver_proxy::{
-    install, kubernetes_endpoints, launch, migrate, probe, recover, server, signal,
+    install, kubernetes_endpoints, launch, migrate, privileges, probe, recover, routes, server,
+    signal,
 };
 
 fn main() -> ExitCode {
@@ -60,6 +61,7 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Some(Command::TransparentRoutes(args)) => transparent_routes(&args),
         Some(Command::Recover(args)) => {
             init_tracing(args.log_format, "info");
             match recover::run(&args) {
@@ -69,6 +71,29 @@ fn main() -> ExitCode {
         }
         // Returns only when it could not exec.
         Some(Command::Launch(args)) => bad_input(format!("error: {:#}", launch::launch(&args))),
+    }
+}
+
+/// `transparent-routes`: one line per rule and route, as `ip` shows it; exit 1 when one could
+/// not be read or added.
+fn transparent_routes(args: &cli::TransparentRoutesArgs) -> ExitCode {
+    let items = routes::items(args.table, args.priority);
+    let done = if args.remove {
+        routes::remove(&items)
+    } else {
+        routes::install(&items)
+    };
+    match done {
+        Ok(done) => {
+            for (item, outcome) in done {
+                println!("{outcome}: {item}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: transparent-routes: {e:#}");
+            ExitCode::FAILURE
+        }
     }
 }
 
@@ -83,6 +108,14 @@ fn run(args: RunArgs) -> ExitCode {
         Err(e) => return bad_input(format!("error: {e:#}")),
     };
     init_tracing(config.log_format, &config.log_level);
+    // Before any thread exists: capabilities belong to threads.
+    if let Some((uid, gid)) = config.user {
+        let transparent = config.client_address == cli::ClientAddress::Transparent;
+        if let Err(e) = privileges::switch(uid, gid, transparent) {
+            return bad_input(format!("error: {e:#}"));
+        }
+        tracing::info!(uid, gid, cap_net_raw = transparent, "switched user");
+    }
     // With a runtime per worker thread (workers.rs) the main runtime carries only the control
     // plane.
     let runtime = match config.runtime {

@@ -43,6 +43,7 @@ pub const PIPES_POOLED: &str = "splice_pipes_pooled";
 pub const RETIRE_REQUESTS: &str = "retire_requests_total";
 pub const SOCKMAP_ACTIVE: &str = "sockmap_active";
 pub const SOCKMAP_CONNECTIONS: &str = "sockmap_connections_total";
+pub const CLIENT_ADDRESS_CONNECTIONS: &str = "client_address_connections_total";
 
 /// The `result` label values of `health_checks_total`, one series each per backend.
 const CHECK_RESULTS: [&str; 5] = ["ok", "not_ready", "failed", "refused", "skipped"];
@@ -85,6 +86,11 @@ pub struct Metrics {
     pub sockmap_paired: IntCounter,
     /// Connections that could not be paired and were copied in user space instead.
     pub sockmap_fallback: IntCounter,
+    /// `--client-address transparent`: connections made with the client's address.
+    pub client_address_transparent: IntCounter,
+    /// `--client-address transparent`: connections that should have carried the client's
+    /// address and were made normally (the backend not verified, transparent.rs).
+    pub client_address_fallback: IntCounter,
     backend_up: IntGaugeVec,
     backend_active: IntGaugeVec,
     backend_connect_failures: IntCounterVec,
@@ -215,6 +221,18 @@ impl Metrics {
                 &["result"]
             )
         );
+        let client_address = register!(
+            r,
+            IntCounterVec::new(
+                opts(
+                    CLIENT_ADDRESS_CONNECTIONS,
+                    "--client-address transparent: connections to a loopback backend from a \
+                     client off the node, made with the client's address (transparent) or, \
+                     because that did not work, normally (fallback)."
+                ),
+                &["result"]
+            )
+        );
         let metrics = Metrics {
             connections_accepted: register!(
                 r,
@@ -249,6 +267,8 @@ impl Metrics {
             ),
             sockmap_paired: sockmap_connections.with_label_values(&["paired"]),
             sockmap_fallback: sockmap_connections.with_label_values(&["fallback"]),
+            client_address_transparent: client_address.with_label_values(&["transparent"]),
+            client_address_fallback: client_address.with_label_values(&["fallback"]),
             backend_up: register!(
                 r,
                 IntGaugeVec::new(

@@ -21,7 +21,7 @@ use tokio_util::task::TaskTracker;
 use crate::addr::ListenAddr;
 use crate::admin::{self, AdminView};
 use crate::backend::{Backends, Tier};
-use crate::cli::RuntimeShape;
+use crate::cli::{ClientAddress, RuntimeShape};
 use crate::config::Config;
 use crate::discovery;
 use crate::forward::ForwardContext;
@@ -102,7 +102,14 @@ pub async fn run(
         copy_mode: config.copy_mode,
         sockmap: open_sockmap(&config, &metrics),
         carried: Arc::default(),
+        transparent: config.client_address == ClientAddress::Transparent,
     });
+    if ctx.transparent {
+        tasks.spawn(crate::transparent::run(
+            backends.clone(),
+            root.child_token(),
+        ));
+    }
     tasks.spawn(crate::forward::cut_on_cancel(ctx.clone()));
     let placement = match config.runtime {
         RuntimeShape::Shared => Placement::Shared,
@@ -164,6 +171,7 @@ pub async fn run(
         metrics: metrics.clone(),
         readiness,
         handoff: handoff.clone(),
+        client_address: config.client_address,
     });
     tracing::info!(admin.addr = %admin_listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), "admin endpoint listening");
     if let (Some(addr), Some(h), Ok(admin_addr)) = (

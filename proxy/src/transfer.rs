@@ -195,6 +195,7 @@ mod tests {
             fall: std::num::NonZeroU32::MIN,
         };
         Arc::new(ForwardContext {
+            transparent: false,
             backends: Backends::new(health, metrics.clone(), CancellationToken::new()),
             metrics,
             connect_timeout: Duration::from_secs(1),

@@ -71,6 +71,7 @@ impl Instance {
         };
         let stop = CancellationToken::new();
         let ctx = Arc::new(ForwardContext {
+            transparent: false,
             backends: Backends::new(health, metrics.clone(), stop.child_token()),
             metrics: metrics.clone(),
             connect_timeout: Duration::from_secs(1),
