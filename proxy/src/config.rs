@@ -200,7 +200,8 @@ impl TryFrom<RunArgs> for Config {
             return Err(invalid("--handoff-allow-uid", "needs --handoff-dir"));
         }
         if let Some(dir) = &args.handoff_dir {
-            crate::handoff::check_dir(dir).map_err(|e| {
+            let uid = user.map_or_else(|| nix::unistd::geteuid().as_raw(), |(uid, _)| uid);
+            crate::handoff::check_dir_as(dir, uid).map_err(|e| {
                 invalid(
                     "--handoff-dir",
                     e.to_string()

@@ -36,7 +36,8 @@ pub fn switch(uid: u32, gid: u32, keep_net_raw: bool) -> Result<(), PrivilegeErr
     } else {
         0
     };
-    if getuid().as_raw() != uid || getgid().as_raw() != gid {
+    let switching = getuid().as_raw() != uid || getgid().as_raw() != gid;
+    if switching {
         let fail = |source| PrivilegeError::Switch { uid, gid, source };
         nix::sys::prctl::set_keepcaps(true).map_err(fail)?;
         let g = Gid::from_raw(gid);
@@ -46,7 +47,19 @@ pub fn switch(uid: u32, gid: u32, keep_net_raw: bool) -> Result<(), PrivilegeErr
         setresuid(u, u, u).map_err(fail)?;
         nix::sys::prctl::set_keepcaps(false).map_err(fail)?;
     }
-    sys::keep_only_capabilities(keep).map_err(PrivilegeError::Keep)
+    sys::keep_only_capabilities(keep).map_err(PrivilegeError::Keep)?;
+    if switching {
+        // The uid change made the process undumpable, which hands its /proc files to root (it
+        // could no longer read /proc/self/fd for the open_fds metric). Back to what a process
+        // started as this uid has: a process of the same uid still cannot ptrace it while it
+        // holds a capability the tracer lacks.
+        nix::sys::prctl::set_dumpable(true).map_err(|source| PrivilegeError::Switch {
+            uid,
+            gid,
+            source,
+        })?;
+    }
+    Ok(())
 }
 
 /// Parses `UID[:GID]` (numeric).

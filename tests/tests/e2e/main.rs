@@ -15,6 +15,8 @@
 //! - `fake_binary`: the `fake-apiserver` binary behind the proxy.
 //! - `upgrade`: in-place upgrade on SIGUSR2 (`systemctl reload`) to a replaced binary.
 //! - `migrate`: moving the node address off a wildcard listener (kubeadm's apiserver).
+//! - `transparent`: `--client-address transparent` with clients in another network namespace,
+//!   `transparent-routes`, `--user`, and the upgrade, handoff and kernel path in that mode.
 //! - `recovery`: reboot recovery: the checkpoint writer, the recovery instance's retirement,
 //!   the `recover` node agent.
 
@@ -35,6 +37,7 @@ mod recovery;
 mod reliability;
 mod sockmap;
 mod static_binary;
+mod transparent;
 mod upgrade;
 
 use std::net::SocketAddr;
