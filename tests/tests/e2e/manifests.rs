@@ -189,7 +189,13 @@ fn object<'a>(objects: &'a [Value], kind: &str) -> Result<&'a Value> {
 }
 
 /// Every overlay of `manifests/`.
-const OVERLAYS: &[&str] = &["single-controller", "ha", "ha-surge", "ha-daemonset"];
+const OVERLAYS: &[&str] = &[
+    "single-controller",
+    "ha",
+    "ha-surge",
+    "ha-daemonset",
+    "single-controller-transparent",
+];
 
 /// The overlay's workload: its Deployment, or its DaemonSet.
 fn workload(objects: &[Value]) -> Result<&Value> {
@@ -296,6 +302,7 @@ fn manifests_render_and_validate() -> Result<()> {
         ("ha", Some(3), 0, 1),
         ("ha-surge", Some(3), 1, 0),
         ("ha-daemonset", None, 1, 0),
+        ("single-controller-transparent", Some(1), 1, 0),
     ] {
         let yaml = render(overlay)?;
         validate(overlay, &yaml)?;
@@ -582,6 +589,10 @@ fn check_pod(overlay: &str, pod: &Value) -> Result<()> {
             .any(|t| t["key"] == "node-role.kubernetes.io/control-plane")),
         "{overlay}: control-plane toleration"
     );
+    let inits = pod["initContainers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     let all: Vec<&Value> = pod["initContainers"]
         .as_array()
         .into_iter()
@@ -604,12 +615,38 @@ fn check_pod(overlay: &str, pod: &Value) -> Result<()> {
             && argv.get(1).map(String::as_str) != Some("launch");
         if runs_proxy {
             let sc = &c["securityContext"];
-            proxy_uids.insert(sc["runAsUser"].to_string());
+            let add = &sc["capabilities"]["add"];
             ensure!(
-                sc["capabilities"]["drop"] == serde_json::json!(["ALL"])
-                    && sc["capabilities"]["add"].is_null(),
+                sc["capabilities"]["drop"] == serde_json::json!(["ALL"]),
                 "{overlay}: {name} must drop every capability"
             );
+            match (argv.get(1).map(String::as_str), flag(&argv, "--user")) {
+                // The one step with a privilege of its own (client-address-transparent): an init
+                // container, done before the pod starts, with CAP_NET_ADMIN alone.
+                (Some("transparent-routes"), _) => ensure!(
+                    inits.iter().any(|i| i["name"] == name)
+                        && sc["runAsUser"] == 0
+                        && *add == serde_json::json!(["NET_ADMIN"]),
+                    "{overlay}: {name} must be an init container, uid 0 with NET_ADMIN alone: {sc}"
+                ),
+                // Started as root only to switch to the proxies' uid at once, keeping
+                // CAP_NET_RAW for --client-address transparent and nothing else.
+                (_, Some(user)) => {
+                    ensure!(
+                        sc["runAsUser"] == 0
+                            && *add == serde_json::json!(["NET_RAW", "SETUID", "SETGID"])
+                            && flag(&argv, "--client-address").as_deref() == Some("transparent"),
+                        "{overlay}: {name} with --user must start as uid 0 with NET_RAW, SETUID \
+                         and SETGID alone, for --client-address=transparent: {sc}"
+                    );
+                    let uid = user.split(':').next().unwrap_or_default();
+                    proxy_uids.insert(uid.to_string());
+                }
+                _ => {
+                    ensure!(add.is_null(), "{overlay}: {name} must add no capability");
+                    proxy_uids.insert(sc["runAsUser"].to_string());
+                }
+            }
             ensure!(
                 sc["allowPrivilegeEscalation"] == false,
                 "{overlay}: {name} allowPrivilegeEscalation"
@@ -890,12 +927,54 @@ async fn manifest_proxy_commands_are_accepted() -> Result<()> {
     if !tools_available("manifest_proxy_commands_are_accepted")? {
         return Ok(());
     }
-    let objects = rendered_objects("single-controller")?;
+    pod_commands_are_accepted("single-controller").await
+}
+
+/// The same for the pod of `single-controller-transparent`, in a private network namespace:
+/// its init container installs the policy routing, its sidecar starts as root and switches to
+/// the proxy uid with CAP_NET_RAW alone.
+#[test]
+fn manifest_transparent_commands_are_accepted() -> Result<()> {
+    if !tools_available("manifest_transparent_commands_are_accepted")? {
+        return Ok(());
+    }
+    crate::handoff::run_in_netns("manifests::inner_manifest_transparent_commands_are_accepted")
+}
+
+#[tokio::test]
+#[ignore = "runs inside a private network namespace: see its wrapper without the inner_ prefix"]
+async fn inner_manifest_transparent_commands_are_accepted() -> Result<()> {
+    pod_commands_are_accepted("single-controller-transparent").await
+}
+
+/// The uid of the manifests' proxy containers (`runAsUser`, or `--user` of the transparent
+/// sidecar).
+const MANIFEST_PROXY_UID: u32 = 65532;
+
+async fn pod_commands_are_accepted(overlay: &str) -> Result<()> {
+    let objects = rendered_objects(overlay)?;
     let pod = pod_spec(&objects)?;
     let node = Node::new()?;
     let map = node.pod_mapping("pod")?;
+    let transparent = pod["initContainers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["name"] == "transparent-routes");
+    if transparent {
+        // The sidecar ends up as the proxy uid: the node's directories are that uid's (as
+        // manifests/node/tmpfiles.d makes them), the emptyDir is world-writable (as the
+        // kubelet makes it).
+        let id = Some(nix::unistd::Uid::from_raw(MANIFEST_PROXY_UID));
+        let gid = Some(nix::unistd::Gid::from_raw(MANIFEST_PROXY_UID));
+        for sub in ["run", "run/backends", "run/handoff"] {
+            nix::unistd::chown(&node.dir.join(sub), id, gid)?;
+        }
+        std::fs::set_permissions(&map.shared, std::fs::Permissions::from_mode(0o777))?;
+    }
 
-    // Init containers: run as they are (the binary copies itself into /proxy-bin).
+    // Init containers: run as they are (the binary copies itself into /proxy-bin; the
+    // transparent overlay's installs the policy routing, here in the test's namespace).
     for init in pod["initContainers"].as_array().into_iter().flatten() {
         let env = container_env(init, node.host_ip, "pod")?;
         let argv = map.argv(&argv(init), &env)?;
@@ -906,6 +985,12 @@ async fn manifest_proxy_commands_are_accepted() -> Result<()> {
             init["name"],
             argv.join(" ")
         );
+        if init["name"] == "transparent-routes" {
+            ensure!(
+                out.matches("added: ").count() == 5,
+                "transparent-routes: {out}"
+            );
+        }
     }
     let installed = map.proxy_bin_dir.join("kube-apiserver-proxy");
     ensure!(
@@ -955,6 +1040,34 @@ async fn manifest_proxy_commands_are_accepted() -> Result<()> {
         Ok(())
     })
     .await?;
+    if transparent {
+        // Switched to the proxy uid with CAP_NET_RAW alone, in transparent mode.
+        let status = std::fs::read_to_string(format!("/proc/{}/status", child.pid()))?;
+        let line = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.split_whitespace().collect::<Vec<_>>().join(" "))
+                .unwrap_or_default()
+        };
+        let u = MANIFEST_PROXY_UID;
+        ensure!(
+            line("Uid:") == format!("{u} {u} {u} {u}") && line("CapEff:") == "0000000000002000",
+            "the transparent sidecar runs with Uid {} CapEff {}",
+            line("Uid:"),
+            line("CapEff:")
+        );
+        let admin: SocketAddr = std::fs::read_to_string(map.shared.join("admin"))?
+            .trim()
+            .parse()?;
+        let (_, body) = http_get(admin, "/status").await?;
+        let status: Value = serde_json::from_str(&body)?;
+        ensure!(
+            status["client_address"]["mode"] == "transparent",
+            "/status: {}",
+            status["client_address"]
+        );
+    }
     for (name, c) in [("proxy", proxy), ("kube-apiserver", apiserver)] {
         let commands = [
             ("readinessProbe", &c["readinessProbe"]["exec"]["command"]),
