@@ -1,0 +1,80 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"runtime"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// ClientNet is a network namespace of its own for clients off the node: joined to the node's
+// namespace by a veth pair, the client's address on its end, its default route through the
+// node's end. The node's namespace routes the client's address back over the pair, so the
+// client reaches the node address as a remote client would.
+type ClientNet struct {
+	Name string
+	IP   net.IP
+}
+
+// NewClientNet creates namespace name (`ip netns add`, inside the rehearsal's private mount
+// namespace) with the veth pair name-n (here, nodeIP/30) and name-c (there, clientIP/30).
+func NewClientNet(ctx context.Context, name, nodeIP, clientIP string) (*ClientNet, error) {
+	script := [][]string{
+		{"ip", "netns", "add", name},
+		{"ip", "link", "add", name + "-n", "type", "veth", "peer", "name", name + "-c", "netns", name},
+		{"ip", "addr", "add", nodeIP + "/30", "dev", name + "-n"},
+		{"ip", "link", "set", name + "-n", "up"},
+		{"ip", "-n", name, "link", "set", "lo", "up"},
+		{"ip", "-n", name, "addr", "add", clientIP + "/30", "dev", name + "-c"},
+		{"ip", "-n", name, "link", "set", name + "-c", "up"},
+		{"ip", "-n", name, "route", "add", "default", "via", nodeIP},
+	}
+	for _, argv := range script {
+		if _, err := Run(ctx, 10*time.Second, argv...); err != nil {
+			_, _ = Run(ctx, 10*time.Second, "ip", "netns", "del", name)
+			return nil, fmt.Errorf("client namespace %s: %w", name, err)
+		}
+	}
+	return &ClientNet{Name: name, IP: net.ParseIP(clientIP)}, nil
+}
+
+// Dialer opens connections from the namespace, from its address: a socket belongs to the
+// namespace its thread was in when it was made, so each dial runs on a thread of its own that
+// enters the namespace first and ends with the dial (a locked thread is not reused).
+func (c *ClientNet) Dialer() func(ctx context.Context, network, addr string) (net.Conn, error) {
+	path := "/run/netns/" + c.Name
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		type result struct {
+			conn net.Conn
+			err  error
+		}
+		done := make(chan result, 1)
+		go func() {
+			runtime.LockOSThread()
+			ns, err := os.Open(path)
+			if err != nil {
+				done <- result{nil, err}
+				return
+			}
+			defer ns.Close()
+			if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
+				done <- result{nil, fmt.Errorf("setns %s: %w", path, err)}
+				return
+			}
+			d := net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second, LocalAddr: &net.TCPAddr{IP: c.IP}}
+			conn, err := d.DialContext(ctx, network, addr)
+			done <- result{conn, err}
+		}()
+		r := <-done
+		return r.conn, r.err
+	}
+}
+
+// Delete removes the namespace (its end of the pair goes with it, and so does ours).
+func (c *ClientNet) Delete() {
+	_, _ = Run(context.Background(), 10*time.Second, "ip", "netns", "del", c.Name)
+}
