@@ -256,7 +256,7 @@ impl Launch<'_> {
         let max_connections =
             (procstat::nofile_limit().saturating_sub(200) / 2).clamp(1000, 100_000);
         let mut instance = match self.variant.target {
-            Target::Proxy | Target::ProxySockmap => self
+            Target::Proxy | Target::ProxySockmap | Target::ProxyTransparent => self
                 .env
                 .proxy
                 .as_mut()
@@ -271,8 +271,9 @@ impl Launch<'_> {
                     log_level: "info",
                     kernel_path: self.variant.target == Target::ProxySockmap,
                     worker_threads: None,
+                    transparent: self.variant.target == Target::ProxyTransparent,
                 })?,
-            Target::Haproxy => {
+            Target::Haproxy | Target::HaproxyTransparent => {
                 let nbthread = self.env.nbthread;
                 self.env
                     .haproxy
@@ -284,6 +285,7 @@ impl Launch<'_> {
                         nbthread,
                         maxconn: max_connections,
                         hard_stop_after: Some(self.drain_timeout),
+                        usesrc_clientip: self.variant.target == Target::HaproxyTransparent,
                     })?
             }
             Target::Direct | Target::Uring => {
