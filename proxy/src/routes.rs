@@ -584,7 +584,8 @@ impl Netlink {
             (Family::V6, 128)
         };
         let header = family_header(family, (bits, bits), 0, [0, 0, 0]);
-        let msg = Message::new(RTM_GETROUTE, 0, seq, header)
+        // With the acknowledgement the answer ends (a lookup answers one route, no end of dump).
+        let msg = Message::new(RTM_GETROUTE, NLM_F_ACK, seq, header)
             .attr(RTA_DST, &addr_bytes(to))
             .attr(RTA_SRC, &addr_bytes(from))
             .finish();

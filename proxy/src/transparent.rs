@@ -163,7 +163,12 @@ pub async fn verify(ip: IpAddr) -> Result<(), String> {
             "IP_TRANSPARENT not permitted: the proxy needs CAP_NET_RAW (or CAP_NET_ADMIN)".into(),
         ),
         Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
-            Err(match crate::routes::delivered_locally(ip, source) {
+            // A netlink exchange: blocking, so off the runtime's thread.
+            let lookup =
+                tokio::task::spawn_blocking(move || crate::routes::delivered_locally(ip, source))
+                    .await
+                    .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+            Err(match lookup {
                 Ok(false) if in_host_range(ip) => "the backend is in 127.0.0.0/24, which the policy routing leaves to the host's own traffic: bind the backend outside it".into(),
                 Ok(false) => "the answers are not routed back: the policy routing is missing (run `kube-apiserver-proxy transparent-routes`)".into(),
                 Ok(true) => "no answer although the policy routing is in place: a firewall rule drops it (kubelet's and kube-proxy's `block incoming localnet connections`, docs/operations.md)".into(),

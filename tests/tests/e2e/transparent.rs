@@ -408,3 +408,120 @@ async fn inner_kernel_data_path_keeps_the_client_address() -> Result<()> {
     );
     Ok(())
 }
+
+/// Runs `iptables ARGS` (in the test's namespace).
+fn iptables(args: &[&str]) -> Result<()> {
+    let out = std::process::Command::new("iptables").args(args).output()?;
+    ensure!(
+        out.status.success(),
+        "iptables {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+#[test]
+fn the_kubelets_firewall_rule_is_a_fallback_until_excepted() -> Result<()> {
+    let name = "transparent::inner_the_kubelets_firewall_rule_is_a_fallback_until_excepted";
+    let found = std::process::Command::new("iptables")
+        .arg("-V")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        return kube_apiserver_proxy_tests::util::skip(
+            name,
+            "iptables not found (apt-get install iptables)",
+        );
+    }
+    run_in_netns(name)
+}
+
+/// The kubelet's (and kube-proxy's) `KUBE-FIREWALL` rule drops a packet to 127.0.0.0/8 from
+/// any other address: the backend does not verify, for that reason, and clients are carried
+/// normally. The two rules docs/operations.md gives, before it, let the mode work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "runs inside a private network namespace: see its wrapper without the inner_ prefix"]
+async fn inner_the_kubelets_firewall_rule_is_a_fallback_until_excepted() -> Result<()> {
+    let s = Setup::new().await?;
+    install_routes()?;
+    // As the kubelet makes it (pkg/kubelet/kubelet_network_linux.go).
+    iptables(&["-N", "KUBE-FIREWALL"])?;
+    iptables(&["-I", "OUTPUT", "1", "-j", "KUBE-FIREWALL"])?;
+    iptables(&["-I", "INPUT", "1", "-j", "KUBE-FIREWALL"])?;
+    iptables(&[
+        "-A",
+        "KUBE-FIREWALL",
+        "-m",
+        "comment",
+        "--comment",
+        "block incoming localnet connections",
+        "--dst",
+        "127.0.0.0/8",
+        "!",
+        "--src",
+        "127.0.0.0/8",
+        "-m",
+        "conntrack",
+        "!",
+        "--ctstate",
+        "RELATED,ESTABLISHED,DNAT",
+        "-j",
+        "DROP",
+    ])?;
+    let backend = s.backend.addr();
+    let proxy = serving(s.proxy()).await?;
+    eventually(VERIFIED, || async {
+        let sees = backend_sees(&proxy, backend).await?;
+        ensure!(sees.contains("a firewall rule drops it"), "backend: {sees}");
+        Ok(())
+    })
+    .await?;
+    let (seen, _) = s.net.seen_as(CLIENT_V4[0], s.listen)?;
+    ensure!(
+        seen == LOCALHOST,
+        "behind the firewall rule the backend saw {seen}"
+    );
+    ensure!(proxy.admin_get("/readyz").await?.0 == 200, "not ready");
+
+    // docs/operations.md, "What the apiserver sees", point 3.
+    iptables(&[
+        "-I",
+        "OUTPUT",
+        "1",
+        "-o",
+        "lo",
+        "-d",
+        "127.0.0.0/8",
+        "!",
+        "-s",
+        "127.0.0.0/8",
+        "-p",
+        "tcp",
+        "-j",
+        "ACCEPT",
+    ])?;
+    iptables(&[
+        "-I",
+        "INPUT",
+        "1",
+        "-i",
+        "lo",
+        "-d",
+        "127.0.0.0/8",
+        "!",
+        "-s",
+        "127.0.0.0/8",
+        "-p",
+        "tcp",
+        "-j",
+        "ACCEPT",
+    ])?;
+    wait_verified(&proxy, backend).await?;
+    let (seen, _) = s.net.seen_as(CLIENT_V4[0], s.listen)?;
+    ensure!(
+        seen.to_string() == CLIENT_V4[0],
+        "with the exception the backend saw {seen}"
+    );
+    Ok(())
+}
