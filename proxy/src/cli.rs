@@ -182,8 +182,9 @@ pub struct RecoverArgs {
 
 #[derive(Debug, Clone, Args)]
 pub struct TransparentRoutesArgs {
-    /// The routing table of the local routes.
-    #[arg(long, value_name = "ID", default_value_t = crate::routes::DEFAULT_TABLE, value_parser = clap::value_parser!(u32).range(1..=0xffff_ffff))]
+    /// The routing table of the local routes (not 253-255: default, main and local, where a
+    /// local default route would take every packet of the node).
+    #[arg(long, value_name = "ID", default_value_t = crate::routes::DEFAULT_TABLE, value_parser = parse_table)]
     pub table: u32,
 
     /// The priority of the rule for loopback sources (the 127.0.0.0/24 exception takes the one
@@ -612,6 +613,17 @@ pub fn is_display(e: &clap::Error) -> bool {
     )
 }
 
+/// Parses a routing table id of `transparent-routes --table`: 1-252 or 256 and above.
+pub fn parse_table(s: &str) -> Result<u32, String> {
+    match s.trim().parse::<u32>() {
+        Ok(id @ (1..=252 | 256..)) => Ok(id),
+        Ok(id) => Err(format!(
+            "{id} is reserved (0 unspecified, 253 default, 254 main, 255 local)"
+        )),
+        Err(_) => Err(format!("{s:?} is not a table number")),
+    }
+}
+
 /// Parses `500ms`, `2s`, `1m`, `1h30m`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (expected e.g. 500ms, 2s, 1m)"))
@@ -647,6 +659,7 @@ mod tests {
                 "missing required argument: --address-file",
             ),
             (&["--bogus"][..], "--bogus"),
+            (&["transparent-routes", "--table", "254"][..], "reserved"),
         ] {
             let line = usage_line(&error(args));
             assert!(line.contains(expect), "{args:?}: {line}");
