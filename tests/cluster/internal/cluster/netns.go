@@ -23,6 +23,9 @@ type ClientNet struct {
 // NewClientNet creates namespace name (`ip netns add`, inside the rehearsal's private mount
 // namespace) with the veth pair name-n (here, nodeIP/30) and name-c (there, clientIP/30).
 func NewClientNet(ctx context.Context, name, nodeIP, clientIP string) (*ClientNet, error) {
+	// A run that died leaves the namespace's file under /run/netns (the directory is the
+	// host's; only the mounts are the rehearsal's): remove it first.
+	_, _ = Run(ctx, 10*time.Second, "ip", "netns", "del", name)
 	script := [][]string{
 		{"ip", "netns", "add", name},
 		{"ip", "link", "add", name + "-n", "type", "veth", "peer", "name", name + "-c", "netns", name},
