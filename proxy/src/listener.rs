@@ -416,6 +416,11 @@ async fn accept_loop(l: AcceptLoop) {
                     drop(stream);
                     continue;
                 };
+                #[cfg(feature = "planted-faults")]
+                if crate::fault::close_accepted() {
+                    connections.spawn(crate::fault::close_unanswered(stream));
+                    continue;
+                }
                 let source = if ctx.transparent {
                     transparent_source(peer, addr, &stream)
                 } else {
