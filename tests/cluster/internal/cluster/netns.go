@@ -4,17 +4,14 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
-	"runtime"
+	"os/exec"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // ClientNet is a network namespace of its own for clients off the node: joined to the node's
 // namespace by a veth pair, the client's address on its end, its default route through the
-// node's end. The node's namespace routes the client's address back over the pair, so the
-// client reaches the node address as a remote client would.
+// node's end. The node's namespace routes the client's address back over the pair, so a
+// process run in it ([ClientNet.Command]) reaches the node address as a remote client would.
 type ClientNet struct {
 	Name string
 	IP   net.IP
@@ -45,36 +42,10 @@ func NewClientNet(ctx context.Context, name, nodeIP, clientIP string) (*ClientNe
 	return &ClientNet{Name: name, IP: net.ParseIP(clientIP)}, nil
 }
 
-// Dialer opens connections from the namespace, from its address: a socket belongs to the
-// namespace its thread was in when it was made, so each dial runs on a thread of its own that
-// enters the namespace first and ends with the dial (a locked thread is not reused).
-func (c *ClientNet) Dialer() func(ctx context.Context, network, addr string) (net.Conn, error) {
-	path := "/run/netns/" + c.Name
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		type result struct {
-			conn net.Conn
-			err  error
-		}
-		done := make(chan result, 1)
-		go func() {
-			runtime.LockOSThread()
-			ns, err := os.Open(path)
-			if err != nil {
-				done <- result{nil, err}
-				return
-			}
-			defer ns.Close()
-			if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
-				done <- result{nil, fmt.Errorf("setns %s: %w", path, err)}
-				return
-			}
-			d := net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second, LocalAddr: &net.TCPAddr{IP: c.IP}}
-			conn, err := d.DialContext(ctx, network, addr)
-			done <- result{conn, err}
-		}()
-		r := <-done
-		return r.conn, r.err
-	}
+// Command is argv run in the namespace (`ip netns exec`: the process's own pid, so a signal
+// to it reaches the command).
+func (c *ClientNet) Command(argv ...string) *exec.Cmd {
+	return exec.Command("ip", append([]string{"netns", "exec", c.Name}, argv...)...)
 }
 
 // Delete removes the namespace (its end of the pair goes with it, and so does ours).

@@ -30,11 +30,7 @@ type ConnCount struct {
 
 // dial opens a TCP connection and watches it for errors.
 func (l *Load) dial(ctx context.Context, network, addr string) (net.Conn, error) {
-	dial := l.cfg.Dialer
-	if dial == nil {
-		dial = (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext
-	}
-	c, err := dial(ctx, network, addr)
+	c, err := (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext(ctx, network, addr)
 	l.rec.mu.Lock()
 	defer l.rec.mu.Unlock()
 	if err != nil {

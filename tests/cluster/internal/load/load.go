@@ -48,9 +48,6 @@ type Config struct {
 	BulkObjects, BulkSize int
 	// Pause between two requests of one worker.
 	Pause time.Duration
-	// Dialer, when set, opens every connection of the clients instead of a plain net.Dialer
-	// (clients in a network namespace of their own).
-	Dialer func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // DefaultConfig is a load that a 2-core machine running two apiservers and etcd carries.

@@ -277,11 +277,7 @@ func underLoad(ctx context.Context, e *env, r *Result, strict bool, f func()) {
 
 // underLoadOn is underLoad with the clients of kubeconfig (another controller's address).
 func underLoadOn(ctx context.Context, kubeconfig string, r *Result, strict bool, f func()) {
-	underLoadWith(ctx, load.DefaultConfig(kubeconfig), r, strict, f)
-}
-
-// underLoadWith is underLoad with the load's own configuration (clients elsewhere).
-func underLoadWith(ctx context.Context, cfg load.Config, r *Result, strict bool, f func()) {
+	cfg := load.DefaultConfig(kubeconfig)
 	l, err := load.Start(ctx, cfg)
 	if err != nil {
 		r.fail("load: %v", err)

@@ -10,9 +10,11 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
 	"k8s.io/client-go/tools/clientcmd"
@@ -32,6 +34,88 @@ rules:
     users: [%q, %q]
   - level: None
 `
+
+// remoteLoad is cmd/loadgen running in a client namespace.
+type remoteLoad struct {
+	net       *cluster.ClientNet
+	cmd       *exec.Cmd
+	out, log  string
+	done      chan struct{}
+	waitError error
+}
+
+// loadgenReport is what this scenario reads of loadgen's report.
+type loadgenReport struct {
+	Load     *load.Report `json:"load"`
+	Problems []string     `json:"problems"`
+}
+
+// startRemoteLoad runs loadgen (built beside the rehearse binary by tests/cluster/run) in net
+// with kubeconfig, and waits until its load runs.
+func startRemoteLoad(ctx context.Context, work string, net *cluster.ClientNet, kubeconfig string) (*remoteLoad, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	bin := filepath.Join(filepath.Dir(self), "loadgen")
+	base := filepath.Join(work, "loadgen-"+net.Name)
+	l := &remoteLoad{net: net, out: base + ".json", log: base + ".log", done: make(chan struct{})}
+	ready := base + ".ready"
+	logFile, err := os.Create(l.log)
+	if err != nil {
+		return nil, err
+	}
+	l.cmd = net.Command(bin, "-kubeconfig", kubeconfig, "-out", l.out, "-ready", ready)
+	l.cmd.Stdout, l.cmd.Stderr = logFile, logFile
+	if err := l.cmd.Start(); err != nil {
+		logFile.Close()
+		return nil, fmt.Errorf("loadgen in %s: %w", net.Name, err)
+	}
+	go func() {
+		l.waitError = l.cmd.Wait()
+		logFile.Close()
+		close(l.done)
+	}()
+	ok := cluster.Eventually(3*time.Minute, 200*time.Millisecond, func() bool {
+		select {
+		case <-l.done:
+			return true
+		default:
+		}
+		_, err := os.Stat(ready)
+		return err == nil
+	})
+	select {
+	case <-l.done:
+		return nil, fmt.Errorf("loadgen in %s exited before its load ran: %s", net.Name, cluster.Tail(l.log, 5))
+	default:
+	}
+	if !ok {
+		l.stop()
+		return nil, fmt.Errorf("loadgen in %s: its load did not start within 3m: %s", net.Name, cluster.Tail(l.log, 5))
+	}
+	return l, nil
+}
+
+// stop ends the load (SIGTERM) and reads its report.
+func (l *remoteLoad) stop() (*loadgenReport, error) {
+	_ = l.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-l.done:
+	case <-time.After(2 * time.Minute):
+		_ = l.cmd.Process.Kill()
+		<-l.done
+	}
+	raw, err := os.ReadFile(l.out)
+	if err != nil {
+		return nil, fmt.Errorf("no report (%v): %s", l.waitError, cluster.Tail(l.log, 5))
+	}
+	var rep loadgenReport
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		return nil, fmt.Errorf("%s: %w", l.out, err)
+	}
+	return &rep, nil
+}
 
 // loadUserAgent is the user agent of every request of package load.
 const loadUserAgent = "kube-apiserver-proxy-cluster-load"
@@ -86,15 +170,26 @@ func clientAddressTransparent(ctx context.Context, e *env, r *Result) {
 		return
 	}
 	defer b.Delete()
-	cfgA := load.DefaultConfig(e.node.AdminConf)
-	cfgA.Dialer = a.Dialer()
-	// The second client lighter (the machine carries two apiservers and etcd), in a namespace
-	// of its own (its writers' objects are not the first's).
-	cfgB := load.DefaultConfig(superAdmin)
-	cfgB.Dialer = b.Dialer()
-	cfgB.Namespace = "load-b"
-	cfgB.Writers, cfgB.Readers, cfgB.Kubectls, cfgB.Streams, cfgB.LongLists = 1, 1, 2, 1, 0
 	want := map[string]string{users[e.node.AdminConf]: a.IP.String(), users[superAdmin]: b.IP.String()}
+
+	// Each client is the load generator run in its namespace (the whole process there: its
+	// every connection comes from its address), judged by loadgen with the tier's strict
+	// criteria.
+	var clients []*remoteLoad
+	for _, c := range []struct {
+		net        *cluster.ClientNet
+		kubeconfig string
+	}{{a, e.node.AdminConf}, {b, superAdmin}} {
+		l, err := startRemoteLoad(ctx, e.o.Work, c.net, c.kubeconfig)
+		if err != nil {
+			r.fail("%v", err)
+			for _, l := range clients {
+				l.stop()
+			}
+			return
+		}
+		clients = append(clients, l)
+	}
 
 	var pods []*cluster.Pod
 	roll := func() bool {
@@ -105,36 +200,57 @@ func clientAddressTransparent(ctx context.Context, e *env, r *Result) {
 		return true
 	}
 	var off, on [2]time.Time
-	underLoadWith(ctx, cfgA, r, true, func() {
-		underLoadWith(ctx, cfgB, r, true, func() {
-			// The pod as shipped, writing the audit log.
+	before := cluster.ReadTCPCounters()
+	func() {
+		// The pod as shipped, writing the audit log.
+		if !roll() {
+			return
+		}
+		off[0] = time.Now()
+		select {
+		case <-ctx.Done():
+		case <-time.After(offPeriod):
+		}
+		off[1] = time.Now()
+		// The switch: from here on the old pod, its proxy and the connections it carried
+		// are gone.
+		e.tmpl = transparent
+		if !roll() {
+			return
+		}
+		on[0] = time.Now()
+		for i := 0; i < e.o.Rollouts && ctx.Err() == nil; i++ {
 			if !roll() {
 				return
 			}
-			off[0] = time.Now()
-			select {
-			case <-ctx.Done():
-			case <-time.After(offPeriod):
+		}
+		on[1] = time.Now()
+		// And back, under the same load.
+		e.tmpl = shipped
+		roll()
+	}()
+	r.TCP = cluster.ReadTCPCounters().Since(before)
+	for _, c := range []string{"TcpExt:ListenOverflows", "TcpExt:ListenDrops"} {
+		if n := r.TCP[c]; n > 0 {
+			r.fail("%s: %d in the node during the scenario (a listen queue overflowed or a SYN was dropped)", c, n)
+		}
+	}
+	for i, l := range clients {
+		rep, err := l.stop()
+		if err != nil {
+			r.fail("client %s: %v", l.net.IP, err)
+			continue
+		}
+		for _, p := range rep.Problems {
+			r.fail("client %s: %s", l.net.IP, p)
+		}
+		if rep.Load != nil {
+			if i == 0 {
+				r.Load = rep.Load
 			}
-			off[1] = time.Now()
-			// The switch: from here on the old pod, its proxy and the connections it carried
-			// are gone.
-			e.tmpl = transparent
-			if !roll() {
-				return
-			}
-			on[0] = time.Now()
-			for i := 0; i < e.o.Rollouts && ctx.Err() == nil; i++ {
-				if !roll() {
-					return
-				}
-			}
-			on[1] = time.Now()
-			// And back, under the same load.
-			e.tmpl = shipped
-			roll()
-		})
-	})
+			r.Notes = append(r.Notes, fmt.Sprintf("client %s: %s", l.net.IP, rep.Load.Summary()))
+		}
+	}
 	if _, err := cluster.Run(ctx, 30*time.Second, e.o.Proxy, "transparent-routes", "--remove"); err != nil {
 		r.fail("transparent-routes --remove: %v", err)
 	}
