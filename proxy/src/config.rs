@@ -202,9 +202,10 @@ impl TryFrom<RunArgs> for Config {
         if args.handoff_dir.is_none() && !args.handoff_allow_uid.is_empty() {
             return Err(invalid("--handoff-allow-uid", "needs --handoff-dir"));
         }
-        if let Some(dir) = &args.handoff_dir {
-            let uid = user.map_or_else(|| nix::unistd::geteuid().as_raw(), |(uid, _)| uid);
-            crate::handoff::check_dir_as(dir, uid).map_err(|e| {
+        // With --user the directory is checked after the switch, by the uid that uses it: a
+        // root left with only the capabilities it keeps may not even look into it.
+        if let (Some(dir), None) = (&args.handoff_dir, user) {
+            crate::handoff::check_dir(dir).map_err(|e| {
                 invalid(
                     "--handoff-dir",
                     e.to_string()

@@ -115,6 +115,16 @@ fn run(args: RunArgs) -> ExitCode {
             return bad_input(format!("error: {e:#}"));
         }
         tracing::info!(uid, gid, cap_net_raw = transparent, "switched user");
+        // Checked here rather than with the other flags: as the uid that uses it.
+        if let Some(h) = &config.handoff {
+            if let Err(e) = kube_apiserver_proxy::handoff::check_dir(&h.dir) {
+                let e = e.to_string();
+                return bad_input(format!(
+                    "error: --handoff-dir: {}",
+                    e.trim_start_matches("--handoff-dir ")
+                ));
+            }
+        }
     }
     // With a runtime per worker thread (workers.rs) the main runtime carries only the control
     // plane.

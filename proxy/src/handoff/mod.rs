@@ -546,24 +546,15 @@ mod tests;
 /// Checks an existing handoff directory without changing anything (used while validating the
 /// configuration, before anything is bound): a missing one is fine, it is created at start.
 pub fn check_dir(dir: &Path) -> Result<(), HandoffError> {
-    check_dir_as(dir, nix::unistd::geteuid().as_raw())
-}
-
-/// [`check_dir`] for a process that will run as `uid` (`run --user`), without creating it.
-pub fn check_dir_as(dir: &Path, uid: u32) -> Result<(), HandoffError> {
     match std::fs::symlink_metadata(dir) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        _ => prepare_dir_as(dir, uid),
+        _ => prepare_dir(dir),
     }
 }
 
 /// Creates the directory 0700 if missing; refuses a non-directory, a symlink, or a directory
 /// writable by group or others, or owned by another uid than ours or root.
 fn prepare_dir(dir: &Path) -> Result<(), HandoffError> {
-    prepare_dir_as(dir, nix::unistd::geteuid().as_raw())
-}
-
-fn prepare_dir_as(dir: &Path, uid: u32) -> Result<(), HandoffError> {
     let err = |message: String| HandoffError::Dir {
         dir: dir.display().to_string(),
         message,
@@ -590,6 +581,7 @@ fn prepare_dir_as(dir: &Path, uid: u32) -> Result<(), HandoffError> {
                     meta.mode() & 0o7777
                 )));
             }
+            let uid = nix::unistd::geteuid().as_raw();
             if meta.uid() != uid && meta.uid() != 0 {
                 return Err(err(format!(
                     "owned by uid {}, not by us ({uid}) or root",

@@ -947,6 +947,32 @@ async fn inner_manifest_transparent_commands_are_accepted() -> Result<()> {
     pod_commands_are_accepted("single-controller-transparent").await
 }
 
+/// How a container runtime starts `container` with `argv`: a container of `runAsUser: 0`
+/// (client-address-transparent's) as root with exactly the capabilities it adds (the bounding
+/// set, hence permitted and effective at exec) and no new privileges; others as they are
+/// (the test's root stands in for their uid).
+fn as_the_runtime_would(container: &Value, argv: Vec<String>) -> Vec<String> {
+    let sc = &container["securityContext"];
+    if sc["runAsUser"] != 0 {
+        return argv;
+    }
+    let caps: String = str_list(&sc["capabilities"]["add"])
+        .iter()
+        .map(|c| format!(",+{}", c.to_lowercase()))
+        .collect();
+    let mut wrapped = vec![
+        "setpriv".to_string(),
+        format!("--bounding-set=-all{caps}"),
+        "--inh-caps=-all".into(),
+    ];
+    if sc["allowPrivilegeEscalation"] == false {
+        wrapped.push("--no-new-privs".into());
+    }
+    wrapped.push("--".into());
+    wrapped.extend(argv);
+    wrapped
+}
+
 /// The uid of the manifests' proxy containers (`runAsUser`, or `--user` of the transparent
 /// sidecar).
 const MANIFEST_PROXY_UID: u32 = 65532;
@@ -977,7 +1003,7 @@ async fn pod_commands_are_accepted(overlay: &str) -> Result<()> {
     // transparent overlay's installs the policy routing, here in the test's namespace).
     for init in pod["initContainers"].as_array().into_iter().flatten() {
         let env = container_env(init, node.host_ip, "pod")?;
-        let argv = map.argv(&argv(init), &env)?;
+        let argv = as_the_runtime_would(init, map.argv(&argv(init), &env)?);
         let (code, out) = run_short(&argv, DEADLINE).await?;
         ensure!(
             code == 0,
@@ -1025,7 +1051,7 @@ async fn pod_commands_are_accepted(overlay: &str) -> Result<()> {
     // with the exact probe commands of both containers, then drains on SIGTERM.
     let proxy = container(pod, "proxy")?;
     let env = container_env(proxy, node.host_ip, "pod")?;
-    let run = map.argv(&argv(proxy), &env)?;
+    let run = as_the_runtime_would(proxy, map.argv(&argv(proxy), &env)?);
     let child = Process::spawn("proxy", &run, &node.dir.join("proxy.log"))?;
     let admin_file = map.shared.join("admin");
     eventually(DEADLINE, || async {
