@@ -171,19 +171,40 @@ pub async fn run(
         &config.handoff,
         admin_listener.local_addr(),
     ) {
-        let peers = crate::scrape::Peers::new(h.dir.clone());
-        tasks.spawn(crate::scrape::publish(
-            peers.clone(),
-            admin_addr,
-            root.child_token(),
-        ));
-        tasks.spawn(crate::scrape::serve(
-            addr,
-            peers,
-            view.clone(),
-            root.child_token(),
-            tasks.clone(),
-        ));
+        // The other instances fetch our metrics here, never from the admin endpoint (whose
+        // connections the probes need).
+        match tokio::net::TcpListener::bind((admin_addr.ip(), 0)).await {
+            Ok(peer_listener) => {
+                let peers = crate::scrape::Peers::new(h.dir.clone());
+                if let Ok(peer_addr) = peer_listener.local_addr() {
+                    tasks.spawn(crate::scrape::publish(
+                        peers.clone(),
+                        peer_addr,
+                        root.child_token(),
+                    ));
+                }
+                tasks.spawn(crate::scrape::serve_peer(
+                    peer_listener,
+                    view.clone(),
+                    root.child_token(),
+                    tasks.clone(),
+                ));
+                tasks.spawn(crate::scrape::serve(
+                    crate::scrape::NodeScrape {
+                        addr,
+                        peers,
+                        cache_for: config.metrics_cache,
+                        tls: config.metrics_tls.clone(),
+                    },
+                    view.clone(),
+                    root.child_token(),
+                    tasks.clone(),
+                ));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot bind the peer-metrics listener: --metrics-listen not served");
+            }
+        }
     }
     // Kept for a successor to inherit (in-place upgrade).
     let admin_fd = admin_listener.as_fd().try_clone_to_owned().ok();

@@ -134,7 +134,7 @@ func lineWith(log []byte, s string) string {
 // and out again under load.
 func anonymousOff(ctx context.Context, e *env, r *Result) {
 	r.Design, r.Gate = cluster.Sidecar, cluster.GatePod
-	// kubeadm's keys are 0600 root and the proxy runs as uid 65532: the client certificate
+	// kubeadm's keys are 0600 root and the proxy runs as uid 59443: the client certificate
 	// reaches it as a Secret would (its own copy, readable by that uid).
 	certFile, keyFile, err := e.node.ProxyReadableCopy("apiserver-kubelet-client")
 	if err != nil {
