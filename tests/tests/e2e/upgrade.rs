@@ -892,3 +892,40 @@ fn systemd_unit_reloads_in_place() -> Result<()> {
     }
     Ok(())
 }
+
+/// Every unit's `Documentation=` names a document the install steps put on the node (and that
+/// exists in `docs/`), not a web address that may not exist.
+#[test]
+fn systemd_units_document_what_they_install() -> Result<()> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let main =
+        std::fs::read_to_string(root.join("manifests/systemd/kube-apiserver-proxy.service"))?;
+    let installs_docs = main.lines().any(|l| {
+        l.contains("install")
+            && l.contains("/usr/share/doc/kube-apiserver-proxy")
+            && l.contains("docs/*.md")
+    });
+    ensure!(installs_docs, "the install steps do not install docs/*.md");
+    for unit in [
+        "kube-apiserver-proxy.service",
+        "kube-apiserver-proxy@.service",
+    ] {
+        let text = std::fs::read_to_string(root.join("manifests/systemd").join(unit))?;
+        let docs: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("Documentation="))
+            .flat_map(str::split_whitespace)
+            .collect();
+        ensure!(!docs.is_empty(), "{unit}: no Documentation=");
+        for url in docs {
+            let name = url
+                .strip_prefix("file:///usr/share/doc/kube-apiserver-proxy/")
+                .with_context(|| format!("{unit}: Documentation={url} is not an installed file"))?;
+            ensure!(
+                root.join("docs").join(name).is_file(),
+                "{unit}: Documentation={url}: no docs/{name}"
+            );
+        }
+    }
+    Ok(())
+}
