@@ -180,21 +180,35 @@ pub fn text(status: StatusCode, body: &str) -> Response<Full<Bytes>> {
         .expect("valid response")
 }
 
+/// The admin endpoint's listening socket, and whether it was inherited from the predecessor
+/// of an in-place upgrade (which then answers on it until it has handed everything over).
+pub struct AdminSocket {
+    pub listener: TcpListener,
+    /// The predecessor's pid, when the socket is inherited.
+    pub predecessor: Option<u32>,
+}
+
 /// Binds the admin endpoint (or takes the socket inherited from the predecessor of an
 /// in-place upgrade); writes the bound address to `address_file` if given.
-pub async fn bind(addr: SocketAddr, address_file: Option<&Path>) -> std::io::Result<TcpListener> {
-    let listener = match crate::upgrade::inherited_admin(addr) {
-        Some(inherited) => {
+pub async fn bind(addr: SocketAddr, address_file: Option<&Path>) -> std::io::Result<AdminSocket> {
+    let (listener, predecessor) = match crate::upgrade::inherited_admin(addr) {
+        Some((inherited, predecessor)) => {
             inherited.set_nonblocking(true)?;
-            tracing::info!("admin socket inherited from the predecessor");
-            TcpListener::from_std(inherited)?
+            tracing::info!(
+                predecessor.pid = predecessor,
+                "admin socket inherited from the predecessor"
+            );
+            (TcpListener::from_std(inherited)?, Some(predecessor))
         }
-        None => TcpListener::bind(addr).await?,
+        None => (TcpListener::bind(addr).await?, None),
     };
     if let Some(path) = address_file {
         crate::fsutil::write_atomic(path, format!("{}\n", listener.local_addr()?).as_bytes())?;
     }
-    Ok(listener)
+    Ok(AdminSocket {
+        listener,
+        predecessor,
+    })
 }
 
 /// Serves admin requests until `stop`; each connection is a task on `tasks` and ends at `stop`.

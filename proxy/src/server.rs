@@ -122,7 +122,10 @@ pub async fn run(
         root.child_token(),
     ));
 
-    let admin_listener = admin::bind(config.admin_listen.0, config.admin_address_file.as_deref())
+    let admin::AdminSocket {
+        listener: admin_listener,
+        predecessor,
+    } = admin::bind(config.admin_listen.0, config.admin_address_file.as_deref())
         .await
         .map_err(|source| RunError::AdminBind {
             addr: config.admin_listen.to_string(),
@@ -209,12 +212,19 @@ pub async fn run(
     // Kept for a successor to inherit (in-place upgrade).
     let admin_fd = admin_listener.as_fd().try_clone_to_owned().ok();
     let admin_stop = root.child_token();
-    tasks.spawn(admin::serve(
-        admin_listener,
-        view,
-        admin_stop.clone(),
-        tasks.clone(),
-    ));
+    {
+        // Started by an in-place upgrade: the predecessor answers on the admin socket until it
+        // has handed everything over; we take over only then, and only once ready.
+        let (admin_stop, tasks_for_admin) = (admin_stop.clone(), tasks.clone());
+        let (readiness, handoff) = (view.readiness.clone(), handoff.clone());
+        tasks.spawn(async move {
+            tokio::select! {
+                _ = admin_stop.cancelled() => return,
+                _ = upgrade::wait_admin_turn(predecessor, || readiness.ready(), handoff.as_deref()) => {}
+            }
+            admin::serve(admin_listener, view, admin_stop, tasks_for_admin).await;
+        });
+    }
 
     lifecycle.advance(State::WaitingForBackend);
     // Started (configuration valid, admin endpoint up): what systemd's `Type=notify` waits for.
@@ -248,8 +258,6 @@ pub async fn run(
                     .await;
                     match upgraded {
                         Upgraded::Yes(pid) => {
-                            // The successor answers on the shared admin socket from now on.
-                            admin_stop.cancel();
                             successor = Some(pid);
                             break "SIGUSR2";
                         }
@@ -259,13 +267,25 @@ pub async fn run(
                 }
             }
         };
-        tracing::info!(signal, drain_timeout = ?config.drain_timeout, "shutdown requested: draining");
-        lifecycle.advance(State::Draining);
         let deadline = Instant::now() + config.drain_timeout;
-        if let Some(h) = &handoff {
-            h.hand_over(deadline, || backends.any_healthy()).await;
-            if let Some(pid) = successor {
+        match (successor, &handoff) {
+            (Some(pid), Some(h)) => {
+                // In-place upgrade: still Serving (and ready, answering the pod's probes on the
+                // admin socket) while everything is handed to the ready successor; then the
+                // successor answers there, and this instance drains what it could not hand.
+                h.hand_over(deadline, || backends.any_healthy()).await;
                 hand_over_connections(h, &ctx, pid).await;
+                admin_stop.cancel();
+                tracing::info!(signal, successor.pid = pid, drain_timeout = ?config.drain_timeout, "in-place upgrade: handed over; the successor answers on the admin socket; draining");
+                lifecycle.advance(State::Draining);
+                crate::notify::notify(&format!("MAINPID={pid}"));
+            }
+            _ => {
+                tracing::info!(signal, drain_timeout = ?config.drain_timeout, "shutdown requested: draining");
+                lifecycle.advance(State::Draining);
+                if let Some(h) = &handoff {
+                    h.hand_over(deadline, || backends.any_healthy()).await;
+                }
             }
         }
         listeners.stop_all().await;
@@ -335,7 +355,6 @@ async fn upgrade_in_place(
             r = &mut attempt => return match r {
                 Ok(pid) => {
                     tracing::info!(successor.pid = pid, "in-place upgrade: successor ready; handing over and draining");
-                    crate::notify::notify(&format!("MAINPID={pid}"));
                     Upgraded::Yes(pid)
                 }
                 Err(e) => {
