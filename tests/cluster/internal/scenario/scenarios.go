@@ -33,6 +33,7 @@ func scenarios() []spec {
 		{"kubernetes-service-switch", kubernetesServiceSwitch},
 		{"anonymous-auth-off", anonymousOff},
 		{"broken-rollout-stalls", brokenRolloutStalls},
+		{"ipv6-node", ipv6Node},
 		{"ha-surge-kubernetes-service", haSurgeKubernetesService},
 		{"haproxy-sidecar", haproxySidecar},
 	}
