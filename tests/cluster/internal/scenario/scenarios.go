@@ -34,6 +34,7 @@ func scenarios() []spec {
 		{"anonymous-auth-off", anonymousOff},
 		{"broken-rollout-stalls", brokenRolloutStalls},
 		{"ipv6-node", ipv6Node},
+		{"handmade-rollouts", handmadeRollouts},
 		{"ha-surge-kubernetes-service", haSurgeKubernetesService},
 		{"haproxy-sidecar", haproxySidecar},
 	}
