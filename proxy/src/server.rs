@@ -102,6 +102,7 @@ pub async fn run(
         copy_mode: config.copy_mode,
         sockmap: open_sockmap(&config, &metrics),
         carried: Arc::default(),
+        successor_serves: Default::default(),
     });
     tasks.spawn(crate::forward::cut_on_cancel(ctx.clone()));
     let placement = match config.runtime {
@@ -273,7 +274,9 @@ pub async fn run(
                 // In-place upgrade: still Serving (and ready, answering the pod's probes on the
                 // admin socket) while everything is handed to the ready successor; then the
                 // successor answers there, and this instance drains what it could not hand.
-                h.hand_over(deadline, || backends.any_healthy()).await;
+                if h.hand_over(deadline, || backends.any_healthy()).await {
+                    successor_serves(&ctx);
+                }
                 hand_over_connections(h, &ctx, pid).await;
                 admin_stop.cancel();
                 tracing::info!(signal, successor.pid = pid, drain_timeout = ?config.drain_timeout, "in-place upgrade: handed over; the successor answers on the admin socket; draining");
@@ -284,7 +287,9 @@ pub async fn run(
                 tracing::info!(signal, drain_timeout = ?config.drain_timeout, "shutdown requested: draining");
                 lifecycle.advance(State::Draining);
                 if let Some(h) = &handoff {
-                    h.hand_over(deadline, || backends.any_healthy()).await;
+                    if h.hand_over(deadline, || backends.any_healthy()).await {
+                        successor_serves(&ctx);
+                    }
                 }
             }
         }
@@ -453,6 +458,14 @@ async fn acquire_listeners(
         }
     }
     Ok(())
+}
+
+/// Every listening socket was adopted by a peer: clients held for want of a backend may be
+/// carried to it (forward::connect_any); the held ones try again now.
+fn successor_serves(ctx: &ForwardContext) {
+    ctx.successor_serves
+        .store(true, std::sync::atomic::Ordering::Release);
+    ctx.backends.notify();
 }
 
 /// Lets connections finish until `deadline`, then closes the rest spread over the close window.
