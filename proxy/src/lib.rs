@@ -47,6 +47,8 @@
 //! - [`kubernetes_endpoints`]: the `kubernetes-endpoints` subcommand: `default/kubernetes` of a
 //!   single controller, for `--endpoint-reconciler-type=none`.
 //! - [`fsutil`]: atomic file writes.
+//! - `fault` (feature `planted-faults` only): faults planted for the real-cluster tier's
+//!   self-test.
 //! - [`checkpoint`]: the last-known-good checkpoint: the newest apiserver pod that stayed ready.
 //! - [`staticpod`]: a pod made into a static pod (pure), and the checks before activating one.
 //! - [`retire`]: a recovery instance asks to be removed once a ready peer serves beside it.
@@ -65,6 +67,8 @@ pub mod config;
 pub mod control;
 pub mod copy;
 pub mod discovery;
+#[cfg(feature = "planted-faults")]
+pub mod fault;
 pub mod forward;
 pub mod fsutil;
 pub mod handoff;
@@ -97,3 +101,11 @@ pub mod tls;
 pub mod transfer;
 pub mod upgrade;
 pub mod workers;
+
+/// Whether this test run is CI (`CI` set to anything but empty, `false` or `0`, the rule of
+/// every test of the project): a test that cannot run its subject fails there instead of
+/// skipping.
+#[cfg(test)]
+pub(crate) fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
+}

@@ -68,6 +68,8 @@ pub async fn run(
     mut intents: mpsc::Receiver<Intent>,
 ) -> Result<(), RunError> {
     let start_command = StartCommand::current();
+    #[cfg(feature = "planted-faults")]
+    crate::fault::plant(config.planted_fault);
     let metrics = Metrics::new(&registry);
     let lifecycle = Lifecycle::new(metrics.clone());
     crate::limits::raise_and_report(config.max_connections.get());
@@ -269,6 +271,8 @@ pub async fn run(
             }
         };
         let deadline = Instant::now() + config.drain_timeout;
+        #[cfg(feature = "planted-faults")]
+        crate::fault::at_drain(&ctx, &listeners, deadline);
         match (successor, &handoff) {
             (Some(pid), Some(h)) => {
                 // In-place upgrade: still Serving (and ready, answering the pod's probes on the
