@@ -6,7 +6,9 @@
 //! window) → Stopped.
 //!
 //! SIGUSR2 while Serving is an in-place upgrade ([`crate::upgrade`]): once the successor is
-//! ready, this instance drains exactly as on SIGTERM; if the successor fails, it goes on serving.
+//! ready, this instance hands it the listening sockets and the established connections while
+//! still Serving (it answers the admin socket until then), then drains what is left as on
+//! SIGTERM; if the successor fails, it goes on serving.
 
 use std::os::fd::AsFd;
 use std::sync::Arc;
