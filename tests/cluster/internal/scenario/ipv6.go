@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -65,7 +66,7 @@ func ipv6Node(ctx context.Context, e *env, r *Result) {
 		r.fail("%v", err)
 		return
 	}
-	if first[v6] == 0 || first[v4] == 0 {
+	if len(first[v6]) == 0 || len(first[v4]) == 0 {
 		r.fail("pod %s serves %v, want %s and %s", e.current.Opts.Name, first, v6, v4)
 		return
 	}
@@ -87,7 +88,7 @@ func ipv6Node(ctx context.Context, e *env, r *Result) {
 			now, err := listenerCookies(e.current)
 			if err != nil {
 				r.fail("%v", err)
-			} else if now[v6] != first[v6] || now[v4] != first[v4] {
+			} else if !slices.Equal(now[v6], first[v6]) || !slices.Equal(now[v4], first[v4]) {
 				r.fail("after rollout %d pod %s holds %v, want the first dual-stack pod's %v", i+1, e.current.Opts.Name, now, first)
 			}
 			// Both families answer, and the node's scrape address is on the IPv6 address.
@@ -105,7 +106,7 @@ func ipv6Node(ctx context.Context, e *env, r *Result) {
 			}
 		}
 	})
-	r.Notes = append(r.Notes, fmt.Sprintf("IPv6 listening socket %d and IPv4 %d kept across the rollouts", first[v6], first[v4]))
+	r.Notes = append(r.Notes, fmt.Sprintf("IPv6 listening sockets %v and IPv4 %v kept across the rollouts", first[v6], first[v4]))
 	// Back to the pod every other scenario expects (IPv4 only), outside the load on the IPv6
 	// address: that pod does not take the IPv6 socket.
 	step(ctx, r, "back to the single-stack pod: ", cluster.GatePod, &e.current, func() (*cluster.Pod, error) {
@@ -113,9 +114,9 @@ func ipv6Node(ctx context.Context, e *env, r *Result) {
 	})
 }
 
-// listenerCookies maps each listening address of the pod's proxy to its socket's SO_COOKIE
-// (one socket per address here: the first one's).
-func listenerCookies(p *cluster.Pod) (map[string]uint64, error) {
+// listenerCookies maps each listening address of the pod's proxy to the SO_COOKIEs of its
+// sockets (one per worker thread), sorted.
+func listenerCookies(p *cluster.Pod) (map[string][]uint64, error) {
 	b, err := os.ReadFile(filepath.Join(p.Shared, "admin"))
 	if err != nil {
 		return nil, err
@@ -133,11 +134,12 @@ func listenerCookies(p *cluster.Pod) (map[string]uint64, error) {
 	if err := json.Unmarshal([]byte(body), &status); err != nil {
 		return nil, fmt.Errorf("%s /status: %w", p.Opts.Name, err)
 	}
-	out := map[string]uint64{}
+	out := map[string][]uint64{}
 	for _, l := range status.Listeners {
-		if _, ok := out[l.Address]; !ok {
-			out[l.Address] = l.Cookie
-		}
+		out[l.Address] = append(out[l.Address], l.Cookie)
+	}
+	for _, cookies := range out {
+		slices.Sort(cookies)
 	}
 	return out, nil
 }
