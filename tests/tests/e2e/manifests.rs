@@ -1041,6 +1041,37 @@ async fn manifest_proxy_commands_are_accepted() -> Result<()> {
     child.signal(Signal::SIGTERM)?;
     let code = child.wait(DEADLINE).await?;
     ensure!(code == Some(0), "proxy exit {code:?}: {}", child.log());
+
+    // The same sidecar on an IPv6-first dual-stack node (status.hostIP the IPv6 address,
+    // status.hostIPs both): every flag accepted (`$(HOST_IP):6443` would be no address there:
+    // exit 2). It waits for a backend, so it binds nothing; the real-cluster tier's ipv6-node
+    // scenario serves such addresses.
+    let map = node.pod_mapping("pod-ipv6")?;
+    let mut env = container_env(proxy, node.host_ip, "pod-ipv6")?;
+    env.insert("HOST_IP".into(), "2001:db8::10".into());
+    env.insert("HOST_IPS".into(), format!("2001:db8::10,{}", node.host_ip));
+    let run = map.argv(&argv(proxy), &env)?;
+    let child = Process::spawn("proxy-ipv6", &run, &node.dir.join("proxy-ipv6.log"))?;
+    let admin_file = map.shared.join("admin");
+    eventually(DEADLINE, || async {
+        if let Some(code) = child.exit_code()? {
+            bail!(
+                "`{}` exited {code:?} on an IPv6 node address: {}",
+                run.join(" "),
+                child.log()
+            );
+        }
+        ensure!(admin_file.exists(), "no admin address file yet");
+        Ok(())
+    })
+    .await?;
+    child.signal(Signal::SIGTERM)?;
+    let code = child.wait(DEADLINE).await?;
+    ensure!(
+        code == Some(0),
+        "proxy (IPv6 node) exit {code:?}: {}",
+        child.log()
+    );
     Ok(())
 }
 
