@@ -104,9 +104,7 @@ func WatchEndpoints(parent context.Context, kubeconfig string) (*EndpointsWatche
 	}
 	for object, inf := range map[string]cache.SharedIndexInformer{"endpoints": epInf, "endpointslice": slInf} {
 		if err := inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
-			// An apiserver that starts anew does not reach back to the watcher's
-			// resourceVersion: the reflector lists again, as every client does.
-			if apierrors.IsResourceExpired(err) || apierrors.IsGone(err) || ctx.Err() != nil {
+			if ApiserversOwnWatchEnd(err) || ctx.Err() != nil {
 				return
 			}
 			w.mu.Lock()
@@ -292,4 +290,15 @@ func createOrReplace(ctx context.Context, o metav1.Object, get func() (metav1.Ob
 		o.SetResourceVersion(cur.GetResourceVersion())
 		return update()
 	})
+}
+
+// ApiserversOwnWatchEnd: a watch error that is the apiserver's own doing, after which the
+// reflector lists again as every client does: a resourceVersion older than a new apiserver's
+// watch cache reaches back (Expired, Gone), or a watch the apiserver ended cleanly less than
+// a second after it began ("very short watch": it began on a connection to an apiserver about
+// to end its watches at shutdown). What the load's informers tell apart on the wire (the
+// relists_expired and relists_short_watch of load.InformerCount); a cut on the way shows
+// there.
+func ApiserversOwnWatchEnd(err error) bool {
+	return apierrors.IsResourceExpired(err) || apierrors.IsGone(err) || strings.Contains(err.Error(), "very short watch")
 }

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -104,7 +103,7 @@ func WatchPods(parent context.Context, kubeconfig, namespace, selector string, m
 		return nil, err
 	}
 	if err := inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
-		if apierrors.IsResourceExpired(err) || apierrors.IsGone(err) || ctx.Err() != nil {
+		if ApiserversOwnWatchEnd(err) || ctx.Err() != nil {
 			return
 		}
 		w.mu.Lock()
