@@ -50,6 +50,10 @@ pub struct ForwardContext {
     /// Every carried connection: cut at the drain deadline, parked at the connection handoff
     /// of an in-place upgrade.
     pub carried: Arc<Registry>,
+    /// Set once a draining instance's listening sockets were all adopted by a peer: a client
+    /// this instance accepted earlier and can no longer connect to any backend is then carried
+    /// to the address it connected to, which only that successor serves now.
+    pub successor_serves: std::sync::atomic::AtomicBool,
 }
 
 /// Cuts every carried connection once `ctx.cut` is cancelled (run as a task of the instance).
@@ -62,14 +66,14 @@ pub async fn cut_on_cancel(ctx: Arc<ForwardContext>) {
 pub async fn serve(client: TcpStream, client_addr: ClientAddr, ctx: Arc<ForwardContext>) {
     let _active = ActiveConnection::new(&ctx.metrics);
     // The client socket inherited its options from the listener (net::tune_listener).
-    let Some((backend, upstream, turn)) = connect_any(&ctx).await else {
+    let Some((backend, upstream, turn)) = connect_any(&ctx, &client).await else {
         ctx.metrics.connection_failed(FailReason::NoBackend);
         if let Some(suppressed) = NO_BACKEND_LOG.allow() {
             tracing::warn!(client.addr = %client_addr, suppressed, hold = ?ctx.connect_timeout, "no backend could be reached within the connect timeout: closing client");
         }
         return;
     };
-    let _tracked = backend.track();
+    let _tracked = backend.map(|b| b.track());
     carry(
         client,
         upstream,
@@ -166,6 +170,11 @@ async fn carry(
             Some(Ok(Copied::Done)) => return,
             Some(Err(e)) => {
                 tracing::debug!(client.addr = %client_addr, error = %e, "connection ended with error");
+                // The backend's side failed (or the client's): whatever the backend sent was
+                // delivered (copy::bidirectional); end the client's side with a FIN rather than
+                // the reset a close with unread bytes would send.
+                drop(upstream);
+                Box::pin(close_gracefully(client)).await;
                 return;
             }
             Some(Ok(Copied::Paused(paused))) => {
@@ -345,7 +354,17 @@ async fn attempt(ctx: &ForwardContext, backend: &Backend) -> Attempt {
 /// The first choice is found without building the ordered list (the common case: it
 /// answers); the list is built only once it failed. A held client connects in turn (pace.rs):
 /// the turn comes back with the connection, and is given back when the backend answers.
-async fn connect_any(ctx: &ForwardContext) -> Option<(Arc<Backend>, TcpStream, Option<Turn>)> {
+///
+/// Once this instance is draining and a peer has adopted its listening sockets
+/// ([`ForwardContext::successor_serves`]), a client no backend takes is carried to the address
+/// it connected to (no backend then: `None` in the first place of the answer): the successor
+/// accepts there and has backends of its own. Without it such a client, accepted in the
+/// moments between the own apiserver closing its listener and the handoff, could only be
+/// closed.
+async fn connect_any(
+    ctx: &ForwardContext,
+    client: &TcpStream,
+) -> Option<(Option<Arc<Backend>>, TcpStream, Option<Turn>)> {
     let hold_until = tokio::time::Instant::now() + ctx.connect_timeout;
     // Subscribed only once a round failed (a client that connects at once never needs it).
     let mut changes = None;
@@ -357,7 +376,7 @@ async fn connect_any(ctx: &ForwardContext) -> Option<(Arc<Backend>, TcpStream, O
         if let Some(backend) = &first {
             let turn = take_turn(held, backend).await;
             match attempt(ctx, backend).await {
-                Attempt::Connected(stream) => return first.map(|b| (b, stream, turn)),
+                Attempt::Connected(stream) => return first.map(|b| (Some(b), stream, turn)),
                 Attempt::Exhausted => return None,
                 Attempt::Failed => {}
             }
@@ -369,9 +388,17 @@ async fn connect_any(ctx: &ForwardContext) -> Option<(Arc<Backend>, TcpStream, O
             }
             let turn = take_turn(held, &backend).await;
             match attempt(ctx, &backend).await {
-                Attempt::Connected(stream) => return Some((backend, stream, turn)),
+                Attempt::Connected(stream) => return Some((Some(backend), stream, turn)),
                 Attempt::Exhausted => return None,
                 Attempt::Failed => {}
+            }
+        }
+        if ctx
+            .successor_serves
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            if let Some(stream) = via_successor(ctx, client).await {
+                return Some((None, stream, None));
             }
         }
         held = true;
@@ -392,6 +419,26 @@ async fn connect_any(ctx: &ForwardContext) -> Option<(Arc<Backend>, TcpStream, O
             }
         }
         pause = (pause * 2).min(HOLD_RETRY_MAX);
+    }
+}
+
+static VIA_SUCCESSOR_LOG: LogRate = LogRate::new(Duration::from_secs(1));
+
+/// Connects to the address `client` connected to (the listening address a peer adopted).
+async fn via_successor(ctx: &ForwardContext, client: &TcpStream) -> Option<TcpStream> {
+    let addr = client.local_addr().ok()?;
+    match net::connect(addr, ctx.connect_timeout).await {
+        Ok(stream) => {
+            ctx.metrics.connections_via_successor.inc();
+            if let Some(suppressed) = VIA_SUCCESSOR_LOG.allow() {
+                tracing::info!(listen.addr = %addr, suppressed, "no backend left: client carried to the successor that adopted the listening socket");
+            }
+            Some(stream)
+        }
+        Err(e) => {
+            tracing::debug!(listen.addr = %addr, error = %e, "cannot reach the successor");
+            None
+        }
     }
 }
 
