@@ -87,7 +87,7 @@ pub struct MigrateArgs {
 
     /// The proxy's uid: this command drops to it before it serves the handoff socket (peers
     /// authenticate each other by uid).
-    #[arg(long, value_name = "UID", default_value = "65532")]
+    #[arg(long, value_name = "UID", default_value = "59443")]
     pub uid: u32,
 
     /// The proxy's gid (default: --uid).
@@ -273,6 +273,25 @@ pub struct RunArgs {
     )]
     pub listen: Vec<String>,
 
+    /// A public IP address to serve on --listen-port, bound like --listen (repeatable, comma-separated: e.g. $(HOST_IPS) from the downward API's status.hostIPs, so that a dual-stack node is served on both its addresses).
+    #[arg(
+        long = "listen-host",
+        value_name = "IP",
+        env = "KUBE_APISERVER_PROXY_LISTEN_HOST",
+        value_delimiter = ','
+    )]
+    pub listen_host: Vec<String>,
+
+    /// The port every --listen-host is served on.
+    #[arg(
+        long,
+        value_name = "PORT",
+        env = "KUBE_APISERVER_PROXY_LISTEN_PORT",
+        default_value = "6443",
+        value_parser = clap::value_parser!(u16).range(1..)
+    )]
+    pub listen_port: u16,
+
     /// Static backend address ip:port (repeatable).
     #[arg(
         long = "backend",
@@ -319,6 +338,34 @@ pub struct RunArgs {
     /// Node-wide scrape address (e.g. NODE_IP:9444), bound with SO_REUSEPORT and shared by every instance on the node: GET /metrics there answers with the metrics of all of them, so one scrape target per node stays valid across rollouts. Needs --handoff-dir (where instances find each other) and --metrics-label.
     #[arg(long, value_name = "ADDR", env = "KUBE_APISERVER_PROXY_METRICS_LISTEN")]
     pub metrics_listen: Option<String>,
+
+    /// How long the other instances' metrics, fetched for a scrape of --metrics-listen, are reused for further scrapes: a scrape storm costs the other instances one fetch per period. Keep it below the scrape interval.
+    #[arg(long, value_name = "DURATION", env = "KUBE_APISERVER_PROXY_METRICS_CACHE", default_value = "10s", value_parser = parse_duration)]
+    pub metrics_cache: Duration,
+
+    /// Serve --metrics-listen over TLS with this certificate (PEM); needs --metrics-tls-key-file and --metrics-client-ca-file.
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "KUBE_APISERVER_PROXY_METRICS_TLS_CERT_FILE"
+    )]
+    pub metrics_tls_cert_file: Option<PathBuf>,
+
+    /// The private key of --metrics-tls-cert-file (PEM).
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "KUBE_APISERVER_PROXY_METRICS_TLS_KEY_FILE"
+    )]
+    pub metrics_tls_key_file: Option<PathBuf>,
+
+    /// With TLS on --metrics-listen: only scrapers presenting a client certificate issued by a CA of this PEM file are answered.
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "KUBE_APISERVER_PROXY_METRICS_CLIENT_CA_FILE"
+    )]
+    pub metrics_client_ca_file: Option<PathBuf>,
 
     /// Label NAME=VALUE added to every metric of this instance, e.g. pod=$(POD_NAME), so that the instances of one node tell apart on --metrics-listen (repeatable).
     #[arg(
@@ -635,11 +682,32 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (expected e.g. 500ms, 2s, 1m)"))
 }
 
-/// Parses an address, accepting only literal `ip:port` (no DNS: the proxy must not depend on it).
+/// Parses an address, accepting only literal `ip:port` (no DNS: the proxy must not depend on it):
+/// `IPv4:port`, `[IPv6]:port`, and also `[IPv4]:port`, so that one manifest line
+/// (`[$(HOST_IP)]:6443`) gives a valid address whichever family the node's address has. An
+/// unbracketed IPv6 address with a port (`fd00::10:6443`, what `$(HOST_IP):6443` gives on an
+/// IPv6 node) is ambiguous and rejected, naming the bracketed form.
 pub fn parse_socket_addr(s: &str) -> Result<SocketAddr, String> {
-    s.trim()
-        .parse::<SocketAddr>()
-        .map_err(|_| format!("{s:?} is not an ip:port address"))
+    let text = s.trim();
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    let bracketed = text
+        .strip_prefix('[')
+        .and_then(|rest| rest.split_once("]:"))
+        .and_then(|(ip, port)| {
+            let ip = ip.parse::<std::net::Ipv4Addr>().ok()?;
+            Some(SocketAddr::from((ip, port.parse::<u16>().ok()?)))
+        });
+    if let Some(addr) = bracketed {
+        return Ok(addr);
+    }
+    if text.parse::<std::net::Ipv6Addr>().is_ok() || text.matches(':').count() > 1 {
+        return Err(format!(
+            "{s:?} is not an ip:port address (an IPv6 address goes in brackets: [IPv6]:port; in a manifest write [$(HOST_IP)]:PORT)"
+        ));
+    }
+    Err(format!("{s:?} is not an ip:port address"))
 }
 
 #[cfg(test)]

@@ -52,6 +52,10 @@ pub struct ForwardContext {
     /// Every carried connection: cut at the drain deadline, parked at the connection handoff
     /// of an in-place upgrade.
     pub carried: Arc<Registry>,
+    /// Set once a draining instance's listening sockets were all adopted by a peer: a client
+    /// this instance accepted earlier and can no longer connect to any backend is then carried
+    /// to the address it connected to, which only that successor serves now.
+    pub successor_serves: std::sync::atomic::AtomicBool,
     /// `--client-address transparent`: connections to loopback backends carry the client's
     /// address (transparent.rs).
     pub transparent: bool,
@@ -73,15 +77,17 @@ pub async fn serve(
 ) {
     let _active = ActiveConnection::new(&ctx.metrics);
     // The client socket inherited its options from the listener (net::tune_listener).
-    let Some((backend, upstream, turn)) = connect_any(&ctx, source).await else {
+    let Some((backend, upstream, turn)) = connect_any(&ctx, &client, source).await else {
         ctx.metrics.connection_failed(FailReason::NoBackend);
         if let Some(suppressed) = NO_BACKEND_LOG.allow() {
             tracing::warn!(client.addr = %client_addr, suppressed, hold = ?ctx.connect_timeout, "no backend could be reached within the connect timeout: closing client");
         }
         return;
     };
-    trace_seen_as(client_addr, &backend, &upstream);
-    let _tracked = backend.track();
+    if let Some(b) = backend.as_deref() {
+        trace_seen_as(client_addr, b, &upstream);
+    }
+    let _tracked = backend.map(|b| b.track());
     carry(
         client,
         upstream,
@@ -190,6 +196,11 @@ async fn carry(
             Some(Ok(Copied::Done)) => return,
             Some(Err(e)) => {
                 tracing::debug!(client.addr = %client_addr, error = %e, "connection ended with error");
+                // The backend's side failed (or the client's): whatever the backend sent was
+                // delivered (copy::bidirectional); end the client's side with a FIN rather than
+                // the reset a close with unread bytes would send.
+                drop(upstream);
+                Box::pin(close_gracefully(client)).await;
                 return;
             }
             Some(Ok(Copied::Paused(paused))) => {
@@ -431,10 +442,18 @@ fn transparent_failure(e: &std::io::Error) -> bool {
 /// The first choice is found without building the ordered list (the common case: it
 /// answers); the list is built only once it failed. A held client connects in turn (pace.rs):
 /// the turn comes back with the connection, and is given back when the backend answers.
+///
+/// Once this instance is draining and a peer has adopted its listening sockets
+/// ([`ForwardContext::successor_serves`]), a client no backend takes is carried to the address
+/// it connected to (no backend then: `None` in the first place of the answer): the successor
+/// accepts there and has backends of its own. Without it such a client, accepted in the
+/// moments between the own apiserver closing its listener and the handoff, could only be
+/// closed.
 async fn connect_any(
     ctx: &ForwardContext,
+    client: &TcpStream,
     source: Option<IpAddr>,
-) -> Option<(Arc<Backend>, TcpStream, Option<Turn>)> {
+) -> Option<(Option<Arc<Backend>>, TcpStream, Option<Turn>)> {
     let hold_until = tokio::time::Instant::now() + ctx.connect_timeout;
     // Subscribed only once a round failed (a client that connects at once never needs it).
     let mut changes = None;
@@ -446,7 +465,7 @@ async fn connect_any(
         if let Some(backend) = &first {
             let turn = take_turn(held, backend).await;
             match attempt(ctx, backend, source).await {
-                Attempt::Connected(stream) => return first.map(|b| (b, stream, turn)),
+                Attempt::Connected(stream) => return first.map(|b| (Some(b), stream, turn)),
                 Attempt::Exhausted => return None,
                 Attempt::Failed => {}
             }
@@ -458,9 +477,17 @@ async fn connect_any(
             }
             let turn = take_turn(held, &backend).await;
             match attempt(ctx, &backend, source).await {
-                Attempt::Connected(stream) => return Some((backend, stream, turn)),
+                Attempt::Connected(stream) => return Some((Some(backend), stream, turn)),
                 Attempt::Exhausted => return None,
                 Attempt::Failed => {}
+            }
+        }
+        if ctx
+            .successor_serves
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            if let Some(stream) = via_successor(ctx, client).await {
+                return Some((None, stream, None));
             }
         }
         held = true;
@@ -481,6 +508,26 @@ async fn connect_any(
             }
         }
         pause = (pause * 2).min(HOLD_RETRY_MAX);
+    }
+}
+
+static VIA_SUCCESSOR_LOG: LogRate = LogRate::new(Duration::from_secs(1));
+
+/// Connects to the address `client` connected to (the listening address a peer adopted).
+async fn via_successor(ctx: &ForwardContext, client: &TcpStream) -> Option<TcpStream> {
+    let addr = client.local_addr().ok()?;
+    match net::connect(addr, ctx.connect_timeout).await {
+        Ok(stream) => {
+            ctx.metrics.connections_via_successor.inc();
+            if let Some(suppressed) = VIA_SUCCESSOR_LOG.allow() {
+                tracing::info!(listen.addr = %addr, suppressed, "no backend left: client carried to the successor that adopted the listening socket");
+            }
+            Some(stream)
+        }
+        Err(e) => {
+            tracing::debug!(listen.addr = %addr, error = %e, "cannot reach the successor");
+            None
+        }
     }
 }
 

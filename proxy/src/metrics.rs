@@ -37,6 +37,7 @@ pub const LISTENING_SOCKETS: &str = "listening_sockets";
 pub const LISTENING_SOCKETS_DROPPED: &str = "listening_sockets_dropped_total";
 pub const TCP_MIGRATE_REQ: &str = "tcp_migrate_req";
 pub const ADMIN_REQUESTS_REJECTED: &str = "admin_requests_rejected_total";
+pub const CONNECTIONS_VIA_SUCCESSOR: &str = "connections_via_successor_total";
 pub const RUNTIME_ALIVE_TASKS: &str = "runtime_alive_tasks";
 pub const OPEN_FDS: &str = "open_fds";
 pub const PIPES_POOLED: &str = "splice_pipes_pooled";
@@ -105,6 +106,7 @@ pub struct Metrics {
     pub listening_sockets_dropped: IntCounter,
     pub tcp_migrate_req: IntGauge,
     pub admin_requests_rejected: IntCounter,
+    pub connections_via_successor: IntCounter,
     runtime_alive_tasks: IntGauge,
     open_fds: IntGauge,
     pipes_pooled: IntGauge,
@@ -404,6 +406,13 @@ impl Metrics {
                 IntCounter::with_opts(opts(
                     ADMIN_REQUESTS_REJECTED,
                     "Admin requests rejected (bad method, path or size)."
+                ))
+            ),
+            connections_via_successor: register!(
+                r,
+                IntCounter::with_opts(opts(
+                    CONNECTIONS_VIA_SUCCESSOR,
+                    "Clients of a draining instance that no backend took, carried to the successor that adopted the listening socket."
                 ))
             ),
         };

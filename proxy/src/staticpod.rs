@@ -301,8 +301,9 @@ pub const DEFAULT_HOST_PATHS: &[&str] = &[
 
 /// Checks a checkpoint before it is given to the kubelet: a pod named [`NAME`] carrying its
 /// origin, no privileged container, no host PID or IPC namespace, and host paths only under
-/// `allowed` (the checkpoint is written by an unprivileged sidecar; the kubelet runs what is
-/// activated as root).
+/// `allowed`. The checkpoint is written by the `recover` node agent from a pod it read from
+/// the API, whose spec anyone allowed to change the Deployment decides; the kubelet runs what
+/// is activated as root, so the file is checked again here, whoever wrote it.
 pub fn validate(checkpoint: &Value, allowed: &[String]) -> Result<Origin, Unusable> {
     if checkpoint["apiVersion"] != "v1" || checkpoint["kind"] != "Pod" {
         return Err(unusable("not a v1 Pod"));

@@ -204,6 +204,7 @@ mod tests {
             copy_mode: mode,
             sockmap: None,
             carried: Arc::default(),
+            successor_serves: Default::default(),
         })
     }
 

@@ -80,6 +80,7 @@ impl Instance {
             copy_mode: crate::copy::Mode::Auto,
             sockmap: None,
             carried: Arc::default(),
+            successor_serves: Default::default(),
         });
         let listeners = Arc::new(Listeners::new(
             ctx,

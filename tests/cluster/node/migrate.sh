@@ -9,7 +9,7 @@
 #      --endpoint-reconciler-type=none);
 #   2. `kube-apiserver-proxy migrate --listen NODE_IP:6443 --listen 127.0.0.1:6443` starts, as
 #      root: SO_REUSEPORT on kubeadm's 0.0.0.0:6443 socket, the two addresses bound beside it
-#      (not listening), then it waits on the handoff directory as uid 65532;
+#      (not listening), then it waits on the handoff directory as uid 59443;
 #   3. `kubectl apply` of manifests/single-controller: `launch` starts the apiserver on another
 #      port of its 127.a.b.c (6443 is held by the wildcard socket), the proxy asks its peers for
 #      sockets and `migrate` hands it both addresses;

@@ -661,7 +661,51 @@ fn check_pod(overlay: &str, pod: &Value) -> Result<()> {
         proxy_uids.len() == 1 && !proxy_uids.contains("null"),
         "{overlay}: every proxy container needs the same explicit runAsUser: {proxy_uids:?}"
     );
+    // The handoff trusts its peers by uid: not one that every distroless `nonroot` image
+    // (65532) or `nobody` (65534) runs as, nor root.
+    for shared in ["0", "65532", "65534"] {
+        ensure!(
+            !proxy_uids.contains(shared),
+            "{overlay}: the proxy runs as uid {shared}, which other images share"
+        );
+    }
     let proxy = container(pod, "proxy")?;
+    // The proxy reads the cluster CA and nothing else of the PKI: no directory of it is
+    // mounted, only files, and no private key.
+    let volumes = pod["volumes"].as_array().cloned().unwrap_or_default();
+    for mount in proxy["volumeMounts"].as_array().into_iter().flatten() {
+        let name = &mount["name"];
+        let Some(volume) = volumes.iter().find(|v| &v["name"] == name) else {
+            bail!("{overlay}: proxy mounts unknown volume {name}");
+        };
+        let host = volume["hostPath"]["path"].as_str().unwrap_or("");
+        if host.starts_with("/etc/kubernetes/pki") {
+            ensure!(
+                volume["hostPath"]["type"] == "File" && !host.ends_with(".key"),
+                "{overlay}: proxy mounts {host} ({}) : only certificate files",
+                volume["hostPath"]["type"]
+            );
+        }
+    }
+    // Liveness of the proxy as patient as kubeadm's for kube-apiserver (15s, 8 failures):
+    // restarting the last holder of the listening socket resets its queue.
+    let live = &proxy["livenessProbe"];
+    let command = str_list(&live["exec"]["command"]);
+    let wait = command
+        .iter()
+        .find_map(|a| a.strip_prefix("--timeout="))
+        .map(parse_duration)
+        .transpose()?
+        .unwrap_or(Duration::from_secs(1));
+    let timeout = secs(&live["timeoutSeconds"], "proxy liveness timeoutSeconds")?;
+    ensure!(
+        live["failureThreshold"].as_u64() >= Some(8)
+            && timeout >= Duration::from_secs(15)
+            && wait >= Duration::from_secs(10)
+            && wait < timeout,
+        "{overlay}: proxy liveness must be kubeadm's (15s, 8 failures; the command's own wait \
+         below the probe timeout): {live}"
+    );
     for probe in ["readinessProbe", "livenessProbe"] {
         let command = str_list(&proxy[probe]["exec"]["command"]);
         ensure!(
@@ -831,7 +875,9 @@ fn container_env(c: &Value, host_ip: IpAddr, pod_name: &str) -> Result<BTreeMap<
             v.to_owned()
         } else {
             match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
-                Some("status.hostIP") | Some("status.podIP") => host_ip.to_string(),
+                Some("status.hostIP") | Some("status.podIP") | Some("status.hostIPs") => {
+                    host_ip.to_string()
+                }
                 Some("metadata.name") => pod_name.to_owned(),
                 other => bail!("env {name}: unsupported source {other:?}"),
             }
@@ -975,7 +1021,7 @@ fn as_the_runtime_would(container: &Value, argv: Vec<String>) -> Vec<String> {
 
 /// The uid of the manifests' proxy containers (`runAsUser`, or `--user` of the transparent
 /// sidecar).
-const MANIFEST_PROXY_UID: u32 = 65532;
+const MANIFEST_PROXY_UID: u32 = 59443;
 
 async fn pod_commands_are_accepted(overlay: &str) -> Result<()> {
     let objects = rendered_objects(overlay)?;
@@ -1134,6 +1180,40 @@ async fn pod_commands_are_accepted(overlay: &str) -> Result<()> {
     child.signal(Signal::SIGTERM)?;
     let code = child.wait(DEADLINE).await?;
     ensure!(code == Some(0), "proxy exit {code:?}: {}", child.log());
+
+    // The same sidecar on an IPv6-first dual-stack node (status.hostIP the IPv6 address,
+    // status.hostIPs both): every flag accepted (`$(HOST_IP):6443` would be no address there:
+    // exit 2). It waits for a backend, so it binds nothing; the real-cluster tier's ipv6-node
+    // scenario serves such addresses.
+    let map = node.pod_mapping("pod-ipv6")?;
+    let mut env = container_env(proxy, node.host_ip, "pod-ipv6")?;
+    env.insert("HOST_IP".into(), "2001:db8::10".into());
+    env.insert("HOST_IPS".into(), format!("2001:db8::10,{}", node.host_ip));
+    if transparent {
+        std::fs::set_permissions(&map.shared, std::fs::Permissions::from_mode(0o777))?;
+    }
+    let run = as_the_runtime_would(proxy, map.argv(&argv(proxy), &env)?);
+    let child = Process::spawn("proxy-ipv6", &run, &node.dir.join("proxy-ipv6.log"))?;
+    let admin_file = map.shared.join("admin");
+    eventually(DEADLINE, || async {
+        if let Some(code) = child.exit_code()? {
+            bail!(
+                "`{}` exited {code:?} on an IPv6 node address: {}",
+                run.join(" "),
+                child.log()
+            );
+        }
+        ensure!(admin_file.exists(), "no admin address file yet");
+        Ok(())
+    })
+    .await?;
+    child.signal(Signal::SIGTERM)?;
+    let code = child.wait(DEADLINE).await?;
+    ensure!(
+        code == Some(0),
+        "proxy (IPv6 node) exit {code:?}: {}",
+        child.log()
+    );
     Ok(())
 }
 
@@ -1659,10 +1739,16 @@ impl Rehearsal {
             spec,
         };
         let node = Node::new()?;
-        let listen = flag(&argv(container(&template.spec, "proxy")?), "--listen")
-            .context("--listen")?
-            .replace("$(HOST_IP)", &node.host_ip.to_string())
-            .parse::<SocketAddr>()?;
+        // The node address: `--listen-host=$(HOST_IPS)` on `--listen-port`.
+        let proxy_argv = argv(container(&template.spec, "proxy")?);
+        ensure!(
+            flag(&proxy_argv, "--listen-host").as_deref() == Some("$(HOST_IPS)"),
+            "the proxy must serve every node address: --listen-host=$(HOST_IPS)"
+        );
+        let port: u16 = flag(&proxy_argv, "--listen-port")
+            .context("--listen-port")?
+            .parse()?;
+        let listen = SocketAddr::new(node.host_ip, port);
         let first = Pod::start(&node, &template, "pod-0").await?;
         first.wait_ready(DEADLINE * 2).await?;
         let load = HttpsLoad::start(listen, HttpsClient::new(node.pki.client_config(false)?), 4);

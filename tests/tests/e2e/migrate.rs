@@ -25,7 +25,7 @@ use crate::launch::fake_apiserver_bin;
 use crate::{echo_backend, serving, tcp_proxy, DEADLINE};
 
 /// The proxy's uid in the manifests (the image's `nonroot`).
-const PROXY_UID: u32 = 65532;
+const PROXY_UID: u32 = 59443;
 
 /// What the prober saw on one address.
 #[derive(Debug, Default, Clone)]
@@ -310,7 +310,7 @@ async fn migrate_rejects_bad_input() -> Result<()> {
                 "--handoff-dir",
                 tmp.path().to_str().unwrap(),
             ],
-            "must belong to uid 65532",
+            "must belong to uid 59443",
         ),
         (vec!["--timeout", "1s"], "--listen"),
     ] {

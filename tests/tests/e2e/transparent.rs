@@ -29,7 +29,7 @@ use crate::{serving, DEADLINE};
 const VERIFIED: Duration = Duration::from_secs(20);
 const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 /// The uid the proxy switches to with `--user` (the manifests' proxy uid).
-const PROXY_UID: u32 = 65532;
+const PROXY_UID: u32 = 59443;
 
 fn inside() -> Result<()> {
     ensure!(
@@ -132,7 +132,7 @@ fn credentials(pid: u32) -> Result<(String, String, String, String)> {
     ))
 }
 
-/// Only CAP_NET_RAW (bit 13), effective, permitted and ambient, as uid 65532.
+/// Only CAP_NET_RAW (bit 13), effective, permitted and ambient, as uid 59443.
 fn ensure_only_net_raw(pid: u32) -> Result<()> {
     let (uid, eff, prm, amb) = credentials(pid)?;
     ensure!(

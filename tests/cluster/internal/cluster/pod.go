@@ -48,6 +48,9 @@ type PodOptions struct {
 	// ExtraAPIServerArgs and ExtraProxyArgs are appended to the manifest's (later flags win).
 	ExtraAPIServerArgs []string
 	ExtraProxyArgs     []string
+	// HostIP and HostIPs are what the kubelet would give status.hostIP and status.hostIPs
+	// (comma-separated); default: the node's address alone.
+	HostIP, HostIPs string
 }
 
 // Pod is one running pod: its apiserver container and its sidecar, as the kubelet runs them.
@@ -89,7 +92,8 @@ func StartPod(ctx context.Context, node *Node, tmpl *Template, opts PodOptions) 
 			{"/shared/", p.Shared + "/"},
 			{"/etc/kubernetes/pki", node.PKI},
 			{"/run/kube-apiserver-proxy", node.Run},
-			{"$(HOST_IP)", node.IP},
+			{"$(HOST_IPS)", or(opts.HostIPs, or(opts.HostIP, node.IP))},
+			{"$(HOST_IP)", or(opts.HostIP, node.IP)},
 			{"$(POD_NAME)", opts.Name},
 		},
 	}
@@ -418,3 +422,11 @@ func (p *Pod) Kill() { p.kill() }
 
 // APIServerLog is the path of the pod's kube-apiserver log.
 func (p *Pod) APIServerLog() string { return p.apiserver.Log }
+
+// or is a, or b when a is empty.
+func or(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
