@@ -374,7 +374,15 @@ async fn attempt(ctx: &ForwardContext, backend: &Backend, source: Option<IpAddr>
             r
         }
         Via::Transparent(src) => {
-            match net::connect_from(src, backend.addr.0, ctx.connect_timeout).await {
+            // The socket is made before the await: the connection's future holds no more for
+            // the mode than a plain connect's.
+            let connected = match net::transparent_socket(src, backend.addr.0) {
+                Ok(socket) => {
+                    net::connect_socket(socket, backend.addr.0, ctx.connect_timeout).await
+                }
+                Err(e) => Err(e),
+            };
+            match connected {
                 Ok(stream) => {
                     ctx.metrics.client_address_transparent.inc();
                     Ok(stream)
@@ -561,7 +569,8 @@ mod tests {
 
     /// What each connection task holds for its whole life: the future of `serve`. The drain
     /// timer and the close state are allocated only when needed, so it stays small (it was
-    /// 3.6 KiB with them inline).
+    /// 3.6 KiB with them inline). The client's address for `--client-address transparent`,
+    /// kept for every connect attempt of a held client, took it from 2048 to 2072 bytes.
     #[tokio::test]
     async fn a_connection_future_stays_small() {
         let ctx = crate::transfer::test_context(copy::Mode::Auto);
@@ -573,7 +582,7 @@ mod tests {
         let future = serve(accepted, ClientAddr(peer), Some(peer.ip()), ctx);
         let size = std::mem::size_of_val(&future);
         eprintln!("serve future: {size} bytes");
-        assert!(size <= 2048, "serve future is {size} bytes");
+        assert!(size <= 2080, "serve future is {size} bytes");
     }
 
     /// Clients held while their backend was down are released at the pace it answers: when

@@ -99,6 +99,12 @@ pub async fn connect_from(
     addr: SocketAddr,
     timeout: Duration,
 ) -> io::Result<TcpStream> {
+    let socket = transparent_socket(source, addr)?;
+    connect_socket(socket, addr, timeout).await
+}
+
+/// The socket of [`connect_from`], bound to `source`, not yet connected.
+pub fn transparent_socket(source: std::net::IpAddr, addr: SocketAddr) -> io::Result<Socket> {
     let socket = Socket::new(
         Domain::for_address(addr),
         Type::STREAM.nonblocking().cloexec(),
@@ -106,10 +112,12 @@ pub async fn connect_from(
     )?;
     crate::sys::set_transparent(std::os::fd::AsFd::as_fd(&socket))?;
     socket.bind(&SocketAddr::new(source, 0).into())?;
-    connect_socket(socket, addr, timeout).await
+    Ok(socket)
 }
 
-async fn connect_socket(
+/// Connects `socket` (non-blocking, not yet connected) to `addr` within `timeout`, as
+/// [`connect`] does.
+pub async fn connect_socket(
     socket: Socket,
     addr: SocketAddr,
     timeout: Duration,
