@@ -44,6 +44,10 @@ pub enum Command {
     /// kube-apiserver's wildcard socket (0.0.0.0:6443) to the Deployment's proxy without
     /// refusing a connection (docs/operations.md, "Migrating from kubeadm").
     Migrate(MigrateArgs),
+    /// Print the apiserver Deployment derived from kubeadm's static manifest (and what goes
+    /// with it: the `default/kubernetes` endpoints and the disruption budget) for
+    /// `kubectl apply -f -`.
+    Render(RenderArgs),
     /// Node agent (a static pod): keep the last-known-good checkpoint of the apiserver
     /// Deployment's pod; after a reboot, put it into the kubelet's static pod directory when
     /// nothing serves the node address; remove it once the recovery instance asks to be retired.
@@ -59,6 +63,25 @@ pub struct KubernetesEndpointsArgs {
     /// The port the proxy serves on.
     #[arg(long, value_name = "PORT", default_value = "6443", value_parser = clap::value_parser!(u16).range(1..))]
     pub port: u16,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RenderArgs {
+    /// kubeadm's static apiserver manifest (/etc/kubernetes/manifests/kube-apiserver.yaml).
+    #[arg(long, value_name = "FILE")]
+    pub static_pod: PathBuf,
+
+    /// The apiserver image (default: the manifest's); an older one is refused.
+    #[arg(long, value_name = "IMAGE")]
+    pub image: Option<String>,
+
+    /// Render an apiserver image older than the manifest's.
+    #[arg(long)]
+    pub allow_downgrade: bool,
+
+    /// The proxy image, for the sidecar and the init container (default: the base's).
+    #[arg(long, value_name = "IMAGE")]
+    pub proxy_image: Option<String>,
 }
 
 #[derive(Debug, Clone, Args)]

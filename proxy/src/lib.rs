@@ -46,6 +46,8 @@
 //! - [`launch`]: the `launch` subcommand: random loopback address for kube-apiserver.
 //! - [`kubernetes_endpoints`]: the `kubernetes-endpoints` subcommand: `default/kubernetes` of a
 //!   single controller, for `--endpoint-reconciler-type=none`.
+//! - [`render`]: the `render` subcommand: the Deployment derived from kubeadm's static pod.
+//! - [`yaml`]: YAML in and out, resolved as Kubernetes reads it.
 //! - [`fsutil`]: atomic file writes.
 //! - [`checkpoint`]: the last-known-good checkpoint: the newest apiserver pod that stayed ready.
 //! - [`staticpod`]: a pod made into a static pod (pure), and the checks before activating one.
@@ -84,6 +86,7 @@ pub mod pace;
 pub mod probe;
 pub mod readiness;
 pub mod recover;
+pub mod render;
 pub mod retire;
 pub mod scrape;
 pub mod server;
@@ -97,3 +100,4 @@ pub mod tls;
 pub mod transfer;
 pub mod upgrade;
 pub mod workers;
+pub mod yaml;

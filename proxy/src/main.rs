@@ -12,7 +12,7 @@ use clap::Parser;
 use kube_apiserver_proxy::cli::{self, Cli, Command, LogFormat, RunArgs, RuntimeShape};
 use kube_apiserver_proxy::config::Config;
 use kube_apiserver_proxy::{
-    install, kubernetes_endpoints, launch, migrate, probe, recover, server, signal,
+    install, kubernetes_endpoints, launch, migrate, probe, recover, render, server, signal,
 };
 
 fn main() -> ExitCode {
@@ -49,6 +49,16 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Some(Command::Render(args)) => match render::print(&args) {
+            Ok(yaml) => match std::io::Write::write_all(&mut std::io::stdout(), yaml.as_bytes()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: writing to stdout: {e}");
+                    ExitCode::FAILURE
+                }
+            },
+            Err(e) => bad_input(format!("error: {e}")),
+        },
         Some(Command::Migrate(args)) => {
             init_tracing(LogFormat::Text, "info");
             match migrate::run(&args) {

@@ -15,6 +15,7 @@
 //! - `fake_binary`: the `fake-apiserver` binary behind the proxy.
 //! - `upgrade`: in-place upgrade on SIGUSR2 (`systemctl reload`) to a replaced binary.
 //! - `migrate`: moving the node address off a wildcard listener (kubeadm's apiserver).
+//! - `render`: `render` on manifests written by the real kubeadm: nothing lost, older images refused.
 //! - `recovery`: reboot recovery: the checkpoint writer, the recovery instance's retirement,
 //!   the `recover` node agent.
 
@@ -33,6 +34,7 @@ mod monitoring;
 mod pod;
 mod recovery;
 mod reliability;
+mod render;
 mod sockmap;
 mod static_binary;
 mod upgrade;
