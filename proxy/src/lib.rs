@@ -46,6 +46,8 @@
 //! - [`launch`]: the `launch` subcommand: random loopback address for kube-apiserver.
 //! - [`kubernetes_endpoints`]: the `kubernetes-endpoints` subcommand: `default/kubernetes` of a
 //!   single controller, for `--endpoint-reconciler-type=none`.
+//! - [`kubeadm_sync`]: the `kubeadm-sync` node agent: kubeadm's manifests to the kubelet's
+//!   static pods, kube-apiserver's as a rollout of the Deployment.
 //! - [`render`]: the `render` subcommand: the Deployment derived from kubeadm's static pod.
 //! - [`yaml`]: YAML in and out, resolved as Kubernetes reads it.
 //! - [`fsutil`]: atomic file writes.
@@ -72,6 +74,7 @@ pub mod fsutil;
 pub mod handoff;
 pub mod health;
 pub mod install;
+pub mod kubeadm_sync;
 pub mod kubernetes_endpoints;
 pub mod launch;
 pub mod lifecycle;

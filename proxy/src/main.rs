@@ -12,7 +12,8 @@ use clap::Parser;
 use kube_apiserver_proxy::cli::{self, Cli, Command, LogFormat, RunArgs, RuntimeShape};
 use kube_apiserver_proxy::config::Config;
 use kube_apiserver_proxy::{
-    install, kubernetes_endpoints, launch, migrate, probe, recover, render, server, signal,
+    install, kubeadm_sync, kubernetes_endpoints, launch, migrate, probe, recover, render, server,
+    signal,
 };
 
 fn main() -> ExitCode {
@@ -66,6 +67,17 @@ fn main() -> ExitCode {
                 Err(e) if e.is_bad_input() => bad_input(format!("error: {e}")),
                 Err(e) => {
                     eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Some(Command::KubeadmSync(args)) => {
+            init_tracing(LogFormat::Text, "info");
+            match kubeadm_sync::run(&args) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) if e.is_bad_input() => bad_input(format!("error: kubeadm-sync: {e}")),
+                Err(e) => {
+                    eprintln!("error: kubeadm-sync: {e}");
                     ExitCode::FAILURE
                 }
             }

@@ -209,8 +209,10 @@ impl StaticPod {
         }
     }
 
-    /// Absolute paths that the flags name and that exist as regular files: what the apiserver
-    /// reads from the node at start (certificates, keys, configuration files).
+    /// Paths under `/etc/kubernetes/` that the flags name and that exist as regular files:
+    /// what the apiserver reads from kubeadm's directory at start (certificates, keys, the
+    /// audit policy, the encryption configuration). Only that directory: the node agent sees
+    /// the node's `/etc/kubernetes` and nothing else of it.
     pub fn files(&self) -> Vec<String> {
         let Ok((_, flags)) = self.command() else {
             return Vec::new();
@@ -218,7 +220,7 @@ impl StaticPod {
         let mut files: Vec<String> = flags
             .into_iter()
             .filter_map(|f| f.value)
-            .filter(|v| v.starts_with('/') && Path::new(v).is_file())
+            .filter(|v| v.starts_with("/etc/kubernetes/") && Path::new(v).is_file())
             .collect();
         files.sort();
         files.dedup();
