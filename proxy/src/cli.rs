@@ -142,7 +142,9 @@ pub struct KubeadmSyncArgs {
     pub rollout_timeout: Duration,
 
     /// One pass, at the migration: copy the manifests (each keeps the running pod's UID, so
-    /// nothing restarts when the kubelet moves to --static-pod-dir), write the stand-in, exit.
+    /// nothing restarts when the kubelet moves to --static-pod-dir), write the stand-in, set
+    /// kubeadm's apiserver manifest aside until the agent runs, wait for kubeadm's apiserver to
+    /// exit; then restart the kubelet on --static-pod-dir.
     #[arg(long)]
     pub once: bool,
 }

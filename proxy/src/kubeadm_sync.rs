@@ -32,7 +32,11 @@
 //!
 //! The first pass at the migration (`--once`) adopts the running static pods: each copy gets the
 //! running pod's UID (its mirror pod's `kubernetes.io/config.hash`), so the kubelet, restarted
-//! on the new directory, keeps etcd, the controller-manager and the scheduler running.
+//! on the new directory, keeps etcd, the controller-manager and the scheduler running. It sets
+//! kubeadm's apiserver manifest aside as `.kube-apiserver.yaml` (the kubelet ignores dot files)
+//! and waits until kubeadm's apiserver has stopped, gracefully, within its grace period: a
+//! kubelet restarted while it still ran would kill it as an orphan, cutting its requests. The
+//! agent, once it runs from the new directory, puts the manifest back.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -45,6 +49,9 @@ use crate::render::{self, StaticPod};
 
 /// kubeadm's apiserver manifest, in both directories.
 pub const APISERVER: &str = "kube-apiserver.yaml";
+/// kubeadm's apiserver manifest set aside by `--once` (a dot file: the kubelet ignores it, so it
+/// stops kubeadm's apiserver gracefully); the running agent puts it back.
+pub const SET_ASIDE: &str = ".kube-apiserver.yaml";
 /// The names of the copies this agent made (a dot file: the kubelet ignores it).
 const MANAGED: &str = ".kubeadm-sync";
 /// Where the stand-in's container finds this binary (copied by its init container).
@@ -496,15 +503,81 @@ impl Sync {
     }
 }
 
+/// Whether a kube-apiserver process other than a Deployment's (which binds a `127.` address,
+/// `launch`'s) runs: kubeadm's static apiserver.
+fn static_apiserver_running() -> bool {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    entries.flatten().any(|e| {
+        let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else {
+            return false;
+        };
+        let mut args = cmdline.split(|b| *b == 0).filter(|a| !a.is_empty());
+        let is_apiserver = args
+            .next()
+            .is_some_and(|a0| a0.rsplit(|b| *b == b'/').next() == Some(b"kube-apiserver"));
+        is_apiserver && !args.any(|a| a.starts_with(b"--bind-address=127."))
+    })
+}
+
+/// `--once`, at the migration: the copies (with the running pods' UIDs) and the stand-in, then
+/// kubeadm's manifest set aside so that the kubelet, still on kubeadm's directory, stops
+/// kubeadm's apiserver gracefully (its grace period, as when the manifest is moved away by
+/// hand); returns once that apiserver has exited. The kubelet is then restarted on
+/// `--static-pod-dir`, where the agent runs and puts kubeadm's manifest back.
+fn once(sync: &Sync, wait: Duration) -> Result<(), SyncError> {
+    let copied = sync.copy_manifests(true)?;
+    tracing::info!(copied = ?copied, "kubeadm-sync: manifests copied");
+    sync.apiserver(&mut State::default(), false)?;
+    let manifest = sync.kubeadm_dir.join(APISERVER);
+    if manifest.exists() {
+        let aside = sync.kubeadm_dir.join(SET_ASIDE);
+        std::fs::rename(&manifest, &aside).map_err(io("rename", &manifest))?;
+        tracing::info!(
+            aside = %aside.display(),
+            "kubeadm-sync: kubeadm's manifest set aside; waiting for kubeadm's static apiserver to exit"
+        );
+    }
+    let started = Instant::now();
+    while static_apiserver_running() {
+        if started.elapsed() > wait {
+            tracing::warn!(
+                "kubeadm-sync: kubeadm's static apiserver still runs; restart the kubelet anyway"
+            );
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    tracing::info!(
+        static_pod_dir = %sync.static_pod_dir.display(),
+        "kubeadm-sync: ready: restart the kubelet with --pod-manifest-path={}",
+        sync.static_pod_dir.display()
+    );
+    Ok(())
+}
+
+/// Puts back kubeadm's manifest that `--once` set aside (the agent runs: the kubelet runs
+/// `--static-pod-dir`, not kubeadm's directory).
+fn restore(sync: &Sync) -> Result<(), SyncError> {
+    let aside = sync.kubeadm_dir.join(SET_ASIDE);
+    let manifest = sync.kubeadm_dir.join(APISERVER);
+    if aside.exists() && !manifest.exists() {
+        std::fs::rename(&aside, &manifest).map_err(io("rename", &aside))?;
+        tracing::info!(manifest = %manifest.display(), "kubeadm-sync: kubeadm's manifest put back");
+    }
+    Ok(())
+}
+
 /// `kubeadm-sync`: one pass with `--once` (the migration), else passes every `--interval`.
 pub fn run(args: &crate::cli::KubeadmSyncArgs) -> Result<(), SyncError> {
     let sync = Sync::try_from(args)?;
     std::fs::create_dir_all(&sync.static_pod_dir).map_err(io("create", &sync.static_pod_dir))?;
     if args.once {
-        let copied = sync.copy_manifests(true)?;
-        tracing::info!(copied = ?copied, "kubeadm-sync: manifests copied");
-        sync.apiserver(&mut State::default(), false)?;
-        return Ok(());
+        return once(&sync, Duration::from_secs(120));
+    }
+    if let Err(e) = restore(&sync) {
+        tracing::warn!(error = %e, "kubeadm-sync: kubeadm's manifest not put back");
     }
     tracing::info!(
         kubeadm_dir = %sync.kubeadm_dir.display(),

@@ -6,7 +6,8 @@
 //! - `--once` (the migration): kubeadm's other manifests copied with the UIDs of the running
 //!   pods (their mirror pods' `kubernetes.io/config.hash`); the Deployment, stale, replaced by
 //!   the one rendered from kubeadm's manifest, the live proxy image kept; the stand-in
-//!   `kube-apiserver` written only once the rollout completed;
+//!   `kube-apiserver` written only once the rollout completed; kubeadm's manifest set aside
+//!   until the agent runs (then put back);
 //! - running: a new kubeadm manifest (what `kubeadm upgrade apply` writes) becomes a `PUT`, and
 //!   the stand-in, whose hash kubeadm waits on, changes only when the rollout is complete; an
 //!   updated manifest of another component is copied, a removed one's copy removed.
@@ -227,6 +228,13 @@ async fn kubeadm_sync_turns_kubeadm_manifests_into_static_pods_and_rollouts() ->
         "--once returned after {:?}, before the rollout completed",
         started.elapsed()
     );
+    // kubeadm's manifest set aside (the kubelet, still on kubeadm's directory, stops kubeadm's
+    // apiserver), until the agent runs.
+    ensure!(
+        node.dir.join("manifests/.kube-apiserver.yaml").exists()
+            && !node.dir.join("manifests/kube-apiserver.yaml").exists(),
+        "kubeadm's manifest not set aside"
+    );
     let etcd = read_yaml(&node.dir.join("kubelet/etcd.yaml"))?;
     ensure!(
         etcd["metadata"]["uid"] == "uid-etcd",
@@ -271,6 +279,15 @@ async fn kubeadm_sync_turns_kubeadm_manifests_into_static_pods_and_rollouts() ->
 
     // Running: kubeadm upgrade writes a new apiserver manifest.
     let agent = ChildProcess::spawn(node.agent(false), "kubeadm-sync")?;
+    eventually(DEADLINE, || async {
+        ensure!(
+            node.dir.join("manifests/kube-apiserver.yaml").exists(),
+            "kubeadm's manifest not put back: {}",
+            agent.stderr()
+        );
+        Ok(())
+    })
+    .await?;
     let old = digest(&s["metadata"]);
     std::fs::write(
         node.dir.join("manifests/kube-apiserver.yaml"),
