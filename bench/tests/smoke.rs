@@ -85,7 +85,7 @@ fn churn() {
 fn kernel_path_target() {
     if !nix::unistd::Uid::effective().is_root() {
         assert!(
-            std::env::var_os("CI").is_none(),
+            !in_ci(),
             "kernel_path_target needs root (CAP_BPF, CAP_NET_ADMIN) and CI is set"
         );
         eprintln!("SKIPPED kernel_path_target: needs root (CAP_BPF, CAP_NET_ADMIN)");

@@ -551,6 +551,12 @@ pub struct RunArgs {
         default_value = "info"
     )]
     pub log_level: String,
+
+    /// A fault to plant (builds with the `planted-faults` feature only: the real-cluster tier's
+    /// self-test).
+    #[cfg(feature = "planted-faults")]
+    #[arg(long, value_enum, hide = true)]
+    pub planted_fault: Option<crate::fault::Fault>,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -82,6 +82,9 @@ pub struct Config {
     pub log_format: LogFormat,
     /// Log filter directive.
     pub log_level: String,
+    /// A fault planted on purpose (the real-cluster tier's self-test).
+    #[cfg(feature = "planted-faults")]
+    pub planted_fault: Option<crate::fault::Fault>,
 }
 
 fn parse_addrs(flag: &'static str, values: &[String]) -> Result<Vec<SocketAddr>, ConfigError> {
@@ -258,6 +261,8 @@ impl TryFrom<RunArgs> for Config {
             retire_file: args.retire_file,
             log_format: args.log_format,
             log_level: args.log_level,
+            #[cfg(feature = "planted-faults")]
+            planted_fault: args.planted_fault,
         })
     }
 }

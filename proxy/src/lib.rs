@@ -51,6 +51,8 @@
 //! - [`render`]: the `render` subcommand: the Deployment derived from kubeadm's static pod.
 //! - [`yaml`]: YAML in and out, resolved as Kubernetes reads it.
 //! - [`fsutil`]: atomic file writes.
+//! - `fault` (feature `planted-faults` only): faults planted for the real-cluster tier's
+//!   self-test.
 //! - [`checkpoint`]: the last-known-good checkpoint: the newest apiserver pod that stayed ready.
 //! - [`staticpod`]: a pod made into a static pod (pure), and the checks before activating one.
 //! - [`retire`]: a recovery instance asks to be removed once a ready peer serves beside it.
@@ -69,6 +71,8 @@ pub mod config;
 pub mod control;
 pub mod copy;
 pub mod discovery;
+#[cfg(feature = "planted-faults")]
+pub mod fault;
 pub mod forward;
 pub mod fsutil;
 pub mod handoff;
@@ -104,3 +108,11 @@ pub mod transfer;
 pub mod upgrade;
 pub mod workers;
 pub mod yaml;
+
+/// Whether this test run is CI (`CI` set to anything but empty, `false` or `0`, the rule of
+/// every test of the project): a test that cannot run its subject fails there instead of
+/// skipping.
+#[cfg(test)]
+pub(crate) fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
+}

@@ -416,6 +416,11 @@ async fn accept_loop(l: AcceptLoop) {
                     drop(stream);
                     continue;
                 };
+                #[cfg(feature = "planted-faults")]
+                if crate::fault::close_accepted() {
+                    connections.spawn(crate::fault::close_unanswered(stream));
+                    continue;
+                }
                 let ctx = ctx.clone();
                 connections.spawn(async move {
                     forward::serve(stream, ClientAddr(peer), ctx).await;

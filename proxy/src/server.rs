@@ -68,6 +68,8 @@ pub async fn run(
     mut intents: mpsc::Receiver<Intent>,
 ) -> Result<(), RunError> {
     let start_command = StartCommand::current();
+    #[cfg(feature = "planted-faults")]
+    crate::fault::plant(config.planted_fault);
     let metrics = Metrics::new(&registry);
     let lifecycle = Lifecycle::new(metrics.clone());
     crate::limits::raise_and_report(config.max_connections.get());
@@ -241,6 +243,8 @@ pub async fn run(
         tracing::info!(signal, drain_timeout = ?config.drain_timeout, "shutdown requested: draining");
         lifecycle.advance(State::Draining);
         let deadline = Instant::now() + config.drain_timeout;
+        #[cfg(feature = "planted-faults")]
+        crate::fault::at_drain(&ctx, &listeners, deadline);
         if let Some(h) = &handoff {
             h.hand_over(deadline, || backends.any_healthy()).await;
             if let Some(pid) = successor {

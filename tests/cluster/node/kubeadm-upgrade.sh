@@ -14,10 +14,10 @@
 #   3. a second `kubeadm upgrade apply v1.37.2`: a no-op for the apiserver;
 #   4. `kubeadm certs renew all`: the agent rolls the Deployment.
 #
-# Throughout, migrate.sh's prober connects to NODE_IP:6443 and 127.0.0.1:6443 every 20 ms and
-# two client-go loads run; per step the refused connects, requests and failures are reported.
-# kubeadm restarts etcd in step 2 (its certificates are renewed with the apiserver's): the
-# requests that fail then are measured, not failed on. Preflight errors ignored, for this
+# Each step is judged by cmd/loadgen (pivot.sh's step_start): connects to NODE_IP:6443 and
+# 127.0.0.1:6443 every 20 ms, two client-go loads (one per address) held to the tier's strict
+# criteria, the `kubernetes` endpoints watcher, the controller-manager and the scheduler (no
+# restart). Preflight errors ignored, for this
 # test node only: kubeadm's CoreDNS checks (CoreDNS is not installed here; the DNS and
 # kube-proxy addons are disabled in the ClusterConfiguration) and SystemVerification (this host
 # has cgroup v1, which kubeadm refuses since 1.35; the kubelet runs with failCgroupV1: false).
@@ -115,23 +115,19 @@ ku_handoff() {
   fi
 }
 
-# ku_step NAME: start the prober and the loads; ku_step_end NAME WHAT: stop them and report.
+# ku_step NAME [LOADGEN FLAGS...]: pivot.sh's step_start on both addresses (the load on
+# NODE_IP:6443 with the prober of both addresses and the endpoints watcher, a second load on
+# 127.0.0.1:6443); ku_step_end NAME WHAT: their verdicts.
 ku_step() {
-  log_mark "$1"
-  probe2_start "$1"
-  loadgen_with "$1" "$PIVOT_ADMIN" || true
-  loadgen_with "$1-local" "$MIGRATE_LOCAL_CONF" || true
+  local name="$1"
+  shift
+  log_mark "$name"
+  step_start "$name" -probe 127.0.0.1:6443 -watch-endpoints "$@" || true
+  step_start "$name-local" -kubeconfig "$MIGRATE_LOCAL_CONF" "$@" || true
 }
 ku_step_end() {
-  probe2_stop "$1"
-  loadgen_with_stop "$1"
-  loadgen_with_stop "$1-local"
-  if [ "$(probe2_refused "$1")" = 0 ]; then
-    pass "$2: no refused connection: $(probe2_summary "$1")"
-  else
-    fail "$2: refused connections: $(probe2_summary "$1")"
-  fi
-  note "$2: client-go loads: $(load_summary "$1") | local: $(load_summary "$1-local")"
+  step_end "$1" "$2 (NODE_IP:6443)"
+  step_end "$1-local" "$2 (127.0.0.1:6443)"
   note "$2: controller-manager, scheduler and kubelet logs: $(log_error_summary "$1")"
 }
 

@@ -26,8 +26,8 @@
 # Environment: REBOOT_BOUND (180 s), CHECKPOINT_WAIT (the agent's --checkpoint-after plus
 # 120 s), BROKEN_SOAK (--checkpoint-after plus 30 s: how long the broken rollout runs before the
 # reboot). Uses from smoke and pivot.sh: S, CTR, NODE_IP, NODE_NAME, IMAGE_REPO, MANIFESTS,
-# CGROUP_CREATED, pass, fail, note, wait_for, now_ms, since, api, kc, kcs, connloop_*,
-# loadgen_*, deploy_pods, deploy_ready, pod_scheduled, static_apiserver_gone, rollout,
+# CGROUP_CREATED, pass, fail, note, wait_for, now_ms, since, api, kc, kcs, step_*,
+# deploy_pods, deploy_ready, pod_scheduled, static_apiserver_gone, rollout,
 # pod_diagnostics, start_containerd, start_kubelet, pod_json.
 
 CHECKPOINT_DIR=/var/lib/kube-apiserver-proxy/checkpoint
@@ -255,9 +255,7 @@ reboot_recover() {
     return 1
   fi
   # From the takeover on: every connect and the client-go load must succeed.
-  connloop_start takeover
-  loadgen_start takeover || true
-  epwatch_start takeover
+  step_start takeover -watch-endpoints || true
   served_by="$(checkpoint_of "$active")"
   if kubelet_runs "kube-apiserver-checkpoint-$NODE_NAME" && [ "$served_by" = "kube-system/$good" ] \
     && [ "$(checkpoint_flag "$active" kube-apiserver --etcd-servers)" = https://127.0.0.1:2379 ]; then
@@ -275,23 +273,9 @@ reboot_recover() {
   fi
   # Let the load see the Deployment's apiserver alone for a few seconds.
   wait_for 10 false || true
-  connloop_stop takeover
-  loadgen_stop takeover
-  epwatch_stop takeover
   # The overlay's apiservers (the recovery instance's too: it is a checkpoint of one) run
   # with --endpoint-reconciler-type=none: nothing may empty the kubernetes Service.
-  epwatch_check takeover "the recovery and the takeover"
-  note "the kubernetes Endpoints/EndpointSlices during the recovery and the takeover: $(epwatch_summary takeover "$t_take")"
-  if [ "$(connloop_refused takeover)" = 0 ]; then
-    pass "no refused connection on $NODE_IP:6443 from the takeover on: $(connloop_summary takeover)"
-  else
-    fail "refused connections on $NODE_IP:6443 during the takeover: $(connloop_summary takeover)"
-  fi
-  if [ -f "$S/load-takeover.json" ] && [ "$(load_failed takeover)" = 0 ]; then
-    pass "client-go load during the takeover: $(load_summary takeover)"
-  else
-    fail "client-go load during the takeover: $(load_summary takeover 2>&1)"
-  fi
+  step_end takeover "from the takeover on: client-go load, connects, default/kubernetes, no controller restart"
   local log
   log="$(kcs logs "$good" -c proxy 2>&1)"
   # Shared at its start (one kernel queue with the recovery instance), adopted at the recovery
@@ -333,5 +317,5 @@ run_reboot() {
   reboot_node || return 0
   reboot_recover "$second" "$broken" || return 0
   rollout "kubectl rollout undo of the broken rollout, after the recovery" kcs rollout undo deployment/kube-apiserver || true
-  note "reports: $S/load-*.json, $S/connloop-*.json"
+  note "reports: $S/step-*.json"
 }

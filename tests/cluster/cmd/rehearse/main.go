@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -27,6 +28,7 @@ func main() {
 	var only string
 	flag.StringVar(&o.Repo, "repo", ".", "repository root (manifests/base/deployment.yaml is read from it)")
 	flag.StringVar(&o.Proxy, "proxy", "", "kube-apiserver-proxy binary")
+	flag.StringVar(&o.PlantedProxy, "planted-proxy", "", "kube-apiserver-proxy built with --features planted-faults (the self-test scenarios; empty: they fail)")
 	flag.StringVar(&o.HAProxy, "haproxy", "", "haproxy binary (the Lokomotive design; empty: that scenario fails)")
 	flag.StringVar(&o.APIServerOld, "apiserver-old", "", "kube-apiserver binary of the older version")
 	flag.StringVar(&o.OldVersion, "old-version", "v1.36.3", "version of --apiserver-old")
@@ -54,8 +56,14 @@ func main() {
 	}
 	if only != "" {
 		o.Only = map[string]bool{}
+		known := scenario.Names()
 		for _, n := range strings.Split(only, ",") {
-			o.Only[strings.TrimSpace(n)] = true
+			n = strings.TrimSpace(n)
+			if !slices.Contains(known, n) {
+				fmt.Fprintf(os.Stderr, "rehearse: --scenarios: unknown scenario %q (known: %s)\n", n, strings.Join(known, ", "))
+				os.Exit(2)
+			}
+			o.Only[n] = true
 		}
 	}
 	if o.Work == "" {

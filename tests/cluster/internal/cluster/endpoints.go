@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os/exec"
+	"reflect"
 	"strings"
 	"sync"
 	"time"
@@ -30,16 +31,18 @@ type Gap struct {
 	From     time.Time     `json:"from"`
 	Duration time.Duration `json:"duration_ns"`
 	Open     bool          `json:"open,omitempty"` // still empty when the watcher stopped
-	// Expected: a gap the scenario caused on purpose and accounted for.
-	Expected bool `json:"expected,omitempty"`
 }
 
 // EndpointsWatcher records every interval in which the `kubernetes` Service's Endpoints or
-// EndpointSlice has no ready address, as in-cluster clients would find it.
+// EndpointSlice has no ready address, as in-cluster clients would find it. An object that is
+// not there at all has no ready address: the watcher starts from what it finds at its start,
+// not from its first change. The watcher's own watch errors are recorded too (a watcher that
+// lost its watch would see no gap).
 type EndpointsWatcher struct {
 	mu     sync.Mutex
 	since  map[string]time.Time // object -> when it became empty
 	gaps   []Gap
+	errors []string
 	cancel context.CancelFunc
 	done   chan struct{}
 	// The ready addresses each object lists now, and the absences of tracked addresses
@@ -99,10 +102,35 @@ func WatchEndpoints(parent context.Context, kubeconfig string) (*EndpointsWatche
 		cancel()
 		return nil, err
 	}
+	for object, inf := range map[string]cache.SharedIndexInformer{"endpoints": epInf, "endpointslice": slInf} {
+		if err := inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
+			// An apiserver that starts anew does not reach back to the watcher's
+			// resourceVersion: the reflector lists again, as every client does.
+			if apierrors.IsResourceExpired(err) || apierrors.IsGone(err) || ctx.Err() != nil {
+				return
+			}
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			w.errors = append(w.errors, fmt.Sprintf("%s %s: %v", time.Now().Format("15:04:05.000"), object, err))
+		}); err != nil {
+			cancel()
+			return nil, err
+		}
+	}
 	eps.Start(ctx.Done())
 	slices.Start(ctx.Done())
-	eps.WaitForCacheSync(ctx.Done())
-	slices.WaitForCacheSync(ctx.Done())
+	for _, synced := range []map[reflect.Type]bool{eps.WaitForCacheSync(ctx.Done()), slices.WaitForCacheSync(ctx.Done())} {
+		for typ, ok := range synced {
+			if !ok {
+				cancel()
+				return nil, fmt.Errorf("watch %v of default/kubernetes: not synced", typ)
+			}
+		}
+	}
+	// The state at the start, whatever it is: an object that is missing or empty now is a gap
+	// from now on (no event would ever say so).
+	handler("endpoints", epInf.GetStore, endpointsReady).OnAdd(nil, true)
+	handler("endpointslice", slInf.GetStore, sliceReady).OnAdd(nil, true)
 	go func() {
 		<-ctx.Done()
 		eps.Shutdown()
@@ -173,14 +201,23 @@ func (w *EndpointsWatcher) Take() []Gap {
 	return gaps
 }
 
+// TakeErrors returns the watcher's own watch errors since the last call and forgets them.
+func (w *EndpointsWatcher) TakeErrors() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	errs := w.errors
+	w.errors = nil
+	return errs
+}
+
 // Stop ends the watcher.
 func (w *EndpointsWatcher) Stop() {
 	w.cancel()
 	<-w.done
 }
 
-// Empty reports whether object ("endpoints" or "endpointslice") has been without a ready
-// address since the watcher last saw it change.
+// Empty reports whether object ("endpoints" or "endpointslice") has no ready address now
+// (missing, or listing none).
 func (w *EndpointsWatcher) Empty(object string) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()

@@ -247,21 +247,45 @@ func (p *Pod) WaitReady(ctx context.Context, gate Gate, timeout time.Duration) e
 // APIServerReadyz asks the pod's apiserver for /readyz on its own loopback address with
 // client (see Node.APIServerClient): true on 200.
 func (p *Pod) APIServerReadyz(client *http.Client) bool {
-	b, err := os.ReadFile(filepath.Join(p.Shared, "address"))
-	if err != nil {
-		return false
-	}
-	resp, err := client.Get("https://" + strings.TrimSpace(string(b)) + "/readyz")
-	if err != nil {
-		return false
-	}
-	resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
+	code, err := p.APIServerGet(client, "/readyz")
+	return err == nil && code == http.StatusOK
 }
 
-// ListenerCookies are the SO_COOKIEs of the listening sockets the pod's proxy holds, from its
-// admin /status (the address it wrote to /shared/admin).
-func (p *Pod) ListenerCookies() ([]uint64, error) {
+// APIServerGet sends GET path to the pod's apiserver on its own loopback address with client
+// and returns the status code.
+func (p *Pod) APIServerGet(client *http.Client, path string) (int, error) {
+	b, err := os.ReadFile(filepath.Join(p.Shared, "address"))
+	if err != nil {
+		return 0, err
+	}
+	resp, err := client.Get("https://" + strings.TrimSpace(string(b)) + path)
+	if err != nil {
+		return 0, err
+	}
+	resp.Body.Close()
+	return resp.StatusCode, nil
+}
+
+// ProxyStatus is what the pod's proxy says of itself on /status (the parts the scenarios read).
+type ProxyStatus struct {
+	State     string `json:"state"`
+	Ready     bool   `json:"ready"`
+	Listeners []struct {
+		Cookie uint64 `json:"cookie"`
+	} `json:"listeners"`
+	Backends []struct {
+		Address   string `json:"address"`
+		Source    string `json:"source"`
+		Healthy   bool   `json:"healthy"`
+		LastCheck *struct {
+			Result string `json:"result"`
+			Cause  string `json:"cause"`
+		} `json:"last_check"`
+	} `json:"backends"`
+}
+
+// ProxyStatus reads the pod's proxy's admin /status (the address it wrote to /shared/admin).
+func (p *Pod) ProxyStatus() (*ProxyStatus, error) {
 	b, err := os.ReadFile(filepath.Join(p.Shared, "admin"))
 	if err != nil {
 		return nil, err
@@ -271,13 +295,18 @@ func (p *Pod) ListenerCookies() ([]uint64, error) {
 		return nil, err
 	}
 	defer resp.Body.Close()
-	var status struct {
-		Listeners []struct {
-			Cookie uint64 `json:"cookie"`
-		} `json:"listeners"`
-	}
+	var status ProxyStatus
 	if err := json.NewDecoder(resp.Body).Decode(&status); err != nil {
 		return nil, fmt.Errorf("%s /status: %w", p.Opts.Name, err)
+	}
+	return &status, nil
+}
+
+// ListenerCookies are the SO_COOKIEs of the listening sockets the pod's proxy holds.
+func (p *Pod) ListenerCookies() ([]uint64, error) {
+	status, err := p.ProxyStatus()
+	if err != nil {
+		return nil, err
 	}
 	var cookies []uint64
 	for _, l := range status.Listeners {

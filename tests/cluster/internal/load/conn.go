@@ -10,13 +10,22 @@ import (
 )
 
 // ConnCount counts the TCP connections of every client and how they failed. client-go hides
-// a reset (it retries a GET, and a reset watch looks like its end), so resets are counted
-// here, under TLS, where the kernel reports them.
+// a reset or an EOF (it retries a GET, and a cut watch looks like its end), so connections are
+// watched here, under TLS, where the kernel reports what happened to them.
 type ConnCount struct {
 	Dialed     int64            `json:"dialed"`
 	DialErrors map[string]int64 `json:"dial_errors"`
 	// Errors: connections that saw a read or write error other than the end of the stream.
 	Errors map[string]int64 `json:"errors"`
+	// ClosedBeforeAnyByte: connections the other side ended (EOF or reset) before it sent a
+	// single byte. A TLS server always answers first with its ServerHello, so nothing the
+	// apiserver does looks like this: it is a connection accepted and closed on the way.
+	ClosedBeforeAnyByte int64 `json:"closed_before_any_byte"`
+	// ClosedByPeer: connections the other side ended cleanly after it had sent something
+	// (the apiserver closes a connection after HTTP/2 GOAWAY when it drains or when the
+	// connection idled): not a failure by itself; a request or watch it cut is counted where
+	// the client saw it.
+	ClosedByPeer int64 `json:"closed_by_peer"`
 }
 
 // dial opens a TCP connection and watches it for errors.
@@ -25,8 +34,10 @@ func (l *Load) dial(ctx context.Context, network, addr string) (net.Conn, error)
 	l.rec.mu.Lock()
 	defer l.rec.mu.Unlock()
 	if err != nil {
-		if ctx.Err() == nil {
-			l.rec.report.Connections.DialErrors[Classify(err)]++
+		if ctx.Err() == nil && !l.closing.Load() {
+			kind := Classify(err)
+			l.rec.report.Connections.DialErrors[kind]++
+			l.rec.sample("dial-"+kind, err.Error())
 		}
 		return nil, err
 	}
@@ -37,12 +48,14 @@ func (l *Load) dial(ctx context.Context, network, addr string) (net.Conn, error)
 type watchedConn struct {
 	net.Conn
 	l      *Load
+	read   atomic.Int64
 	closed atomic.Bool
-	failed atomic.Bool
+	ended  atomic.Bool
 }
 
 func (c *watchedConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
+	c.read.Add(int64(n))
 	c.check(err)
 	return n, err
 }
@@ -58,15 +71,47 @@ func (c *watchedConn) Close() error {
 	return c.Conn.Close()
 }
 
-// check counts the first real error of the connection: not its end (EOF), not our own close,
-// not the end of the run.
+// check records how the connection ended, once: our own close and the end of the run are
+// not counted; an end from the other side before any byte is a failure, a clean end after
+// some is counted apart, any other error is a failure.
 func (c *watchedConn) check(err error) {
-	if err == nil || errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) || c.closed.Load() || c.l.closing.Load() {
+	if err == nil || errors.Is(err, net.ErrClosed) || c.closed.Load() || c.l.closing.Load() {
 		return
 	}
-	if c.failed.CompareAndSwap(false, true) {
-		c.l.rec.mu.Lock()
-		c.l.rec.report.Connections.Errors[Classify(err)]++
-		c.l.rec.mu.Unlock()
+	if !c.ended.CompareAndSwap(false, true) {
+		return
 	}
+	kind := ConnEnd(err, c.read.Load())
+	r := c.l.rec
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch kind {
+	case ConnClosedByPeer:
+		r.report.Connections.ClosedByPeer++
+	case ConnClosedBeforeAnyByte:
+		r.report.Connections.ClosedBeforeAnyByte++
+		r.sample("conn-"+kind, c.RemoteAddr().String()+": "+err.Error())
+	default:
+		r.report.Connections.Errors[kind]++
+		r.sample("conn-"+kind, c.RemoteAddr().String()+": "+err.Error())
+	}
+}
+
+// How a connection ended, besides the error kinds of Classify.
+const (
+	ConnClosedBeforeAnyByte = "closed-before-any-byte"
+	ConnClosedByPeer        = "closed-by-peer"
+)
+
+// ConnEnd names how a connection that had read `read` bytes ended with err (not nil, not our
+// own close). Pure.
+func ConnEnd(err error, read int64) string {
+	kind := Classify(err)
+	if read == 0 && (kind == "eof" || kind == "reset" || kind == "unexpected-eof") {
+		return ConnClosedBeforeAnyByte
+	}
+	if errors.Is(err, io.EOF) {
+		return ConnClosedByPeer
+	}
+	return kind
 }

@@ -69,12 +69,28 @@ func DefaultConfig(kubeconfig string) Config {
 
 // Load is a running load generator.
 type Load struct {
-	cfg     Config
-	rec     *recorder
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
+	cfg Config
+	rec *recorder
+	// requests is the context of every request; issuing stops the workloads from starting
+	// new ones (and stops the informers and streams), and is a child of requests.
+	requests, issuing   context.Context
+	cancel, stopIssuing context.CancelFunc
+	wg                  sync.WaitGroup
+	// stopping: the run is ending: a watch that ends now was stopped by the client.
+	stopping atomic.Bool
+	// abandoned: the requests still pending StopGrace after the load stopped issuing were
+	// cancelled: each of them fails as PendingAtStop.
+	abandoned atomic.Bool
+	// running: the informers have synced and every workload runs (set once Start is done).
+	running atomic.Bool
+	// closing: every workload has ended; what happens to the connections now is our doing.
 	closing atomic.Bool
 }
+
+// StopGrace is how long Stop waits for the requests in flight to be answered. A request that
+// is still pending then fails (PendingAtStop): it could be waiting on a connection that
+// will never answer.
+const StopGrace = 15 * time.Second
 
 // Start connects the clients, waits until the informers have synced and starts every
 // workload. The informers' first sync is not counted as a relist.
@@ -87,11 +103,15 @@ func Start(parent context.Context, cfg Config) (*Load, error) {
 	base.QPS, base.Burst = -1, 0
 	base.UserAgent = "kube-apiserver-proxy-cluster-load"
 
-	ctx, cancel := context.WithCancel(parent)
-	l := &Load{cfg: cfg, rec: newRecorder(), cancel: cancel}
+	requests, cancel := context.WithCancel(parent)
+	issuing, stopIssuing := context.WithCancel(requests)
+	l := &Load{cfg: cfg, rec: newRecorder(), requests: requests, cancel: cancel, issuing: issuing, stopIssuing: stopIssuing}
+	ctx := issuing
 	// Every client dials through l.dial (which also keeps client-go from sharing one cached
-	// transport between them: each clientset below has its own connection).
+	// transport between them: each clientset below has its own connection), and every HTTP
+	// attempt of every client is counted directly on its transport.
 	base.Dial = l.dial
+	base.Wrap(func(rt http.RoundTripper) http.RoundTripper { return &attemptTransport{next: rt, l: l} })
 
 	shared, err := kubernetes.NewForConfig(base)
 	if err != nil {
@@ -127,6 +147,8 @@ func Start(parent context.Context, cfg Config) (*Load, error) {
 		cancel()
 		return nil, err
 	}
+	l.rec.begin()
+	l.running.Store(true)
 	for i := 0; i < cfg.Writers; i++ {
 		l.spawn(ctx, func(ctx context.Context) { l.writer(ctx, shared, i) })
 	}
@@ -145,11 +167,27 @@ func Start(parent context.Context, cfg Config) (*Load, error) {
 	return l, nil
 }
 
-// Stop ends every workload and returns what was seen.
+// Stop ends every workload and returns what was seen: no new request is sent, the informers
+// and streams stop, and the requests in flight get StopGrace to be answered; those still
+// pending then fail.
 func (l *Load) Stop() Report {
+	l.rec.stop()
+	l.stopping.Store(true)
+	l.stopIssuing()
+	done := make(chan struct{})
+	go func() {
+		l.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(StopGrace):
+		l.abandoned.Store(true)
+		l.cancel()
+		<-done
+	}
 	l.closing.Store(true)
 	l.cancel()
-	l.wg.Wait()
 	return l.rec.finish()
 }
 
@@ -165,7 +203,7 @@ func (l *Load) spawn(ctx context.Context, f func(context.Context)) {
 func (l *Load) observed(base *rest.Config, ended watchObserver, request func(string, bool, bool, error)) *rest.Config {
 	cfg := rest.CopyConfig(base)
 	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
-		return &observingTransport{next: rt, request: request, ended: ended, closing: &l.closing}
+		return &observingTransport{next: rt, request: request, ended: ended, closing: &l.stopping}
 	})
 	return cfg
 }
@@ -183,7 +221,9 @@ func (l *Load) startInformers(ctx context.Context, base *rest.Config) error {
 		},
 		func(resource string, isWatch, initial bool, err error) {
 			l.rec.withInformer(resource, func(c *InformerCount) {
-				if err != nil {
+				// (Errors of the path are counted as failed attempts; these are what the
+				// informer itself saw, for the report.)
+				if err != nil && !l.stopping.Load() {
 					c.Errors[Classify(err)]++
 				}
 				if !isWatch || initial {
@@ -224,6 +264,9 @@ func (l *Load) startInformers(ctx context.Context, base *rest.Config) error {
 			return err
 		}
 		if err := inf.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
+			if l.stopping.Load() {
+				return
+			}
 			l.rec.withInformer(resource, func(c *InformerCount) { c.Errors["watch-handler-"+Classify(err)]++ })
 		}); err != nil {
 			return err
@@ -262,14 +305,12 @@ func (l *Load) pause(ctx context.Context) bool {
 	}
 }
 
-// call runs one request and records it, unless the run ended under it.
-func (l *Load) call(ctx context.Context, kind string, f func() error) error {
+// call runs one request on the requests' context and records it: a request the load
+// abandoned at its end (no answer within StopGrace) fails as PendingAtStop.
+func (l *Load) call(kind string, f func(ctx context.Context) error) error {
 	began := time.Now()
-	err := f()
-	if err != nil && ctx.Err() != nil {
-		return err
-	}
-	l.rec.request(kind, began, err)
+	err := f(l.requests)
+	l.rec.request(kind, began, err, err != nil && l.abandoned.Load())
 	return err
 }
 
@@ -279,7 +320,7 @@ func (l *Load) writer(ctx context.Context, c kubernetes.Interface, id int) {
 	for n := 0; ; n++ {
 		name := fmt.Sprintf("w%d-%d-%d", id, time.Now().UnixNano(), n)
 		var cm *corev1.ConfigMap
-		err := l.call(ctx, "create", func() (err error) {
+		err := l.call("create", func(ctx context.Context) (err error) {
 			cm, err = cms.Create(ctx, &corev1.ConfigMap{
 				ObjectMeta: metav1.ObjectMeta{Name: name},
 				Data:       map[string]string{"n": "0"},
@@ -291,13 +332,13 @@ func (l *Load) writer(ctx context.Context, c kubernetes.Interface, id int) {
 				return
 			}
 			cm.Data["n"] = fmt.Sprint(u)
-			err = l.call(ctx, "update", func() (err error) {
+			err = l.call("update", func(ctx context.Context) (err error) {
 				cm, err = cms.Update(ctx, cm, metav1.UpdateOptions{})
 				return err
 			})
 		}
 		if err == nil && l.pause(ctx) {
-			_ = l.call(ctx, "delete", func() error { return cms.Delete(ctx, name, metav1.DeleteOptions{}) })
+			_ = l.call("delete", func(ctx context.Context) error { return cms.Delete(ctx, name, metav1.DeleteOptions{}) })
 		}
 		if !l.pause(ctx) {
 			return
@@ -308,11 +349,11 @@ func (l *Load) writer(ctx context.Context, c kubernetes.Interface, id int) {
 // reader lists the namespace's ConfigMaps and gets a namespace, on the shared connection.
 func (l *Load) reader(ctx context.Context, c kubernetes.Interface) {
 	for l.pause(ctx) {
-		_ = l.call(ctx, "list", func() error {
+		_ = l.call("list", func(ctx context.Context) error {
 			_, err := c.CoreV1().ConfigMaps(l.cfg.Namespace).List(ctx, metav1.ListOptions{Limit: 50})
 			return err
 		})
-		_ = l.call(ctx, "get", func() error {
+		_ = l.call("get", func(ctx context.Context) error {
 			_, err := c.CoreV1().Namespaces().Get(ctx, "default", metav1.GetOptions{})
 			return err
 		})
@@ -339,10 +380,10 @@ func (l *Load) kubectl(ctx context.Context, base *rest.Config) {
 		}
 		c, err := kubernetes.NewForConfig(cfg)
 		if err != nil {
-			l.rec.request("kubectl", time.Now(), err)
+			l.rec.request("kubectl", time.Now(), err, false)
 			continue
 		}
-		_ = l.call(ctx, "kubectl", func() error {
+		_ = l.call("kubectl", func(ctx context.Context) error {
 			_, err := c.CoreV1().ConfigMaps(l.cfg.Namespace).List(ctx, metav1.ListOptions{Limit: 10})
 			return err
 		})
@@ -360,7 +401,7 @@ func (l *Load) stream(ctx context.Context, c kubernetes.Interface) {
 	rv := ""
 	for ctx.Err() == nil {
 		if rv == "" {
-			err := l.call(ctx, "stream", func() error {
+			err := l.call("stream", func(ctx context.Context) error {
 				list, err := c.CoreV1().ConfigMaps(l.cfg.Namespace).List(ctx, metav1.ListOptions{Limit: 1})
 				if err == nil {
 					rv = list.ResourceVersion
@@ -373,13 +414,18 @@ func (l *Load) stream(ctx context.Context, c kubernetes.Interface) {
 			}
 		}
 		timeout := int64(3600)
-		var w watch.Interface
-		err := l.call(ctx, "stream", func() (err error) {
-			w, err = c.CoreV1().ConfigMaps(l.cfg.Namespace).Watch(ctx, metav1.ListOptions{
-				ResourceVersion: rv, TimeoutSeconds: &timeout, AllowWatchBookmarks: true,
-			})
-			return err
+		// The watch runs until the load stops issuing (the client then stops it).
+		began := time.Now()
+		w, err := c.CoreV1().ConfigMaps(l.cfg.Namespace).Watch(ctx, metav1.ListOptions{
+			ResourceVersion: rv, TimeoutSeconds: &timeout, AllowWatchBookmarks: true,
 		})
+		if ctx.Err() != nil {
+			if err == nil {
+				w.Stop()
+			}
+			return
+		}
+		l.rec.request("stream", began, err, false)
 		if err != nil {
 			l.pause(ctx)
 			continue
@@ -457,7 +503,7 @@ func ensureBulk(ctx context.Context, c kubernetes.Interface, cfg Config) error {
 // connection.
 func (l *Load) longList(ctx context.Context, c kubernetes.Interface) {
 	for l.pause(ctx) {
-		_ = l.call(ctx, "long-list", func() error {
+		_ = l.call("long-list", func(ctx context.Context) error {
 			_, err := c.CoreV1().ConfigMaps(bulkNamespace).List(ctx, metav1.ListOptions{})
 			return err
 		})

@@ -3,6 +3,7 @@ package load
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"sort"
@@ -17,13 +18,20 @@ import (
 
 // Report is what one run of the load generator saw, written as JSON.
 type Report struct {
-	Started  time.Time     `json:"started"`
+	Started time.Time `json:"started"`
+	// Issuing: how long the workloads sent requests (from Start's return to Stop).
+	Issuing  time.Duration `json:"issuing_ns"`
 	Duration time.Duration `json:"duration_ns"`
-	// Requests counts client-go calls by workload ("write", "read", "kubectl", …): ok and failed.
+	// Requests counts client-go calls by workload ("create", "list", "kubectl", …): ok and
+	// failed (after client-go's own retries; a call still pending when the load stopped
+	// failed too, as "pending-at-stop").
 	Requests map[string]*Count `json:"requests"`
-	// Failures counts failed calls (after client-go's own retries) by error kind.
+	// Failures counts failed calls by error kind.
 	Failures map[string]int64 `json:"failures"`
-	// Samples keeps the first few error messages of each kind.
+	// Attempts: every HTTP attempt of every client, under client-go's retries.
+	Attempts AttemptCount `json:"attempts"`
+	// Samples keeps the first few messages of each kind of failure (calls, attempts,
+	// connections).
 	Samples map[string][]string `json:"samples,omitempty"`
 	// Informers: per resource, the initial sync, watch restarts and relists.
 	Informers map[string]*InformerCount `json:"informers"`
@@ -31,7 +39,8 @@ type Report struct {
 	Streams StreamCount `json:"streams"`
 	// Connections: every TCP connection of every client.
 	Connections ConnCount `json:"connections"`
-	// Latency per second of the run (all request workloads together).
+	// Latency per second of the run: the requests of every request workload that completed
+	// in that second (a second without one is missing).
 	Latency []Window `json:"latency"`
 	// Overall latency percentiles, milliseconds.
 	Overall Window `json:"overall"`
@@ -108,6 +117,7 @@ type Window struct {
 type recorder struct {
 	mu        sync.Mutex
 	start     time.Time
+	stopped   time.Time
 	report    Report
 	latencies map[int][]time.Duration
 	all       []time.Duration
@@ -121,6 +131,7 @@ func newRecorder() *recorder {
 			Started:     now,
 			Requests:    map[string]*Count{},
 			Failures:    map[string]int64{},
+			Attempts:    AttemptCount{Failed: map[string]int64{}},
 			Samples:     map[string][]string{},
 			Informers:   map[string]*InformerCount{},
 			Streams:     StreamCount{Cut: map[string]int64{}},
@@ -130,9 +141,10 @@ func newRecorder() *recorder {
 	}
 }
 
-// request records one client-go call of workload `kind`.
-func (r *recorder) request(kind string, began time.Time, err error) {
-	took := time.Since(began)
+// request records one client-go call of workload `kind`; pending: it was still waiting for
+// its answer when the load stopped.
+func (r *recorder) request(kind string, began time.Time, err error, pending bool) {
+	now := time.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	c := r.report.Requests[kind]
@@ -140,24 +152,55 @@ func (r *recorder) request(kind string, began time.Time, err error) {
 		c = &Count{}
 		r.report.Requests[kind] = c
 	}
-	if err != nil {
+	switch {
+	case pending:
+		c.Failed++
+		r.report.Failures[PendingAtStop]++
+		r.sample(PendingAtStop, fmt.Sprintf("%s: sent %s before the load stopped", kind, now.Sub(began).Round(time.Millisecond)))
+	case err != nil:
 		c.Failed++
 		r.failure(kind, err)
-		return
+	default:
+		c.OK++
+		took := now.Sub(began)
+		second := int(now.Sub(r.start) / time.Second)
+		r.latencies[second] = append(r.latencies[second], took)
+		r.all = append(r.all, took)
 	}
-	c.OK++
-	second := int(began.Sub(r.start) / time.Second)
-	r.latencies[second] = append(r.latencies[second], took)
-	r.all = append(r.all, took)
 }
+
+// PendingAtStop is the failure kind of a request that had no answer when the load stopped
+// (after the grace it is given).
+const PendingAtStop = "pending-at-stop"
 
 // failure counts err under its kind; the caller holds the lock.
 func (r *recorder) failure(workload string, err error) {
 	kind := Classify(err)
 	r.report.Failures[kind]++
+	r.sample(kind, workload+": "+err.Error())
+}
+
+// sample keeps msg as an example of kind (the first few of each); the caller holds the lock.
+func (r *recorder) sample(kind, msg string) {
 	if len(r.report.Samples[kind]) < 3 {
-		r.report.Samples[kind] = append(r.report.Samples[kind], workload+": "+err.Error())
+		r.report.Samples[kind] = append(r.report.Samples[kind], msg)
 	}
+}
+
+// begin marks the start of the run proper: every workload issues requests from now on.
+func (r *recorder) begin() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.start = time.Now()
+	r.report.Started = r.start
+}
+
+// stop marks the moment the workloads stop issuing requests.
+func (r *recorder) stop() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.stopped = time.Now()
+	r.report.Issuing = r.stopped.Sub(r.start)
 }
 
 func (r *recorder) informer(resource string) *InformerCount {
@@ -252,10 +295,14 @@ func (r *Report) TotalRelistsShortWatch() int64 {
 // TotalStreamCuts is the number of long-lived watch requests that ended with an error.
 func (r *Report) TotalStreamCuts() int64 { return sum(r.Streams.Cut, count) }
 
-// TotalConnErrors is the number of connections that failed (dial errors included).
+// TotalConnErrors is the number of connections that failed (dial errors and connections
+// closed before any byte included).
 func (r *Report) TotalConnErrors() int64 {
-	return sum(r.Connections.Errors, count) + sum(r.Connections.DialErrors, count)
+	return sum(r.Connections.Errors, count) + sum(r.Connections.DialErrors, count) + r.Connections.ClosedBeforeAnyByte
 }
+
+// TotalAttemptsFailed is the number of HTTP attempts that failed, retried by client-go or not.
+func (r *Report) TotalAttemptsFailed() int64 { return sum(r.Attempts.Failed, count) }
 
 // Classify names the kind of a client-side error: what a user would see.
 func Classify(err error) string {

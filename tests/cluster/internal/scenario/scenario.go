@@ -25,10 +25,12 @@ type Options struct {
 	APIServerOld, OldVersion string
 	APIServer, Version       string
 	Kubeadm, Etcd, NodeIP    string
-	Work                     string
-	Rollouts, ProxyUID       int
-	Only                     map[string]bool
-	APIServerArgs            []string
+	// PlantedProxy: the proxy built with its planted faults, for the self-test scenarios.
+	PlantedProxy       string
+	Work               string
+	Rollouts, ProxyUID int
+	Only               map[string]bool
+	APIServerArgs      []string
 }
 
 // Results of a run, written as JSON.
@@ -106,16 +108,26 @@ func RunAll(ctx context.Context, o Options) *Results {
 		res.Scenarios = append(res.Scenarios, r)
 		began := time.Now()
 		e.eps.Take()
+		e.eps.TakeErrors()
 		s.run(ctx, e, r)
 		r.EmptyKubeSvc = append(r.EmptyKubeSvc, e.eps.Take()...)
+		watchErrors := e.eps.TakeErrors()
 		// With --endpoint-reconciler-type=none no rollout of this proxy's design may leave
-		// in-cluster clients without the Service's address, not even for a moment.
+		// in-cluster clients without the Service's address, not even for a moment; and the
+		// watcher, a client of the node address too, must not lose its watch.
 		if r.Design == cluster.Sidecar {
 			for _, g := range r.EmptyKubeSvc {
-				if !g.Expected {
-					r.fail("default/kubernetes %s without a ready address for %s from %s", g.Object, g.Duration.Round(time.Millisecond), g.From.Format("15:04:05.000"))
-				}
+				r.fail("default/kubernetes %s without a ready address for %s from %s", g.Object, g.Duration.Round(time.Millisecond), g.From.Format("15:04:05.000"))
 			}
+			for _, err := range watchErrors {
+				r.fail("the default/kubernetes watcher's watch failed: %s", err)
+			}
+			if want := s.rollouts(o); len(r.Rollouts) != want {
+				r.fail("%d rollouts completed, %d asked for", len(r.Rollouts), want)
+			}
+		}
+		if ctx.Err() != nil {
+			r.fail("interrupted: %v", ctx.Err())
 		}
 		r.Duration = time.Since(began)
 		r.Passed = len(r.Problems) == 0
@@ -232,7 +244,13 @@ func step(ctx context.Context, r *Result, prefix string, gate cluster.Gate, curr
 		From: old.Opts.Name, To: next.Opts.Name, Ready: ready, OldStopped: time.Since(began), Termination: t,
 	})
 	if len(t.Killed) > 0 {
-		r.fail("%srollout %s -> %s: %v did not exit within the grace period (SIGKILLed)", prefix, old.Opts.Name, next.Opts.Name, t.Killed)
+		msg := fmt.Sprintf("%srollout %s -> %s: %v did not exit within the grace period (SIGKILLed)", prefix, old.Opts.Name, next.Opts.Name, t.Killed)
+		if r.Design == cluster.HAProxy {
+			// The comparison's figures, not a claim of this project.
+			r.Notes = append(r.Notes, msg)
+		} else {
+			r.fail("%s", msg)
+		}
 	}
 	return true
 }
@@ -256,9 +274,7 @@ func report(r *Result) {
 	}
 	line := fmt.Sprintf("%s %s (%s)", status, r.Name, r.Duration.Round(time.Second))
 	if r.Load != nil {
-		l := r.Load
-		line += fmt.Sprintf(": %d rollouts, %d requests ok, %d failed %v, %d relists (+%d after Expired, +%d after a very short watch), %d streams cut, %d of %d connections failed",
-			len(r.Rollouts), l.TotalOK(), l.TotalFailed(), l.Failures, l.TotalRelists(), l.TotalRelistsExpired(), l.TotalRelistsShortWatch(), l.TotalStreamCuts(), l.TotalConnErrors(), l.Connections.Dialed)
+		line += fmt.Sprintf(": %d rollouts, %s", len(r.Rollouts), r.Load.Summary())
 	}
 	if len(r.EmptyKubeSvc) > 0 {
 		var longest time.Duration

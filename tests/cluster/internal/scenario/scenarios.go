@@ -3,6 +3,7 @@ package scenario
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -17,25 +18,45 @@ import (
 type spec struct {
 	name string
 	run  func(ctx context.Context, e *env, r *Result)
+	// rollouts: how many the scenario must complete (of its own design's pods).
+	rollouts func(o Options) int
 }
+
+func none(Options) int              { return 0 }
+func fixed(n int) func(Options) int { return func(Options) int { return n } }
+func asked(o Options) int           { return o.Rollouts }
 
 // scenarios in the order they run; each starts from the pod the previous one left serving.
 func scenarios() []spec {
 	return []spec{
-		{"steady", steady},
-		{"upgrade", upgrade},
+		{"steady", steady, none},
+		{"upgrade", upgrade, fixed(1)},
 		{"rollouts-pod-ready", func(ctx context.Context, e *env, r *Result) {
 			rollouts(ctx, e, r, cluster.GatePod)
-		}},
+		}, asked},
 		{"rollouts-apiserver-ready", func(ctx context.Context, e *env, r *Result) {
 			rollouts(ctx, e, r, cluster.GateAPIServer)
-		}},
-		{"kubernetes-service-switch", kubernetesServiceSwitch},
-		{"anonymous-auth-off", anonymousOff},
-		{"broken-rollout-stalls", brokenRolloutStalls},
-		{"ha-surge-kubernetes-service", haSurgeKubernetesService},
-		{"haproxy-sidecar", haproxySidecar},
+		}, asked},
+		{"kubernetes-service-switch", kubernetesServiceSwitch, fixed(2)},
+		{"anonymous-auth-off", anonymousOff, fixed(2)},
+		{"broken-rollout-stalls", brokenRolloutStalls, none},
+		// The tier's self-test: each must catch its planted fault (figures of the faulty run
+		// in the JSON; the clean control is every scenario above).
+		{"self-test-close-every-25th", selfTest("close-every25th", "closed before any byte"), none},
+		{"self-test-close-while-draining", selfTest("close-while-draining", "closed before any byte"), none},
+		{"self-test-cut-at-handoff", selfTest("cut-at-handoff", "cut", "watches ended by", "relists"), none},
+		{"ha-surge-kubernetes-service", haSurgeKubernetesService, asked},
+		{"haproxy-sidecar", haproxySidecar, asked},
 	}
+}
+
+// Names are the scenarios' names, in the order they run.
+func Names() []string {
+	var names []string
+	for _, s := range scenarios() {
+		names = append(names, s.name)
+	}
+	return names
 }
 
 // steady is the control: the same load for a while with no rollout. Whatever it counts is
@@ -142,10 +163,21 @@ func anonymousOff(ctx context.Context, e *env, r *Result) {
 		return
 	}
 	cert := []string{"--health-client-cert=" + certFile, "--health-client-key=" + keyFile}
+	anonymous, err := e.node.APIServerClient("", "")
+	if err != nil {
+		r.fail("%v", err)
+		return
+	}
 	underLoad(ctx, e, r, true, func() {
-		if e.rollout(ctx, r, cluster.Sidecar, cluster.GatePod, e.o.APIServer, []string{"--anonymous-auth=false"}, cert) {
-			e.rollout(ctx, r, cluster.Sidecar, cluster.GatePod, e.o.APIServer, nil, nil)
+		if !e.rollout(ctx, r, cluster.Sidecar, cluster.GatePod, e.o.APIServer, []string{"--anonymous-auth=false"}, cert) {
+			return
 		}
+		// The pod is ready because its proxy checks with the client certificate: its
+		// apiserver really refuses an anonymous request.
+		if code, err := e.current.APIServerGet(anonymous, "/readyz"); err != nil || code != http.StatusUnauthorized {
+			r.fail("pod %s's apiserver (--anonymous-auth=false) answered an anonymous GET /readyz with %d (%v), want 401", e.current.Opts.Name, code, err)
+		}
+		e.rollout(ctx, r, cluster.Sidecar, cluster.GatePod, e.o.APIServer, nil, nil)
 	})
 }
 
@@ -171,9 +203,16 @@ func brokenRolloutStalls(ctx context.Context, e *env, r *Result) {
 		}) || broken.Crashed() != nil {
 			r.fail("broken pod's apiserver never became ready: %v", broken.Crashed())
 		}
-		// …but the pod must not, however long it is given: 10 probe periods after that.
+		// …but the pod must not, however long it is given: 10 probe periods after that…
 		if err := broken.WaitReady(ctx, cluster.GatePod, 20*time.Second); err == nil {
 			r.fail("pod %s became ready although its proxy cannot check its apiserver", broken.Opts.Name)
+		}
+		// …and for that reason alone: both containers run, and the proxy's own backend fails
+		// its check with 401.
+		if err := broken.Crashed(); err != nil {
+			r.fail("the broken pod is not ready for another reason than its apiserver: %v", err)
+		} else if why := ownBackendFailure(broken); !strings.Contains(why, "HTTP 401") {
+			r.fail("the broken pod's proxy does not say its own apiserver refuses the check with 401: %s", why)
 		}
 		if !e.current.Ready(ctx) {
 			r.fail("old pod %s is not ready while the broken rollout stalls", e.current.Opts.Name)
@@ -181,6 +220,28 @@ func brokenRolloutStalls(ctx context.Context, e *env, r *Result) {
 		t := broken.Terminate()
 		r.Notes = append(r.Notes, fmt.Sprintf("broken pod removed in %s", t.SidecarStopped.Round(time.Second)))
 	})
+}
+
+// ownBackendFailure is why the pod's proxy finds its own backend not healthy, from /status:
+// the last check's cause, or what else was found.
+func ownBackendFailure(p *cluster.Pod) string {
+	status, err := p.ProxyStatus()
+	if err != nil {
+		return err.Error()
+	}
+	for _, b := range status.Backends {
+		if b.Source != "own" {
+			continue
+		}
+		if b.Healthy {
+			return "its own backend " + b.Address + " is healthy"
+		}
+		if b.LastCheck == nil {
+			return "its own backend " + b.Address + " was never checked"
+		}
+		return b.LastCheck.Cause
+	}
+	return fmt.Sprintf("no own backend in /status (state %s)", status.State)
 }
 
 // haproxySidecar runs the same rollouts with the design Lokomotive shipped (HAProxy sidecar,
@@ -206,55 +267,107 @@ func haproxySidecar(ctx context.Context, e *env, r *Result) {
 }
 
 // underLoad runs f under the client-go load and records what the clients saw. strict: every
-// failed request, error-caused relist, cut stream and reset is a problem of the scenario.
+// problem the load's criteria find (load.Report.Problems) is a problem of the scenario, and so
+// is a listen-queue overflow or drop anywhere in the node.
 func underLoad(ctx context.Context, e *env, r *Result, strict bool, f func()) {
 	underLoadOn(ctx, e.node.AdminConf, r, strict, f)
 }
 
 // underLoadOn is underLoad with the clients of kubeconfig (another controller's address).
 func underLoadOn(ctx context.Context, kubeconfig string, r *Result, strict bool, f func()) {
-	l, err := load.Start(ctx, load.DefaultConfig(kubeconfig))
+	cfg := load.DefaultConfig(kubeconfig)
+	l, err := load.Start(ctx, cfg)
 	if err != nil {
 		r.fail("load: %v", err)
 		return
 	}
 	before := cluster.ReadTCPCounters()
 	f()
-	r.TCP = cluster.ReadTCPCounters().Since(before)
 	rep := l.Stop()
+	r.TCP = cluster.ReadTCPCounters().Since(before)
 	r.Load = &rep
 	if !strict {
 		return
 	}
-	if n := rep.TotalFailed(); n > 0 {
-		r.fail("%d client-go requests failed: %v", n, rep.Failures)
-		for kind, samples := range rep.Samples {
-			for _, s := range samples {
-				r.fail("  %s: %s", kind, s)
-			}
+	for _, p := range rep.Problems(load.DefaultCriteria(), cfg) {
+		r.fail("%s", p)
+	}
+	for _, kind := range sortedKeys(rep.Samples) {
+		if kind == load.ConnClosedByPeer {
+			continue
+		}
+		for _, s := range rep.Samples[kind] {
+			r.Notes = append(r.Notes, kind+": "+s)
 		}
 	}
-	if n := rep.TotalRelists(); n > 0 {
-		r.fail("%d informer relists (each caused by an error)", n)
+	for _, c := range []string{"TcpExt:ListenOverflows", "TcpExt:ListenDrops"} {
+		if n := r.TCP[c]; n > 0 {
+			r.fail("%s: %d in the node during the scenario (a listen queue overflowed or a SYN was dropped)", c, n)
+		}
 	}
-	if n := rep.TotalStreamCuts(); n > 0 {
-		r.fail("%d long-lived watch requests cut: %v", n, rep.Streams.Cut)
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
 	}
-	if n := rep.TotalConnErrors(); n > 0 {
-		r.fail("%d client connections failed: dial %v, established %v", n, rep.Connections.DialErrors, rep.Connections.Errors)
-	}
-	for resource, c := range rep.Informers {
-		var kinds []string
-		for how := range c.WatchEnds {
-			switch how {
-			case load.EndedByServer, load.EndedByServerGoaway, load.StoppedByClient, load.ErrorEventPrefix + "Expired":
-			default:
-				kinds = append(kinds, how)
+	sort.Strings(keys)
+	return keys
+}
+
+// selfTest proves that the pass criteria catch a proxy that loses connections: pods of the
+// proxy built with its planted faults (--planted-proxy, feature planted-faults) run
+// --planted-fault=fault; two rollouts under the load (the first brings a planted pod in, the
+// second replaces it: its drain is what the drain faults spoil) must fail the strict checks,
+// and by the fault's symptom (one of symptoms in a problem). The scenario passes when they do.
+// A clean pod is rolled back in afterwards, outside the measurement.
+func selfTest(fault string, symptoms ...string) func(ctx context.Context, e *env, r *Result) {
+	return func(ctx context.Context, e *env, r *Result) {
+		if e.o.PlantedProxy == "" {
+			r.fail("no proxy built with planted faults (--planted-proxy): the tier cannot prove it catches them")
+			return
+		}
+		planted := func() (*cluster.Pod, error) {
+			e.seq++
+			return cluster.StartPod(ctx, e.node, e.tmpl, cluster.PodOptions{
+				Name: fmt.Sprintf("pod-%02d", e.seq), Design: cluster.Sidecar,
+				APIServer: e.o.APIServer, Proxy: e.o.PlantedProxy,
+				ExtraAPIServerArgs: e.o.APIServerArgs,
+				ExtraProxyArgs:     []string{"--planted-fault=" + fault},
+			})
+		}
+		inner := &Result{Name: r.Name, Design: cluster.Sidecar, Gate: cluster.GatePod}
+		underLoad(ctx, e, inner, true, func() {
+			for i := 0; i < 2 && ctx.Err() == nil; i++ {
+				if !step(ctx, inner, "", cluster.GatePod, &e.current, planted) {
+					return
+				}
+			}
+		})
+		r.Load, r.Rollouts, r.TCP = inner.Load, inner.Rollouts, inner.TCP
+		// Back to a clean pod, whatever happened: the next scenario starts from it.
+		back := &Result{}
+		if !e.rollout(ctx, back, cluster.Sidecar, cluster.GatePod, e.o.APIServer, nil, nil) {
+			r.fail("rolling back to a pod without the planted fault failed: %v", back.Problems)
+		}
+		caught := ""
+		for _, p := range inner.Problems {
+			for _, s := range symptoms {
+				if caught == "" && strings.Contains(p, s) {
+					caught = p
+				}
 			}
 		}
-		sort.Strings(kinds)
-		if len(kinds) > 0 {
-			r.fail("informer %s: watches ended by %v", resource, kinds)
+		switch {
+		case len(inner.Rollouts) != 2:
+			r.fail("the planted fault's 2 rollouts did not complete: %v", inner.Problems)
+		case len(inner.Problems) == 0:
+			r.fail("planted fault %s went unnoticed: the pass criteria passed a proxy that loses connections", fault)
+		case caught == "":
+			r.fail("planted fault %s was caught, but not by its symptom (%s): %v", fault, strings.Join(symptoms, " or "), inner.Problems)
+		default:
+			r.Notes = append(r.Notes, fmt.Sprintf("planted fault %s caught (%d problems): %s", fault, len(inner.Problems), caught))
 		}
 	}
 }

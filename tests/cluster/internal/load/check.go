@@ -1,0 +1,171 @@
+package load
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Criteria are what a run must show beyond "nothing failed": that the load really ran.
+type Criteria struct {
+	// MaxLatency bounds every successful request. A draining kube-apiserver answers 429 with
+	// Retry-After (--shutdown-send-retry-after) and client-go waits that long before it sends
+	// the request again, elsewhere: a few seconds; a request that takes longer waited on a
+	// connection that did not answer.
+	MaxLatency time.Duration
+	// MinOKPerSecond: successful requests per second of the run, at least. The default load
+	// completes about a hundred per second on a loaded 2-core machine.
+	MinOKPerSecond float64
+	// EverySecond: at least one request completed in every whole second of the run.
+	EverySecond bool
+}
+
+// DefaultCriteria are the criteria of every strict run.
+func DefaultCriteria() Criteria {
+	return Criteria{MaxLatency: 10 * time.Second, MinOKPerSecond: 20, EverySecond: true}
+}
+
+// Allowed watch ends: the apiserver's own doing, or the client's.
+func allowedWatchEnd(how string) bool {
+	switch how {
+	case EndedByServer, EndedByServerGoaway, StoppedByClient, ErrorEventPrefix + "Expired":
+		return true
+	}
+	return false
+}
+
+// Problems lists every way the run falls short of a lossless one that provably ran: failed
+// requests and attempts (client-go's retries included), error-caused relists, cut watches,
+// failed connections, a workload that never completed a request, too few requests, a second
+// without a completed request, a request slower than the bound. None: the run passed.
+func (r *Report) Problems(c Criteria, cfg Config) []string {
+	var p []string
+	add := func(format string, args ...any) { p = append(p, fmt.Sprintf(format, args...)) }
+	if n := r.TotalFailed(); n > 0 {
+		add("%d client-go requests failed: %v", n, r.Failures)
+	}
+	if n := r.TotalAttemptsFailed(); n > 0 {
+		add("%d HTTP attempts failed under client-go's retries: %v", n, r.Attempts.Failed)
+	}
+	if n := r.TotalRelists(); n > 0 {
+		add("%d informer relists (each caused by an error)", n)
+	}
+	if n := r.TotalStreamCuts(); n > 0 {
+		add("%d long-lived watch requests cut: %v", n, r.Streams.Cut)
+	}
+	if n := r.Connections.ClosedBeforeAnyByte; n > 0 {
+		add("%d client connections closed before any byte (accepted and closed on the way)", n)
+	}
+	if n := sum(r.Connections.Errors, count) + sum(r.Connections.DialErrors, count); n > 0 {
+		add("%d client connections failed: dial %v, established %v", n, r.Connections.DialErrors, r.Connections.Errors)
+	}
+	for _, resource := range sortedKeys(r.Informers) {
+		inf := r.Informers[resource]
+		var ends []string
+		for how := range inf.WatchEnds {
+			if !allowedWatchEnd(how) {
+				ends = append(ends, how)
+			}
+		}
+		sort.Strings(ends)
+		if len(ends) > 0 {
+			add("informer %s: watches ended by %v", resource, ends)
+		}
+	}
+	for _, kind := range expectedWorkloads(cfg) {
+		if c := r.Requests[kind]; c == nil || c.OK == 0 {
+			add("workload %q completed no request", kind)
+		}
+	}
+	if cfg.Streams > 0 && r.Streams.Opened == 0 {
+		add("no long-lived watch was opened")
+	}
+	seconds := r.Issuing.Seconds()
+	if want := int64(c.MinOKPerSecond * seconds); r.TotalOK() < want {
+		add("only %d requests completed in %.0f s (at least %d expected: the load did not run)", r.TotalOK(), seconds, want)
+	}
+	if c.EverySecond {
+		if empty := r.SecondsWithoutCompletion(); len(empty) > 0 {
+			add("no request completed in %d seconds of the run: %s", len(empty), ranges(empty))
+		}
+	}
+	if c.MaxLatency > 0 && r.Overall.Max > float64(c.MaxLatency.Milliseconds()) {
+		add("slowest request took %.0f ms (bound %s)", r.Overall.Max, c.MaxLatency)
+	}
+	return p
+}
+
+// SecondsWithoutCompletion are the whole seconds of the run (from its start to the moment it
+// stopped issuing) in which no request completed.
+func (r *Report) SecondsWithoutCompletion() []int {
+	seen := map[int]bool{}
+	for _, w := range r.Latency {
+		if w.Count > 0 {
+			seen[int(w.At)] = true
+		}
+	}
+	var empty []int
+	for s := 0; s < int(r.Issuing/time.Second); s++ {
+		if !seen[s] {
+			empty = append(empty, s)
+		}
+	}
+	return empty
+}
+
+// expectedWorkloads are the request kinds each configured workload completes.
+func expectedWorkloads(cfg Config) []string {
+	var kinds []string
+	if cfg.Writers > 0 {
+		kinds = append(kinds, "create", "update", "delete")
+	}
+	if cfg.Readers > 0 {
+		kinds = append(kinds, "list", "get")
+	}
+	if cfg.Kubectls > 0 {
+		kinds = append(kinds, "kubectl")
+	}
+	if cfg.LongLists > 0 {
+		kinds = append(kinds, "long-list")
+	}
+	return kinds
+}
+
+// ranges writes sorted seconds as "3, 7-9, 12".
+func ranges(s []int) string {
+	var parts []string
+	for i := 0; i < len(s); {
+		j := i
+		for j+1 < len(s) && s[j+1] == s[j]+1 {
+			j++
+		}
+		if j == i {
+			parts = append(parts, fmt.Sprint(s[i]))
+		} else {
+			parts = append(parts, fmt.Sprintf("%d-%d", s[i], s[j]))
+		}
+		i = j + 1
+	}
+	return strings.Join(parts, ", ")
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// Summary is the report in one line: requests, attempts, relists, streams, connections,
+// latency.
+func (r *Report) Summary() string {
+	return fmt.Sprintf("%d requests ok in %s, %d failed %v; %d attempts, %d failed, %d answered 429 Retry-After; %d relists (+%d after Expired, +%d after a very short watch); %d streams cut; %d of %d connections failed (%d closed before any byte); latency p50 %.0f ms, p99 %.0f ms, max %.0f ms",
+		r.TotalOK(), r.Issuing.Round(time.Second), r.TotalFailed(), r.Failures,
+		r.Attempts.Total, r.TotalAttemptsFailed(), r.Attempts.RetryAfter,
+		r.TotalRelists(), r.TotalRelistsExpired(), r.TotalRelistsShortWatch(),
+		r.TotalStreamCuts(), r.TotalConnErrors(), r.Connections.Dialed, r.Connections.ClosedBeforeAnyByte,
+		r.Overall.P50, r.Overall.P99, r.Overall.Max)
+}

@@ -1,0 +1,128 @@
+package load
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func TestAttemptOutcome(t *testing.T) {
+	resp := func(code int, retryAfter string) *http.Response {
+		r := &http.Response{StatusCode: code, Header: http.Header{}}
+		if retryAfter != "" {
+			r.Header.Set("Retry-After", retryAfter)
+		}
+		return r
+	}
+	for _, c := range []struct {
+		resp *http.Response
+		err  error
+		want string
+	}{
+		{resp(200, ""), nil, AttemptOK},
+		{resp(201, ""), nil, AttemptOK},
+		{resp(429, "1"), nil, AttemptRetryAfter},
+		{resp(429, ""), nil, "http-429"},
+		{resp(503, "1"), nil, "http-503"},
+		{resp(410, ""), nil, AttemptExpired},
+		{resp(403, ""), nil, "http-403"},
+		{nil, io.EOF, "eof"},
+		{nil, fmt.Errorf("read: %w", syscall.ECONNRESET), "reset"},
+		{nil, errors.New("http2: client connection lost"), "http2-connection-lost"},
+	} {
+		if got := AttemptOutcome(c.resp, c.err); got != c.want {
+			t.Errorf("AttemptOutcome(%v, %v) = %q, want %q", c.resp, c.err, got, c.want)
+		}
+	}
+}
+
+func TestConnEnd(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		read int64
+		want string
+	}{
+		// Accepted and closed on the way: the TLS server never said hello.
+		{io.EOF, 0, ConnClosedBeforeAnyByte},
+		{syscall.ECONNRESET, 0, ConnClosedBeforeAnyByte},
+		{io.ErrUnexpectedEOF, 0, ConnClosedBeforeAnyByte},
+		// The apiserver closing after GOAWAY: counted apart, not a failure by itself.
+		{io.EOF, 4096, ConnClosedByPeer},
+		{syscall.ECONNRESET, 4096, "reset"},
+		{syscall.EPIPE, 10, "broken-pipe"},
+	} {
+		if got := ConnEnd(c.err, c.read); got != c.want {
+			t.Errorf("ConnEnd(%v, %d) = %q, want %q", c.err, c.read, got, c.want)
+		}
+	}
+}
+
+// clean is a report of a lossless 10 s run of cfg's every workload, 100 requests a second.
+func clean(cfg Config) *Report {
+	r := &Report{
+		Issuing:     10 * time.Second,
+		Requests:    map[string]*Count{},
+		Failures:    map[string]int64{},
+		Attempts:    AttemptCount{Failed: map[string]int64{}},
+		Informers:   map[string]*InformerCount{"configmaps": {WatchEnds: map[string]int64{EndedByServerGoaway: 1}}},
+		Streams:     StreamCount{Opened: 4, Cut: map[string]int64{}},
+		Connections: ConnCount{DialErrors: map[string]int64{}, Errors: map[string]int64{}},
+		Overall:     Window{Max: 300},
+	}
+	for _, k := range expectedWorkloads(cfg) {
+		r.Requests[k] = &Count{OK: 1000 / int64(len(expectedWorkloads(cfg)))}
+	}
+	for s := 0; s < 10; s++ {
+		r.Latency = append(r.Latency, Window{At: float64(s), Count: 100})
+	}
+	return r
+}
+
+func TestProblems(t *testing.T) {
+	cfg := DefaultConfig("")
+	c := DefaultCriteria()
+	if p := clean(cfg).Problems(c, cfg); len(p) != 0 {
+		t.Fatalf("a clean run has problems: %v", p)
+	}
+	for _, tc := range []struct {
+		name  string
+		plant func(*Report)
+		want  string
+	}{
+		{"failed request", func(r *Report) { r.Requests["get"].Failed = 1; r.Failures["eof"] = 1 }, "requests failed"},
+		{"pending at stop", func(r *Report) { r.Requests["get"].Failed = 1; r.Failures[PendingAtStop] = 1 }, PendingAtStop},
+		{"attempt retried away", func(r *Report) { r.Attempts.Failed["eof"] = 1 }, "attempts failed"},
+		{"relist", func(r *Report) { r.Informers["configmaps"].Relists = 1 }, "relists"},
+		{"cut stream", func(r *Report) { r.Streams.Cut["unexpected-eof"] = 1 }, "cut"},
+		{"cut informer watch", func(r *Report) { r.Informers["configmaps"].WatchEnds["reset"] = 1 }, "watches ended by [reset]"},
+		{"closed before any byte", func(r *Report) { r.Connections.ClosedBeforeAnyByte = 1 }, "closed before any byte"},
+		{"dial error", func(r *Report) { r.Connections.DialErrors["refused"] = 1 }, "connections failed"},
+		{"a workload that never ran", func(r *Report) { delete(r.Requests, "kubectl") }, `workload "kubectl"`},
+		{"no stream", func(r *Report) { r.Streams.Opened = 0 }, "no long-lived watch"},
+		{"too few requests", func(r *Report) {
+			for _, c := range r.Requests {
+				c.OK = 1
+			}
+		}, "did not run"},
+		{"a silent second", func(r *Report) { r.Latency = append(r.Latency[:3], r.Latency[6:]...) }, "no request completed in 3 seconds of the run: 3-5"},
+		{"slow request", func(r *Report) { r.Overall.Max = 12000 }, "slowest request"},
+	} {
+		r := clean(cfg)
+		tc.plant(r)
+		p := r.Problems(c, cfg)
+		if !strings.Contains(strings.Join(p, "\n"), tc.want) {
+			t.Errorf("%s: problems %q do not say %q", tc.name, p, tc.want)
+		}
+	}
+}
+
+func TestRanges(t *testing.T) {
+	if got := ranges([]int{1, 3, 4, 5, 9, 10}); got != "1, 3-5, 9-10" {
+		t.Errorf("ranges = %q", got)
+	}
+}
