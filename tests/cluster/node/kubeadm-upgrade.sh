@@ -187,7 +187,14 @@ run_kubeadm_upgrade() {
   # migrate.sh's migration, with render's stream (endpoints, Deployment, budget) as what is
   # applied, and the runbook's step 6 (first form) instead of moving the manifest away.
   migrate_static_step() { ku_handoff; }
-  migrate || return 0
+  # The migration restarts the kubelet (the runbook's step 6), and a restarted kubelet runs the
+  # static pods' start-up probes again: kube-scheduler's mirror pod turns unready once for a
+  # few seconds (rehearsed), its container untouched. So this step's observers leave the
+  # controllers' Ready condition out; ku_handoff compares their container IDs instead.
+  local watch=("${STEP_WATCH[@]}")
+  STEP_WATCH=(-probe "$NODE_IP:6443")
+  migrate || { STEP_WATCH=("${watch[@]}"); return 0; }
+  STEP_WATCH=("${watch[@]}")
   note "kubeadm-sync's log: $(kcs logs "kube-apiserver-$NODE_NAME" -c kube-apiserver --tail=5 2>&1 | tr '\n' '|' | cut -c1-600)"
 
   ku_audit_config || { fail "upload of the audit configuration failed: $(tail -n 3 "$S/kubeadm.log")"; return 0; }
