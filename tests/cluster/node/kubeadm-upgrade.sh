@@ -131,6 +131,25 @@ ku_step_end() {
   note "$2: controller-manager, scheduler and kubelet logs: $(log_error_summary "$1")"
 }
 
+# ku_migrate_check NAME: the step's report: no refused or failed connect of the probers, no
+# failed request (client-go's retries included: what a client saw).
+ku_migrate_check() {
+  local verdict ok bad failed problems
+  verdict="$(python3 -c '
+import json, sys
+r = json.load(open(sys.argv[1]))
+bad = sum(p["refused"] + p["timeouts"] + sum((p.get("other") or {}).values()) for p in r.get("probes") or [])
+failed = sum(c["failed"] for c in r["load"]["requests"].values())
+print("ok" if bad == 0 and failed == 0 else "bad", bad, failed, "; ".join(r.get("problems") or []) or "none")' "$S/step-$1.json")" \
+    || verdict="bad ? ? no report"
+  read -r ok bad failed problems <<<"$verdict"
+  if [ "$ok" = ok ]; then
+    pass "the migration ($1): 0 refused or failed connects, 0 failed requests; reported besides: $problems"
+  else
+    fail "the migration ($1): $bad refused or failed connects, $failed failed requests; reported: $problems"
+  fi
+}
+
 ku_audit_config() {
   mkdir -p /etc/kubernetes/audit /var/log/kubernetes/audit
   cat >/etc/kubernetes/audit/policy.yaml <<'EOF'
@@ -187,14 +206,21 @@ run_kubeadm_upgrade() {
   # migrate.sh's migration, with render's stream (endpoints, Deployment, budget) as what is
   # applied, and the runbook's step 6 (first form) instead of moving the manifest away.
   migrate_static_step() { ku_handoff; }
-  # The migration restarts the kubelet (the runbook's step 6), and a restarted kubelet runs the
-  # static pods' start-up probes again: kube-scheduler's mirror pod turns unready once for a
-  # few seconds (rehearsed), its container untouched. So this step's observers leave the
-  # controllers' Ready condition out; ku_handoff compares their container IDs instead.
+  # The migration is judged strictly by `smoke --migrate`; here it is the way to the upgrade,
+  # and its observers report (-report-only) while this mode asserts what the runbook's step 6
+  # must keep: no refused connect and no failed request (ku_migrate_check). What they may
+  # report besides: kubeadm's own apiserver, stopping with kubeadm's flags (no shutdown delay),
+  # answers a few retried requests of connections made to it before the migration with 503
+  # and resets one (rehearsed: 1 run of 2, as with the manifest moved away by hand); and a
+  # restarted kubelet runs the static pods' start-up probes again, so kube-scheduler's mirror
+  # pod turns unready once for a few seconds, its container untouched (ku_handoff compares
+  # the containers' IDs).
   local watch=("${STEP_WATCH[@]}")
-  STEP_WATCH=(-probe "$NODE_IP:6443")
+  STEP_WATCH=(-probe "$NODE_IP:6443" -report-only)
   migrate || { STEP_WATCH=("${watch[@]}"); return 0; }
   STEP_WATCH=("${watch[@]}")
+  ku_migrate_check migrate
+  ku_migrate_check migrate-local
   note "kubeadm-sync's log: $(kcs logs "kube-apiserver-$NODE_NAME" -c kube-apiserver --tail=5 2>&1 | tr '\n' '|' | cut -c1-600)"
 
   ku_audit_config || { fail "upload of the audit configuration failed: $(tail -n 3 "$S/kubeadm.log")"; return 0; }
