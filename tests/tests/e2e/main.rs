@@ -15,6 +15,8 @@
 //! - `fake_binary`: the `fake-apiserver` binary behind the proxy.
 //! - `upgrade`: in-place upgrade on SIGUSR2 (`systemctl reload`) to a replaced binary.
 //! - `migrate`: moving the node address off a wildcard listener (kubeadm's apiserver).
+//! - `kubeadm_sync`: the node agent of a migrated controller: copies, rollouts, the stand-in.
+//! - `render`: `render` on manifests written by the real kubeadm: nothing lost, older images refused.
 //! - `recovery`: reboot recovery: the checkpoint writer, the recovery instance's retirement,
 //!   the `recover` node agent.
 
@@ -24,6 +26,7 @@ mod fake_binary;
 mod forwarding;
 mod handoff;
 mod health;
+mod kubeadm_sync;
 mod launch;
 mod lifecycle;
 mod listening;
@@ -33,6 +36,7 @@ mod monitoring;
 mod pod;
 mod recovery;
 mod reliability;
+mod render;
 mod sockmap;
 mod static_binary;
 mod upgrade;
