@@ -16,7 +16,7 @@
 //! - the shutdown flags of the base (`--shutdown-delay-duration`,
 //!   `--shutdown-watch-termination-grace-period`, `--shutdown-send-retry-after`), which the
 //!   proxy's drain timings are computed against;
-//! - the sidecar serves kubeadm's secure port (`--listen=…:PORT`);
+//! - the sidecar serves kubeadm's secure port (`--listen=…:PORT`, `--listen-port=PORT`);
 //! - the probes go through `kube-apiserver-proxy probe` to this pod's own address (an httpGet
 //!   probe could only reach the shared node address), with kubeadm's paths and budgets;
 //!   readiness is the sidecar's, which checks kubeadm's readiness path;
@@ -558,6 +558,9 @@ pub fn deployment(
                     if let Some((host, _)) = addr.rsplit_once(':') {
                         *a = json!(format!("--listen={host}:{port}"));
                     }
+                } else if s.starts_with("--listen-port=") {
+                    // The node's addresses (--listen-host), on kubeadm's port.
+                    *a = json!(format!("--listen-port={port}"));
                 } else if let (Some(_), Some(path)) =
                     (s.strip_prefix("--health-path="), &readiness_path)
                 {
@@ -1010,6 +1013,6 @@ status: {}
         assert!(proxy_args
             .as_array()
             .unwrap()
-            .contains(&json!("--listen=$(HOST_IP):8443")));
+            .contains(&json!("--listen-port=8443")));
     }
 }
