@@ -44,6 +44,14 @@ pub enum Command {
     /// kube-apiserver's wildcard socket (0.0.0.0:6443) to the Deployment's proxy without
     /// refusing a connection (docs/operations.md, "Migrating from kubeadm").
     Migrate(MigrateArgs),
+    /// Print the apiserver Deployment derived from kubeadm's static manifest (and what goes
+    /// with it: the `default/kubernetes` endpoints and the disruption budget) for
+    /// `kubectl apply -f -`.
+    Render(RenderArgs),
+    /// Node agent (the static pod `kube-apiserver` of a migrated controller): keep the
+    /// kubelet's static pods in step with kubeadm's manifests, kube-apiserver's as a surge
+    /// rollout of the Deployment, so that `kubeadm upgrade` and `kubeadm certs renew` work.
+    KubeadmSync(KubeadmSyncArgs),
     /// As root (CAP_NET_ADMIN), once per boot: install the node's policy routing that
     /// `run --client-address transparent` needs (the backends' answers to a client's address
     /// are delivered locally); prints each rule and route, added or present; exit 0 when all
@@ -64,6 +72,86 @@ pub struct KubernetesEndpointsArgs {
     /// The port the proxy serves on.
     #[arg(long, value_name = "PORT", default_value = "6443", value_parser = clap::value_parser!(u16).range(1..))]
     pub port: u16,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RenderArgs {
+    /// kubeadm's static apiserver manifest (/etc/kubernetes/manifests/kube-apiserver.yaml).
+    #[arg(long, value_name = "FILE")]
+    pub static_pod: PathBuf,
+
+    /// The apiserver image (default: the manifest's); an older one is refused.
+    #[arg(long, value_name = "IMAGE")]
+    pub image: Option<String>,
+
+    /// Render an apiserver image older than the manifest's.
+    #[arg(long)]
+    pub allow_downgrade: bool,
+
+    /// The proxy image, for the sidecar and the init container (default: the base's).
+    #[arg(long, value_name = "IMAGE")]
+    pub proxy_image: Option<String>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct KubeadmSyncArgs {
+    /// kubeadm's static pod directory (a constant of kubeadm's).
+    #[arg(long, value_name = "DIR", default_value = "/etc/kubernetes/manifests")]
+    pub kubeadm_dir: PathBuf,
+
+    /// The directory the kubelet runs (its --pod-manifest-path on a migrated controller).
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/etc/kubernetes/kubelet-manifests"
+    )]
+    pub static_pod_dir: PathBuf,
+
+    /// Credentials that may replace the Deployment (kubeadm's admin.conf on a controller).
+    #[arg(
+        long,
+        value_name = "FILE",
+        default_value = "/etc/kubernetes/admin.conf"
+    )]
+    pub kubeconfig: PathBuf,
+
+    /// This node's name (the mirror pods are <name>-<node>).
+    #[arg(long, value_name = "NAME")]
+    pub node_name: String,
+
+    /// Namespace of the apiserver Deployment.
+    #[arg(long, value_name = "NAMESPACE", default_value = "kube-system")]
+    pub namespace: String,
+
+    /// Name of the apiserver Deployment.
+    #[arg(long, value_name = "NAME", default_value = "kube-apiserver")]
+    pub deployment: String,
+
+    /// The proxy image: this agent's own (its init container), and the Deployment's sidecar
+    /// when the live Deployment has none.
+    #[arg(long, value_name = "IMAGE")]
+    pub proxy_image: String,
+
+    /// How often the directories are compared.
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    pub interval: Duration,
+
+    /// How long kubeadm's apiserver inputs must stay unchanged before a rollout (kubeadm renews
+    /// certificates, then writes the manifest).
+    #[arg(long, value_name = "DURATION", default_value = "3s", value_parser = parse_duration)]
+    pub settle: Duration,
+
+    /// How long a rollout may take before the pass gives up (and kubeadm, whose wait then
+    /// fails, rolls its manifest back).
+    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_duration)]
+    pub rollout_timeout: Duration,
+
+    /// One pass, at the migration: copy the manifests (each keeps the running pod's UID, so
+    /// nothing restarts when the kubelet moves to --static-pod-dir), write the stand-in, set
+    /// kubeadm's apiserver manifest aside until the agent runs, wait for kubeadm's apiserver to
+    /// exit; then restart the kubelet on --static-pod-dir.
+    #[arg(long)]
+    pub once: bool,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -50,6 +50,10 @@
 //! - [`launch`]: the `launch` subcommand: random loopback address for kube-apiserver.
 //! - [`kubernetes_endpoints`]: the `kubernetes-endpoints` subcommand: `default/kubernetes` of a
 //!   single controller, for `--endpoint-reconciler-type=none`.
+//! - [`kubeadm_sync`]: the `kubeadm-sync` node agent: kubeadm's manifests to the kubelet's
+//!   static pods, kube-apiserver's as a rollout of the Deployment.
+//! - [`render`]: the `render` subcommand: the Deployment derived from kubeadm's static pod.
+//! - [`yaml`]: YAML in and out, resolved as Kubernetes reads it.
 //! - [`fsutil`]: atomic file writes.
 //! - `fault` (feature `planted-faults` only): faults planted for the real-cluster tier's
 //!   self-test.
@@ -78,6 +82,7 @@ pub mod fsutil;
 pub mod handoff;
 pub mod health;
 pub mod install;
+pub mod kubeadm_sync;
 pub mod kubernetes_endpoints;
 pub mod launch;
 pub mod lifecycle;
@@ -93,6 +98,7 @@ pub mod privileges;
 pub mod probe;
 pub mod readiness;
 pub mod recover;
+pub mod render;
 pub mod retire;
 pub mod routes;
 pub mod scrape;
@@ -108,6 +114,7 @@ pub mod transfer;
 pub mod transparent;
 pub mod upgrade;
 pub mod workers;
+pub mod yaml;
 
 /// Whether this test run is CI (`CI` set to anything but empty, `false` or `0`, the rule of
 /// every test of the project): a test that cannot run its subject fails there instead of

@@ -12,8 +12,8 @@ use clap::Parser;
 use kube_apiserver_proxy::cli::{self, Cli, Command, LogFormat, RunArgs, RuntimeShape};
 use kube_apiserver_proxy::config::Config;
 use kube_apiserver_proxy::{
-    install, kubernetes_endpoints, launch, migrate, privileges, probe, recover, routes, server,
-    signal,
+    install, kubeadm_sync, kubernetes_endpoints, launch, migrate, privileges, probe, recover,
+    render, routes, server, signal,
 };
 
 fn main() -> ExitCode {
@@ -50,6 +50,16 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Some(Command::Render(args)) => match render::print(&args) {
+            Ok(yaml) => match std::io::Write::write_all(&mut std::io::stdout(), yaml.as_bytes()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: writing to stdout: {e}");
+                    ExitCode::FAILURE
+                }
+            },
+            Err(e) => bad_input(format!("error: {e}")),
+        },
         Some(Command::Migrate(args)) => {
             init_tracing(LogFormat::Text, "info");
             match migrate::run(&args) {
@@ -57,6 +67,17 @@ fn main() -> ExitCode {
                 Err(e) if e.is_bad_input() => bad_input(format!("error: {e}")),
                 Err(e) => {
                     eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Some(Command::KubeadmSync(args)) => {
+            init_tracing(LogFormat::Text, "info");
+            match kubeadm_sync::run(&args) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) if e.is_bad_input() => bad_input(format!("error: kubeadm-sync: {e}")),
+                Err(e) => {
+                    eprintln!("error: kubeadm-sync: {e}");
                     ExitCode::FAILURE
                 }
             }

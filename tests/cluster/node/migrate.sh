@@ -70,6 +70,8 @@ wildcard_gone() { ! listeners_6443 | tr ';' '\n' | grep -qE '^(\*|0\.0\.0\.0|\[:
 
 migrate_exited() { ! kill -0 "$MIGRATE_PID" 2>/dev/null; }
 
+migrate_static_step() { mv "$MANIFESTS/kube-apiserver.yaml" "$S/kube-apiserver.static.yaml"; }
+
 migrate() {
   local t0 t1 t2 rc
   note "restarts before the migration: $(control_plane_restarts)"
@@ -127,9 +129,10 @@ migrate() {
   note "launch: $(launch_lines)"
   note "listeners on port 6443 with both apiservers: $(listeners_6443)"
 
-  # Step 3: kubeadm's static manifest goes.
+  # Step 3: kubeadm's static apiserver goes (its manifest moved away; kubeadm-upgrade.sh
+  # redefines migrate_static_step with the runbook's other form).
   t2="$(now_ms)"
-  mv "$MANIFESTS/kube-apiserver.yaml" "$S/kube-apiserver.static.yaml"
+  migrate_static_step
   # kubeadm's apiserver (lease reconciler) tries to empty the Endpoints at its SIGTERM: the
   # admission policy of `kubernetes-endpoints` denies it (docs/operations.md). Nothing to do.
   # The kubelet's pod list is not enough: what counts is that the apiserver closed its
