@@ -14,5 +14,7 @@ RUN RUSTFLAGS="-C target-feature=+crt-static" \
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /kube-apiserver-proxy /kube-apiserver-proxy
-USER 65532:65532
+# The proxy's own uid (manifests/base/deployment.yaml sets it too): not distroless's `nonroot`
+# 65532, which every distroless image shares.
+USER 59443:59443
 ENTRYPOINT ["/kube-apiserver-proxy"]

@@ -22,6 +22,8 @@ fn color(target: Target) -> RGBColor {
         Target::Proxy => RGBColor(44, 160, 44),
         Target::ProxySockmap => RGBColor(148, 103, 189),
         Target::Uring => RGBColor(214, 39, 40),
+        Target::ProxyTransparent => RGBColor(23, 190, 207),
+        Target::HaproxyTransparent => RGBColor(127, 127, 127),
     }
 }
 

@@ -149,6 +149,11 @@ pub struct Setup {
     /// Extra argument for every `uring` instance (repeatable), e.g. `--uring-arg=--buffers=128`.
     #[arg(long = "uring-arg", allow_hyphen_values = true)]
     pub uring_args: Vec<String>,
+    /// The address every client connects from (bound with port 0): one of this host's that is
+    /// neither loopback nor a target's, so that the `-transparent` targets take their
+    /// transparent path (docs/benchmarks.md, "The client address").
+    #[arg(long, value_name = "IP")]
+    pub client_source: Option<std::net::IpAddr>,
 }
 
 /// How long and how often each target is measured.

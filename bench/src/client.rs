@@ -66,10 +66,39 @@ pub async fn bounded<T>(
     }
 }
 
-/// Connects with `TCP_NODELAY`.
+/// The address clients connect from (`--client-source`), set once at start.
+static CLIENT_SOURCE: std::sync::OnceLock<std::net::IpAddr> = std::sync::OnceLock::new();
+
+/// Makes every client connect from `ip` (port chosen at connect).
+pub fn set_client_source(ip: std::net::IpAddr) {
+    let _ = CLIENT_SOURCE.set(ip);
+}
+
+/// Connects with `TCP_NODELAY` (from `--client-source` when given).
 pub async fn connect(addr: SocketAddr, timeout: Duration) -> Result<TcpStream, FailureKind> {
     bounded(timeout, async {
-        let stream = TcpStream::connect(addr).await?;
+        let stream = match CLIENT_SOURCE.get() {
+            None => TcpStream::connect(addr).await?,
+            Some(&ip) => {
+                let socket = socket2::Socket::new(
+                    socket2::Domain::for_address(addr),
+                    socket2::Type::STREAM,
+                    None,
+                )?;
+                socket.set_nonblocking(true)?;
+                // The port is chosen at connect, as without a source: the clients then hold
+                // no port of their address that a backend connection from it could want
+                // (a client off the node holds none of the node's).
+                nix::sys::socket::setsockopt(
+                    &socket,
+                    nix::sys::socket::sockopt::IpBindAddressNoPort,
+                    &true,
+                )?;
+                socket.bind(&SocketAddr::new(ip, 0).into())?;
+                let socket = tokio::net::TcpSocket::from_std_stream(socket.into());
+                socket.connect(addr).await?
+            }
+        };
         stream.set_nodelay(true)?;
         Ok(stream)
     })

@@ -51,6 +51,8 @@ pub struct HaproxyOptions {
     pub maxconn: u64,
     /// `global hard-stop-after`: how long a soft-stopped (SIGUSR1) instance keeps connections.
     pub hard_stop_after: Option<Duration>,
+    /// `source 0.0.0.0 usesrc clientip`: connect to the backend from the client's address.
+    pub usesrc_clientip: bool,
 }
 
 /// The configuration file for `options`, with the monitor frontend on `monitor`.
@@ -81,6 +83,9 @@ pub fn config(options: &HaproxyOptions, monitor: SocketAddr) -> String {
     let _ = writeln!(text, "    monitor-uri /readyz");
     let _ = writeln!(text);
     let _ = writeln!(text, "backend apiserver");
+    if options.usesrc_clientip {
+        let _ = writeln!(text, "    source 0.0.0.0 usesrc clientip");
+    }
     let _ = writeln!(text, "    server backend {}", options.backend);
     text
 }
@@ -135,6 +140,7 @@ mod tests {
             nbthread: 2,
             maxconn: 1000,
             hard_stop_after: Some(Duration::from_secs(1)),
+            usesrc_clientip: false,
         };
         let text = config(&options, "127.7.8.9:8404".parse().unwrap());
         assert!(text.contains("    mode tcp\n"));

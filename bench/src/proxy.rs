@@ -100,6 +100,8 @@ pub struct ProxyOptions {
     pub kernel_path: bool,
     /// `--worker-threads` (unset: the proxy's default, the CPUs available).
     pub worker_threads: Option<usize>,
+    /// `--client-address transparent`.
+    pub transparent: bool,
 }
 
 /// Starts proxy instances and names their logs.
@@ -178,6 +180,9 @@ impl ProxyLauncher {
         if options.kernel_path {
             command.arg("--data-path=sockmap");
         }
+        if options.transparent {
+            command.arg("--client-address=transparent");
+        }
         command.args(&self.extra_args);
         // Flags also read KUBE_APISERVER_PROXY_* from the environment: do not inherit any.
         for (key, _) in std::env::vars_os() {
@@ -189,6 +194,39 @@ impl ProxyLauncher {
             }
         }
         Instance::spawn(name, command, Admin::File(admin_file), &log)
+    }
+}
+
+/// Waits until `instance` (started with `--client-address transparent`) has verified its
+/// connections to `backend` with the client's address; fails after 15 s (a fallback would
+/// measure the plain connect twice).
+pub async fn ensure_transparent(instance: &Instance, backend: SocketAddr) -> Result<()> {
+    let addr = instance
+        .admin_addr()
+        .context("the proxy has no admin address")?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let (_, body) = crate::net::http_get(addr, "/status", Duration::from_secs(2)).await?;
+        let status: serde_json::Value = serde_json::from_str(&body)?;
+        let seen = status["backends"]
+            .as_array()
+            .and_then(|all| {
+                all.iter()
+                    .find(|b| b["address"].as_str() == Some(&backend.to_string()))
+            })
+            .and_then(|b| b["client_address"].as_str())
+            .unwrap_or("")
+            .to_owned();
+        if seen == "transparent: works" {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!(
+                "{}: --client-address transparent did not verify ({seen}): run the bench as root with the policy routing (`kube-apiserver-proxy transparent-routes`) and --client-source (docs/benchmarks.md)",
+                instance.name()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

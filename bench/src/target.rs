@@ -33,6 +33,12 @@ pub enum Target {
     ProxySockmap,
     /// Through the io_uring forwarder (`bench serve-uring`): an upper bound, not a proxy.
     Uring,
+    /// Through kube-apiserver-proxy with `--client-address transparent`: the backend
+    /// connection carries the client's address (needs `--client-source`, root and the policy
+    /// routing of `transparent-routes`; fails rather than measure the fallback).
+    ProxyTransparent,
+    /// Through HAProxy with `source 0.0.0.0 usesrc clientip` (TPROXY): the same, HAProxy's way.
+    HaproxyTransparent,
 }
 
 impl Target {
@@ -44,6 +50,8 @@ impl Target {
             Target::Proxy => "proxy",
             Target::ProxySockmap => "proxy-sockmap",
             Target::Uring => "uring",
+            Target::ProxyTransparent => "proxy-transparent",
+            Target::HaproxyTransparent => "haproxy-transparent",
         }
     }
 }
@@ -81,6 +89,9 @@ pub struct Env {
 impl Env {
     /// Resolves the targets of `setup`, starts the backends, prepares `out` and `out/logs`.
     pub fn new(setup: &Setup) -> Result<Self> {
+        if let Some(ip) = setup.client_source {
+            crate::client::set_client_source(ip);
+        }
         let out = setup.out.clone().unwrap_or_else(default_out);
         let logs = out.join("logs");
         // Logs and configs of the previous invocation would only confuse.
@@ -98,7 +109,7 @@ impl Env {
             }
             match target {
                 Target::Direct | Target::Uring => {}
-                Target::Proxy | Target::ProxySockmap => {
+                Target::Proxy | Target::ProxySockmap | Target::ProxyTransparent => {
                     if proxy.is_none() {
                         let bin = proxy::locate(setup.proxy_bin.as_deref(), setup.no_build)?;
                         proxy = Some(ProxyLauncher::new(
@@ -108,19 +119,22 @@ impl Env {
                         ));
                     }
                 }
-                Target::Haproxy => match haproxy::locate(setup.haproxy_bin.as_deref()) {
-                    Some(bin) => {
-                        haproxy_version = haproxy::version(&bin);
-                        haproxy = Some(HaproxyLauncher::new(bin, logs.clone()));
+                Target::Haproxy | Target::HaproxyTransparent => {
+                    match haproxy::locate(setup.haproxy_bin.as_deref()) {
+                        Some(bin) => {
+                            haproxy_version = haproxy::version(&bin);
+                            haproxy = Some(HaproxyLauncher::new(bin, logs.clone()));
+                        }
+                        None => {
+                            skipped.push(Skipped {
+                                target,
+                                reason: "haproxy not found on PATH (apt-get install haproxy)"
+                                    .into(),
+                            });
+                            continue;
+                        }
                     }
-                    None => {
-                        skipped.push(Skipped {
-                            target,
-                            reason: "haproxy not found on PATH (apt-get install haproxy)".into(),
-                        });
-                        continue;
-                    }
-                },
+                }
             }
             targets.push(target);
         }
@@ -168,7 +182,7 @@ impl Env {
                     peers: Vec::new(),
                 })
             }
-            Target::Proxy | Target::ProxySockmap => {
+            Target::Proxy | Target::ProxySockmap | Target::ProxyTransparent => {
                 let launcher = self.proxy.as_mut().expect("proxy target has a launcher");
                 launcher.spawn(&ProxyOptions {
                     listen,
@@ -180,9 +194,10 @@ impl Env {
                     log_level: "warn",
                     kernel_path: target == Target::ProxySockmap,
                     worker_threads: threads,
+                    transparent: target == Target::ProxyTransparent,
                 })?
             }
-            Target::Haproxy => {
+            Target::Haproxy | Target::HaproxyTransparent => {
                 let launcher = self
                     .haproxy
                     .as_mut()
@@ -193,6 +208,7 @@ impl Env {
                     nbthread: threads.unwrap_or(self.nbthread),
                     maxconn: max_connections,
                     hard_stop_after: None,
+                    usesrc_clientip: target == Target::HaproxyTransparent,
                 })?
             }
             Target::Uring => {
@@ -210,6 +226,9 @@ impl Env {
         instance.wait_ready(Duration::from_secs(20)).await?;
         if target == Target::ProxySockmap {
             proxy::ensure_kernel_path(&instance).await?;
+        }
+        if target == Target::ProxyTransparent {
+            proxy::ensure_transparent(&instance, backend).await?;
         }
         Ok(Running {
             target,

@@ -49,6 +49,8 @@ pub struct AdminView {
     pub readiness: Readiness,
     /// The handoff side, if on: `/status` lists its peers.
     pub handoff: Option<Arc<Handoff>>,
+    /// `--client-address`: `/status` says what the apiservers see.
+    pub client_address: crate::cli::ClientAddress,
 }
 
 impl AdminView {
@@ -58,13 +60,24 @@ impl AdminView {
     }
 
     fn status(&self) -> serde_json::Value {
+        let transparent = self.client_address == crate::cli::ClientAddress::Transparent;
         let backends: Vec<serde_json::Value> = self
             .backends
             .snapshot()
             .iter()
             .map(|b| {
                 let health = b.health();
+                // What this backend sees as the client's address.
+                let client_address = if !transparent {
+                    "proxy".to_string()
+                } else if b.addr.0.ip().is_loopback() {
+                    format!("transparent: {}", b.transparent.describe())
+                } else {
+                    "client (not on loopback: connected normally, it sees the node's address)"
+                        .into()
+                };
                 serde_json::json!({
+                    "client_address": client_address,
                     "address": b.addr.to_string(),
                     "source": b.tier,
                     "healthy": health.is_up(),
@@ -82,6 +95,11 @@ impl AdminView {
             "ready": self.ready(),
             "listeners": self.listeners.info(),
             "backends": backends,
+            "client_address": {
+                "mode": if transparent { "transparent" } else { "proxy" },
+                "transparent_connections": self.metrics.client_address_transparent.get(),
+                "fallback_connections": self.metrics.client_address_fallback.get(),
+            },
             "peers": self
                 .handoff
                 .as_ref()
@@ -180,21 +198,35 @@ pub fn text(status: StatusCode, body: &str) -> Response<Full<Bytes>> {
         .expect("valid response")
 }
 
+/// The admin endpoint's listening socket, and whether it was inherited from the predecessor
+/// of an in-place upgrade (which then answers on it until it has handed everything over).
+pub struct AdminSocket {
+    pub listener: TcpListener,
+    /// The predecessor's pid, when the socket is inherited.
+    pub predecessor: Option<u32>,
+}
+
 /// Binds the admin endpoint (or takes the socket inherited from the predecessor of an
 /// in-place upgrade); writes the bound address to `address_file` if given.
-pub async fn bind(addr: SocketAddr, address_file: Option<&Path>) -> std::io::Result<TcpListener> {
-    let listener = match crate::upgrade::inherited_admin(addr) {
-        Some(inherited) => {
+pub async fn bind(addr: SocketAddr, address_file: Option<&Path>) -> std::io::Result<AdminSocket> {
+    let (listener, predecessor) = match crate::upgrade::inherited_admin(addr) {
+        Some((inherited, predecessor)) => {
             inherited.set_nonblocking(true)?;
-            tracing::info!("admin socket inherited from the predecessor");
-            TcpListener::from_std(inherited)?
+            tracing::info!(
+                predecessor.pid = predecessor,
+                "admin socket inherited from the predecessor"
+            );
+            (TcpListener::from_std(inherited)?, Some(predecessor))
         }
-        None => TcpListener::bind(addr).await?,
+        None => (TcpListener::bind(addr).await?, None),
     };
     if let Some(path) = address_file {
         crate::fsutil::write_atomic(path, format!("{}\n", listener.local_addr()?).as_bytes())?;
     }
-    Ok(listener)
+    Ok(AdminSocket {
+        listener,
+        predecessor,
+    })
 }
 
 /// Serves admin requests until `stop`; each connection is a task on `tasks` and ends at `stop`.
@@ -208,17 +240,20 @@ pub async fn serve(
         let view = view.clone();
         async move { view.handle(req).await }
     };
-    serve_with(listener, handler, true, stop, tasks).await;
+    serve_with(listener, handler, true, None, stop, tasks).await;
 }
 
 /// Serves HTTP/1 requests with `handler` until `stop`, bounded like the admin endpoint: at most
 /// [`MAX_ADMIN_CONNECTIONS`] at once, small request heads read within a deadline; without
-/// `keep_alive` every response closes its connection. Each connection is a task on `tasks` and
-/// ends at `stop`.
+/// `keep_alive` every response closes its connection; with `tls`, each connection's handshake
+/// must finish within the same deadline. Each connection is a task on `tasks`. At `stop` no
+/// new connection is accepted, and those being served finish their request (within the
+/// header deadline): a probe answered by an instance that stops still gets its answer.
 pub async fn serve_with<H, F>(
     listener: TcpListener,
     handler: H,
     keep_alive: bool,
+    tls: Option<Arc<rustls::ServerConfig>>,
     stop: CancellationToken,
     tasks: TaskTracker,
 ) where
@@ -226,6 +261,7 @@ pub async fn serve_with<H, F>(
     F: std::future::Future<Output = Response<Full<Bytes>>> + Send + 'static,
 {
     let slots = Arc::new(Semaphore::new(MAX_ADMIN_CONNECTIONS));
+    let tls = tls.map(tokio_rustls::TlsAcceptor::from);
     loop {
         let permit = tokio::select! {
             _ = stop.cancelled() => return,
@@ -244,24 +280,55 @@ pub async fn serve_with<H, F>(
         };
         let handler = handler.clone();
         let stop = stop.clone();
+        let tls = tls.clone();
         tasks.spawn(async move {
-            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                let response = handler(req);
-                async move { Ok::<_, Infallible>(response.await) }
-            });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT)
-                .max_buf_size(MAX_REQUEST_HEAD)
-                .keep_alive(keep_alive)
-                .serve_connection(TokioIo::new(stream), service);
-            tokio::select! {
-                r = conn => if let Err(e) = r {
-                    tracing::debug!(error = %e, "admin connection ended with error");
-                },
-                _ = stop.cancelled() => {}
+            match tls {
+                None => serve_connection(stream, handler, keep_alive, stop).await,
+                Some(acceptor) => {
+                    match tokio::time::timeout(HEADER_TIMEOUT, acceptor.accept(stream)).await {
+                        Ok(Ok(stream)) => serve_connection(stream, handler, keep_alive, stop).await,
+                        Ok(Err(e)) => {
+                            tracing::debug!(error = %e, "TLS handshake failed");
+                        }
+                        Err(_) => tracing::debug!("TLS handshake timed out"),
+                    }
+                }
             }
             drop(permit);
         });
+    }
+}
+
+/// One HTTP/1 connection until it ends; at `stop`, the request in progress is answered and
+/// the connection then closed.
+async fn serve_connection<S, H, F>(stream: S, handler: H, keep_alive: bool, stop: CancellationToken)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: std::future::Future<Output = Response<Full<Bytes>>> + Send + 'static,
+{
+    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let response = handler(req);
+        async move { Ok::<_, Infallible>(response.await) }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT)
+        .max_buf_size(MAX_REQUEST_HEAD)
+        .keep_alive(keep_alive)
+        .serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(conn);
+    let result = tokio::select! {
+        r = conn.as_mut() => r,
+        _ = stop.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            match tokio::time::timeout(HEADER_TIMEOUT, conn.as_mut()).await {
+                Ok(r) => r,
+                Err(_) => Ok(()),
+            }
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(error = %e, "admin connection ended with error");
     }
 }

@@ -87,6 +87,9 @@ pub struct Backend {
     pub metrics: BackendMetrics,
     /// The turns of held clients connecting to it (pace.rs).
     pub pace: Pace,
+    /// Whether connections to it carry the client's address (`--client-address transparent`,
+    /// transparent.rs).
+    pub transparent: crate::transparent::BackendState,
 }
 
 impl Backend {
@@ -108,6 +111,7 @@ impl Backend {
             checks,
             metrics: metrics.backend(addr),
             pace: Pace::default(),
+            transparent: Default::default(),
         }
     }
 

@@ -272,6 +272,69 @@ impl std::fmt::Display for Workload {
     }
 }
 
+impl ApiClient {
+    /// `METHOD path` with a JSON body (`PUT`, `POST`); the JSON answer of a 2xx.
+    pub async fn send_json(&self, method: &str, path: &str, body: &Value) -> Result<Value, String> {
+        let body = Bytes::from(serde_json::to_vec(body).map_err(|e| e.to_string())?);
+        let work = async {
+            let addr: SocketAddr = tokio::net::lookup_host((self.host.as_str(), self.port))
+                .await
+                .map_err(|e| format!("resolve {}: {e}", self.host))?
+                .next()
+                .ok_or_else(|| format!("resolve {}: no address", self.host))?;
+            let tcp = tokio::net::TcpStream::connect(addr)
+                .await
+                .map_err(|e| format!("connect {addr}: {e}"))?;
+            let tls = tokio_rustls::TlsConnector::from(self.tls.clone())
+                .connect(self.server_name.clone(), tcp)
+                .await
+                .map_err(|e| format!("tls handshake with {addr}: {e}"))?;
+            let (mut sender, conn) = hyper::client::conn::http1::handshake::<
+                _,
+                http_body_util::Full<Bytes>,
+            >(TokioIo::new(tls))
+            .await
+            .map_err(|e| format!("http: {e}"))?;
+            let req = hyper::Request::builder()
+                .method(method)
+                .uri(path)
+                .header(hyper::header::HOST, format!("{}:{}", self.host, self.port))
+                .header(hyper::header::ACCEPT, "application/json")
+                .header(hyper::header::CONTENT_TYPE, "application/json")
+                .header(
+                    hyper::header::USER_AGENT,
+                    concat!("kube-apiserver-proxy/", env!("CARGO_PKG_VERSION")),
+                )
+                .body(http_body_util::Full::new(body))
+                .map_err(|e| e.to_string())?;
+            let conn = tokio::spawn(conn);
+            let result = async {
+                let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
+                let status = resp.status();
+                let body = Limited::new(resp.into_body(), MAX_BODY)
+                    .collect()
+                    .await
+                    .map_err(|e| format!("body: {e}"))?
+                    .to_bytes();
+                if !status.is_success() {
+                    let text = String::from_utf8_lossy(&body);
+                    return Err(format!(
+                        "HTTP {status}: {}",
+                        text.chars().take(300).collect::<String>()
+                    ));
+                }
+                serde_json::from_slice(&body).map_err(|e| format!("not JSON: {e}"))
+            }
+            .await;
+            conn.abort();
+            result
+        };
+        tokio::time::timeout(REQUEST_TIMEOUT, work)
+            .await
+            .map_err(|_| format!("no answer within {REQUEST_TIMEOUT:?}"))?
+    }
+}
+
 /// What the writer reads and where it writes.
 #[derive(Debug, Clone)]
 pub struct WriterConfig {

@@ -47,6 +47,19 @@ pub enum Command {
     /// As root, on the controller: back from the Deployment to kubeadm's static kube-apiserver
     /// without refusing a connection (docs/operations.md, "Going back to kubeadm's static pod").
     MigrateBack(MigrateBackArgs),
+    /// Print the apiserver Deployment derived from kubeadm's static manifest (and what goes
+    /// with it: the `default/kubernetes` endpoints and the disruption budget) for
+    /// `kubectl apply -f -`.
+    Render(RenderArgs),
+    /// Node agent (the static pod `kube-apiserver` of a migrated controller): keep the
+    /// kubelet's static pods in step with kubeadm's manifests, kube-apiserver's as a surge
+    /// rollout of the Deployment, so that `kubeadm upgrade` and `kubeadm certs renew` work.
+    KubeadmSync(KubeadmSyncArgs),
+    /// As root (CAP_NET_ADMIN), once per boot: install the node's policy routing that
+    /// `run --client-address transparent` needs (the backends' answers to a client's address
+    /// are delivered locally); prints each rule and route, added or present; exit 0 when all
+    /// are in place.
+    TransparentRoutes(TransparentRoutesArgs),
     /// Node agent (a static pod): keep the last-known-good checkpoint of the apiserver
     /// Deployment's pod; after a reboot, put it into the kubelet's static pod directory when
     /// nothing serves the node address; remove it once the recovery instance asks to be retired.
@@ -62,6 +75,86 @@ pub struct KubernetesEndpointsArgs {
     /// The port the proxy serves on.
     #[arg(long, value_name = "PORT", default_value = "6443", value_parser = clap::value_parser!(u16).range(1..))]
     pub port: u16,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RenderArgs {
+    /// kubeadm's static apiserver manifest (/etc/kubernetes/manifests/kube-apiserver.yaml).
+    #[arg(long, value_name = "FILE")]
+    pub static_pod: PathBuf,
+
+    /// The apiserver image (default: the manifest's); an older one is refused.
+    #[arg(long, value_name = "IMAGE")]
+    pub image: Option<String>,
+
+    /// Render an apiserver image older than the manifest's.
+    #[arg(long)]
+    pub allow_downgrade: bool,
+
+    /// The proxy image, for the sidecar and the init container (default: the base's).
+    #[arg(long, value_name = "IMAGE")]
+    pub proxy_image: Option<String>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct KubeadmSyncArgs {
+    /// kubeadm's static pod directory (a constant of kubeadm's).
+    #[arg(long, value_name = "DIR", default_value = "/etc/kubernetes/manifests")]
+    pub kubeadm_dir: PathBuf,
+
+    /// The directory the kubelet runs (its --pod-manifest-path on a migrated controller).
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/etc/kubernetes/kubelet-manifests"
+    )]
+    pub static_pod_dir: PathBuf,
+
+    /// Credentials that may replace the Deployment (kubeadm's admin.conf on a controller).
+    #[arg(
+        long,
+        value_name = "FILE",
+        default_value = "/etc/kubernetes/admin.conf"
+    )]
+    pub kubeconfig: PathBuf,
+
+    /// This node's name (the mirror pods are <name>-<node>).
+    #[arg(long, value_name = "NAME")]
+    pub node_name: String,
+
+    /// Namespace of the apiserver Deployment.
+    #[arg(long, value_name = "NAMESPACE", default_value = "kube-system")]
+    pub namespace: String,
+
+    /// Name of the apiserver Deployment.
+    #[arg(long, value_name = "NAME", default_value = "kube-apiserver")]
+    pub deployment: String,
+
+    /// The proxy image: this agent's own (its init container), and the Deployment's sidecar
+    /// when the live Deployment has none.
+    #[arg(long, value_name = "IMAGE")]
+    pub proxy_image: String,
+
+    /// How often the directories are compared.
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    pub interval: Duration,
+
+    /// How long kubeadm's apiserver inputs must stay unchanged before a rollout (kubeadm renews
+    /// certificates, then writes the manifest).
+    #[arg(long, value_name = "DURATION", default_value = "3s", value_parser = parse_duration)]
+    pub settle: Duration,
+
+    /// How long a rollout may take before the pass gives up (and kubeadm, whose wait then
+    /// fails, rolls its manifest back).
+    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_duration)]
+    pub rollout_timeout: Duration,
+
+    /// One pass, at the migration: copy the manifests (each keeps the running pod's UID, so
+    /// nothing restarts when the kubelet moves to --static-pod-dir), write the stand-in, set
+    /// kubeadm's apiserver manifest aside until the agent runs, wait for kubeadm's apiserver to
+    /// exit; then restart the kubelet on --static-pod-dir.
+    #[arg(long)]
+    pub once: bool,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -85,7 +178,7 @@ pub struct MigrateArgs {
 
     /// The proxy's uid: this command drops to it before it serves the handoff socket (peers
     /// authenticate each other by uid).
-    #[arg(long, value_name = "UID", default_value = "65532")]
+    #[arg(long, value_name = "UID", default_value = "59443")]
     pub uid: u32,
 
     /// The proxy's gid (default: --uid).
@@ -131,7 +224,7 @@ pub struct MigrateBackArgs {
     pub handoff_dir: PathBuf,
 
     /// The proxies' uid (peers authenticate each other by uid).
-    #[arg(long, value_name = "UID", default_value = "65532")]
+    #[arg(long, value_name = "UID", default_value = "59443")]
     pub uid: u32,
 
     /// The proxies' gid (default: --uid).
@@ -244,7 +337,8 @@ pub struct RecoverArgs {
     /// certificate directories (/etc/kubernetes/pki, /etc/ssl/certs, /etc/ca-certificates,
     /// /etc/pki, /usr/share/ca-certificates, /usr/local/share/ca-certificates) and
     /// /run/kube-apiserver-proxy. Never allowed, whatever is given here: the checkpoint
-    /// directory, the static pod directory, and any directory above either.
+    /// directory, the static pod directory, kubeadm's /etc/kubernetes/manifests, and any
+    /// directory above one.
     #[arg(long = "allow-host-path", value_name = "PATH")]
     pub allow_host_path: Vec<String>,
 
@@ -271,6 +365,23 @@ pub struct RecoverArgs {
     /// Log format on stderr.
     #[arg(long, value_enum, default_value = "text")]
     pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct TransparentRoutesArgs {
+    /// The routing table of the local routes (not 253-255: default, main and local, where a
+    /// local default route would take every packet of the node).
+    #[arg(long, value_name = "ID", default_value_t = crate::routes::DEFAULT_TABLE, value_parser = parse_table)]
+    pub table: u32,
+
+    /// The priority of the rule for loopback sources (the 127.0.0.0/24 exception takes the one
+    /// before it).
+    #[arg(long, value_name = "N", default_value_t = crate::routes::DEFAULT_PRIORITY, value_parser = clap::value_parser!(u32).range(2..32766))]
+    pub priority: u32,
+
+    /// Remove them instead.
+    #[arg(long)]
+    pub remove: bool,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -321,6 +432,16 @@ pub enum RuntimeShape {
     Shared,
 }
 
+/// Which client address kube-apiserver sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ClientAddress {
+    /// The proxy's own loopback address (no privilege needed).
+    Proxy,
+    /// The client's: connections to loopback backends are bound to it (IP_TRANSPARENT: needs
+    /// CAP_NET_RAW and the policy routing of `transparent-routes`; falls back to `proxy`).
+    Transparent,
+}
+
 /// Log output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -338,6 +459,25 @@ pub struct RunArgs {
         value_delimiter = ','
     )]
     pub listen: Vec<String>,
+
+    /// A public IP address to serve on --listen-port, bound like --listen (repeatable, comma-separated: e.g. $(HOST_IPS) from the downward API's status.hostIPs, so that a dual-stack node is served on both its addresses).
+    #[arg(
+        long = "listen-host",
+        value_name = "IP",
+        env = "KUBE_APISERVER_PROXY_LISTEN_HOST",
+        value_delimiter = ','
+    )]
+    pub listen_host: Vec<String>,
+
+    /// The port every --listen-host is served on.
+    #[arg(
+        long,
+        value_name = "PORT",
+        env = "KUBE_APISERVER_PROXY_LISTEN_PORT",
+        default_value = "6443",
+        value_parser = clap::value_parser!(u16).range(1..)
+    )]
+    pub listen_port: u16,
 
     /// Static backend address ip:port (repeatable).
     #[arg(
@@ -385,6 +525,34 @@ pub struct RunArgs {
     /// Node-wide scrape address (e.g. NODE_IP:9444), bound with SO_REUSEPORT and shared by every instance on the node: GET /metrics there answers with the metrics of all of them, so one scrape target per node stays valid across rollouts. Needs --handoff-dir (where instances find each other) and --metrics-label.
     #[arg(long, value_name = "ADDR", env = "KUBE_APISERVER_PROXY_METRICS_LISTEN")]
     pub metrics_listen: Option<String>,
+
+    /// How long the other instances' metrics, fetched for a scrape of --metrics-listen, are reused for further scrapes: a scrape storm costs the other instances one fetch per period. Keep it below the scrape interval.
+    #[arg(long, value_name = "DURATION", env = "KUBE_APISERVER_PROXY_METRICS_CACHE", default_value = "10s", value_parser = parse_duration)]
+    pub metrics_cache: Duration,
+
+    /// Serve --metrics-listen over TLS with this certificate (PEM); needs --metrics-tls-key-file and --metrics-client-ca-file.
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "KUBE_APISERVER_PROXY_METRICS_TLS_CERT_FILE"
+    )]
+    pub metrics_tls_cert_file: Option<PathBuf>,
+
+    /// The private key of --metrics-tls-cert-file (PEM).
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "KUBE_APISERVER_PROXY_METRICS_TLS_KEY_FILE"
+    )]
+    pub metrics_tls_key_file: Option<PathBuf>,
+
+    /// With TLS on --metrics-listen: only scrapers presenting a client certificate issued by a CA of this PEM file are answered.
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "KUBE_APISERVER_PROXY_METRICS_CLIENT_CA_FILE"
+    )]
+    pub metrics_client_ca_file: Option<PathBuf>,
 
     /// Label NAME=VALUE added to every metric of this instance, e.g. pod=$(POD_NAME), so that the instances of one node tell apart on --metrics-listen (repeatable).
     #[arg(
@@ -511,6 +679,23 @@ pub struct RunArgs {
         default_value = "user"
     )]
     pub data_path: DataPath,
+
+    /// Which address kube-apiserver sees for a client (its audit log's sourceIPs): `proxy`, the
+    /// proxy's loopback address, or `transparent`, the client's own (needs CAP_NET_RAW and
+    /// `transparent-routes`; connects normally, counted and logged, where it cannot).
+    #[arg(
+        long,
+        value_enum,
+        env = "KUBE_APISERVER_PROXY_CLIENT_ADDRESS",
+        default_value = "proxy"
+    )]
+    pub client_address: ClientAddress,
+
+    /// Started as root, switch to UID[:GID] (numeric; GID defaults to UID) before anything
+    /// else, keeping only CAP_NET_RAW with --client-address transparent, nothing otherwise (a
+    /// pod cannot give a capability to a process that starts unprivileged).
+    #[arg(long, value_name = "UID[:GID]", env = "KUBE_APISERVER_PROXY_USER")]
+    pub user: Option<String>,
 
     /// Threads of the async runtime that carries connections (default: CPUs available).
     #[arg(long, value_name = "N", env = "KUBE_APISERVER_PROXY_WORKER_THREADS")]
@@ -668,6 +853,17 @@ pub fn is_display(e: &clap::Error) -> bool {
     )
 }
 
+/// Parses a routing table id of `transparent-routes --table`: 1-252 or 256 and above.
+pub fn parse_table(s: &str) -> Result<u32, String> {
+    match s.trim().parse::<u32>() {
+        Ok(id @ (1..=252 | 256..)) => Ok(id),
+        Ok(id) => Err(format!(
+            "{id} is reserved (0 unspecified, 253 default, 254 main, 255 local)"
+        )),
+        Err(_) => Err(format!("{s:?} is not a table number")),
+    }
+}
+
 /// Parses `500ms`, `2s`, `1m`, `1h30m`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (expected e.g. 500ms, 2s, 1m)"))
@@ -682,11 +878,32 @@ pub fn parse_ip(s: &str) -> Result<std::net::IpAddr, String> {
         .map_err(|_| format!("{s:?} is not an IP address"))
 }
 
-/// Parses an address, accepting only literal `ip:port` (no DNS: the proxy must not depend on it).
+/// Parses an address, accepting only literal `ip:port` (no DNS: the proxy must not depend on it):
+/// `IPv4:port`, `[IPv6]:port`, and also `[IPv4]:port`, so that one manifest line
+/// (`[$(HOST_IP)]:6443`) gives a valid address whichever family the node's address has. An
+/// unbracketed IPv6 address with a port (`fd00::10:6443`, what `$(HOST_IP):6443` gives on an
+/// IPv6 node) is ambiguous and rejected, naming the bracketed form.
 pub fn parse_socket_addr(s: &str) -> Result<SocketAddr, String> {
-    s.trim()
-        .parse::<SocketAddr>()
-        .map_err(|_| format!("{s:?} is not an ip:port address"))
+    let text = s.trim();
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    let bracketed = text
+        .strip_prefix('[')
+        .and_then(|rest| rest.split_once("]:"))
+        .and_then(|(ip, port)| {
+            let ip = ip.parse::<std::net::Ipv4Addr>().ok()?;
+            Some(SocketAddr::from((ip, port.parse::<u16>().ok()?)))
+        });
+    if let Some(addr) = bracketed {
+        return Ok(addr);
+    }
+    if text.parse::<std::net::Ipv6Addr>().is_ok() || text.matches(':').count() > 1 {
+        return Err(format!(
+            "{s:?} is not an ip:port address (an IPv6 address goes in brackets: [IPv6]:port; in a manifest write [$(HOST_IP)]:PORT)"
+        ));
+    }
+    Err(format!("{s:?} is not an ip:port address"))
 }
 
 #[cfg(test)]
@@ -712,6 +929,7 @@ mod tests {
                 "missing required argument: --address-file",
             ),
             (&["--bogus"][..], "--bogus"),
+            (&["transparent-routes", "--table", "254"][..], "reserved"),
         ] {
             let line = usage_line(&error(args));
             assert!(line.contains(expect), "{args:?}: {line}");

@@ -7,12 +7,14 @@ use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::addr::{AdminAddr, BackendAddr, ListenAddr};
 use crate::check::{HealthCheck, HealthConfig};
 use crate::cli::{
-    parse_socket_addr, CopyMode, DataPath, HealthCheckKind, LogFormat, RunArgs, RuntimeShape,
+    parse_socket_addr, ClientAddress, CopyMode, DataPath, HealthCheckKind, LogFormat, RunArgs,
+    RuntimeShape,
 };
 use crate::discovery::DiscoveryConfig;
 use crate::handoff::HandoffConfig;
@@ -56,6 +58,11 @@ pub struct Config {
     pub metrics_listen: Option<SocketAddr>,
     /// Labels added to every metric of this instance (`--metrics-label`).
     pub metrics_labels: Vec<(String, String)>,
+    /// How long the other instances' metrics are reused between scrapes of `metrics_listen`
+    /// (default 10s).
+    pub metrics_cache: Duration,
+    /// TLS for `metrics_listen`, with client certificates required (`None`: plain HTTP).
+    pub metrics_tls: Option<Arc<rustls::ServerConfig>>,
     /// Active health checking.
     pub health: HealthConfig,
     /// Backend connect timeout (default 3s).
@@ -74,6 +81,10 @@ pub struct Config {
     /// How bytes are moved (default auto: buffered for small bursts, splice for bulk).
     pub copy_mode: crate::copy::Mode,
     pub data_path: DataPath,
+    /// Which address the apiservers see for a client (default `proxy`: the proxy's own).
+    pub client_address: ClientAddress,
+    /// `--user`: the uid and gid to switch to at start (`None`: stay).
+    pub user: Option<(u32, u32)>,
     /// Listener handoff; `None` in plain standalone use.
     pub handoff: Option<HandoffConfig>,
     /// Recovery instance: the file written once a ready peer serves (`--retire-file`).
@@ -102,9 +113,19 @@ impl TryFrom<RunArgs> for Config {
     type Error = ConfigError;
 
     fn try_from(args: RunArgs) -> Result<Self, ConfigError> {
-        let listen = parse_addrs("--listen", &args.listen)?;
+        let mut listen = parse_addrs("--listen", &args.listen)?;
+        for host in &args.listen_host {
+            let ip = host
+                .trim()
+                .parse::<std::net::IpAddr>()
+                .map_err(|_| invalid("--listen-host", format!("{host:?} is not an IP address")))?;
+            listen.push(SocketAddr::new(ip, args.listen_port));
+        }
         if listen.is_empty() {
-            return Err(invalid("--listen", "at least one address is required"));
+            return Err(invalid(
+                "--listen",
+                "at least one address is required (--listen or --listen-host)",
+            ));
         }
         let mut seen = HashSet::new();
         for addr in &listen {
@@ -167,6 +188,16 @@ impl TryFrom<RunArgs> for Config {
                 Some(addr)
             }
         };
+        let metrics_tls = metrics_tls(&args)?;
+        if metrics_tls.is_some() && metrics_listen.is_none() {
+            return Err(invalid(
+                "--metrics-tls-cert-file",
+                "needs --metrics-listen (the address it secures)",
+            ));
+        }
+        if args.metrics_cache.is_zero() {
+            return Err(invalid("--metrics-cache", "must be greater than zero"));
+        }
 
         let rise = non_zero("--health-rise", args.health_rise)?;
         let fall = non_zero("--health-fall", args.health_fall)?;
@@ -188,10 +219,18 @@ impl TryFrom<RunArgs> for Config {
         }
 
         let check = health_check(&args)?;
+        let user = args
+            .user
+            .as_deref()
+            .map(crate::privileges::parse_user)
+            .transpose()
+            .map_err(|m| invalid("--user", m))?;
         if args.handoff_dir.is_none() && !args.handoff_allow_uid.is_empty() {
             return Err(invalid("--handoff-allow-uid", "needs --handoff-dir"));
         }
-        if let Some(dir) = &args.handoff_dir {
+        // With --user the directory is checked after the switch, by the uid that uses it: a
+        // root left with only the capabilities it keeps may not even look into it.
+        if let (Some(dir), None) = (&args.handoff_dir, user) {
             crate::handoff::check_dir(dir).map_err(|e| {
                 invalid(
                     "--handoff-dir",
@@ -234,6 +273,8 @@ impl TryFrom<RunArgs> for Config {
             admin_address_file: args.admin_address_file,
             metrics_listen,
             metrics_labels,
+            metrics_cache: args.metrics_cache,
+            metrics_tls,
             health: HealthConfig {
                 check,
                 interval: args.health_interval,
@@ -257,6 +298,8 @@ impl TryFrom<RunArgs> for Config {
                 CopyMode::Splice => crate::copy::Mode::Splice,
                 CopyMode::Buffered => crate::copy::Mode::Buffered,
             },
+            client_address: args.client_address,
+            user,
             handoff,
             retire_file: args.retire_file,
             log_format: args.log_format,
@@ -300,6 +343,47 @@ fn metrics_label(text: &str) -> Result<(String, String), String> {
         return Err(format!("{name}: empty value"));
     }
     Ok((name.to_owned(), value.to_owned()))
+}
+
+/// `--metrics-tls-cert-file`, `--metrics-tls-key-file` and `--metrics-client-ca-file`: all
+/// three or none (TLS on the scrape address always authenticates the scraper).
+fn metrics_tls(args: &RunArgs) -> Result<Option<Arc<rustls::ServerConfig>>, ConfigError> {
+    let (cert, key, ca) = match (
+        &args.metrics_tls_cert_file,
+        &args.metrics_tls_key_file,
+        &args.metrics_client_ca_file,
+    ) {
+        (None, None, None) => return Ok(None),
+        (Some(cert), Some(key), Some(ca)) => (cert, key, ca),
+        (None, _, _) => {
+            return Err(invalid(
+                "--metrics-tls-cert-file",
+                "missing (needed with --metrics-tls-key-file or --metrics-client-ca-file)",
+            ))
+        }
+        (_, None, _) => {
+            return Err(invalid(
+                "--metrics-tls-key-file",
+                "missing (needed with --metrics-tls-cert-file)",
+            ))
+        }
+        (_, _, None) => {
+            return Err(invalid(
+                "--metrics-client-ca-file",
+                "missing: TLS on --metrics-listen requires client certificates",
+            ))
+        }
+    };
+    let file_err = |flag: &'static str, path: &PathBuf| {
+        let path = path.display().to_string();
+        move |source| ConfigError::File { flag, path, source }
+    };
+    let certs = tls::load_certs(cert).map_err(file_err("--metrics-tls-cert-file", cert))?;
+    let key_der = tls::load_key(key).map_err(file_err("--metrics-tls-key-file", key))?;
+    let roots = tls::load_roots(ca).map_err(file_err("--metrics-client-ca-file", ca))?;
+    tls::server_config(certs, key_der, roots)
+        .map(Some)
+        .map_err(file_err("--metrics-tls-key-file", key))
 }
 
 fn health_check(args: &RunArgs) -> Result<HealthCheck, ConfigError> {
@@ -389,6 +473,50 @@ mod tests {
     }
 
     #[test]
+    fn node_addresses_of_either_family_and_both() {
+        let tcp = ["--backend", "127.1.2.3:6443", "--health-check", "tcp"];
+        let listen = |args: &[&str]| -> Vec<String> {
+            let mut all = args.to_vec();
+            all.extend_from_slice(&tcp);
+            let c = parse(&all).unwrap();
+            c.listen.iter().map(|l| l.to_string()).collect()
+        };
+        // One manifest line, `[$(HOST_IP)]:6443`, for an IPv4 and an IPv6 node.
+        assert_eq!(
+            listen(&["--listen", "[192.0.2.10]:6443"]),
+            ["192.0.2.10:6443"]
+        );
+        assert_eq!(
+            listen(&["--listen", "[fd00::10]:6443"]),
+            ["[fd00::10]:6443"]
+        );
+        // `$(HOST_IPS)` (status.hostIPs) on a dual-stack node: both addresses, one port.
+        assert_eq!(
+            listen(&[
+                "--listen-host",
+                "192.0.2.10,fd00::10",
+                "--listen-port",
+                "6443",
+                "--listen",
+                "127.0.0.1:6443",
+            ]),
+            ["127.0.0.1:6443", "192.0.2.10:6443", "[fd00::10]:6443"]
+        );
+        // What `$(HOST_IP):6443` gives on an IPv6 node: rejected, naming the bracketed form.
+        let mut args = vec!["--listen", "fd00::10:6443"];
+        args.extend_from_slice(&tcp);
+        let e = parse(&args).unwrap_err().to_string();
+        assert!(
+            e.contains("--listen") && e.contains("[$(HOST_IP)]:PORT"),
+            "{e}"
+        );
+        let mut args = vec!["--listen-host", "192.0.2.10:6443"];
+        args.extend_from_slice(&tcp);
+        let e = parse(&args).unwrap_err().to_string();
+        assert!(e.contains("--listen-host"), "{e}");
+    }
+
+    #[test]
     fn errors_name_the_flag() {
         let cases: &[(&[&str], &str)] = &[
             (
@@ -475,6 +603,7 @@ mod tests {
         let port_zero = scrape(&["--metrics-listen", "127.0.0.1:0"]);
         let reserved = scrape(&["--metrics-label", "backend=x"]);
         let bad_name = scrape(&["--metrics-label", "1pod=x"]);
+        let bad_user = scrape(&["--user", "nobody"]);
         let cases: Vec<(&[&str], &str)> = cases
             .iter()
             .copied()
@@ -484,6 +613,7 @@ mod tests {
                 (&port_zero[..], "--metrics-listen"),
                 (&reserved[..], "--metrics-label"),
                 (&bad_name[..], "--metrics-label"),
+                (&bad_user[..], "--user"),
             ])
             .collect();
         for (args, flag) in &cases {

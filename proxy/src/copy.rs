@@ -156,14 +156,44 @@ pub async fn bidirectional(
         pause,
         &ended,
     );
-    match tokio::try_join!(upstream, downstream)? {
-        (None, None) => Ok(Copied::Done),
-        (up, down) => Ok(Copied::Paused(Pending {
+    // Not `try_join!`: when one direction fails, the other is not dropped at once. A backend
+    // that closed its connection (kube-apiserver after its GOAWAY, once in-flight requests are
+    // answered) makes our next write to it fail while its last answers and its FIN are still
+    // on the way to the client: the other direction delivers them (it ends by itself within
+    // moments, at the backend's EOF or error), for at most [`FAILED_GRACE`].
+    tokio::pin!(upstream, downstream);
+    let (mut up, mut down) = (None, None);
+    let mut grace: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
+    while up.is_none() || down.is_none() {
+        tokio::select! {
+            r = &mut upstream, if up.is_none() => {
+                if r.is_err() && grace.is_none() {
+                    grace = Some(Box::pin(tokio::time::sleep(FAILED_GRACE)));
+                }
+                up = Some(r);
+            }
+            r = &mut downstream, if down.is_none() => {
+                if r.is_err() && grace.is_none() {
+                    grace = Some(Box::pin(tokio::time::sleep(FAILED_GRACE)));
+                }
+                down = Some(r);
+            }
+            _ = async { grace.as_mut().expect("guarded").await }, if grace.is_some() => break,
+        }
+    }
+    match (up, down) {
+        (Some(Err(e)), _) | (_, Some(Err(e))) => Err(e),
+        (Some(Ok(None)), Some(Ok(None))) => Ok(Copied::Done),
+        (Some(Ok(up)), Some(Ok(down))) => Ok(Copied::Paused(Pending {
             up: up.unwrap_or_default(),
             down: down.unwrap_or_default(),
         })),
+        _ => unreachable!("the loop ends with both results or an error"),
     }
 }
+
+/// How long the other direction may go on after one failed (see [`bidirectional`]).
+pub const FAILED_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// What one burst did.
 #[derive(Debug, PartialEq, Eq)]

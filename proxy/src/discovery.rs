@@ -6,7 +6,10 @@
 //! - `--backend-dir`: each instance keeps one entry `<pid>-<n>.backend` holding its own
 //!   backend's `ip:port`, refreshed every third of `--backend-expiry`. Entries not refreshed
 //!   for `--backend-expiry` (the instance is gone, or its own backend has been dead that long)
-//!   are ignored and removed. The others' entries become `Local` backends.
+//!   are ignored and removed. The others' entries become `Local` backends. Only loopback
+//!   addresses are taken from there: every instance's apiserver listens on a random
+//!   `127.a.b.c`, and an entry naming any other address was not written by one (the directory
+//!   trusts its writers by uid alone); it is refused with a log line and never connected to.
 
 use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
@@ -48,6 +51,22 @@ pub fn parse_backend(text: &str) -> Option<BackendAddr> {
         })
         .map(BackendAddr)
 }
+
+/// A `--backend-dir` entry's backend: [`parse_backend`], and a loopback address. Pure.
+pub fn parse_peer_backend(text: &str) -> Result<BackendAddr, String> {
+    let addr = parse_backend(text).ok_or_else(|| "not an ip:port address".to_string())?;
+    if addr.0.ip().is_loopback() {
+        Ok(addr)
+    } else {
+        Err(format!(
+            "{addr} is not a loopback address (instances register their apiserver's 127.a.b.c)"
+        ))
+    }
+}
+
+/// Refused `--backend-dir` entries are logged at most once a minute (the directory is read
+/// every [`POLL_INTERVAL`]).
+static REFUSED_LOG: crate::lograte::LogRate = crate::lograte::LogRate::new(Duration::from_secs(60));
 
 /// Which entries of a directory listing are live, given their ages. Pure.
 pub fn live_entries(
@@ -229,12 +248,23 @@ fn scan_dir(dir: &Path, own_entry: &str, expiry: Duration) -> Option<HashSet<Bac
         tracing::info!(entry = name, "removing stale backend registration");
         let _ = std::fs::remove_file(dir.join(name));
     }
-    Some(
-        live.iter()
-            .filter_map(|name| std::fs::read_to_string(dir.join(name)).ok())
-            .filter_map(|text| parse_backend(&text))
-            .collect(),
-    )
+    let mut found = HashSet::new();
+    for name in live {
+        let Ok(text) = std::fs::read_to_string(dir.join(&name)) else {
+            continue;
+        };
+        match parse_peer_backend(&text) {
+            Ok(addr) => {
+                found.insert(addr);
+            }
+            Err(reason) => {
+                if let Some(suppressed) = REFUSED_LOG.allow() {
+                    tracing::warn!(entry = name, dir = %dir.display(), reason, suppressed, "backend registration refused");
+                }
+            }
+        }
+    }
+    Some(found)
 }
 
 #[cfg(test)]
@@ -253,6 +283,16 @@ mod tests {
         );
         assert!(parse_backend("").is_none());
         assert!(parse_backend("garbage").is_none());
+    }
+
+    #[test]
+    fn peer_entries_must_be_loopback() {
+        assert!(parse_peer_backend("127.1.2.3:6443").is_ok());
+        assert!(parse_peer_backend("[::1]:6443").is_ok());
+        assert!(parse_peer_backend("192.0.2.1:6443").is_err());
+        assert!(parse_peer_backend("0.0.0.0:6443").is_err());
+        assert!(parse_peer_backend("[fd00::1]:6443").is_err());
+        assert!(parse_peer_backend("garbage").is_err());
     }
 
     #[test]

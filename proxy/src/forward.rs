@@ -8,6 +8,7 @@
 //! draining the requests and watches on the connections it has.
 
 use std::future::Future;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -26,6 +27,7 @@ use crate::metrics::{FailReason, Metrics};
 use crate::net;
 use crate::pace::{Turn, TURN_WAIT};
 use crate::sockmap::{self, Sockmap};
+use crate::transparent;
 
 /// Failures on client traffic are logged at most once a second each (counted in metrics always).
 static NO_BACKEND_LOG: LogRate = LogRate::new(Duration::from_secs(1));
@@ -50,6 +52,13 @@ pub struct ForwardContext {
     /// Every carried connection: cut at the drain deadline, parked at the connection handoff
     /// of an in-place upgrade.
     pub carried: Arc<Registry>,
+    /// Set once a draining instance's listening sockets were all adopted by a peer: a client
+    /// this instance accepted earlier and can no longer connect to any backend is then carried
+    /// to the address it connected to, which only that successor serves now.
+    pub successor_serves: std::sync::atomic::AtomicBool,
+    /// `--client-address transparent`: connections to loopback backends carry the client's
+    /// address (transparent.rs).
+    pub transparent: bool,
 }
 
 /// Cuts every carried connection once `ctx.cut` is cancelled (run as a task of the instance).
@@ -58,18 +67,27 @@ pub async fn cut_on_cancel(ctx: Arc<ForwardContext>) {
     ctx.carried.cut_all();
 }
 
-/// Carries one client connection to its end.
-pub async fn serve(client: TcpStream, client_addr: ClientAddr, ctx: Arc<ForwardContext>) {
+/// Carries one client connection to its end. `source`: the client's address, for a connection
+/// to be made transparently (decided by the accept loop, [`transparent::source_for`]).
+pub async fn serve(
+    client: TcpStream,
+    client_addr: ClientAddr,
+    source: Option<IpAddr>,
+    ctx: Arc<ForwardContext>,
+) {
     let _active = ActiveConnection::new(&ctx.metrics);
     // The client socket inherited its options from the listener (net::tune_listener).
-    let Some((backend, upstream, turn)) = connect_any(&ctx).await else {
+    let Some((backend, upstream, turn)) = connect_any(&ctx, &client, source).await else {
         ctx.metrics.connection_failed(FailReason::NoBackend);
         if let Some(suppressed) = NO_BACKEND_LOG.allow() {
             tracing::warn!(client.addr = %client_addr, suppressed, hold = ?ctx.connect_timeout, "no backend could be reached within the connect timeout: closing client");
         }
         return;
     };
-    let _tracked = backend.track();
+    if let Some(b) = backend.as_deref() {
+        trace_seen_as(client_addr, b, &upstream);
+    }
+    let _tracked = backend.map(|b| b.track());
     carry(
         client,
         upstream,
@@ -79,6 +97,18 @@ pub async fn serve(client: TcpStream, client_addr: ClientAddr, ctx: Arc<ForwardC
         &ctx,
     )
     .await;
+}
+
+/// Which address the backend sees for this client's connection: a debug line under the log
+/// target `client_address` (`--log-level=info,client_address=debug`), how an audit entry's
+/// `127.0.0.1:PORT` is traced back to its client without the transparent mode. Costs one
+/// check of the log filter unless it is enabled.
+fn trace_seen_as(client_addr: ClientAddr, backend: &Backend, upstream: &TcpStream) {
+    if tracing::enabled!(target: "client_address", tracing::Level::DEBUG) {
+        if let Ok(seen_as) = upstream.local_addr() {
+            tracing::debug!(target: "client_address", seen_as = %seen_as, client.addr = %client_addr, backend = %backend.addr, "connected");
+        }
+    }
 }
 
 /// Carries on a connection handed over by the predecessor of an in-place upgrade: its pending
@@ -166,6 +196,11 @@ async fn carry(
             Some(Ok(Copied::Done)) => return,
             Some(Err(e)) => {
                 tracing::debug!(client.addr = %client_addr, error = %e, "connection ended with error");
+                // The backend's side failed (or the client's): whatever the backend sent was
+                // delivered (copy::bidirectional); end the client's side with a FIN rather than
+                // the reset a close with unread bytes would send.
+                drop(upstream);
+                Box::pin(close_gracefully(client)).await;
                 return;
             }
             Some(Ok(Copied::Paused(paused))) => {
@@ -306,10 +341,69 @@ enum Attempt {
     Exhausted,
 }
 
-/// Connects to `backend` for a client; a failure marks it suspect.
-async fn attempt(ctx: &ForwardContext, backend: &Backend) -> Attempt {
+/// How one connect is made.
+enum Via {
+    Normal,
+    /// With the client's address as its source.
+    Transparent(IpAddr),
+    /// Normally, although the client's address was wanted: the backend has not verified.
+    Fallback,
+}
+
+/// Connects to `backend` for a client (with `source` as its address when it applies and the
+/// backend verified, transparent.rs); a failure marks it suspect.
+async fn attempt(ctx: &ForwardContext, backend: &Backend, source: Option<IpAddr>) -> Attempt {
+    let via = match source {
+        Some(src) if transparent::applies(src, backend.addr.0) => {
+            if backend.transparent.works() {
+                Via::Transparent(src)
+            } else {
+                Via::Fallback
+            }
+        }
+        _ => Via::Normal,
+    };
     let started = Instant::now();
-    match net::connect(backend.addr.0, ctx.connect_timeout).await {
+    let connected = match via {
+        Via::Normal => net::connect(backend.addr.0, ctx.connect_timeout).await,
+        Via::Fallback => {
+            let r = net::connect(backend.addr.0, ctx.connect_timeout).await;
+            if r.is_ok() {
+                ctx.metrics.client_address_fallback.inc();
+            }
+            r
+        }
+        Via::Transparent(src) => {
+            // The socket is made before the await: the connection's future holds no more for
+            // the mode than a plain connect's.
+            let connected = match net::transparent_socket(src, backend.addr.0) {
+                Ok(socket) => {
+                    net::connect_socket(socket, backend.addr.0, ctx.connect_timeout).await
+                }
+                Err(e) => Err(e),
+            };
+            match connected {
+                Ok(stream) => {
+                    ctx.metrics.client_address_transparent.inc();
+                    Ok(stream)
+                }
+                // No answer, or the socket could not be set up: the mode stopped working here
+                // (routing or capability gone, a firewall rule), not the backend. Again without.
+                Err(e) if transparent_failure(&e) => {
+                    backend
+                        .transparent
+                        .distrust(format!("connect from {src}: {e}"));
+                    let r = net::connect(backend.addr.0, ctx.connect_timeout).await;
+                    if r.is_ok() {
+                        ctx.metrics.client_address_fallback.inc();
+                    }
+                    r
+                }
+                Err(e) => Err(e),
+            }
+        }
+    };
+    match connected {
         Ok(stream) => {
             backend
                 .metrics
@@ -336,6 +430,17 @@ async fn attempt(ctx: &ForwardContext, backend: &Backend) -> Attempt {
     }
 }
 
+/// Whether a transparent connect's error is the mode's rather than the backend's.
+fn transparent_failure(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::TimedOut
+        || matches!(
+            e.raw_os_error(),
+            Some(
+                libc::EPERM | libc::EACCES | libc::EADDRNOTAVAIL | libc::EADDRINUSE | libc::EINVAL
+            )
+        )
+}
+
 /// Finds a backend for a new client: tries every backend in selection order (each failure
 /// marks that backend suspect). When none could be reached, the client is held (it has seen
 /// nothing yet, and holding is cheap) and every backend — including any added meanwhile, by
@@ -345,7 +450,18 @@ async fn attempt(ctx: &ForwardContext, backend: &Backend) -> Attempt {
 /// The first choice is found without building the ordered list (the common case: it
 /// answers); the list is built only once it failed. A held client connects in turn (pace.rs):
 /// the turn comes back with the connection, and is given back when the backend answers.
-async fn connect_any(ctx: &ForwardContext) -> Option<(Arc<Backend>, TcpStream, Option<Turn>)> {
+///
+/// Once this instance is draining and a peer has adopted its listening sockets
+/// ([`ForwardContext::successor_serves`]), a client no backend takes is carried to the address
+/// it connected to (no backend then: `None` in the first place of the answer): the successor
+/// accepts there and has backends of its own. Without it such a client, accepted in the
+/// moments between the own apiserver closing its listener and the handoff, could only be
+/// closed.
+async fn connect_any(
+    ctx: &ForwardContext,
+    client: &TcpStream,
+    source: Option<IpAddr>,
+) -> Option<(Option<Arc<Backend>>, TcpStream, Option<Turn>)> {
     let hold_until = tokio::time::Instant::now() + ctx.connect_timeout;
     // Subscribed only once a round failed (a client that connects at once never needs it).
     let mut changes = None;
@@ -356,8 +472,8 @@ async fn connect_any(ctx: &ForwardContext) -> Option<(Arc<Backend>, TcpStream, O
         let first = ctx.backends.first_choice();
         if let Some(backend) = &first {
             let turn = take_turn(held, backend).await;
-            match attempt(ctx, backend).await {
-                Attempt::Connected(stream) => return first.map(|b| (b, stream, turn)),
+            match attempt(ctx, backend, source).await {
+                Attempt::Connected(stream) => return first.map(|b| (Some(b), stream, turn)),
                 Attempt::Exhausted => return None,
                 Attempt::Failed => {}
             }
@@ -368,10 +484,18 @@ async fn connect_any(ctx: &ForwardContext) -> Option<(Arc<Backend>, TcpStream, O
                 continue;
             }
             let turn = take_turn(held, &backend).await;
-            match attempt(ctx, &backend).await {
-                Attempt::Connected(stream) => return Some((backend, stream, turn)),
+            match attempt(ctx, &backend, source).await {
+                Attempt::Connected(stream) => return Some((Some(backend), stream, turn)),
                 Attempt::Exhausted => return None,
                 Attempt::Failed => {}
+            }
+        }
+        if ctx
+            .successor_serves
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            if let Some(stream) = via_successor(ctx, client).await {
+                return Some((None, stream, None));
             }
         }
         held = true;
@@ -392,6 +516,26 @@ async fn connect_any(ctx: &ForwardContext) -> Option<(Arc<Backend>, TcpStream, O
             }
         }
         pause = (pause * 2).min(HOLD_RETRY_MAX);
+    }
+}
+
+static VIA_SUCCESSOR_LOG: LogRate = LogRate::new(Duration::from_secs(1));
+
+/// Connects to the address `client` connected to (the listening address a peer adopted).
+async fn via_successor(ctx: &ForwardContext, client: &TcpStream) -> Option<TcpStream> {
+    let addr = client.local_addr().ok()?;
+    match net::connect(addr, ctx.connect_timeout).await {
+        Ok(stream) => {
+            ctx.metrics.connections_via_successor.inc();
+            if let Some(suppressed) = VIA_SUCCESSOR_LOG.allow() {
+                tracing::info!(listen.addr = %addr, suppressed, "no backend left: client carried to the successor that adopted the listening socket");
+            }
+            Some(stream)
+        }
+        Err(e) => {
+            tracing::debug!(listen.addr = %addr, error = %e, "cannot reach the successor");
+            None
+        }
     }
 }
 
@@ -425,7 +569,8 @@ mod tests {
 
     /// What each connection task holds for its whole life: the future of `serve`. The drain
     /// timer and the close state are allocated only when needed, so it stays small (it was
-    /// 3.6 KiB with them inline).
+    /// 3.6 KiB with them inline). The client's address for `--client-address transparent`,
+    /// kept for every connect attempt of a held client, took it from 2048 to 2072 bytes.
     #[tokio::test]
     async fn a_connection_future_stays_small() {
         let ctx = crate::transfer::test_context(copy::Mode::Auto);
@@ -434,10 +579,10 @@ mod tests {
             .await
             .unwrap();
         let (accepted, peer) = listener.accept().await.unwrap();
-        let future = serve(accepted, ClientAddr(peer), ctx);
+        let future = serve(accepted, ClientAddr(peer), Some(peer.ip()), ctx);
         let size = std::mem::size_of_val(&future);
         eprintln!("serve future: {size} bytes");
-        assert!(size <= 2048, "serve future is {size} bytes");
+        assert!(size <= 2080, "serve future is {size} bytes");
     }
 
     /// Clients held while their backend was down are released at the pace it answers: when
@@ -477,7 +622,7 @@ mod tests {
         tokio::spawn(async move {
             loop {
                 let (stream, peer) = front.accept().await.unwrap();
-                tokio::spawn(serve(stream, ClientAddr(peer), serving.clone()));
+                tokio::spawn(serve(stream, ClientAddr(peer), None, serving.clone()));
             }
         });
         let mut clients = tokio::task::JoinSet::new();

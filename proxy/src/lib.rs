@@ -30,6 +30,10 @@
 //! - [`check`]: active https/tls/tcp health checks.
 //! - [`discovery`]: own backend (address file) and node-local backends (shared directory).
 //! - [`net`]: TCP socket options and binding.
+//! - [`transparent`]: `--client-address transparent`: the client's address on backend
+//!   connections, verified per backend, falling back to a normal connect.
+//! - [`routes`]: the node's policy routing for it over rtnetlink (`transparent-routes`).
+//! - [`privileges`]: `--user`: switch from root to the proxy's uid keeping `CAP_NET_RAW`.
 //! - [`tls`]: PEM loading and the health-check TLS client config.
 //! - [`handoff`]: listener handoff between instances (codec, wire, peer server).
 //! - [`sockmap`]: `--data-path=sockmap`: pairs of sockets whose bytes the kernel moves.
@@ -49,6 +53,10 @@
 //! - [`launch`]: the `launch` subcommand: random loopback address for kube-apiserver.
 //! - [`kubernetes_endpoints`]: the `kubernetes-endpoints` subcommand: `default/kubernetes` of a
 //!   single controller, for `--endpoint-reconciler-type=none`.
+//! - [`kubeadm_sync`]: the `kubeadm-sync` node agent: kubeadm's manifests to the kubelet's
+//!   static pods, kube-apiserver's as a rollout of the Deployment.
+//! - [`render`]: the `render` subcommand: the Deployment derived from kubeadm's static pod.
+//! - [`yaml`]: YAML in and out, resolved as Kubernetes reads it.
 //! - [`fsutil`]: atomic file writes.
 //! - `fault` (feature `planted-faults` only): faults planted for the real-cluster tier's
 //!   self-test.
@@ -77,6 +85,7 @@ pub mod fsutil;
 pub mod handoff;
 pub mod health;
 pub mod install;
+pub mod kubeadm_sync;
 pub mod kubernetes_endpoints;
 pub mod launch;
 pub mod lifecycle;
@@ -89,10 +98,13 @@ pub mod migrate_back;
 pub mod net;
 pub mod notify;
 pub mod pace;
+pub mod privileges;
 pub mod probe;
 pub mod readiness;
 pub mod recover;
+pub mod render;
 pub mod retire;
+pub mod routes;
 pub mod scrape;
 pub mod served;
 pub mod server;
@@ -104,8 +116,10 @@ pub mod staticpod;
 pub mod sys;
 pub mod tls;
 pub mod transfer;
+pub mod transparent;
 pub mod upgrade;
 pub mod workers;
+pub mod yaml;
 
 /// Whether this test run is CI (`CI` set to anything but empty, `false` or `0`, the rule of
 /// every test of the project): a test that cannot run its subject fails there instead of

@@ -421,9 +421,14 @@ async fn accept_loop(l: AcceptLoop) {
                     connections.spawn(crate::fault::close_unanswered(stream));
                     continue;
                 }
+                let source = if ctx.transparent {
+                    transparent_source(peer, addr, &stream)
+                } else {
+                    None
+                };
                 let ctx = ctx.clone();
                 connections.spawn(async move {
-                    forward::serve(stream, ClientAddr(peer), ctx).await;
+                    forward::serve(stream, ClientAddr(peer), source, ctx).await;
                     drop(permit);
                 });
             }
@@ -461,6 +466,22 @@ async fn accept_loop(l: AcceptLoop) {
         }
     }
     tracing::debug!(listen.addr = %addr, "accept loop stopped");
+}
+
+/// The source for a connection from `peer` accepted on `listen` in transparent mode: the
+/// node-local test compares with the address the client connected to, which is the listen
+/// address unless that is a wildcard (then one `getsockname`).
+fn transparent_source(
+    peer: std::net::SocketAddr,
+    listen: ListenAddr,
+    stream: &TcpStream,
+) -> Option<std::net::IpAddr> {
+    let local = if listen.0.ip().is_unspecified() {
+        stream.local_addr().ok()?.ip()
+    } else {
+        listen.0.ip()
+    };
+    crate::transparent::source_for(peer.ip(), local)
 }
 
 #[cfg(test)]

@@ -12,7 +12,8 @@ use clap::Parser;
 use kube_apiserver_proxy::cli::{self, Cli, Command, LogFormat, RunArgs, RuntimeShape};
 use kube_apiserver_proxy::config::Config;
 use kube_apiserver_proxy::{
-    install, kubernetes_endpoints, launch, migrate, migrate_back, probe, recover, server, signal,
+    install, kubeadm_sync, kubernetes_endpoints, launch, migrate, migrate_back, privileges, probe,
+    recover, render, routes, server, signal,
 };
 
 fn main() -> ExitCode {
@@ -49,6 +50,16 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Some(Command::Render(args)) => match render::print(&args) {
+            Ok(yaml) => match std::io::Write::write_all(&mut std::io::stdout(), yaml.as_bytes()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: writing to stdout: {e}");
+                    ExitCode::FAILURE
+                }
+            },
+            Err(e) => bad_input(format!("error: {e}")),
+        },
         Some(Command::Migrate(args)) => {
             init_tracing(LogFormat::Text, "info");
             match migrate::run(&args) {
@@ -71,6 +82,18 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Some(Command::KubeadmSync(args)) => {
+            init_tracing(LogFormat::Text, "info");
+            match kubeadm_sync::run(&args) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) if e.is_bad_input() => bad_input(format!("error: kubeadm-sync: {e}")),
+                Err(e) => {
+                    eprintln!("error: kubeadm-sync: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Some(Command::TransparentRoutes(args)) => transparent_routes(&args),
         Some(Command::Recover(args)) => {
             init_tracing(args.log_format, "info");
             match recover::run(&args) {
@@ -80,6 +103,29 @@ fn main() -> ExitCode {
         }
         // Returns only when it could not exec.
         Some(Command::Launch(args)) => bad_input(format!("error: {:#}", launch::launch(&args))),
+    }
+}
+
+/// `transparent-routes`: one line per rule and route, as `ip` shows it; exit 1 when one could
+/// not be read or added.
+fn transparent_routes(args: &cli::TransparentRoutesArgs) -> ExitCode {
+    let items = routes::items(args.table, args.priority);
+    let done = if args.remove {
+        routes::remove(&items)
+    } else {
+        routes::install(&items)
+    };
+    match done {
+        Ok(done) => {
+            for (item, outcome) in done {
+                println!("{outcome}: {item}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: transparent-routes: {e:#}");
+            ExitCode::FAILURE
+        }
     }
 }
 
@@ -94,6 +140,24 @@ fn run(args: RunArgs) -> ExitCode {
         Err(e) => return bad_input(format!("error: {e:#}")),
     };
     init_tracing(config.log_format, &config.log_level);
+    // Before any thread exists: capabilities belong to threads.
+    if let Some((uid, gid)) = config.user {
+        let transparent = config.client_address == cli::ClientAddress::Transparent;
+        if let Err(e) = privileges::switch(uid, gid, transparent) {
+            return bad_input(format!("error: {e:#}"));
+        }
+        tracing::info!(uid, gid, cap_net_raw = transparent, "switched user");
+        // Checked here rather than with the other flags: as the uid that uses it.
+        if let Some(h) = &config.handoff {
+            if let Err(e) = kube_apiserver_proxy::handoff::check_dir(&h.dir) {
+                let e = e.to_string();
+                return bad_input(format!(
+                    "error: --handoff-dir: {}",
+                    e.trim_start_matches("--handoff-dir ")
+                ));
+            }
+        }
+    }
     // With a runtime per worker thread (workers.rs) the main runtime carries only the control
     // plane.
     let runtime = match config.runtime {

@@ -37,6 +37,7 @@ pub const LISTENING_SOCKETS: &str = "listening_sockets";
 pub const LISTENING_SOCKETS_DROPPED: &str = "listening_sockets_dropped_total";
 pub const TCP_MIGRATE_REQ: &str = "tcp_migrate_req";
 pub const ADMIN_REQUESTS_REJECTED: &str = "admin_requests_rejected_total";
+pub const CONNECTIONS_VIA_SUCCESSOR: &str = "connections_via_successor_total";
 pub const RUNTIME_ALIVE_TASKS: &str = "runtime_alive_tasks";
 pub const OPEN_FDS: &str = "open_fds";
 pub const PIPES_POOLED: &str = "splice_pipes_pooled";
@@ -58,6 +59,7 @@ pub const CHECKPOINT_RESULTS: [&str; 6] = [
     "refused",
     "error",
 ];
+pub const CLIENT_ADDRESS_CONNECTIONS: &str = "client_address_connections_total";
 
 /// The `result` label values of `health_checks_total`, one series each per backend.
 const CHECK_RESULTS: [&str; 5] = ["ok", "not_ready", "failed", "refused", "skipped"];
@@ -100,6 +102,11 @@ pub struct Metrics {
     pub sockmap_paired: IntCounter,
     /// Connections that could not be paired and were copied in user space instead.
     pub sockmap_fallback: IntCounter,
+    /// `--client-address transparent`: connections made with the client's address.
+    pub client_address_transparent: IntCounter,
+    /// `--client-address transparent`: connections that should have carried the client's
+    /// address and were made normally (the backend not verified, transparent.rs).
+    pub client_address_fallback: IntCounter,
     backend_up: IntGaugeVec,
     backend_active: IntGaugeVec,
     backend_connect_failures: IntCounterVec,
@@ -114,6 +121,7 @@ pub struct Metrics {
     pub listening_sockets_dropped: IntCounter,
     pub tcp_migrate_req: IntGauge,
     pub admin_requests_rejected: IntCounter,
+    pub connections_via_successor: IntCounter,
     runtime_alive_tasks: IntGauge,
     open_fds: IntGauge,
     pipes_pooled: IntGauge,
@@ -230,6 +238,18 @@ impl Metrics {
                 &["result"]
             )
         );
+        let client_address = register!(
+            r,
+            IntCounterVec::new(
+                opts(
+                    CLIENT_ADDRESS_CONNECTIONS,
+                    "--client-address transparent: connections to a loopback backend from a \
+                     client off the node, made with the client's address (transparent) or, \
+                     because that did not work, normally (fallback)."
+                ),
+                &["result"]
+            )
+        );
         let metrics = Metrics {
             connections_accepted: register!(
                 r,
@@ -264,6 +284,8 @@ impl Metrics {
             ),
             sockmap_paired: sockmap_connections.with_label_values(&["paired"]),
             sockmap_fallback: sockmap_connections.with_label_values(&["fallback"]),
+            client_address_transparent: client_address.with_label_values(&["transparent"]),
+            client_address_fallback: client_address.with_label_values(&["fallback"]),
             backend_up: register!(
                 r,
                 IntGaugeVec::new(
@@ -399,6 +421,13 @@ impl Metrics {
                 IntCounter::with_opts(opts(
                     ADMIN_REQUESTS_REJECTED,
                     "Admin requests rejected (bad method, path or size)."
+                ))
+            ),
+            connections_via_successor: register!(
+                r,
+                IntCounter::with_opts(opts(
+                    CONNECTIONS_VIA_SUCCESSOR,
+                    "Clients of a draining instance that no backend took, carried to the successor that adopted the listening socket."
                 ))
             ),
         };

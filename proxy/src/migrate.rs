@@ -285,7 +285,7 @@ fn validate(args: &MigrateArgs) -> Result<u16, MigrateError> {
     }
     if args.uid == 0 {
         return Err(bad(
-            "--uid 0: the sockets go to the proxy's uid (the Deployment's runAsUser, 65532)",
+            "--uid 0: the sockets go to the proxy's uid (the Deployment's runAsUser, 59443)",
         ));
     }
     if !nix::unistd::geteuid().is_root() {

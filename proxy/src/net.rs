@@ -87,6 +87,41 @@ pub async fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStrea
         Type::STREAM.nonblocking().cloexec(),
         None,
     )?;
+    connect_socket(socket, addr, timeout).await
+}
+
+/// Connects to `addr` within `timeout` from `source`, an address that need not be this host's
+/// (`IP_TRANSPARENT`, `--client-address transparent`); the port is chosen at connect time, so
+/// any number of connections may share one source address. Three system calls more than
+/// [`connect`]: two socket options and the bind.
+pub async fn connect_from(
+    source: std::net::IpAddr,
+    addr: SocketAddr,
+    timeout: Duration,
+) -> io::Result<TcpStream> {
+    let socket = transparent_socket(source, addr)?;
+    connect_socket(socket, addr, timeout).await
+}
+
+/// The socket of [`connect_from`], bound to `source`, not yet connected.
+pub fn transparent_socket(source: std::net::IpAddr, addr: SocketAddr) -> io::Result<Socket> {
+    let socket = Socket::new(
+        Domain::for_address(addr),
+        Type::STREAM.nonblocking().cloexec(),
+        None,
+    )?;
+    crate::sys::set_transparent(std::os::fd::AsFd::as_fd(&socket))?;
+    socket.bind(&SocketAddr::new(source, 0).into())?;
+    Ok(socket)
+}
+
+/// Connects `socket` (non-blocking, not yet connected) to `addr` within `timeout`, as
+/// [`connect`] does.
+pub async fn connect_socket(
+    socket: Socket,
+    addr: SocketAddr,
+    timeout: Duration,
+) -> io::Result<TcpStream> {
     match socket.connect(&addr.into()) {
         Ok(()) => {}
         Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}

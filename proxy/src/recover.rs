@@ -106,11 +106,13 @@ impl TryFrom<&RecoverArgs> for Recover {
             }
         }
         // A pod that can write the checkpoint or the static pod directory can make any pod a
-        // static pod: no checkpoint may mount either, nor a directory above them.
-        let protected = [&args.checkpoint_dir, &args.static_pod_dir]
+        // static pod: no checkpoint may mount either, nor a directory above them; nor kubeadm's
+        // manifest directory, which `kubeadm-sync` copies into the kubelet's.
+        let mut protected = [&args.checkpoint_dir, &args.static_pod_dir]
             .iter()
             .map(|p| p.display().to_string())
             .collect::<Vec<_>>();
+        protected.push(staticpod::KUBEADM_MANIFESTS.to_owned());
         let policy = staticpod::Policy::new(
             &args.allow_host_path,
             &args.allow_image_repository,
@@ -254,7 +256,7 @@ async fn serve_metrics(
                 .expect("valid response")
         }
     };
-    crate::admin::serve_with(listener, handler, false, stop, tasks).await;
+    crate::admin::serve_with(listener, handler, false, None, stop, tasks).await;
 }
 
 fn unix_seconds(t: Option<std::time::SystemTime>) -> i64 {

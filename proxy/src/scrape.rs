@@ -5,16 +5,25 @@
 //! a declared port becomes a host port, and the scheduler would keep the surge pod off the
 //! node. A scraper therefore cannot learn a per-pod port. Instead every instance on the node
 //! binds the same `--metrics-listen` address with `SO_REUSEPORT`, and whichever accepts a
-//! scrape answers with its own metrics **and those of every other live instance on the node**,
-//! fetched from their private admin endpoints. Each instance publishes its admin address as
+//! scrape answers with its own metrics **and those of every other live instance on the node**.
+//! The answer is the same whoever gives it: every instance labels its series with
+//! `--metrics-label` (`pod=…`). The endpoint serves `GET /metrics` only.
+//!
+//! The other instances' metrics come from a **peer-metrics listener** of each instance (a
+//! loopback address of its own, port 0, `GET /metrics` only), published as
 //! `<handoff-dir>/kap-<pid>-<n>.admin` (the directory every instance of the node already
-//! shares, 0700, one uid), and labels its series with `--metrics-label` (`pod=…`), so the
-//! answer is the same whoever gives it. The endpoint serves `GET /metrics` only.
+//! shares, 0700, one uid); only loopback addresses are taken from there. Not from the admin
+//! endpoint: that one answers the pod's probes, and no scrape may take a connection slot a
+//! probe needs. The fan-out is cached for `--metrics-cache` (and concurrent scrapes wait for
+//! the one fetch under way), so a scrape storm on the node address costs each other instance
+//! one request per period.
 //!
 //! A peer that does not answer within [`FETCH_TIMEOUT`] is left out of that scrape; a file
 //! whose address refuses connections is removed (its instance is gone: a live one writes its
 //! file again within [`PUBLISH_INTERVAL`]). Responses close their connection, so a scraper
-//! never keeps a connection to an instance that is about to exit.
+//! never keeps a connection to an instance that is about to exit. With
+//! `--metrics-tls-cert-file` the node address speaks TLS and answers only scrapers with a
+//! client certificate of `--metrics-client-ca-file`.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -27,6 +36,7 @@ use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use prometheus::{Encoder as _, TextEncoder};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -63,7 +73,8 @@ impl Peers {
         Self { dir, own }
     }
 
-    /// The admin addresses the other instances published, with their files. Blocking.
+    /// The peer-metrics addresses the other instances published (loopback only), with their
+    /// files. Blocking.
     fn list(&self) -> Vec<(PathBuf, SocketAddr)> {
         let Ok(entries) = std::fs::read_dir(&self.dir) else {
             return Vec::new();
@@ -82,7 +93,8 @@ impl Peers {
             }
             let addr = std::fs::read_to_string(entry.path())
                 .ok()
-                .and_then(|t| t.trim().parse::<SocketAddr>().ok());
+                .and_then(|t| t.trim().parse::<SocketAddr>().ok())
+                .filter(|a| a.ip().is_loopback());
             if let Some(addr) = addr {
                 out.push((entry.path(), addr));
             }
@@ -92,9 +104,9 @@ impl Peers {
     }
 }
 
-/// Publishes our admin address until `stop`, then removes it. Writes it again whenever it is
+/// Publishes our peer-metrics address until `stop`, then removes it. Writes it again whenever it is
 /// missing (a peer removed it while we could not answer, or someone cleaned the directory).
-pub async fn publish(peers: Peers, admin_addr: SocketAddr, stop: CancellationToken) {
+pub async fn publish(peers: Peers, peer_addr: SocketAddr, stop: CancellationToken) {
     let path = peers.dir.join(&peers.own);
     loop {
         let file = path.clone();
@@ -102,11 +114,11 @@ pub async fn publish(peers: Peers, admin_addr: SocketAddr, stop: CancellationTok
             if file.exists() {
                 return Ok(());
             }
-            crate::fsutil::write_atomic(&file, format!("{admin_addr}\n").as_bytes())
+            crate::fsutil::write_atomic(&file, format!("{peer_addr}\n").as_bytes())
         })
         .await;
         if let Ok(Err(e)) = written {
-            tracing::warn!(file = %path.display(), error = %e, "cannot publish the admin address for --metrics-listen");
+            tracing::warn!(file = %path.display(), error = %e, "cannot publish the peer-metrics address for --metrics-listen");
         }
         tokio::select! {
             _ = stop.cancelled() => break,
@@ -117,15 +129,96 @@ pub async fn publish(peers: Peers, admin_addr: SocketAddr, stop: CancellationTok
     let _ = tokio::time::timeout(Duration::from_secs(1), remove).await;
 }
 
-/// Binds `addr` with `SO_REUSEPORT` (trying again every [`BIND_RETRY`] while it fails: the
-/// proxy's own work never depends on it) and serves the node's metrics there until `stop`.
-pub async fn serve(
-    addr: SocketAddr,
-    peers: Peers,
+/// Serves this instance's own metrics to the other instances of the node, on `listener` (the
+/// address [`publish`]ed), until `stop`. `GET /metrics` only, with a connection budget of its
+/// own.
+pub async fn serve_peer(
+    listener: tokio::net::TcpListener,
     view: Arc<AdminView>,
     stop: CancellationToken,
     tasks: TaskTracker,
 ) {
+    let handler = move |req: Request<Incoming>| {
+        let view = view.clone();
+        async move {
+            if req.uri().path() != "/metrics" {
+                return admin::text(StatusCode::NOT_FOUND, "not found: only /metrics here\n");
+            }
+            if req.method() != Method::GET && req.method() != Method::HEAD {
+                return admin::text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
+            }
+            own_metrics(&view).await
+        }
+    };
+    admin::serve_with(listener, handler, false, None, stop, tasks).await;
+}
+
+/// How the node's scrape address is served.
+pub struct NodeScrape {
+    /// `--metrics-listen`.
+    pub addr: SocketAddr,
+    /// Where the other instances are found.
+    pub peers: Peers,
+    /// How long fetched peer metrics are reused (`--metrics-cache`).
+    pub cache_for: Duration,
+    /// TLS with client certificates, if configured.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+}
+
+/// Published peers, as [`Peers::list`] gives them.
+type PeerList = Vec<(PathBuf, SocketAddr)>;
+
+/// The last fan-out: when, to which peers, and their texts.
+struct Fetched {
+    at: Instant,
+    peers: PeerList,
+    texts: Arc<Vec<String>>,
+}
+
+/// The other instances' metrics of the last fan-out, reused until they are `cache_for` old or
+/// the published peers change (an instance started or went away: the next scrape shows it at
+/// once).
+struct PeerCache {
+    peers: Peers,
+    cache_for: Duration,
+    /// Held across a fetch, so concurrent scrapes wait for the one fetch under way instead of
+    /// starting their own.
+    last: tokio::sync::Mutex<Option<Fetched>>,
+}
+
+impl PeerCache {
+    async fn get(&self) -> Arc<Vec<String>> {
+        let mut last = self.last.lock().await;
+        let list = {
+            let peers = self.peers.clone();
+            tokio::task::spawn_blocking(move || peers.list())
+                .await
+                .unwrap_or_default()
+        };
+        if let Some(f) = last.as_ref() {
+            if f.at.elapsed() < self.cache_for && f.peers == list {
+                return f.texts.clone();
+            }
+        }
+        let texts = Arc::new(fetch_all(list.clone()).await);
+        *last = Some(Fetched {
+            at: Instant::now(),
+            peers: list,
+            texts: texts.clone(),
+        });
+        texts
+    }
+}
+
+/// Binds `scrape.addr` with `SO_REUSEPORT` (trying again every [`BIND_RETRY`] while it fails:
+/// the proxy's own work never depends on it) and serves the node's metrics there until `stop`.
+pub async fn serve(
+    scrape: NodeScrape,
+    view: Arc<AdminView>,
+    stop: CancellationToken,
+    tasks: TaskTracker,
+) {
+    let addr = scrape.addr;
     let mut warned = false;
     let listener = loop {
         match crate::net::bind_reuseport(addr).and_then(tokio::net::TcpListener::from_std) {
@@ -142,21 +235,39 @@ pub async fn serve(
             _ = tokio::time::sleep(BIND_RETRY) => {}
         }
     };
-    tracing::info!(addr = %addr, "node metrics endpoint listening");
-    let peers = Arc::new(peers);
+    tracing::info!(addr = %addr, tls = scrape.tls.is_some(), "node metrics endpoint listening");
+    let cache = Arc::new(PeerCache {
+        peers: scrape.peers,
+        cache_for: scrape.cache_for,
+        last: tokio::sync::Mutex::new(None),
+    });
     let handler = move |req: Request<Incoming>| {
-        let (view, peers) = (view.clone(), peers.clone());
-        async move { respond(&req, &view, &peers).await }
+        let (view, cache) = (view.clone(), cache.clone());
+        async move { respond(&req, &view, &cache).await }
     };
     // No keep-alive: each scrape connects anew and lands on any live instance (all answer
     // the same), never on a kept connection to an instance that is about to exit.
-    admin::serve_with(listener, handler, false, stop, tasks).await;
+    admin::serve_with(listener, handler, false, scrape.tls, stop, tasks).await;
+}
+
+/// This instance's metrics alone, as a response.
+async fn own_metrics(view: &AdminView) -> Response<Full<Bytes>> {
+    match view.metrics_text().await {
+        Ok(body) => Response::builder()
+            .header(
+                hyper::header::CONTENT_TYPE,
+                TextEncoder::new().format_type(),
+            )
+            .body(Full::new(Bytes::from(body)))
+            .expect("valid response"),
+        Err(_) => admin::text(StatusCode::INTERNAL_SERVER_ERROR, "cannot encode metrics\n"),
+    }
 }
 
 async fn respond(
     req: &Request<Incoming>,
     view: &AdminView,
-    peers: &Arc<Peers>,
+    cache: &PeerCache,
 ) -> Response<Full<Bytes>> {
     if req.uri().path() != "/metrics" {
         return admin::text(StatusCode::NOT_FOUND, "not found: only /metrics here\n");
@@ -168,33 +279,10 @@ async fn respond(
         Ok(text) => String::from_utf8_lossy(&text).into_owned(),
         Err(_) => return admin::text(StatusCode::INTERNAL_SERVER_ERROR, "cannot encode metrics\n"),
     };
-    let list = {
-        let peers = peers.clone();
-        tokio::task::spawn_blocking(move || peers.list())
-            .await
-            .unwrap_or_default()
-    };
-    let mut fetches = tokio::task::JoinSet::new();
-    for (file, addr) in list {
-        fetches.spawn(async move { (file, addr, fetch(addr).await) });
-    }
-    let mut texts = vec![own];
-    while let Some(joined) = fetches.join_next().await {
-        let Ok((file, addr, result)) = joined else {
-            continue;
-        };
-        match result {
-            Ok(text) => texts.push(text),
-            Err(Fetch::Refused) => {
-                // Nobody listens there any more: the instance is gone without removing its file.
-                tracing::info!(peer = %addr, file = %file.display(), "removing the admin address of a gone instance");
-                let _ = tokio::task::spawn_blocking(move || std::fs::remove_file(file)).await;
-            }
-            Err(Fetch::Failed(e)) => {
-                tracing::debug!(peer = %addr, error = e, "peer metrics left out of this scrape");
-            }
-        }
-    }
+    let peers = cache.get().await;
+    let mut texts = Vec::with_capacity(peers.len() + 1);
+    texts.push(own);
+    texts.extend(peers.iter().cloned());
     Response::builder()
         .header(
             hyper::header::CONTENT_TYPE,
@@ -204,6 +292,33 @@ async fn respond(
         .expect("valid response")
 }
 
+/// Fetches the metrics of every instance in `list`, in parallel; removes the files of gone
+/// instances.
+async fn fetch_all(list: PeerList) -> Vec<String> {
+    let mut fetches = tokio::task::JoinSet::new();
+    for (file, addr) in list {
+        fetches.spawn(async move { (file, addr, fetch(addr).await) });
+    }
+    let mut texts = Vec::new();
+    while let Some(joined) = fetches.join_next().await {
+        let Ok((file, addr, result)) = joined else {
+            continue;
+        };
+        match result {
+            Ok(text) => texts.push(text),
+            Err(Fetch::Refused) => {
+                // Nobody listens there any more: the instance is gone without removing its file.
+                tracing::info!(peer = %addr, file = %file.display(), "removing the peer-metrics address of a gone instance");
+                let _ = tokio::task::spawn_blocking(move || std::fs::remove_file(file)).await;
+            }
+            Err(Fetch::Failed(e)) => {
+                tracing::debug!(peer = %addr, error = e, "peer metrics left out of this scrape");
+            }
+        }
+    }
+    texts
+}
+
 /// Why a peer's metrics could not be fetched.
 enum Fetch {
     /// Connection refused: nobody listens on its address any more.
@@ -211,7 +326,7 @@ enum Fetch {
     Failed(String),
 }
 
-/// `GET /metrics` from a peer's admin endpoint.
+/// `GET /metrics` from a peer's peer-metrics listener.
 async fn fetch(addr: SocketAddr) -> Result<String, Fetch> {
     let work = async {
         let tcp = tokio::net::TcpStream::connect(addr).await.map_err(|e| {

@@ -6,7 +6,9 @@
 //! window) → Stopped.
 //!
 //! SIGUSR2 while Serving is an in-place upgrade ([`crate::upgrade`]): once the successor is
-//! ready, this instance drains exactly as on SIGTERM; if the successor fails, it goes on serving.
+//! ready, this instance hands it the listening sockets and the established connections while
+//! still Serving (it answers the admin socket until then), then drains what is left as on
+//! SIGTERM; if the successor fails, it goes on serving.
 
 use std::os::fd::AsFd;
 use std::sync::Arc;
@@ -21,7 +23,7 @@ use tokio_util::task::TaskTracker;
 use crate::addr::ListenAddr;
 use crate::admin::{self, AdminView};
 use crate::backend::{Backends, Tier};
-use crate::cli::RuntimeShape;
+use crate::cli::{ClientAddress, RuntimeShape};
 use crate::config::Config;
 use crate::discovery;
 use crate::forward::ForwardContext;
@@ -104,7 +106,15 @@ pub async fn run(
         copy_mode: config.copy_mode,
         sockmap: open_sockmap(&config, &metrics),
         carried: Arc::default(),
+        successor_serves: Default::default(),
+        transparent: config.client_address == ClientAddress::Transparent,
     });
+    if ctx.transparent {
+        tasks.spawn(crate::transparent::run(
+            backends.clone(),
+            root.child_token(),
+        ));
+    }
     tasks.spawn(crate::forward::cut_on_cancel(ctx.clone()));
     let placement = match config.runtime {
         RuntimeShape::Shared => Placement::Shared,
@@ -124,7 +134,10 @@ pub async fn run(
         root.child_token(),
     ));
 
-    let admin_listener = admin::bind(config.admin_listen.0, config.admin_address_file.as_deref())
+    let admin::AdminSocket {
+        listener: admin_listener,
+        predecessor,
+    } = admin::bind(config.admin_listen.0, config.admin_address_file.as_deref())
         .await
         .map_err(|source| RunError::AdminBind {
             addr: config.admin_listen.to_string(),
@@ -166,6 +179,7 @@ pub async fn run(
         metrics: metrics.clone(),
         readiness,
         handoff: handoff.clone(),
+        client_address: config.client_address,
     });
     tracing::info!(admin.addr = %admin_listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), "admin endpoint listening");
     if let (Some(addr), Some(h), Ok(admin_addr)) = (
@@ -173,29 +187,57 @@ pub async fn run(
         &config.handoff,
         admin_listener.local_addr(),
     ) {
-        let peers = crate::scrape::Peers::new(h.dir.clone());
-        tasks.spawn(crate::scrape::publish(
-            peers.clone(),
-            admin_addr,
-            root.child_token(),
-        ));
-        tasks.spawn(crate::scrape::serve(
-            addr,
-            peers,
-            view.clone(),
-            root.child_token(),
-            tasks.clone(),
-        ));
+        // The other instances fetch our metrics here, never from the admin endpoint (whose
+        // connections the probes need).
+        match tokio::net::TcpListener::bind((admin_addr.ip(), 0)).await {
+            Ok(peer_listener) => {
+                let peers = crate::scrape::Peers::new(h.dir.clone());
+                if let Ok(peer_addr) = peer_listener.local_addr() {
+                    tasks.spawn(crate::scrape::publish(
+                        peers.clone(),
+                        peer_addr,
+                        root.child_token(),
+                    ));
+                }
+                tasks.spawn(crate::scrape::serve_peer(
+                    peer_listener,
+                    view.clone(),
+                    root.child_token(),
+                    tasks.clone(),
+                ));
+                tasks.spawn(crate::scrape::serve(
+                    crate::scrape::NodeScrape {
+                        addr,
+                        peers,
+                        cache_for: config.metrics_cache,
+                        tls: config.metrics_tls.clone(),
+                    },
+                    view.clone(),
+                    root.child_token(),
+                    tasks.clone(),
+                ));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot bind the peer-metrics listener: --metrics-listen not served");
+            }
+        }
     }
     // Kept for a successor to inherit (in-place upgrade).
     let admin_fd = admin_listener.as_fd().try_clone_to_owned().ok();
     let admin_stop = root.child_token();
-    tasks.spawn(admin::serve(
-        admin_listener,
-        view,
-        admin_stop.clone(),
-        tasks.clone(),
-    ));
+    {
+        // Started by an in-place upgrade: the predecessor answers on the admin socket until it
+        // has handed everything over; we take over only then, and only once ready.
+        let (admin_stop, tasks_for_admin) = (admin_stop.clone(), tasks.clone());
+        let (readiness, handoff) = (view.readiness.clone(), handoff.clone());
+        tasks.spawn(async move {
+            tokio::select! {
+                _ = admin_stop.cancelled() => return,
+                _ = upgrade::wait_admin_turn(predecessor, || readiness.ready(), handoff.as_deref()) => {}
+            }
+            admin::serve(admin_listener, view, admin_stop, tasks_for_admin).await;
+        });
+    }
 
     lifecycle.advance(State::WaitingForBackend);
     // Started (configuration valid, admin endpoint up): what systemd's `Type=notify` waits for.
@@ -229,8 +271,6 @@ pub async fn run(
                     .await;
                     match upgraded {
                         Upgraded::Yes(pid) => {
-                            // The successor answers on the shared admin socket from now on.
-                            admin_stop.cancel();
                             successor = Some(pid);
                             break "SIGUSR2";
                         }
@@ -240,15 +280,31 @@ pub async fn run(
                 }
             }
         };
-        tracing::info!(signal, drain_timeout = ?config.drain_timeout, "shutdown requested: draining");
-        lifecycle.advance(State::Draining);
         let deadline = Instant::now() + config.drain_timeout;
         #[cfg(feature = "planted-faults")]
         crate::fault::at_drain(&ctx, &listeners, deadline);
-        if let Some(h) = &handoff {
-            h.hand_over(deadline, || backends.any_healthy()).await;
-            if let Some(pid) = successor {
+        match (successor, &handoff) {
+            (Some(pid), Some(h)) => {
+                // In-place upgrade: still Serving (and ready, answering the pod's probes on the
+                // admin socket) while everything is handed to the ready successor; then the
+                // successor answers there, and this instance drains what it could not hand.
+                if h.hand_over(deadline, || backends.any_healthy()).await {
+                    successor_serves(&ctx);
+                }
                 hand_over_connections(h, &ctx, pid).await;
+                admin_stop.cancel();
+                tracing::info!(signal, successor.pid = pid, drain_timeout = ?config.drain_timeout, "in-place upgrade: handed over; the successor answers on the admin socket; draining");
+                lifecycle.advance(State::Draining);
+                crate::notify::notify(&format!("MAINPID={pid}"));
+            }
+            _ => {
+                tracing::info!(signal, drain_timeout = ?config.drain_timeout, "shutdown requested: draining");
+                lifecycle.advance(State::Draining);
+                if let Some(h) = &handoff {
+                    if h.hand_over(deadline, || backends.any_healthy()).await {
+                        successor_serves(&ctx);
+                    }
+                }
             }
         }
         listeners.stop_all().await;
@@ -318,7 +374,6 @@ async fn upgrade_in_place(
             r = &mut attempt => return match r {
                 Ok(pid) => {
                     tracing::info!(successor.pid = pid, "in-place upgrade: successor ready; handing over and draining");
-                    crate::notify::notify(&format!("MAINPID={pid}"));
                     Upgraded::Yes(pid)
                 }
                 Err(e) => {
@@ -417,6 +472,14 @@ async fn acquire_listeners(
         }
     }
     Ok(())
+}
+
+/// Every listening socket was adopted by a peer: clients held for want of a backend may be
+/// carried to it (forward::connect_any); the held ones try again now.
+fn successor_serves(ctx: &ForwardContext) {
+    ctx.successor_serves
+        .store(true, std::sync::atomic::Ordering::Release);
+    ctx.backends.notify();
 }
 
 /// Lets connections finish until `deadline`, then closes the rest spread over the close window.

@@ -299,6 +299,10 @@ pub const DEFAULT_HOST_PATHS: &[&str] = &[
     "/run/kube-apiserver-proxy",
 ];
 
+/// kubeadm's static pod manifests: never mountable by a checkpoint, whatever the kubelet's
+/// static pod directory is (with `kubeadm-sync` the kubelet runs copies of these).
+pub const KUBEADM_MANIFESTS: &str = "/etc/kubernetes/manifests";
+
 /// The image repositories a checkpoint may always run: kubeadm's kube-apiserver (its default
 /// `imageRepository`). `recover --allow-image-repository` adds to them (the proxy's image, a
 /// mirror).
@@ -390,10 +394,11 @@ pub fn image_repository(image: &str) -> &str {
 /// Checks a checkpoint against `policy`, when it is written and before it is given to the
 /// kubelet: a pod named [`NAME`] carrying its origin; no host PID or IPC namespace, no
 /// ephemeral container; in every container: not privileged, no added capability (but those of
-/// `Policy::capabilities`), an image
-/// from an allowed repository, a seccomp profile (`RuntimeDefault` or `Localhost`; unset is
-/// `Unconfined` on a kubelet without `seccompDefault`); host paths only under the allowed ones
-/// and never over the protected ones.
+/// `Policy::capabilities`), an image from an allowed repository, a seccomp profile
+/// (`RuntimeDefault` or `Localhost`; unset is `Unconfined` on a kubelet without
+/// `seccompDefault`); host paths only under the allowed ones and never over the protected ones.
+/// The pod's spec is decided by anyone allowed to change the Deployment, and the kubelet runs
+/// what is activated as root: the file is checked again at activation, whoever wrote it.
 pub fn validate(checkpoint: &Value, policy: &Policy) -> Result<Origin, Unusable> {
     if checkpoint["apiVersion"] != "v1" || checkpoint["kind"] != "Pod" {
         return Err(unusable("not a v1 Pod"));

@@ -18,8 +18,12 @@
 //!   `pidfd_open` and `pidfd_getfd`, which have no safe wrapper in nix or libc.
 //! - `migrate-back` attaches a classic BPF socket filter (`SO_ATTACH_FILTER`, whose argument
 //!   points at the program) to a listening socket it is about to close.
+//! - `run --user` keeps one capability across the switch to an unprivileged uid
+//!   ([`keep_only_capabilities`]): `capset(2)` and the ambient set (`prctl(PR_CAP_AMBIENT)`)
+//!   have no wrapper in nix.
 //!
-//! Everything else (credentials, socket type and state, addresses) uses nix's safe API.
+//! Everything else (credentials, socket type and state, addresses, `IP_TRANSPARENT`) uses nix's
+//! safe API.
 
 use std::io::{self, IoSlice};
 use std::net::SocketAddr;
@@ -398,6 +402,100 @@ pub fn set_rcvlowat(fd: BorrowedFd<'_>, bytes: libc::c_int) -> io::Result<()> {
     };
     if r < 0 {
         return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Makes `socket` able to bind an address that is not this host's (`IP_TRANSPARENT`, which
+/// needs `CAP_NET_RAW` or `CAP_NET_ADMIN`), and leaves the choice of its port to `connect`
+/// (`IP_BIND_ADDRESS_NO_PORT`: binding port 0 reserves no port, so a client's address can be
+/// bound by any number of connections at once). Both are `SOL_IP` options; the kernel takes
+/// them on IPv6 sockets too.
+pub fn set_transparent(socket: BorrowedFd<'_>) -> io::Result<()> {
+    nix::sys::socket::setsockopt(&socket, sockopt::IpTransparent, &true)?;
+    nix::sys::socket::setsockopt(&socket, sockopt::IpBindAddressNoPort, &true)?;
+    Ok(())
+}
+
+/// `CAP_NET_RAW`: what `IP_TRANSPARENT` needs (or `CAP_NET_ADMIN`).
+pub const CAP_NET_RAW: u32 = 13;
+
+const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+const PR_CAP_AMBIENT: libc::c_int = 47;
+const PR_CAP_AMBIENT_RAISE: libc::c_ulong = 2;
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+#[repr(C)]
+#[derive(Default, Clone, Copy)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+/// The calling thread's effective and permitted capability sets, as masks of `1 << CAP_*`.
+pub fn capabilities() -> io::Result<(u64, u64)> {
+    let mut header = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let mut data = [CapData::default(); 2];
+    // SAFETY: capget reads `header` and writes two `CapData` (version 3), both valid here.
+    let r = unsafe { libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let join = |f: fn(&CapData) -> u32| u64::from(f(&data[0])) | (u64::from(f(&data[1])) << 32);
+    Ok((join(|d| d.effective), join(|d| d.permitted)))
+}
+
+/// Sets the calling thread's effective, permitted and inheritable capabilities to exactly
+/// `caps` (a mask of `1 << CAP_*`) and raises each of them in the ambient set, so they survive
+/// `execve` of a binary without file capabilities (the successor of an in-place upgrade).
+/// Fails with `EPERM` when `caps` holds one the thread is not permitted. Call it while the
+/// process has one thread: capabilities belong to threads.
+pub fn keep_only_capabilities(caps: u64) -> io::Result<()> {
+    let mut header = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let word = |shift: u32| (caps >> shift) as u32;
+    let data = [
+        CapData {
+            effective: word(0),
+            permitted: word(0),
+            inheritable: word(0),
+        },
+        CapData {
+            effective: word(32),
+            permitted: word(32),
+            inheritable: word(32),
+        },
+    ];
+    // SAFETY: capset reads `header` and two `CapData` (version 3), both valid for the call.
+    let r = unsafe { libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    for cap in (0..64).filter(|c| caps & (1u64 << c) != 0) {
+        // SAFETY: prctl with integer arguments only.
+        let r = unsafe {
+            libc::prctl(
+                PR_CAP_AMBIENT,
+                PR_CAP_AMBIENT_RAISE,
+                cap as libc::c_ulong,
+                0 as libc::c_ulong,
+                0 as libc::c_ulong,
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
     }
     Ok(())
 }

@@ -1,7 +1,9 @@
-//! TLS material for health checks: loading PEM files and building the rustls client config.
+//! TLS material for health checks and the node's scrape address: loading PEM files, building
+//! the rustls client config and the scrape address's server config.
 //!
 //! Client traffic is never terminated: TLS passes through the proxy untouched. Only the active
-//! `https`/`tls` health checks speak TLS themselves.
+//! `https`/`tls` health checks speak TLS themselves, and `--metrics-listen` when given a
+//! certificate (it then requires a client certificate of `--metrics-client-ca-file`).
 
 use std::fs::File;
 use std::io::BufReader;
@@ -76,6 +78,29 @@ pub fn client_config(
             .map_err(TlsError::Config)?,
         None => builder.with_no_client_auth(),
     };
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// The scrape address's server config: serve `certs`/`key`, and require a client certificate
+/// issued by a CA of `client_roots` (HTTP/1.1 only).
+pub fn server_config(
+    certs: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    client_roots: RootCertStore,
+) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(client_roots),
+        provider(),
+    )
+    .build()
+    .map_err(|e| TlsError::Config(rustls::Error::General(e.to_string())))?;
+    let mut config = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(TlsError::Config)?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(certs, key)
+        .map_err(TlsError::Config)?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }

@@ -195,6 +195,7 @@ mod tests {
             fall: std::num::NonZeroU32::MIN,
         };
         Arc::new(ForwardContext {
+            transparent: false,
             backends: Backends::new(health, metrics.clone(), CancellationToken::new()),
             metrics,
             connect_timeout: Duration::from_secs(1),
@@ -203,6 +204,7 @@ mod tests {
             copy_mode: mode,
             sockmap: None,
             carried: Arc::default(),
+            successor_serves: Default::default(),
         })
     }
 

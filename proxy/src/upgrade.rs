@@ -6,8 +6,13 @@
 //! sockets to the successor (adopt).
 //!
 //! The admin listening socket is inherited by the successor (its descriptor number in
-//! [`ADMIN_FD_ENV`]): both serve one kernel queue, so the admin address never refuses, and this
-//! instance stops answering on it once the successor is ready.
+//! [`ADMIN_FD_ENV`], our pid in [`PREDECESSOR_ENV`]): one kernel queue, so the admin address
+//! never refuses. It is answered by one of the two at a time: this instance until it has
+//! handed over its listening sockets and its established connections (it stays `Serving`, and
+//! ready, until then), the successor from then on — it starts answering only once it is ready
+//! itself and this instance has left `Serving`. So the pod's readiness probe never sees a
+//! successor that is not ready yet, and `/status` shows the new pid only when the upgrade is
+//! done.
 //!
 //! If the successor exits before it is ready (a broken binary, bad flags: exit 2), or is not
 //! ready within [`READY_TIMEOUT`], the upgrade is abandoned and this instance goes on serving.
@@ -27,6 +32,8 @@ use crate::sys;
 
 /// Names, in the successor's environment, the descriptor of the inherited admin socket.
 pub const ADMIN_FD_ENV: &str = "KAP_UPGRADE_ADMIN_FD";
+/// Names, in the successor's environment, the pid of the instance that started it.
+pub const PREDECESSOR_ENV: &str = "KAP_UPGRADE_PREDECESSOR_PID";
 /// How long a successor may take to become ready (its health checks must pass first).
 pub const READY_TIMEOUT: Duration = Duration::from_secs(120);
 /// Pause between checks of the successor.
@@ -89,6 +96,7 @@ pub async fn start_successor(
     command
         .args(&start.args)
         .env(ADMIN_FD_ENV, admin.as_raw_fd().to_string())
+        .env(PREDECESSOR_ENV, std::process::id().to_string())
         .stdin(Stdio::null());
     sys::keep_across_exec(&mut command, admin);
     let mut child = command.spawn().map_err(|source| UpgradeError::Spawn {
@@ -120,15 +128,20 @@ pub async fn start_successor(
     }
 }
 
-/// The admin listening socket inherited from the predecessor, if we were started by an
-/// in-place upgrade and it is bound where `--admin-listen` says (port 0: any port on that IP).
-pub fn inherited_admin(want: SocketAddr) -> Option<std::net::TcpListener> {
+/// The admin listening socket inherited from the predecessor, and the predecessor's pid, if we
+/// were started by an in-place upgrade and the socket is bound where `--admin-listen` says
+/// (port 0: any port on that IP).
+pub fn inherited_admin(want: SocketAddr) -> Option<(std::net::TcpListener, u32)> {
     let raw: i32 = std::env::var(ADMIN_FD_ENV).ok()?.parse().ok()?;
+    let predecessor: u32 = std::env::var(PREDECESSOR_ENV)
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
     match sys::take_inherited_listener(raw) {
         Ok((fd, addr))
             if addr.ip() == want.ip() && (want.port() == 0 || want.port() == addr.port()) =>
         {
-            Some(std::net::TcpListener::from(fd))
+            Some((std::net::TcpListener::from(fd), predecessor))
         }
         Ok((_, addr)) => {
             tracing::warn!(inherited = %addr, admin.listen = %want, "inherited admin socket is not bound to --admin-listen; closed");
@@ -138,5 +151,32 @@ pub fn inherited_admin(want: SocketAddr) -> Option<std::net::TcpListener> {
             tracing::warn!(fd = raw, error = %e, "no usable inherited admin socket");
             None
         }
+    }
+}
+
+/// Waits until this successor may answer on the inherited admin socket: it is ready, and its
+/// predecessor has left `Serving` (it has handed everything over and stopped answering there)
+/// or is gone. Returns at once for an instance that inherited nothing.
+pub async fn wait_admin_turn(
+    predecessor: Option<u32>,
+    ready: impl Fn() -> bool,
+    handoff: Option<&Handoff>,
+) {
+    let Some(pid) = predecessor else { return };
+    loop {
+        if ready() {
+            let serving = match handoff {
+                Some(h) if pid != 0 => matches!(
+                    h.peer_status(pid).await,
+                    Some((state, _)) if state == crate::lifecycle::State::Serving.as_str()
+                ),
+                _ => false,
+            };
+            if !serving {
+                tracing::info!(predecessor.pid = pid, "in-place upgrade: the predecessor has handed over; answering on the admin socket");
+                return;
+            }
+        }
+        tokio::time::sleep(POLL).await;
     }
 }

@@ -84,6 +84,7 @@ pub struct FakeApiserverBuilder {
     objects: HashMap<String, String>,
     bearer_token: Option<String>,
     reuse_port: bool,
+    rollout_time: Duration,
 }
 
 impl FakeApiserverBuilder {
@@ -97,6 +98,7 @@ impl FakeApiserverBuilder {
             objects: HashMap::new(),
             bearer_token: None,
             reuse_port: false,
+            rollout_time: Duration::ZERO,
         }
     }
 
@@ -109,6 +111,13 @@ impl FakeApiserverBuilder {
     /// Serves `json` at `GET path` (e.g. `/api/v1/namespaces/kube-system/pods/p`).
     pub fn object(mut self, path: &str, json: &serde_json::Value) -> Self {
         self.objects.insert(path.to_owned(), json.to_string());
+        self
+    }
+
+    /// A `PUT` of a served Deployment completes its rollout this long after it (default at
+    /// once): until then its status says the new replica is not updated yet.
+    pub fn rollout_time(mut self, time: Duration) -> Self {
+        self.rollout_time = time;
         self
     }
 
@@ -185,6 +194,8 @@ impl FakeApiserverBuilder {
             watch_interval: self.watch_interval,
             objects: Mutex::new(self.objects),
             revoked: Mutex::new(Vec::new()),
+            rollout_time: self.rollout_time,
+            rollouts: Mutex::new(HashMap::new()),
             bearer_token: self.bearer_token,
             accepted: AtomicU64::new(0),
             active: AtomicU64::new(0),
@@ -359,6 +370,12 @@ impl FakeApiserver {
         self.shared.revoked.lock().unwrap().push(cert.to_vec());
     }
 
+    /// The object served at `path` now (after any `PUT`).
+    pub fn object(&self, path: &str) -> Option<serde_json::Value> {
+        let known = self.shared.objects.lock().unwrap().contains_key(path);
+        known.then(|| serde_json::from_str(&self.shared.get(path)).expect("stored as JSON"))
+    }
+
     /// https: requests received for `path` (without query).
     pub fn requests(&self, path: &str) -> u64 {
         self.shared
@@ -382,9 +399,13 @@ struct Shared {
     ready: AtomicBool,
     ready_file: Option<PathBuf>,
     watch_interval: Duration,
+    /// Served at `GET path`; a `PUT` replaces them.
     objects: Mutex<HashMap<String, String>>,
     /// Client certificates (DER) answered 401.
     revoked: Mutex<Vec<Vec<u8>>>,
+    rollout_time: Duration,
+    /// Deployments put, and when their rollout completes.
+    rollouts: Mutex<HashMap<String, std::time::Instant>>,
     bearer_token: Option<String>,
     accepted: AtomicU64,
     active: AtomicU64,
@@ -401,6 +422,43 @@ struct Shared {
 }
 
 impl Shared {
+    /// The object at `path`; a Deployment's status as its controller would report it.
+    fn get(&self, path: &str) -> String {
+        let text = self.objects.lock().unwrap()[path].clone();
+        let Some(done) = self.rollouts.lock().unwrap().get(path).copied() else {
+            return text;
+        };
+        let mut d: serde_json::Value = serde_json::from_str(&text).expect("stored as JSON");
+        let replicas = d["spec"]["replicas"].as_i64().unwrap_or(1);
+        d["status"] = if std::time::Instant::now() >= done {
+            serde_json::json!({"observedGeneration": d["metadata"]["generation"], "replicas": replicas,
+                "updatedReplicas": replicas, "readyReplicas": replicas, "availableReplicas": replicas})
+        } else {
+            // The surge pod beside the old one, not ready yet.
+            serde_json::json!({"observedGeneration": d["metadata"]["generation"], "replicas": replicas + 1,
+                "updatedReplicas": replicas, "readyReplicas": replicas, "availableReplicas": replicas,
+                "unavailableReplicas": 1})
+        };
+        d.to_string()
+    }
+
+    /// Replaces the object at `path`; a Deployment gets its next generation and a rollout.
+    fn put(&self, path: &str, mut object: serde_json::Value) -> String {
+        let mut objects = self.objects.lock().unwrap();
+        let old: serde_json::Value = serde_json::from_str(&objects[path]).expect("stored as JSON");
+        if object["kind"] == "Deployment" || old["kind"] == "Deployment" {
+            let generation = old["metadata"]["generation"].as_i64().unwrap_or(1) + 1;
+            object["metadata"]["generation"] = serde_json::json!(generation);
+            self.rollouts.lock().unwrap().insert(
+                path.to_owned(),
+                std::time::Instant::now() + self.rollout_time,
+            );
+        }
+        let text = object.to_string();
+        objects.insert(path.to_owned(), text.clone());
+        text
+    }
+
     /// Ready while the flag is set (cleared at shutdown, as kube-apiserver's /readyz fails at
     /// SIGTERM) and, with a ready file, while that file exists.
     fn is_ready(&self) -> bool {
@@ -576,6 +634,15 @@ async fn handle(
             }
         }
         (&Method::GET, "/livez" | "/healthz") => text(StatusCode::OK, "ok"),
+        (&Method::PUT, p) if shared.objects.lock().unwrap().contains_key(p) => {
+            match request.into_body().collect().await.map(|b| b.to_bytes()) {
+                Ok(body) => match serde_json::from_slice::<serde_json::Value>(&body) {
+                    Ok(object) => text(StatusCode::OK, shared.put(p, object)),
+                    Err(e) => text(StatusCode::BAD_REQUEST, format!("not JSON: {e}")),
+                },
+                Err(_) => text(StatusCode::BAD_REQUEST, "body error"),
+            }
+        }
         (&Method::GET, p) if shared.objects.lock().unwrap().contains_key(p) => {
             let authorized = shared.bearer_token.as_ref().is_none_or(|token| {
                 request
@@ -586,13 +653,13 @@ async fn handle(
             }) && peer
                 .as_ref()
                 .is_none_or(|c| !shared.revoked.lock().unwrap().contains(c));
-            let object = shared.objects.lock().unwrap().get(p).cloned();
-            match object {
-                Some(json) if authorized => Response::builder()
+            if authorized {
+                Response::builder()
                     .header("content-type", "application/json")
-                    .body(Full::new(Bytes::from(json)).boxed_unsync())
-                    .expect("valid response"),
-                _ => text(StatusCode::UNAUTHORIZED, "Unauthorized"),
+                    .body(Full::new(Bytes::from(shared.get(p))).boxed_unsync())
+                    .expect("valid response")
+            } else {
+                text(StatusCode::UNAUTHORIZED, "Unauthorized")
             }
         }
         (&Method::GET, "/version") => Response::builder()

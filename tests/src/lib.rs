@@ -12,6 +12,8 @@
 //! - [`client`]: HTTP/HTTPS/watch/raw TCP clients with bounded waits.
 //! - [`process`]: a child process under test: captured output, exit, signals, kill on drop.
 //! - [`proxy`]: spawn and drive the real `kube-apiserver-proxy` binary.
+//! - [`netns`]: clients off the node in a second network namespace, and a backend that
+//!   reports the address it saw (`--client-address transparent`).
 //! - [`load`]: bounded new-connection-per-request load that classifies every failure.
 //! - [`streams`]: long-lived echo streams that check every byte of a counting sequence.
 //! - [`sockets`]: socket options of another process's TCP connections (the one `unsafe` module).
@@ -22,6 +24,7 @@ pub mod certs;
 pub mod client;
 pub mod fake_apiserver;
 pub mod load;
+pub mod netns;
 pub mod process;
 pub mod proxy;
 pub mod sockets;

@@ -118,6 +118,7 @@ pub struct ProxyBuilder {
     default_admin_listen: bool,
     nofile: Option<(u64, u64)>,
     run_as: Option<u32>,
+    switch_user: Option<u32>,
 }
 
 impl ProxyBuilder {
@@ -241,6 +242,14 @@ impl ProxyBuilder {
         self
     }
 
+    /// Adds `--user UID` (the proxy starts as root and switches; the test must be root) and
+    /// gives the admin-address directory to that uid.
+    pub fn switch_user(mut self, uid: u32) -> Self {
+        self.args.push(format!("--user={uid}").into());
+        self.switch_user = Some(uid);
+        self
+    }
+
     /// Starts the process without waiting for anything (for bad-input tests).
     pub fn spawn_raw(self) -> Result<Proxy> {
         let bin = match &self.bin {
@@ -265,6 +274,11 @@ impl ProxyBuilder {
             command
                 .arg("--admin-listen")
                 .arg(self.admin_listen.as_deref().unwrap_or("127.0.0.1:0"));
+        }
+        if let Some(uid) = self.switch_user {
+            let id = Some(nix::unistd::Uid::from_raw(uid));
+            nix::unistd::chown(dir.path(), id, Some(nix::unistd::Gid::from_raw(uid)))
+                .context("chown the admin-address directory")?;
         }
         if let Some(uid) = self.run_as {
             use std::os::unix::process::CommandExt as _;

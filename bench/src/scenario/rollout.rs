@@ -26,6 +26,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
 
+use crate::backend::BackendProcess;
 use crate::chart;
 use crate::client::{bounded, churn_request, connect};
 use crate::haproxy::HaproxyOptions;
@@ -81,6 +82,12 @@ pub struct RolloutArgs {
     /// How old HAProxy instances are stopped; one run per value.
     #[arg(long, value_delimiter = ',', default_value = "sigterm,sigusr1")]
     pub haproxy_stop: Vec<HaproxyStop>,
+    /// A pod rollout as a hand-made configuration runs it: each instance gets a backend of its
+    /// own (its pod's apiserver) and knows no other, and the old instance's backend is stopped
+    /// (process killed: listener and connections closed) as the old instance is signalled,
+    /// as kube-apiserver with --shutdown-delay-duration=0 closes its listener at SIGTERM.
+    #[arg(long)]
+    pub own_backends: bool,
 }
 
 impl RolloutArgs {
@@ -96,6 +103,7 @@ impl RolloutArgs {
             "drain_timeout_s": self.drain_timeout.as_secs_f64(),
             "bucket_s": self.bucket.as_secs_f64(),
             "haproxy_stop": self.haproxy_stop,
+            "own_backends": self.own_backends,
         })
     }
 }
@@ -252,11 +260,18 @@ struct Launch<'a> {
 }
 
 impl Launch<'_> {
+    /// An instance in front of a backend of its own (`--own-backends`): both are returned.
+    async fn start_with_own_backend(&mut self) -> Result<(Instance, BackendProcess)> {
+        let own = BackendProcess::start()?;
+        self.backend = own.addrs().echo;
+        Ok((self.start().await?, own))
+    }
+
     async fn start(&mut self) -> Result<Instance> {
         let max_connections =
             (procstat::nofile_limit().saturating_sub(200) / 2).clamp(1000, 100_000);
         let mut instance = match self.variant.target {
-            Target::Proxy | Target::ProxySockmap => self
+            Target::Proxy | Target::ProxySockmap | Target::ProxyTransparent => self
                 .env
                 .proxy
                 .as_mut()
@@ -271,8 +286,9 @@ impl Launch<'_> {
                     log_level: "info",
                     kernel_path: self.variant.target == Target::ProxySockmap,
                     worker_threads: None,
+                    transparent: self.variant.target == Target::ProxyTransparent,
                 })?,
-            Target::Haproxy => {
+            Target::Haproxy | Target::HaproxyTransparent => {
                 let nbthread = self.env.nbthread;
                 self.env
                     .haproxy
@@ -284,6 +300,7 @@ impl Launch<'_> {
                         nbthread,
                         maxconn: max_connections,
                         hard_stop_after: Some(self.drain_timeout),
+                        usesrc_clientip: self.variant.target == Target::HaproxyTransparent,
                     })?
             }
             Target::Direct | Target::Uring => {
@@ -305,7 +322,12 @@ async fn run_variant(env: &mut Env, args: &RolloutArgs, variant: Variant) -> Res
         handoff_dir: TempDir::new("handoff")?,
         drain_timeout: args.drain_timeout,
     };
-    let mut current = launch.start().await?;
+    let (mut current, mut current_backend) = if args.own_backends {
+        let (instance, own) = launch.start_with_own_backend().await?;
+        (instance, Some(own))
+    } else {
+        (launch.start().await?, None)
+    };
     let t0 = Instant::now();
     let (stop_tx, stop_rx) = watch::channel(false);
     let addr = launch.listen;
@@ -341,7 +363,15 @@ async fn run_variant(env: &mut Env, args: &RolloutArgs, variant: Variant) -> Res
     let exit_limit = args.drain_timeout * 2 + Duration::from_secs(5);
     for index in 1..=args.handoffs {
         let spawn_s = t0.elapsed().as_secs_f64();
-        let next = match launch.start().await {
+        let started = if args.own_backends {
+            launch
+                .start_with_own_backend()
+                .await
+                .map(|(next, own)| (next, Some(own)))
+        } else {
+            launch.start().await.map(|next| (next, None))
+        };
+        let (next, next_backend) = match started {
             Ok(next) => next,
             Err(err) => {
                 error = Some(format!("replacement {index}: {err:#}"));
@@ -349,6 +379,8 @@ async fn run_variant(env: &mut Env, args: &RolloutArgs, variant: Variant) -> Res
             }
         };
         let ready_s = t0.elapsed().as_secs_f64();
+        // The old pod's apiserver stops with it (its listener closes at once).
+        drop(std::mem::replace(&mut current_backend, next_backend));
         current.signal(variant.signal)?;
         let signal_s = t0.elapsed().as_secs_f64();
         let old_exit = match current.wait_exit(exit_limit).await? {

@@ -71,6 +71,7 @@ impl Instance {
         };
         let stop = CancellationToken::new();
         let ctx = Arc::new(ForwardContext {
+            transparent: false,
             backends: Backends::new(health, metrics.clone(), stop.child_token()),
             metrics: metrics.clone(),
             connect_timeout: Duration::from_secs(1),
@@ -79,6 +80,7 @@ impl Instance {
             copy_mode: crate::copy::Mode::Auto,
             sockmap: None,
             carried: Arc::default(),
+            successor_serves: Default::default(),
         });
         let listeners = Arc::new(Listeners::new(
             ctx,

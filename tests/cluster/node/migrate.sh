@@ -9,7 +9,7 @@
 #      --endpoint-reconciler-type=none);
 #   2. `kube-apiserver-proxy migrate --listen NODE_IP:6443 --listen 127.0.0.1:6443` starts, as
 #      root: SO_REUSEPORT on kubeadm's 0.0.0.0:6443 socket, the two addresses bound beside it
-#      (not listening), then it waits on the handoff directory as uid 65532;
+#      (not listening), then it waits on the handoff directory as uid 59443;
 #   3. `kubectl apply` of manifests/single-controller: `launch` starts the apiserver on another
 #      port of its 127.a.b.c (6443 is held by the wildcard socket), the proxy asks its peers for
 #      sockets and `migrate` hands it both addresses;
@@ -69,6 +69,8 @@ launch_lines() {
 wildcard_gone() { ! listeners_6443 | tr ';' '\n' | grep -qE '^(\*|0\.0\.0\.0|\[::\]):6443 '; }
 
 migrate_exited() { ! kill -0 "$MIGRATE_PID" 2>/dev/null; }
+
+migrate_static_step() { mv "$MANIFESTS/kube-apiserver.yaml" "$S/kube-apiserver.static.yaml"; }
 
 migrate() {
   local t0 t1 t2 rc
@@ -141,9 +143,10 @@ migrate() {
   note "launch: $(launch_lines)"
   note "listeners on port 6443 with both apiservers: $(listeners_6443)"
 
-  # Step 3: kubeadm's static manifest goes.
+  # Step 3: kubeadm's static apiserver goes (its manifest moved away; kubeadm-upgrade.sh
+  # redefines migrate_static_step with the runbook's other form).
   t2="$(now_ms)"
-  mv "$MANIFESTS/kube-apiserver.yaml" "$S/kube-apiserver.static.yaml"
+  migrate_static_step
   # kubeadm's apiserver (lease reconciler) tries to empty the Endpoints at its SIGTERM: the
   # admission policy of `kubernetes-endpoints` denies it (docs/operations.md). Nothing to do.
   # The kubelet's pod list is not enough: what counts is that the apiserver closed its

@@ -494,7 +494,7 @@ run_reboot() {
 
 # --- The way back to kubeadm's static apiserver (docs/operations.md, "Going back to kubeadm's
 # static pod"), after everything above: from a Deployment whose proxy sockets were bound by the
-# recovery instance (uid 65532), at another version than the copy saved at the migration.
+# recovery instance (the proxies' uid), at another version than the copy saved at the migration.
 
 GOBACK="$S/kubeadm-back"
 

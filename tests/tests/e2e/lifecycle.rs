@@ -231,3 +231,142 @@ async fn sigterm_during_startup_exits_zero() -> Result<()> {
     }
     Ok(())
 }
+
+/// A backend that answers once and then resets the connection (closes it with `SO_LINGER` 0,
+/// as a kernel does for a socket closed with unread bytes: kube-apiserver closing a connection
+/// after its GOAWAY while the client's next frames are still arriving). Returns its address.
+async fn answer_then_reset() -> Result<std::net::SocketAddr> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                if stream.read(&mut buf).await.unwrap_or(0) == 0 {
+                    return;
+                }
+                let _ = stream.write_all(b"last answer\n").await;
+                // Gone only after the answer left (the client's bytes keep arriving unread).
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
+            });
+        }
+    });
+    Ok(addr)
+}
+
+/// A backend that closes its connection with a reset while the client is still sending: the
+/// client gets the backend's last answer and then an orderly end of stream (FIN) from the
+/// proxy, not a reset. The proxy used to drop both sockets at the first error of either
+/// direction; closing the client's socket with its bytes unread sent the client a reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_reset_reaches_the_client_as_an_orderly_close() -> Result<()> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let backend = answer_then_reset().await?;
+    let listen = listen_addr()?;
+    let proxy = serving(
+        kube_apiserver_proxy_tests::proxy::ProxyBuilder::new()
+            .listen(listen)
+            .backend(backend)
+            .health_check("tcp")
+            .fast_health(),
+    )
+    .await?;
+    for round in 0..5 {
+        let stream = tokio::net::TcpStream::connect(listen).await?;
+        let (mut read, mut write) = stream.into_split();
+        // The client writes on, as fast as it can (the backend reads no more: the bytes pile
+        // up in the buffers on the way, unread), until it sees the end.
+        let writer = tokio::spawn(async move {
+            for _ in 0..20_000 {
+                if write.write_all(&[b'x'; 512]).await.is_err() {
+                    break;
+                }
+            }
+            write
+        });
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        let end = tokio::time::timeout(DEADLINE, async {
+            loop {
+                match read.read(&mut buf).await {
+                    Ok(0) => return Ok(()),
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                    Err(e) => return Err(e),
+                }
+            }
+        })
+        .await?;
+        writer.abort();
+        ensure!(
+            got == b"last answer\n",
+            "round {round}: got {:?}",
+            String::from_utf8_lossy(&got)
+        );
+        if let Err(e) = end {
+            anyhow::bail!(
+                "round {round}: the client saw {e} after the last answer, not an orderly end"
+            );
+        }
+    }
+    proxy.ensure_running()?;
+    Ok(())
+}
+
+/// A client that a draining instance accepted but can no longer carry (its only backend
+/// stopped listening, no other known: an instance configured with its own apiserver alone)
+/// is carried to the successor that adopted the listening socket, instead of being closed
+/// once --connect-timeout runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_client_of_a_draining_instance_reaches_the_successor() -> Result<()> {
+    use kube_apiserver_proxy_tests::client::TcpClient;
+    use kube_apiserver_proxy_tests::util::TempDir;
+    let old_backend = echo_backend().await?;
+    let new_backend = echo_backend().await?;
+    let dir = TempDir::new("held-to-successor")?;
+    let listen = listen_addr()?;
+    let old = serving(
+        tcp_proxy(listen, &[&old_backend])
+            .fast_health()
+            .arg("--handoff-dir")
+            .arg(dir.join("handoff"))
+            .arg("--connect-timeout=20s"),
+    )
+    .await?;
+    // The old pod's apiserver closes its listener (SIGTERM, no shutdown delay).
+    old_backend.stop_listening().await;
+    // A client arrives: only the old instance accepts; it holds the client (no backend).
+    let mut client = TcpClient::connect(listen).await?;
+    eventually(DEADLINE, || async {
+        ensure!(
+            old.metric_or_zero("connections_active", &[]).await? >= 1.0,
+            "the client is not held yet"
+        );
+        Ok(())
+    })
+    .await?;
+    // The successor starts (sharing the socket), then the old instance is stopped: it hands
+    // the socket over, and the held client goes on to the successor.
+    let _new = serving(
+        tcp_proxy(listen, &[&new_backend])
+            .fast_health()
+            .arg("--handoff-dir")
+            .arg(dir.join("handoff")),
+    )
+    .await?;
+    let started = Instant::now();
+    old.sigterm()?;
+    client.round_trip(b"hello").await?;
+    ensure!(
+        started.elapsed() < Duration::from_secs(10),
+        "the held client was answered only after {:?}",
+        started.elapsed()
+    );
+    ensure!(
+        new_backend.accepted() >= 1,
+        "the successor's backend got nothing"
+    );
+    old.wait_stderr("client carried to the successor").await?;
+    Ok(())
+}

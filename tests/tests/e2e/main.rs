@@ -15,6 +15,10 @@
 //! - `fake_binary`: the `fake-apiserver` binary behind the proxy.
 //! - `upgrade`: in-place upgrade on SIGUSR2 (`systemctl reload`) to a replaced binary.
 //! - `migrate`: moving the node address off a wildcard listener (kubeadm's apiserver).
+//! - `kubeadm_sync`: the node agent of a migrated controller: copies, rollouts, the stand-in.
+//! - `render`: `render` on manifests written by the real kubeadm: nothing lost, older images refused.
+//! - `transparent`: `--client-address transparent` with clients in another network namespace,
+//!   `transparent-routes`, `--user`, and the upgrade, handoff and kernel path in that mode.
 //! - `recovery`: reboot recovery: the checkpoint writer, the recovery instance's retirement,
 //!   the `recover` node agent.
 
@@ -24,6 +28,7 @@ mod fake_binary;
 mod forwarding;
 mod handoff;
 mod health;
+mod kubeadm_sync;
 mod launch;
 mod lifecycle;
 mod listening;
@@ -33,8 +38,10 @@ mod monitoring;
 mod pod;
 mod recovery;
 mod reliability;
+mod render;
 mod sockmap;
 mod static_binary;
+mod transparent;
 mod upgrade;
 
 use std::net::SocketAddr;

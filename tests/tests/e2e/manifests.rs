@@ -189,7 +189,13 @@ fn object<'a>(objects: &'a [Value], kind: &str) -> Result<&'a Value> {
 }
 
 /// Every overlay of `manifests/`.
-const OVERLAYS: &[&str] = &["single-controller", "ha", "ha-surge", "ha-daemonset"];
+const OVERLAYS: &[&str] = &[
+    "single-controller",
+    "ha",
+    "ha-surge",
+    "ha-daemonset",
+    "single-controller-transparent",
+];
 
 /// The overlay's workload: its Deployment, or its DaemonSet.
 fn workload(objects: &[Value]) -> Result<&Value> {
@@ -296,6 +302,7 @@ fn manifests_render_and_validate() -> Result<()> {
         ("ha", Some(3), 0, 1),
         ("ha-surge", Some(3), 1, 0),
         ("ha-daemonset", None, 1, 0),
+        ("single-controller-transparent", Some(1), 1, 0),
     ] {
         let yaml = render(overlay)?;
         validate(overlay, &yaml)?;
@@ -582,6 +589,10 @@ fn check_pod(overlay: &str, pod: &Value) -> Result<()> {
             .any(|t| t["key"] == "node-role.kubernetes.io/control-plane")),
         "{overlay}: control-plane toleration"
     );
+    let inits = pod["initContainers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     let all: Vec<&Value> = pod["initContainers"]
         .as_array()
         .into_iter()
@@ -604,12 +615,38 @@ fn check_pod(overlay: &str, pod: &Value) -> Result<()> {
             && argv.get(1).map(String::as_str) != Some("launch");
         if runs_proxy {
             let sc = &c["securityContext"];
-            proxy_uids.insert(sc["runAsUser"].to_string());
+            let add = &sc["capabilities"]["add"];
             ensure!(
-                sc["capabilities"]["drop"] == serde_json::json!(["ALL"])
-                    && sc["capabilities"]["add"].is_null(),
+                sc["capabilities"]["drop"] == serde_json::json!(["ALL"]),
                 "{overlay}: {name} must drop every capability"
             );
+            match (argv.get(1).map(String::as_str), flag(&argv, "--user")) {
+                // The one step with a privilege of its own (client-address-transparent): an init
+                // container, done before the pod starts, with CAP_NET_ADMIN alone.
+                (Some("transparent-routes"), _) => ensure!(
+                    inits.iter().any(|i| i["name"] == name)
+                        && sc["runAsUser"] == 0
+                        && *add == serde_json::json!(["NET_ADMIN"]),
+                    "{overlay}: {name} must be an init container, uid 0 with NET_ADMIN alone: {sc}"
+                ),
+                // Started as root only to switch to the proxies' uid at once, keeping
+                // CAP_NET_RAW for --client-address transparent and nothing else.
+                (_, Some(user)) => {
+                    ensure!(
+                        sc["runAsUser"] == 0
+                            && *add == serde_json::json!(["NET_RAW", "SETUID", "SETGID"])
+                            && flag(&argv, "--client-address").as_deref() == Some("transparent"),
+                        "{overlay}: {name} with --user must start as uid 0 with NET_RAW, SETUID \
+                         and SETGID alone, for --client-address=transparent: {sc}"
+                    );
+                    let uid = user.split(':').next().unwrap_or_default();
+                    proxy_uids.insert(uid.to_string());
+                }
+                _ => {
+                    ensure!(add.is_null(), "{overlay}: {name} must add no capability");
+                    proxy_uids.insert(sc["runAsUser"].to_string());
+                }
+            }
             ensure!(
                 sc["allowPrivilegeEscalation"] == false,
                 "{overlay}: {name} allowPrivilegeEscalation"
@@ -624,7 +661,51 @@ fn check_pod(overlay: &str, pod: &Value) -> Result<()> {
         proxy_uids.len() == 1 && !proxy_uids.contains("null"),
         "{overlay}: every proxy container needs the same explicit runAsUser: {proxy_uids:?}"
     );
+    // The handoff trusts its peers by uid: not one that every distroless `nonroot` image
+    // (65532) or `nobody` (65534) runs as, nor root.
+    for shared in ["0", "65532", "65534"] {
+        ensure!(
+            !proxy_uids.contains(shared),
+            "{overlay}: the proxy runs as uid {shared}, which other images share"
+        );
+    }
     let proxy = container(pod, "proxy")?;
+    // The proxy reads the cluster CA and nothing else of the PKI: no directory of it is
+    // mounted, only files, and no private key.
+    let volumes = pod["volumes"].as_array().cloned().unwrap_or_default();
+    for mount in proxy["volumeMounts"].as_array().into_iter().flatten() {
+        let name = &mount["name"];
+        let Some(volume) = volumes.iter().find(|v| &v["name"] == name) else {
+            bail!("{overlay}: proxy mounts unknown volume {name}");
+        };
+        let host = volume["hostPath"]["path"].as_str().unwrap_or("");
+        if host.starts_with("/etc/kubernetes/pki") {
+            ensure!(
+                volume["hostPath"]["type"] == "File" && !host.ends_with(".key"),
+                "{overlay}: proxy mounts {host} ({}) : only certificate files",
+                volume["hostPath"]["type"]
+            );
+        }
+    }
+    // Liveness of the proxy as patient as kubeadm's for kube-apiserver (15s, 8 failures):
+    // restarting the last holder of the listening socket resets its queue.
+    let live = &proxy["livenessProbe"];
+    let command = str_list(&live["exec"]["command"]);
+    let wait = command
+        .iter()
+        .find_map(|a| a.strip_prefix("--timeout="))
+        .map(parse_duration)
+        .transpose()?
+        .unwrap_or(Duration::from_secs(1));
+    let timeout = secs(&live["timeoutSeconds"], "proxy liveness timeoutSeconds")?;
+    ensure!(
+        live["failureThreshold"].as_u64() >= Some(8)
+            && timeout >= Duration::from_secs(15)
+            && wait >= Duration::from_secs(10)
+            && wait < timeout,
+        "{overlay}: proxy liveness must be kubeadm's (15s, 8 failures; the command's own wait \
+         below the probe timeout): {live}"
+    );
     for probe in ["readinessProbe", "livenessProbe"] {
         let command = str_list(&proxy[probe]["exec"]["command"]);
         ensure!(
@@ -794,7 +875,9 @@ fn container_env(c: &Value, host_ip: IpAddr, pod_name: &str) -> Result<BTreeMap<
             v.to_owned()
         } else {
             match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
-                Some("status.hostIP") | Some("status.podIP") => host_ip.to_string(),
+                Some("status.hostIP") | Some("status.podIP") | Some("status.hostIPs") => {
+                    host_ip.to_string()
+                }
                 Some("metadata.name") => pod_name.to_owned(),
                 other => bail!("env {name}: unsupported source {other:?}"),
             }
@@ -890,15 +973,83 @@ async fn manifest_proxy_commands_are_accepted() -> Result<()> {
     if !tools_available("manifest_proxy_commands_are_accepted")? {
         return Ok(());
     }
-    let objects = rendered_objects("single-controller")?;
+    pod_commands_are_accepted("single-controller").await
+}
+
+/// The same for the pod of `single-controller-transparent`, in a private network namespace:
+/// its init container installs the policy routing, its sidecar starts as root and switches to
+/// the proxy uid with CAP_NET_RAW alone.
+#[test]
+fn manifest_transparent_commands_are_accepted() -> Result<()> {
+    if !tools_available("manifest_transparent_commands_are_accepted")? {
+        return Ok(());
+    }
+    crate::handoff::run_in_netns("manifests::inner_manifest_transparent_commands_are_accepted")
+}
+
+#[tokio::test]
+#[ignore = "runs inside a private network namespace: see its wrapper without the inner_ prefix"]
+async fn inner_manifest_transparent_commands_are_accepted() -> Result<()> {
+    pod_commands_are_accepted("single-controller-transparent").await
+}
+
+/// How a container runtime starts `container` with `argv`: a container of `runAsUser: 0`
+/// (client-address-transparent's) as root with exactly the capabilities it adds (the bounding
+/// set, hence permitted and effective at exec) and no new privileges; others as they are
+/// (the test's root stands in for their uid).
+fn as_the_runtime_would(container: &Value, argv: Vec<String>) -> Vec<String> {
+    let sc = &container["securityContext"];
+    if sc["runAsUser"] != 0 {
+        return argv;
+    }
+    let caps: String = str_list(&sc["capabilities"]["add"])
+        .iter()
+        .map(|c| format!(",+{}", c.to_lowercase()))
+        .collect();
+    let mut wrapped = vec![
+        "setpriv".to_string(),
+        format!("--bounding-set=-all{caps}"),
+        "--inh-caps=-all".into(),
+    ];
+    if sc["allowPrivilegeEscalation"] == false {
+        wrapped.push("--no-new-privs".into());
+    }
+    wrapped.push("--".into());
+    wrapped.extend(argv);
+    wrapped
+}
+
+/// The uid of the manifests' proxy containers (`runAsUser`, or `--user` of the transparent
+/// sidecar).
+const MANIFEST_PROXY_UID: u32 = 59443;
+
+async fn pod_commands_are_accepted(overlay: &str) -> Result<()> {
+    let objects = rendered_objects(overlay)?;
     let pod = pod_spec(&objects)?;
     let node = Node::new()?;
     let map = node.pod_mapping("pod")?;
+    let transparent = pod["initContainers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["name"] == "transparent-routes");
+    if transparent {
+        // The sidecar ends up as the proxy uid: the node's directories are that uid's (as
+        // manifests/node/tmpfiles.d makes them), the emptyDir is world-writable (as the
+        // kubelet makes it).
+        let id = Some(nix::unistd::Uid::from_raw(MANIFEST_PROXY_UID));
+        let gid = Some(nix::unistd::Gid::from_raw(MANIFEST_PROXY_UID));
+        for sub in ["run", "run/backends", "run/handoff"] {
+            nix::unistd::chown(&node.dir.join(sub), id, gid)?;
+        }
+        std::fs::set_permissions(&map.shared, std::fs::Permissions::from_mode(0o777))?;
+    }
 
-    // Init containers: run as they are (the binary copies itself into /proxy-bin).
+    // Init containers: run as they are (the binary copies itself into /proxy-bin; the
+    // transparent overlay's installs the policy routing, here in the test's namespace).
     for init in pod["initContainers"].as_array().into_iter().flatten() {
         let env = container_env(init, node.host_ip, "pod")?;
-        let argv = map.argv(&argv(init), &env)?;
+        let argv = as_the_runtime_would(init, map.argv(&argv(init), &env)?);
         let (code, out) = run_short(&argv, DEADLINE).await?;
         ensure!(
             code == 0,
@@ -906,6 +1057,12 @@ async fn manifest_proxy_commands_are_accepted() -> Result<()> {
             init["name"],
             argv.join(" ")
         );
+        if init["name"] == "transparent-routes" {
+            ensure!(
+                out.matches("added: ").count() == 5,
+                "transparent-routes: {out}"
+            );
+        }
     }
     let installed = map.proxy_bin_dir.join("kube-apiserver-proxy");
     ensure!(
@@ -940,7 +1097,7 @@ async fn manifest_proxy_commands_are_accepted() -> Result<()> {
     // with the exact probe commands of both containers, then drains on SIGTERM.
     let proxy = container(pod, "proxy")?;
     let env = container_env(proxy, node.host_ip, "pod")?;
-    let run = map.argv(&argv(proxy), &env)?;
+    let run = as_the_runtime_would(proxy, map.argv(&argv(proxy), &env)?);
     let child = Process::spawn("proxy", &run, &node.dir.join("proxy.log"))?;
     let admin_file = map.shared.join("admin");
     eventually(DEADLINE, || async {
@@ -955,6 +1112,34 @@ async fn manifest_proxy_commands_are_accepted() -> Result<()> {
         Ok(())
     })
     .await?;
+    if transparent {
+        // Switched to the proxy uid with CAP_NET_RAW alone, in transparent mode.
+        let status = std::fs::read_to_string(format!("/proc/{}/status", child.pid()))?;
+        let line = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.split_whitespace().collect::<Vec<_>>().join(" "))
+                .unwrap_or_default()
+        };
+        let u = MANIFEST_PROXY_UID;
+        ensure!(
+            line("Uid:") == format!("{u} {u} {u} {u}") && line("CapEff:") == "0000000000002000",
+            "the transparent sidecar runs with Uid {} CapEff {}",
+            line("Uid:"),
+            line("CapEff:")
+        );
+        let admin: SocketAddr = std::fs::read_to_string(map.shared.join("admin"))?
+            .trim()
+            .parse()?;
+        let (_, body) = http_get(admin, "/status").await?;
+        let status: Value = serde_json::from_str(&body)?;
+        ensure!(
+            status["client_address"]["mode"] == "transparent",
+            "/status: {}",
+            status["client_address"]
+        );
+    }
     for (name, c) in [("proxy", proxy), ("kube-apiserver", apiserver)] {
         let commands = [
             ("readinessProbe", &c["readinessProbe"]["exec"]["command"]),
@@ -995,6 +1180,40 @@ async fn manifest_proxy_commands_are_accepted() -> Result<()> {
     child.signal(Signal::SIGTERM)?;
     let code = child.wait(DEADLINE).await?;
     ensure!(code == Some(0), "proxy exit {code:?}: {}", child.log());
+
+    // The same sidecar on an IPv6-first dual-stack node (status.hostIP the IPv6 address,
+    // status.hostIPs both): every flag accepted (`$(HOST_IP):6443` would be no address there:
+    // exit 2). It waits for a backend, so it binds nothing; the real-cluster tier's ipv6-node
+    // scenario serves such addresses.
+    let map = node.pod_mapping("pod-ipv6")?;
+    let mut env = container_env(proxy, node.host_ip, "pod-ipv6")?;
+    env.insert("HOST_IP".into(), "2001:db8::10".into());
+    env.insert("HOST_IPS".into(), format!("2001:db8::10,{}", node.host_ip));
+    if transparent {
+        std::fs::set_permissions(&map.shared, std::fs::Permissions::from_mode(0o777))?;
+    }
+    let run = as_the_runtime_would(proxy, map.argv(&argv(proxy), &env)?);
+    let child = Process::spawn("proxy-ipv6", &run, &node.dir.join("proxy-ipv6.log"))?;
+    let admin_file = map.shared.join("admin");
+    eventually(DEADLINE, || async {
+        if let Some(code) = child.exit_code()? {
+            bail!(
+                "`{}` exited {code:?} on an IPv6 node address: {}",
+                run.join(" "),
+                child.log()
+            );
+        }
+        ensure!(admin_file.exists(), "no admin address file yet");
+        Ok(())
+    })
+    .await?;
+    child.signal(Signal::SIGTERM)?;
+    let code = child.wait(DEADLINE).await?;
+    ensure!(
+        code == Some(0),
+        "proxy (IPv6 node) exit {code:?}: {}",
+        child.log()
+    );
     Ok(())
 }
 
@@ -1520,10 +1739,16 @@ impl Rehearsal {
             spec,
         };
         let node = Node::new()?;
-        let listen = flag(&argv(container(&template.spec, "proxy")?), "--listen")
-            .context("--listen")?
-            .replace("$(HOST_IP)", &node.host_ip.to_string())
-            .parse::<SocketAddr>()?;
+        // The node address: `--listen-host=$(HOST_IPS)` on `--listen-port`.
+        let proxy_argv = argv(container(&template.spec, "proxy")?);
+        ensure!(
+            flag(&proxy_argv, "--listen-host").as_deref() == Some("$(HOST_IPS)"),
+            "the proxy must serve every node address: --listen-host=$(HOST_IPS)"
+        );
+        let port: u16 = flag(&proxy_argv, "--listen-port")
+            .context("--listen-port")?
+            .parse()?;
+        let listen = SocketAddr::new(node.host_ip, port);
         let first = Pod::start(&node, &template, "pod-0").await?;
         first.wait_ready(DEADLINE * 2).await?;
         let load = HttpsLoad::start(listen, HttpsClient::new(node.pki.client_config(false)?), 4);
@@ -1862,7 +2087,7 @@ fn monitoring_manifests_fit_the_pods() -> Result<()> {
     let agent_relabelings =
         serde_json::to_string(&agent_monitor["spec"]["podMetricsEndpoints"][0]["relabelings"])?;
     ensure!(
-        agent_listen.starts_with("$(HOST_IP):")
+        agent_listen.starts_with("[$(HOST_IP)]:")
             && agent_relabelings.contains(&format!(
                 "$1:{}",
                 agent_listen.rsplit_once(':').context("port")?.1
@@ -2012,7 +2237,8 @@ impl RecoveryAgent {
             .collect();
         argv.extend(extra.iter().map(|s| s.to_string()));
         let listen = flag(&argv, "--metrics-listen").context("no --metrics-listen")?;
-        let metrics: SocketAddr = listen.parse()?;
+        // `[$(HOST_IP)]:PORT`, an IPv4 address here: brackets off.
+        let metrics: SocketAddr = listen.replace(['[', ']'], "").parse()?;
         ensure!(
             argv[0] == "/kube-apiserver-proxy" && argv[1] == "recover",
             "the agent runs {argv:?}"

@@ -27,7 +27,7 @@ use crate::launch::fake_apiserver_bin;
 use crate::{echo_backend, serving, tcp_proxy, DEADLINE};
 
 /// The proxy's uid in the manifests (the image's `nonroot`).
-const PROXY_UID: u32 = 65532;
+const PROXY_UID: u32 = 59443;
 
 /// What the prober saw on one address.
 #[derive(Debug, Default, Clone)]
@@ -360,7 +360,7 @@ async fn migrate_rejects_bad_input() -> Result<()> {
                 "--handoff-dir",
                 tmp.path().to_str().unwrap(),
             ],
-            "must belong to uid 65532",
+            "must belong to uid 59443",
         ),
         (vec!["--timeout", "1s"], "--listen"),
     ] {
@@ -655,8 +655,9 @@ async fn inner_migrate_back_without_a_device() -> Result<()> {
     migrate_back_rehearsal(false).await
 }
 
-/// The Deployment (its proxy, as 65532, on the node address and 127.0.0.1; its apiserver on a
-/// random 127.a.b.c) goes, kubeadm's static apiserver (root, `0.0.0.0`, `--permit-port-sharing`)
+/// The Deployment (its proxy, as the proxies' uid, on the node address and 127.0.0.1; its
+/// apiserver on a random 127.a.b.c) goes, kubeadm's static apiserver (root, `0.0.0.0`,
+/// `--permit-port-sharing`)
 /// comes: it can bind only after `migrate-back` prepared the sockets, the draining proxy hands
 /// its sockets to `migrate-back`, which closes them with nothing reset, and not one request of
 /// an HTTPS prober on both addresses fails or is refused.
@@ -794,7 +795,9 @@ async fn migrate_back_rehearsal(with_device: bool) -> Result<()> {
     ensure!(
         status.success()
             && back.stderr().contains("closed with nothing reset")
-            && back.stderr().contains(&format!("turned_away=\"{turned_away}\"")),
+            && back
+                .stderr()
+                .contains(&format!("turned_away=\"{turned_away}\"")),
         "migrate-back: {status}: {}",
         back.stderr()
     );

@@ -8,11 +8,16 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
 use anyhow::{ensure, Context as _, Result};
-use kube_apiserver_proxy_tests::client::http_get;
+use kube_apiserver_proxy_tests::certs::Pki;
+use kube_apiserver_proxy_tests::client::{http_get, HttpsClient};
 use kube_apiserver_proxy_tests::fake_apiserver::FakeApiserver;
 use kube_apiserver_proxy_tests::proxy::{run_cli, Proxy, METRIC_PREFIX};
 use kube_apiserver_proxy_tests::util::{eventually, free_random_loopback_addr, TempDir};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use crate::{echo_backend, listen_addr, tcp_proxy, DEADLINE};
 
@@ -35,6 +40,17 @@ async fn instance(
     dir: &Path,
     scrape: SocketAddr,
 ) -> Result<Proxy> {
+    instance_with(name, backend, dir, scrape, &[]).await
+}
+
+/// [`instance`] with more flags.
+async fn instance_with(
+    name: &str,
+    backend: &FakeApiserver,
+    dir: &Path,
+    scrape: SocketAddr,
+    extra: &[String],
+) -> Result<Proxy> {
     let proxy = tcp_proxy(listen_addr()?, &[backend])
         .fast_health()
         .drain_timeout(Duration::from_millis(500))
@@ -42,10 +58,243 @@ async fn instance(
         .arg(dir)
         .arg(format!("--metrics-listen={scrape}"))
         .arg(format!("--metrics-label=pod={name}"))
+        .args(extra)
         .spawn()
         .await?;
     proxy.wait_state("Serving").await?;
     Ok(proxy)
+}
+
+/// The address `proxy` published for the other instances' scrapes (`kap-<pid>-<n>.admin` in
+/// the handoff directory).
+fn published_address(dir: &Path, proxy: &Proxy) -> Result<SocketAddr> {
+    let prefix = format!("kap-{}-", proxy.pid());
+    for entry in std::fs::read_dir(dir)? {
+        let name = entry?.file_name().to_string_lossy().into_owned();
+        if name.starts_with(&prefix) && name.ends_with(".admin") {
+            let text = std::fs::read_to_string(dir.join(&name))?;
+            return text
+                .trim()
+                .parse()
+                .with_context(|| format!("{name}: {text:?}"));
+        }
+    }
+    anyhow::bail!(
+        "pid {} published no address in {}",
+        proxy.pid(),
+        dir.display()
+    )
+}
+
+/// The manifest's probe command (`probe --admin-address-file F --path P`, its own default
+/// timeout of 1s): whether it passed, and how long it took.
+async fn manifest_probe(admin_file: &Path, path: &str) -> Result<(bool, Duration)> {
+    let start = Instant::now();
+    let out = run_cli([
+        "probe",
+        "--admin-address-file",
+        admin_file.to_str().context("path")?,
+        "--path",
+        path,
+    ])
+    .await?;
+    Ok((out.status.success(), start.elapsed()))
+}
+
+/// A node's probes and its scrapes do not share a connection budget. The other instances'
+/// metrics are fetched from a listener of their own, not from the admin endpoint the probes
+/// use: with that listener of every instance held full (more idle connections than it
+/// serves at once) and the node's scrape address flooded, the manifest's probe commands of
+/// both instances keep passing within their 1s. Before the peer-metrics listener existed, the
+/// published address was the admin endpoint's, and the held connections starved the probes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_answer_while_scrapes_flood_the_node() -> Result<()> {
+    let backend = echo_backend().await?;
+    let dir = TempDir::new("scrape-flood")?;
+    let handoff = dir.join("handoff");
+    let scrape = free_random_loopback_addr()?;
+    let a = instance("a", &backend, &handoff, scrape).await?;
+    let b = instance("b", &backend, &handoff, scrape).await?;
+    eventually(DEADLINE, || every_scrape_covers(scrape, &["a", "b"], 1)).await?;
+    let mut held = Vec::new();
+    for proxy in [&a, &b] {
+        let peer = published_address(&handoff, proxy)?;
+        ensure!(
+            peer != proxy.admin_addr(),
+            "the address published for scrapes is the admin endpoint {peer}"
+        );
+        for _ in 0..40 {
+            held.push(tokio::net::TcpStream::connect(peer).await?);
+        }
+    }
+    let flood: Vec<_> = (0..8)
+        .map(|_| {
+            tokio::spawn(async move {
+                let mut answered = 0u32;
+                for _ in 0..25 {
+                    if let Ok((200, _)) = http_get(scrape, "/metrics").await {
+                        answered += 1;
+                    }
+                }
+                answered
+            })
+        })
+        .collect();
+    for round in 0..5 {
+        for proxy in [&a, &b] {
+            for path in ["/healthz", "/readyz"] {
+                let (passed, took) = manifest_probe(proxy.admin_file(), path).await?;
+                ensure!(
+                    passed,
+                    "round {round}: probe {path} of pid {} failed after {took:?}",
+                    proxy.pid()
+                );
+            }
+        }
+    }
+    let mut answered = 0;
+    for task in flood {
+        answered += task.await?;
+    }
+    ensure!(answered > 0, "no scrape of the flood was answered");
+    drop(held);
+    Ok(())
+}
+
+/// A minimal instance of the node, as the scrape side sees one: a listener answering
+/// `GET /metrics` with a `build_info` sample of `pod`, counting the connections it gets.
+async fn fake_peer(pod: &str) -> Result<(SocketAddr, Arc<AtomicU64>)> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let count = Arc::new(AtomicU64::new(0));
+    let body = format!(
+        "# HELP {METRIC_PREFIX}build_info Build.\n# TYPE {METRIC_PREFIX}build_info gauge\n{METRIC_PREFIX}build_info{{pod=\"{pod}\"}} 1\n"
+    );
+    let seen = count.clone();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            seen.fetch_add(1, Ordering::SeqCst);
+            let body = body.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let mut got = Vec::new();
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    Ok((addr, count))
+}
+
+/// The fan-out of the node's scrape address is cached: a storm of scrapes, many at once,
+/// costs each other instance one fetch per `--metrics-cache`; an instance that appears is
+/// fetched at the next scrape all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scrape_fan_out_is_cached_and_shared_by_concurrent_scrapes() -> Result<()> {
+    let backend = echo_backend().await?;
+    let dir = TempDir::new("scrape-cache")?;
+    let handoff = dir.join("handoff");
+    let scrape = free_random_loopback_addr()?;
+    let _a = instance_with(
+        "a",
+        &backend,
+        &handoff,
+        scrape,
+        &["--metrics-cache=1h".to_owned()],
+    )
+    .await?;
+    let (peer, fetched) = fake_peer("x").await?;
+    std::fs::write(handoff.join("kap-1-00000001.admin"), format!("{peer}\n"))?;
+    eventually(DEADLINE, || every_scrape_covers(scrape, &["a", "x"], 1)).await?;
+    let storm: Vec<_> = (0..10)
+        .map(|_| tokio::spawn(async move { every_scrape_covers(scrape, &["a", "x"], 10).await }))
+        .collect();
+    for task in storm {
+        task.await??;
+    }
+    let fetches = fetched.load(Ordering::SeqCst);
+    ensure!(
+        fetches == 1,
+        "101 scrapes fetched the other instance {fetches} times, want 1"
+    );
+    // Another instance appears: the next scrape covers it, without waiting out the cache.
+    let (peer2, _) = fake_peer("y").await?;
+    std::fs::write(handoff.join("kap-2-00000002.admin"), format!("{peer2}\n"))?;
+    every_scrape_covers(scrape, &["a", "x", "y"], 1).await?;
+    // Entries that are not loopback addresses are not fetched.
+    std::fs::write(handoff.join("kap-3-00000003.admin"), "0.0.0.0:1\n")?;
+    every_scrape_covers(scrape, &["a", "x", "y"], 1).await?;
+    Ok(())
+}
+
+/// With a certificate, the node's scrape address speaks TLS and answers only scrapers that
+/// present a client certificate of `--metrics-client-ca-file` (Prometheus Operator's
+/// PodMonitor `tlsConfig`); plain HTTP and a client without a certificate get nothing.
+#[tokio::test]
+async fn tls_scrape_address_requires_a_client_certificate() -> Result<()> {
+    let backend = echo_backend().await?;
+    let pki = Pki::new()?;
+    let dir = TempDir::new("scrape-tls")?;
+    let handoff = dir.join("handoff");
+    let scrape = free_random_loopback_addr()?;
+    let tls = [
+        format!(
+            "--metrics-tls-cert-file={}",
+            pki.server_cert_file().display()
+        ),
+        format!("--metrics-tls-key-file={}", pki.server_key_file().display()),
+        format!("--metrics-client-ca-file={}", pki.ca_file().display()),
+    ];
+    let _a = instance_with("a", &backend, &handoff, scrape, &tls).await?;
+    let _b = instance_with("b", &backend, &handoff, scrape, &tls).await?;
+    let client = HttpsClient::new(pki.client_config(true)?);
+    let want = BTreeSet::from(["a".to_owned(), "b".to_owned()]);
+    eventually(DEADLINE, || async {
+        let (code, body) = client.get(scrape, "/metrics").await?;
+        ensure!(code == 200, "HTTP {code}");
+        let seen = pods_in(&body);
+        ensure!(seen == want, "covered {seen:?}");
+        Ok(())
+    })
+    .await?;
+    let anonymous = HttpsClient::new(pki.client_config(false)?);
+    for i in 0..5 {
+        if let Ok((code, _)) = anonymous.get(scrape, "/metrics").await {
+            anyhow::bail!("scrape {i} without a client certificate answered HTTP {code}");
+        }
+        if let Ok((code, _)) = http_get(scrape, "/metrics").await {
+            anyhow::bail!("plain-HTTP scrape {i} answered HTTP {code}");
+        }
+    }
+    // Bad flags: one line, exit 2.
+    let out = run_cli([
+        "run",
+        "--listen=127.0.0.1:1",
+        "--backend=127.0.0.1:2",
+        "--health-check=tcp",
+        "--handoff-dir=/nonexistent",
+        &format!("--metrics-listen={scrape}"),
+        "--metrics-label=pod=a",
+        &tls[0],
+        &tls[1],
+    ])
+    .await?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        out.status.code() == Some(2) && stderr.contains("--metrics-client-ca-file"),
+        "without a client CA: {:?} {stderr}",
+        out.status
+    );
+    Ok(())
 }
 
 /// Scrapes `addr` `n` times, each on a new connection (so each may land on any instance of

@@ -278,6 +278,60 @@ async fn own_backend_file_is_waited_for_then_followed() -> Result<()> {
     Ok(())
 }
 
+/// A `--backend-dir` entry naming an address that is not loopback was not written by an
+/// instance (each registers its apiserver's random 127.a.b.c): it is refused, never checked
+/// or connected to, while a loopback entry beside it is taken. The refused entry here is
+/// `0.0.0.0:PORT`, which the kernel would connect to this host's 127.0.0.1:PORT, where a fake
+/// apiserver listens: without the rule it would show up as a healthy backend.
+#[tokio::test]
+async fn backend_dir_refuses_entries_that_are_not_loopback() -> Result<()> {
+    let pki = Pki::new()?;
+    let dir = TempDir::new("pod-discovery-loopback")?;
+    let registry = dir.join("backends");
+    std::fs::create_dir(&registry)?;
+    let local = https_backend(&pki).await?;
+    let lure = FakeApiserver::https(&pki)
+        .bind("127.0.0.1:0".parse()?)
+        .start()
+        .await?;
+    let lure_port = lure.addr().port();
+    std::fs::write(
+        registry.join("4242-00000001.backend"),
+        format!("{}\n", local.addr()),
+    )?;
+    std::fs::write(
+        registry.join("4242-00000002.backend"),
+        format!("0.0.0.0:{lure_port}\n"),
+    )?;
+    let fixed = https_backend(&pki).await?;
+    let proxy = sidecar(&pki, listen_addr()?)
+        .arg("--backend-dir")
+        .arg(&registry)
+        .backend(fixed.addr())
+        .spawn()
+        .await?;
+    wait_backends(
+        &proxy,
+        &[
+            (local.addr(), "local", true),
+            (fixed.addr(), "static", true),
+        ],
+    )
+    .await?;
+    // The entry was read and refused (said once, in the log), and it is not a backend.
+    proxy.wait_stderr("backend registration refused").await?;
+    let seen: Vec<SocketAddr> = backends(&proxy).await?.into_keys().collect();
+    ensure!(
+        seen.iter().all(|a| a.port() != lure_port),
+        "a non-loopback registration became a backend: {seen:?}"
+    );
+    ensure!(
+        lure.accepted() == 0,
+        "the proxy connected to a non-loopback registration"
+    );
+    Ok(())
+}
+
 /// Two instances with own backends: each registers its own in `--backend-dir` and uses the
 /// other's as `local`; selection prefers own, then local, then static; readiness stays with
 /// the own backend.

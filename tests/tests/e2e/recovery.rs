@@ -949,6 +949,18 @@ async fn recover_does_not_activate_when_the_node_serves_or_the_checkpoint_is_ref
         !node.manifest().exists(),
         "a checkpoint mounting the checkpoint directory was activated"
     );
+    // Nor kubeadm's manifest directory (kubeadm-sync copies it into the kubelet's), whatever the
+    // static pod directory is.
+    let node = AgentNode::new(&checkpoint("/etc/kubernetes"))?;
+    let _agent = node
+        .agent_with(&["--allow-host-path=/etc/kubernetes"])
+        .await?;
+    ensure!(
+        node.marker_text()
+            .contains("which is or holds /etc/kubernetes/manifests"),
+        "marker: {}",
+        node.marker_text()
+    );
 
     // No checkpoint at all.
     let node = AgentNode::new(&checkpoint("/etc/kubernetes/pki"))?;

@@ -293,6 +293,97 @@ async fn upgrade_hands_over_established_connections() -> Result<()> {
     Ok(())
 }
 
+/// The pod's readiness probe never fails during an in-place upgrade, and `/status` on the
+/// admin address names the new pid only once the upgrade is done. The admin socket is shared
+/// by the two processes; `/readyz` is polled on it (a new connection each time, as the exec
+/// probe does) from the SIGUSR2 until the old process is gone, while the successor's health
+/// checks take a while to pass (3 × 300ms) and established connections are handed over.
+/// Before, the successor answered on the socket from its start: `/readyz` 503
+/// (WaitingForBackend) to a good part of the polls, and its pid in `/status` while the old
+/// process was still handing over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_holds_and_status_names_the_successor_only_when_done() -> Result<()> {
+    let backend = FakeApiserver::tcp_echo().start().await?;
+    let listen = free_random_loopback_addr()?;
+    let dir = TempDir::new("upgrade-readiness")?;
+    std::fs::create_dir_all(dir.join("bin"))?;
+    let bin = dir.join("bin").join("kube-apiserver-proxy");
+    install_binary(&bin, "")?;
+    let first = ProxyBuilder::new()
+        .bin(&bin)
+        .listen(listen)
+        .backend(backend.addr())
+        .health_check("tcp")
+        .health_timing(Duration::from_millis(300), 3, 2)
+        .drain_timeout(Duration::from_secs(60))
+        .arg("--handoff-dir")
+        .arg(dir.join("handoff"))
+        .spawn()
+        .await?;
+    let admin = first.admin_addr();
+    eventually(Duration::from_secs(10), || async {
+        ensure!(admin_pid(admin).await?.1, "not ready");
+        Ok(())
+    })
+    .await?;
+    let streams = Streams::start(listen, 8, Duration::from_millis(10), |_| 1).await?;
+    let mut pid = first.pid();
+    let mut guards = Vec::new();
+    let (mut polls, mut failed) = (0u32, Vec::new());
+    for round in 0..3 {
+        install_binary(&bin, &format!("\nreadiness {round}\n"))?;
+        kill(Pid::from_raw(pid as i32), Signal::SIGUSR2).context("kill -USR2")?;
+        let started = tokio::time::Instant::now();
+        let mut next = None;
+        loop {
+            ensure!(
+                started.elapsed() < UPGRADE_DEADLINE,
+                "round {round}: no successor answered in time"
+            );
+            polls += 1;
+            match http_get(admin, "/readyz").await {
+                Ok((200, _)) => {}
+                Ok((code, body)) => failed.push(format!("round {round}: {code} {}", body.trim())),
+                Err(e) => failed.push(format!("round {round}: {e:#}")),
+            }
+            if next.is_none() {
+                if let Ok((now, _)) = admin_pid(admin).await {
+                    if now != pid {
+                        // The new pid shows only once the old process has handed over its
+                        // listening sockets and connections (its log says so first).
+                        let log = first.stderr();
+                        let handed = log.lines().any(|l| {
+                            l.contains("in-place upgrade: handed over")
+                                && l.contains(&format!("successor.pid={now}"))
+                        });
+                        ensure!(
+                            handed,
+                            "round {round}: /status names {now} before pid {pid} handed over"
+                        );
+                        next = Some(now);
+                        guards.push(PidGuard(now));
+                    }
+                }
+            }
+            if next.is_some() && !alive(pid) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        pid = next.expect("set above");
+    }
+    let report = streams.stop().await;
+    ensure!(
+        failed.is_empty(),
+        "/readyz failed {} of {polls} polls: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(5)]
+    );
+    ensure!(report.failures.is_empty(), "{:?}", report.failures);
+    drop(guards);
+    Ok(())
+}
+
 /// CPU time (utime + stime, in clock ticks) of each thread of `pid`, by thread name.
 fn thread_cpu(pid: u32) -> Result<Vec<(String, u64)>> {
     let mut out = Vec::new();
@@ -889,6 +980,43 @@ fn systemd_unit_reloads_in_place() -> Result<()> {
             unit.lines().any(|l| l.trim() == line),
             "unit lacks {line:?}"
         );
+    }
+    Ok(())
+}
+
+/// Every unit's `Documentation=` names a document the install steps put on the node (and that
+/// exists in `docs/`), not a web address that may not exist.
+#[test]
+fn systemd_units_document_what_they_install() -> Result<()> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let main =
+        std::fs::read_to_string(root.join("manifests/systemd/kube-apiserver-proxy.service"))?;
+    let installs_docs = main.lines().any(|l| {
+        l.contains("install")
+            && l.contains("/usr/share/doc/kube-apiserver-proxy")
+            && l.contains("docs/*.md")
+    });
+    ensure!(installs_docs, "the install steps do not install docs/*.md");
+    for unit in [
+        "kube-apiserver-proxy.service",
+        "kube-apiserver-proxy@.service",
+    ] {
+        let text = std::fs::read_to_string(root.join("manifests/systemd").join(unit))?;
+        let docs: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("Documentation="))
+            .flat_map(str::split_whitespace)
+            .collect();
+        ensure!(!docs.is_empty(), "{unit}: no Documentation=");
+        for url in docs {
+            let name = url
+                .strip_prefix("file:///usr/share/doc/kube-apiserver-proxy/")
+                .with_context(|| format!("{unit}: Documentation={url} is not an installed file"))?;
+            ensure!(
+                root.join("docs").join(name).is_file(),
+                "{unit}: Documentation={url}: no docs/{name}"
+            );
+        }
     }
     Ok(())
 }

@@ -143,6 +143,7 @@ pub async fn run(env: &mut Env, args: &ChaosArgs) -> Result<ChaosReport> {
         log_level: "info",
         kernel_path: false,
         worker_threads: None,
+        transparent: false,
     };
     let seed = args.seed.unwrap_or_else(rand::random);
     let mut rng = StdRng::seed_from_u64(seed);

@@ -92,6 +92,11 @@ func main() {
 	for _, p := range rep.Problems {
 		fmt.Fprintln(os.Stderr, "loadgen: PROBLEM:", p)
 	}
+	if len(rep.Problems) > 0 {
+		for _, n := range rep.Notes {
+			fmt.Fprintln(os.Stderr, "loadgen: PROBLEM: sample:", n)
+		}
+	}
 	if len(rep.Problems) > 0 && !o.reportOnly {
 		os.Exit(1)
 	}

@@ -39,7 +39,7 @@ func main() {
 	flag.StringVar(&o.NodeIP, "node-ip", "", "the node address (on an interface of this namespace)")
 	flag.StringVar(&o.Work, "work", "", "work directory (default: a new temporary one)")
 	flag.IntVar(&o.Rollouts, "rollouts", 10, "rollouts per rollout scenario")
-	flag.IntVar(&o.ProxyUID, "proxy-uid", 65532, "uid of every proxy instance (the manifests' runAsUser)")
+	flag.IntVar(&o.ProxyUID, "proxy-uid", 59443, "uid of every proxy instance (the manifests' runAsUser)")
 	flag.Func("apiserver-arg", "an argument appended to every apiserver's (repeatable; for experiments)", func(v string) error {
 		o.APIServerArgs = append(o.APIServerArgs, v)
 		return nil

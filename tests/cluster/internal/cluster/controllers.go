@@ -36,18 +36,23 @@ func (n *Node) Controller(name, ip string) (*Node, error) {
 	return c, nil
 }
 
-// AddAddress puts ip/32 on the interface that carries the node address (a second controller's
-// address in the runner's network namespace) and returns what removes it again.
+// AddAddress puts ip/32 (an IPv6 ip: ip/128, usable at once: no duplicate address detection)
+// on the interface that carries the node address (a second controller's address, or the
+// node's IPv6 address, in the runner's network namespace) and returns what removes it again.
 func (n *Node) AddAddress(ctx context.Context, ip string) (remove func() error, err error) {
 	dev, err := interfaceOf(n.IP)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := Run(ctx, 10*time.Second, "ip", "addr", "add", ip+"/32", "dev", dev); err != nil {
+	prefix, extra := ip+"/32", []string{}
+	if net.ParseIP(ip).To4() == nil {
+		prefix, extra = ip+"/128", []string{"nodad"}
+	}
+	if _, err := Run(ctx, 10*time.Second, append([]string{"ip", "addr", "add", prefix, "dev", dev}, extra...)...); err != nil {
 		return nil, err
 	}
 	return func() error {
-		_, err := Run(context.Background(), 10*time.Second, "ip", "addr", "del", ip+"/32", "dev", dev)
+		_, err := Run(context.Background(), 10*time.Second, "ip", "addr", "del", prefix, "dev", dev)
 		return err
 	}, nil
 }

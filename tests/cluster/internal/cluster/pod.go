@@ -12,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
 )
 
 // Design is what stands in front of each pod's apiserver on the node address.
@@ -46,6 +48,9 @@ type PodOptions struct {
 	// ExtraAPIServerArgs and ExtraProxyArgs are appended to the manifest's (later flags win).
 	ExtraAPIServerArgs []string
 	ExtraProxyArgs     []string
+	// HostIP and HostIPs are what the kubelet would give status.hostIP and status.hostIPs
+	// (comma-separated); default: the node's address alone.
+	HostIP, HostIPs string
 }
 
 // Pod is one running pod: its apiserver container and its sidecar, as the kubelet runs them.
@@ -87,7 +92,8 @@ func StartPod(ctx context.Context, node *Node, tmpl *Template, opts PodOptions) 
 			{"/shared/", p.Shared + "/"},
 			{"/etc/kubernetes/pki", node.PKI},
 			{"/run/kube-apiserver-proxy", node.Run},
-			{"$(HOST_IP)", node.IP},
+			{"$(HOST_IPS)", or(opts.HostIPs, or(opts.HostIP, node.IP))},
+			{"$(HOST_IP)", or(opts.HostIP, node.IP)},
 			{"$(POD_NAME)", opts.Name},
 		},
 	}
@@ -97,17 +103,16 @@ func StartPod(ctx context.Context, node *Node, tmpl *Template, opts PodOptions) 
 	}
 	logs := filepath.Join(dir, "logs")
 
-	install, err := tmpl.Container("install-proxy")
-	if err != nil {
-		return nil, err
-	}
-	initProc, err := Start("install-proxy", filepath.Join(logs, "install-proxy.log"), node.ProxyUID, p.mapping.Apply(Argv(install))...)
-	if err != nil {
-		return nil, err
-	}
-	if !initProc.Wait(30*time.Second) || initProc.ExitCode() != 0 {
-		initProc.Kill()
-		return nil, fmt.Errorf("pod %s: init container failed: %s", opts.Name, Tail(initProc.Log, 5))
+	for _, init := range tmpl.Spec.InitContainers {
+		uid, argv := p.credentials(init, p.mapping.Apply(Argv(init)))
+		initProc, err := Start(init.Name, filepath.Join(logs, init.Name+".log"), uid, argv...)
+		if err != nil {
+			return nil, err
+		}
+		if !initProc.Wait(30*time.Second) || initProc.ExitCode() != 0 {
+			initProc.Kill()
+			return nil, fmt.Errorf("pod %s: init container %s failed: %s", opts.Name, init.Name, Tail(initProc.Log, 5))
+		}
 	}
 
 	api, err := tmpl.Container("kube-apiserver")
@@ -129,8 +134,8 @@ func StartPod(ctx context.Context, node *Node, tmpl *Template, opts PodOptions) 
 		if err != nil {
 			return nil, err
 		}
-		argv := append(p.mapping.Apply(Argv(proxy)), opts.ExtraProxyArgs...)
-		if p.sidecar, err = Start("proxy", filepath.Join(logs, "proxy.log"), node.ProxyUID, argv...); err != nil {
+		uid, argv := p.credentials(proxy, append(p.mapping.Apply(Argv(proxy)), opts.ExtraProxyArgs...))
+		if p.sidecar, err = Start("proxy", filepath.Join(logs, "proxy.log"), uid, argv...); err != nil {
 			p.kill()
 			return nil, err
 		}
@@ -152,6 +157,29 @@ func StartPod(ctx context.Context, node *Node, tmpl *Template, opts PodOptions) 
 		return nil, fmt.Errorf("unknown design %q", opts.Design)
 	}
 	return p, nil
+}
+
+// credentials is how the kubelet starts container c with argv: a container of this workload
+// runs as the proxy's uid, unless its securityContext says runAsUser 0 (client-address-
+// transparent's); that one runs as root with exactly the capabilities it adds (setpriv:
+// bounding set, hence permitted and effective at exec) and no new privileges, as a container
+// runtime gives them. uid -1: ours (root).
+func (p *Pod) credentials(c corev1.Container, argv []string) (int, []string) {
+	sc := c.SecurityContext
+	if sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 0 {
+		return p.node.ProxyUID, argv
+	}
+	caps := "-all"
+	if sc.Capabilities != nil {
+		for _, c := range sc.Capabilities.Add {
+			caps += ",+" + strings.ToLower(string(c))
+		}
+	}
+	wrap := []string{"setpriv", "--bounding-set=" + caps, "--inh-caps=-all"}
+	if sc.AllowPrivilegeEscalation != nil && !*sc.AllowPrivilegeEscalation {
+		wrap = append(wrap, "--no-new-privs")
+	}
+	return -1, append(append(wrap, "--"), argv...)
 }
 
 // apiserverReadyz is the probe of the pod's apiserver /readyz on its own loopback address.
@@ -394,3 +422,11 @@ func (p *Pod) Kill() { p.kill() }
 
 // APIServerLog is the path of the pod's kube-apiserver log.
 func (p *Pod) APIServerLog() string { return p.apiserver.Log }
+
+// or is a, or b when a is empty.
+func or(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}

@@ -12,10 +12,12 @@ import (
 type AttemptCount struct {
 	Total int64 `json:"total"`
 	OK    int64 `json:"ok"`
-	// RetryAfter: 429 Too Many Requests with Retry-After, the answer a draining apiserver
-	// gives with --shutdown-send-retry-after (client-go sends the request again, elsewhere):
-	// tolerated, counted apart.
-	RetryAfter int64 `json:"retry_after_429"`
+	// RetryAfter: the answer of a draining apiserver, which client-go sends again, elsewhere:
+	// 429 Too Many Requests with Retry-After (--shutdown-send-retry-after, as the manifests
+	// run it), or 503 with Retry-After, "apiserver is shutting down" (without that flag, as
+	// kubeadm's static apiserver does at the migration: k8s.io/apiserver
+	// pkg/server/filters/waitgroup.go). Tolerated, counted apart.
+	RetryAfter int64 `json:"retry_after"`
 	// Expired: 410 Gone, a resourceVersion older than the apiserver's watch cache reaches
 	// back (an informer lists again): the apiserver's own doing, counted apart.
 	Expired int64 `json:"expired_410"`
@@ -63,13 +65,13 @@ func (t *attemptTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 // The outcomes of one attempt that are not failures.
 const (
 	AttemptOK         = "ok"
-	AttemptRetryAfter = "retry-after-429"
+	AttemptRetryAfter = "retry-after"
 	AttemptExpired    = "expired-410"
 )
 
 // AttemptOutcome names what one attempt came to: AttemptOK for 1xx-3xx, AttemptRetryAfter
-// for 429 with a Retry-After header, AttemptExpired for 410, else a failure kind: the error's
-// class (Classify) or "http-CODE". Pure.
+// for 429 or 503 with a Retry-After header, AttemptExpired for 410, else a failure kind: the
+// error's class (Classify) or "http-CODE". Pure.
 func AttemptOutcome(resp *http.Response, err error) string {
 	if err != nil {
 		return Classify(err)
@@ -77,7 +79,7 @@ func AttemptOutcome(resp *http.Response, err error) string {
 	switch code := resp.StatusCode; {
 	case code < 400:
 		return AttemptOK
-	case code == http.StatusTooManyRequests && resp.Header.Get("Retry-After") != "":
+	case (code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable) && resp.Header.Get("Retry-After") != "":
 		return AttemptRetryAfter
 	case code == http.StatusGone:
 		return AttemptExpired

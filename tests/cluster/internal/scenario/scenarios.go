@@ -40,6 +40,11 @@ func scenarios() []spec {
 		{"kubernetes-service-switch", kubernetesServiceSwitch, fixed(2)},
 		{"anonymous-auth-off", anonymousOff, fixed(2)},
 		{"broken-rollout-stalls", brokenRolloutStalls, none},
+		// Onto the dual-stack pod, --rollouts under load, back to the single-stack pod.
+		{"ipv6-node", ipv6Node, func(o Options) int { return o.Rollouts + 2 }},
+		// HAProxy's design in, --rollouts, the hand-made proxy pod in, --rollouts, the shipped
+		// pod back.
+		{"handmade-rollouts", handmadeRollouts, func(o Options) int { return 2*o.Rollouts + 3 }},
 		// The tier's self-test: each must catch its planted fault (figures of the faulty run
 		// in the JSON; the clean control is every scenario above).
 		{"self-test-close-every-25th", selfTest("close-every25th", "closed before any byte"), none},
@@ -47,6 +52,8 @@ func scenarios() []spec {
 		{"self-test-cut-at-handoff", selfTest("cut-at-handoff", "cut", "watches ended by", "relists"), none},
 		{"ha-surge-kubernetes-service", haSurgeKubernetesService, asked},
 		{"haproxy-sidecar", haproxySidecar, asked},
+		// As shipped, the switch, --rollouts more, and back.
+		{"client-address-transparent", clientAddressTransparent, func(o Options) int { return o.Rollouts + 3 }},
 	}
 }
 
@@ -155,7 +162,7 @@ func lineWith(log []byte, s string) string {
 // and out again under load.
 func anonymousOff(ctx context.Context, e *env, r *Result) {
 	r.Design, r.Gate = cluster.Sidecar, cluster.GatePod
-	// kubeadm's keys are 0600 root and the proxy runs as uid 65532: the client certificate
+	// kubeadm's keys are 0600 root and the proxy runs as uid 59443: the client certificate
 	// reaches it as a Secret would (its own copy, readable by that uid).
 	certFile, keyFile, err := e.node.ProxyReadableCopy("apiserver-kubelet-client")
 	if err != nil {

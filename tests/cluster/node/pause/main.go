@@ -10,6 +10,12 @@ import (
 )
 
 func main() {
+	// `pause -v` prints the version and exits, as the upstream pause does: kubeadm's upgrade
+	// preflight (CreateJob) runs a Job of the pause image with that argument.
+	if len(os.Args) > 1 && os.Args[1] == "-v" {
+		os.Stdout.WriteString("pause (kube-apiserver-proxy test image)\n")
+		return
+	}
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGCHLD)
 	for s := range sigs {

@@ -1,0 +1,361 @@
+//! `kubeadm-sync`, the node agent of a migrated controller (docs/operations.md, "Upgrading
+//! Kubernetes on a migrated controller"), against a fake apiserver over mTLS (admin.conf
+//! style kubeconfig) that answers a Deployment `PUT` as the Deployment controller would, its
+//! rollout completing a set time later:
+//!
+//! - `--once` (the migration): kubeadm's other manifests copied with the UIDs of the running
+//!   pods (their mirror pods' `kubernetes.io/config.hash`); the Deployment, stale, replaced by
+//!   the one rendered from kubeadm's manifest, the live proxy image kept; the stand-in
+//!   `kube-apiserver` written only once the rollout completed; kubeadm's manifest set aside
+//!   until the agent runs (then put back);
+//! - running: a new kubeadm manifest (what `kubeadm upgrade apply` writes) becomes a `PUT`, and
+//!   the stand-in, whose hash kubeadm waits on, changes only when the rollout is complete; an
+//!   updated manifest of another component is copied, a removed one's copy removed.
+//!
+//! Needs python3 with PyYAML to read the YAML the agent writes; without it the test says it is
+//! skipped, except in CI, where it fails.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context as _, Result};
+use kube_apiserver_proxy_tests::certs::Pki;
+use kube_apiserver_proxy_tests::fake_apiserver::FakeApiserver;
+use kube_apiserver_proxy_tests::process::ChildProcess;
+use kube_apiserver_proxy_tests::proxy::proxy_bin;
+use kube_apiserver_proxy_tests::util::{eventually, skip, TempDir};
+use serde_json::{json, Value};
+
+use crate::DEADLINE;
+
+const DEPLOYMENT: &str = "/apis/apps/v1/namespaces/kube-system/deployments/kube-apiserver";
+const ROLLOUT: Duration = Duration::from_millis(1500);
+
+fn apiserver_manifest(version: &str, extra_flag: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: Pod
+metadata:
+  annotations:
+    kubeadm.kubernetes.io/kube-apiserver.advertise-address.endpoint: 192.0.2.10:6443
+  labels:
+    component: kube-apiserver
+    tier: control-plane
+  name: kube-apiserver
+  namespace: kube-system
+spec:
+  containers:
+  - command:
+    - kube-apiserver
+    - --advertise-address=192.0.2.10
+    - --secure-port=6443
+    - --tls-cert-file=/etc/kubernetes/pki/apiserver.crt{extra_flag}
+    image: registry.k8s.io/kube-apiserver:{version}
+    imagePullPolicy: IfNotPresent
+    name: kube-apiserver
+    readinessProbe:
+      httpGet: {{host: 192.0.2.10, path: /readyz, port: probe-port, scheme: HTTPS}}
+      periodSeconds: 1
+    resources:
+      requests:
+        cpu: 250m
+  hostNetwork: true
+  priorityClassName: system-node-critical
+"
+    )
+}
+
+fn other_manifest(name: &str, image: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  labels:\n    component: {name}\n    tier: control-plane\n  name: {name}\n  namespace: kube-system\nspec:\n  containers:\n  - name: {name}\n    image: {image}\n  hostNetwork: true\n"
+    )
+}
+
+/// A YAML file as JSON (PyYAML).
+fn read_yaml(path: &Path) -> Result<Value> {
+    let out = Command::new("python3")
+        .args([
+            "-c",
+            "import sys, json, yaml\njson.dump(yaml.safe_load(open(sys.argv[1])), sys.stdout)",
+        ])
+        .arg(path)
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "{}: {}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+fn digest(meta: &Value) -> Option<String> {
+    meta["annotations"]["kube-apiserver-proxy/kubeadm-manifest-sha256"]
+        .as_str()
+        .map(str::to_owned)
+}
+
+struct Node {
+    fake: FakeApiserver,
+    dir: TempDir,
+    _pki: Pki,
+}
+
+impl Node {
+    async fn new() -> Result<Self> {
+        let pki = Pki::new()?;
+        let ip = kube_apiserver_proxy_tests::util::random_loopback_ip()?;
+        let serving = pki.ca.server_cert(&["kubernetes", &ip.to_string()])?;
+        // A Deployment applied from an earlier rendering: other digests, a live proxy image.
+        let live = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "kube-apiserver", "namespace": "kube-system", "generation": 4,
+                         "resourceVersion": "41", "labels": {"app.kubernetes.io/name": "kube-apiserver"}},
+            "spec": {"replicas": 1, "template": {"metadata": {"annotations": {}},
+                "spec": {"containers": [{"name": "kube-apiserver", "image": "old"},
+                                        {"name": "proxy", "image": "registry.example/kap:live"}]}}},
+            "status": {"observedGeneration": 4, "replicas": 1, "updatedReplicas": 1, "availableReplicas": 1}});
+        let mirror =
+            |hash: &str| json!({"metadata": {"annotations": {"kubernetes.io/config.hash": hash}}});
+        let fake = FakeApiserver::https_with_identity(serving.cert_chain(), serving.private_key())
+            .bind(std::net::SocketAddr::new(ip, 0))
+            .require_client_cert(pki.ca.root_store()?)
+            .object(DEPLOYMENT, &live)
+            .object(
+                "/api/v1/namespaces/kube-system/pods/etcd-node-1",
+                &mirror("uid-etcd"),
+            )
+            .object(
+                "/api/v1/namespaces/kube-system/pods/kube-scheduler-node-1",
+                &mirror("uid-scheduler"),
+            )
+            .rollout_time(ROLLOUT)
+            .start()
+            .await?;
+        let dir = TempDir::new("kubeadm-sync")?;
+        std::fs::create_dir(dir.join("manifests"))?;
+        std::fs::write(
+            dir.join("manifests/kube-apiserver.yaml"),
+            apiserver_manifest("v1.36.3", ""),
+        )?;
+        std::fs::write(
+            dir.join("manifests/etcd.yaml"),
+            other_manifest("etcd", "etcd:3.6.8-0"),
+        )?;
+        std::fs::write(
+            dir.join("manifests/kube-scheduler.yaml"),
+            other_manifest("kube-scheduler", "kube-scheduler:v1.36.3"),
+        )?;
+        std::fs::write(
+            dir.join("admin.conf"),
+            format!(
+                "apiVersion: v1\nclusters:\n- cluster:\n    certificate-authority: {}\n    server: https://{}\n  name: c\nusers:\n- name: kubernetes-admin\n  user:\n    client-certificate: {}\n    client-key: {}\n",
+                pki.ca_file().display(),
+                fake.addr(),
+                pki.client_cert_file().display(),
+                pki.client_key_file().display()
+            ),
+        )?;
+        Ok(Self {
+            fake,
+            dir,
+            _pki: pki,
+        })
+    }
+
+    fn agent(&self, once: bool) -> Command {
+        let mut c = Command::new(proxy_bin().expect("proxy binary"));
+        c.arg("kubeadm-sync")
+            .arg("--kubeadm-dir")
+            .arg(self.dir.join("manifests"))
+            .arg("--static-pod-dir")
+            .arg(self.dir.join("kubelet"))
+            .arg("--kubeconfig")
+            .arg(self.dir.join("admin.conf"))
+            .args([
+                "--node-name=node-1",
+                "--proxy-image=registry.example/kap:agent",
+            ])
+            .args([
+                "--interval=100ms",
+                "--settle=300ms",
+                "--rollout-timeout=30s",
+            ])
+            .env_remove("RUST_LOG");
+        if once {
+            c.arg("--once");
+        }
+        c
+    }
+
+    fn standin(&self) -> Result<Value> {
+        read_yaml(&self.dir.join("kubelet/kube-apiserver.yaml"))
+    }
+
+    fn deployment(&self) -> Value {
+        self.fake.object(DEPLOYMENT).expect("served")
+    }
+}
+
+#[tokio::test]
+async fn kubeadm_sync_turns_kubeadm_manifests_into_static_pods_and_rollouts() -> Result<()> {
+    if !Command::new("python3")
+        .args(["-c", "import yaml"])
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        return skip(
+            "kubeadm_sync_turns_kubeadm_manifests_into_static_pods_and_rollouts",
+            "python3 with PyYAML needed (pip install kubernetes-validate brings it)",
+        );
+    }
+    let node = Node::new().await?;
+
+    // --once, the migration.
+    let started = Instant::now();
+    let out = tokio::task::spawn_blocking({
+        let mut c = node.agent(true);
+        move || c.output()
+    })
+    .await??;
+    ensure!(
+        out.status.success(),
+        "--once failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ensure!(
+        started.elapsed() >= ROLLOUT,
+        "--once returned after {:?}, before the rollout completed",
+        started.elapsed()
+    );
+    // kubeadm's manifest set aside (the kubelet, still on kubeadm's directory, stops kubeadm's
+    // apiserver), until the agent runs.
+    ensure!(
+        node.dir.join("manifests/.kube-apiserver.yaml").exists()
+            && !node.dir.join("manifests/kube-apiserver.yaml").exists(),
+        "kubeadm's manifest not set aside"
+    );
+    let etcd = read_yaml(&node.dir.join("kubelet/etcd.yaml"))?;
+    ensure!(
+        etcd["metadata"]["uid"] == "uid-etcd",
+        "etcd copy not adopted: {etcd}"
+    );
+    ensure!(etcd["spec"]["containers"][0]["image"] == "etcd:3.6.8-0");
+    let sched = read_yaml(&node.dir.join("kubelet/kube-scheduler.yaml"))?;
+    ensure!(sched["metadata"]["uid"] == "uid-scheduler", "{sched}");
+    let d = node.deployment();
+    let template = &d["spec"]["template"];
+    let apiserver = &template["spec"]["containers"]
+        .as_array()
+        .context("containers")?
+        .iter()
+        .find(|c| c["name"] == "kube-apiserver")
+        .context("no apiserver container")?
+        .clone();
+    ensure!(
+        apiserver["image"] == "registry.k8s.io/kube-apiserver:v1.36.3",
+        "{apiserver}"
+    );
+    ensure!(
+        template["spec"]["containers"]
+            .as_array()
+            .is_some_and(|cs| cs.iter().any(|c| c["image"] == "registry.example/kap:live")),
+        "the live proxy image was not kept"
+    );
+    ensure!(
+        d["metadata"]["resourceVersion"] == "41",
+        "not a replace of the live object"
+    );
+    let s = node.standin()?;
+    ensure!(
+        s["metadata"]["name"] == "kube-apiserver"
+            && s["metadata"]["labels"]["component"] == "kube-apiserver"
+    );
+    ensure!(s["spec"]["containers"][0]["image"] == "registry.k8s.io/kube-apiserver:v1.36.3");
+    ensure!(s["spec"]["initContainers"][0]["image"] == "registry.example/kap:agent");
+    ensure!(
+        digest(&s["metadata"]) == digest(&template["metadata"]) && digest(&s["metadata"]).is_some()
+    );
+
+    // Running: kubeadm upgrade writes a new apiserver manifest.
+    let agent = ChildProcess::spawn(node.agent(false), "kubeadm-sync")?;
+    eventually(DEADLINE, || async {
+        ensure!(
+            node.dir.join("manifests/kube-apiserver.yaml").exists(),
+            "kubeadm's manifest not put back: {}",
+            agent.stderr()
+        );
+        Ok(())
+    })
+    .await?;
+    let old = digest(&s["metadata"]);
+    std::fs::write(
+        node.dir.join("manifests/kube-apiserver.yaml"),
+        apiserver_manifest(
+            "v1.37.2",
+            "\n    - --audit-log-path=/var/log/kubernetes/audit.log",
+        ),
+    )?;
+    let put_at = eventually(DEADLINE, || async {
+        agent.ensure_running()?;
+        let d = node.deployment();
+        ensure!(
+            d["spec"]["template"]["spec"]["containers"]
+                .to_string()
+                .contains("v1.37.2"),
+            "no PUT yet: {}",
+            agent.stderr()
+        );
+        Ok(Instant::now())
+    })
+    .await?;
+    // While the rollout runs, the stand-in (whose hash kubeadm waits on) stays as it was.
+    while put_at.elapsed() < ROLLOUT.mul_f32(0.8) {
+        ensure!(
+            digest(&node.standin()?["metadata"]) == old,
+            "stand-in changed before the rollout completed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eventually(DEADLINE, || async {
+        let s = node.standin()?;
+        ensure!(
+            digest(&s["metadata"]) != old,
+            "stand-in not rewritten: {}",
+            agent.stderr()
+        );
+        ensure!(s["spec"]["containers"][0]["image"] == "registry.k8s.io/kube-apiserver:v1.37.2");
+        Ok(())
+    })
+    .await?;
+    ensure!(
+        node.deployment()["spec"]["template"]["spec"]["containers"]
+            .to_string()
+            .contains("--audit-log-path=/var/log/kubernetes/audit.log"),
+        "the new flag did not reach the Deployment"
+    );
+
+    // Another component's new manifest is copied as it is (no adopted uid); a removed one's
+    // copy goes.
+    std::fs::write(
+        node.dir.join("manifests/etcd.yaml"),
+        other_manifest("etcd", "etcd:3.7.0-0"),
+    )?;
+    std::fs::remove_file(node.dir.join("manifests/kube-scheduler.yaml"))?;
+    eventually(DEADLINE, || async {
+        let etcd = read_yaml(&node.dir.join("kubelet/etcd.yaml"))?;
+        ensure!(
+            etcd["spec"]["containers"][0]["image"] == "etcd:3.7.0-0",
+            "{etcd}"
+        );
+        ensure!(etcd["metadata"].get("uid").is_none(), "{etcd}");
+        ensure!(
+            !node.dir.join("kubelet/kube-scheduler.yaml").exists(),
+            "scheduler copy left"
+        );
+        Ok(())
+    })
+    .await?;
+    agent.ensure_running()?;
+    Ok(())
+}
