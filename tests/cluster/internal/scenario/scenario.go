@@ -129,6 +129,12 @@ func RunAll(ctx context.Context, o Options) *Results {
 		if ctx.Err() != nil {
 			r.fail("interrupted: %v", ctx.Err())
 		}
+		// Each scenario starts from the pod the previous one left: it must be the shipped
+		// design with the proxy under test (a comparison's or a planted proxy's stop would
+		// be counted against the next scenario's load).
+		if c := e.current; c != nil && (c.Opts.Design != cluster.Sidecar || c.Opts.Proxy != o.Proxy) {
+			r.fail("left %s serving (design %s, proxy %s) instead of the shipped design with the proxy under test", c.Opts.Name, c.Opts.Design, c.Opts.Proxy)
+		}
 		r.Duration = time.Since(began)
 		r.Passed = len(r.Problems) == 0
 		report(r)

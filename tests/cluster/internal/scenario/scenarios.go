@@ -271,6 +271,12 @@ func haproxySidecar(ctx context.Context, e *env, r *Result) {
 			}
 		}
 	})
+	// Back to the shipped design, outside the measurement: the next scenario starts from it
+	// (HAProxy's stop cuts what it carries, which would count against that scenario).
+	back := &Result{}
+	if !e.rollout(ctx, back, cluster.Sidecar, cluster.GatePod, e.o.APIServer, nil, nil) {
+		r.fail("rolling back to the shipped design failed: %v", back.Problems)
+	}
 }
 
 // underLoad runs f under the client-go load and records what the clients saw. strict: every
