@@ -1,13 +1,13 @@
 # shellcheck shell=bash
 # shellcheck disable=SC2154 # here, S, CTR and the rest come from smoke (and pivot.sh)
-# The lifecycle rehearsal of issue 13 points 4-8, sourced by `smoke --lifecycle` inside its
+# The lifecycle rehearsals (selector upgrade, drain, slow start, DaemonSet, monitoring), sourced by `smoke --lifecycle` inside its
 # namespaces once the kubeadm-style control plane runs (the real kubelet, containerd, runc,
 # etcd, kube-apiserver, kube-controller-manager and kube-scheduler), after pivot.sh (whose
 # helpers it uses: kc, kcs, step_*, log_*, pivot_prepare_node):
 #
 #   1. the previous release's Deployment (selector component/tier, PDB minAvailable 1) from
-#      git ($LEGACY_REF), pivoted to from kubeadm's static pod (that pivot's outage is issue
-#      13 point 2's, only noted here); `kubectl drain` of the only controller then waits for
+#      git ($LEGACY_REF), pivoted to from kubeadm's static pod (that pivot's outage belongs to
+#      the migration, migrate.sh, and is only noted here); `kubectl drain` of the only controller then waits for
 #      ever on the budget (shown with a 60 s timeout);
 #   2. the selector upgrade of docs/operations.md ("Upgrading from the component/tier
 #      selector") to manifests/single-controller as it is now;
@@ -148,7 +148,7 @@ lc_legacy() {
     return 1
   fi
   lc_render legacy single-controller "$src" || { fail "legacy: kubectl kustomize failed: $(head -c 300 "$S/kustomize-legacy.err")"; return 1; }
-  # The pivot from kubeadm's static pod, in the order that completes (issue 13 point 2 owns
+  # The pivot from kubeadm's static pod, in the order that completes (the migration, migrate.sh, owns
   # a pivot without refused connections; here its outage is only noted).
   step_start legacy_pivot -load=false -report-only || true
   t0="$(now_ms)"

@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # shellcheck disable=SC2154 # here, S, NODE_IP and the rest come from smoke and pivot.sh
-# The migration from kubeadm's static kube-apiserver to the Deployment (issue 13 point 2),
+# The migration from kubeadm's static kube-apiserver to the Deployment,
 # sourced by `smoke --migrate` after pivot.sh, whose helpers it uses, once the kubeadm-style
 # control plane runs. It follows docs/operations.md, "Migrating from kubeadm":
 #
@@ -198,7 +198,7 @@ run_migrate() {
   migrate_local_kubeconfig || return 0
   migrate || return 0
   migrate_rollouts || true
-  # Then the rollouts of pivot.sh by the real controllers (issue 12 point 3): more rollout
+  # Then the rollouts of pivot.sh by the real controllers: more rollout
   # restarts (5 in all with the ones above) and the image change v1.36 -> v1.37 and back.
   # shellcheck disable=SC2034 # read by rollouts() in pivot.sh
   ROLLOUT_RESTARTS="${MIGRATE_MORE_RESTARTS:-$((MIGRATE_RESTARTS < 5 ? 5 - MIGRATE_RESTARTS : 0))}"

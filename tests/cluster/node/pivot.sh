@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # shellcheck disable=SC2154 # here, S, CTR and the rest come from smoke, which sources this
-# The pivot of issue 12, sourced by `smoke --pivot` inside its namespaces once the
+# The pivot from kubeadm's static apiserver to the Deployment, sourced by `smoke --pivot` inside its namespaces once the
 # kubeadm-style control plane runs (etcd, kube-apiserver, kube-controller-manager and
 # kube-scheduler as static pods, the node registered):
 #

@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # shellcheck disable=SC2154 # here, S, CTR and the rest come from smoke, which sources this
-# Reboot recovery (issue 13 point 1), sourced by `smoke --reboot` after pivot.sh, inside the
+# Reboot recovery, sourced by `smoke --reboot` after pivot.sh, inside the
 # namespaces, once the kubeadm-style control plane runs:
 #
 #   1. the node is prepared (manifests/node/tmpfiles.d, with the checkpoint directory) and the

@@ -1,4 +1,4 @@
-//! `kube-apiserver-proxy launch` (issue 4 §1, DESIGN §6): picks a random loopback address,
+//! `kube-apiserver-proxy launch` (DESIGN §6): picks a random loopback address,
 //! writes it atomically to the address file, substitutes every `{{address}}` and `exec`s the
 //! command in place (same pid: SIGTERM sent to it reaches the apiserver). Bad input is one
 //! line, exit 2, nothing started and no address file.

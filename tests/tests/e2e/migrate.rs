@@ -1,4 +1,4 @@
-//! `kube-apiserver-proxy migrate` (issue 13 point 2): a root process holding a wildcard listener
+//! `kube-apiserver-proxy migrate`: a root process holding a wildcard listener
 //! without `SO_REUSEPORT` (kubeadm's static kube-apiserver on 0.0.0.0:6443) keeps serving while
 //! the node address and 127.0.0.1 move to a proxy running as another uid; no connection to
 //! either is refused, before, during or after the holder exits, nor across a later handoff

@@ -1,4 +1,4 @@
-//! Monitoring (issue 13 point 7): the node's scrape endpoint `--metrics-listen` answers with
+//! Monitoring: the node's scrape endpoint `--metrics-listen` answers with
 //! every instance of the node, whichever instance takes the scrape; the series of a removed
 //! backend are deleted; and `/peer-ready` with `probe --wait`, which the pods' preStop hooks
 //! use to keep serving until a successor is ready.

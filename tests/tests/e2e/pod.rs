@@ -1,4 +1,4 @@
-//! The pod (issue 4 §2–§4, §6; DESIGN §5–§7, docs/architecture.md): the own backend written by
+//! The pod (DESIGN §5–§7, docs/architecture.md): the own backend written by
 //! `launch`, node-local discovery through `--backend-dir`, readiness per pod with `probe
 //! --admin-address-file`, and the two-pod rollout on one node, end to end.
 //!
@@ -830,7 +830,7 @@ fn report(what: &str, ok: u64, failures: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// Issue 4 §6: the surge rollout on one node. The next pod starts next to the current one and
+/// The surge rollout on one node. The next pod starts next to the current one and
 /// becomes ready (its exec probe), then both of the old pod's containers get SIGTERM at the
 /// same moment and exit. Repeated ([`ROLLOUTS`] upgrades in a row) under continuous load with a
 /// new TLS connection per request: zero failed requests, and the node address is served by
@@ -915,7 +915,7 @@ async fn two_pod_rollout_loses_no_connection() -> Result<()> {
     Ok(())
 }
 
-/// Issue 4 §6, second scenario: pod 2's apiserver never becomes ready. Pod 2 never reports
+/// The surge rollout, second scenario: pod 2's apiserver never becomes ready. Pod 2 never reports
 /// ready (the rollout stalls) although its proxy carries traffic to pod 1's apiserver; pod 1
 /// keeps serving; deleting pod 2 (rollback) loses nothing either.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,4 +1,4 @@
-//! The static binary (issue 4 §5, DESIGN §6): built like the release image builds it
+//! The static binary (DESIGN §6): built like the release image builds it
 //! (`RUSTFLAGS="-C target-feature=+crt-static" cargo build --target x86_64-unknown-linux-gnu`,
 //! here the debug profile to save time), it has no ELF interpreter and needs no shared library,
 //! and it runs — `--version`, `launch`, and a proxy forwarding traffic — from an otherwise
