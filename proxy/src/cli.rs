@@ -94,6 +94,12 @@ pub struct RenderArgs {
     /// The proxy image, for the sidecar and the init container (default: the base's).
     #[arg(long, value_name = "IMAGE")]
     pub proxy_image: Option<String>,
+
+    /// What kube-apiserver sees as the client's address: `proxy` (127.0.0.1) or
+    /// `transparent` (the client's own: the pod of manifests/client-address-transparent, with
+    /// its init container and capability; kubeadm-sync keeps the mode of the live Deployment).
+    #[arg(long, value_enum, default_value = "proxy")]
+    pub client_address: ClientAddress,
 }
 
 #[derive(Debug, Clone, Args)]

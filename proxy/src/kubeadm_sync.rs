@@ -224,6 +224,19 @@ pub fn proxy_image(d: &Value) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// Whether a live Deployment's proxy runs with `--client-address transparent` (the mode is
+/// the operator's choice, kept across kubeadm's changes like the proxy image).
+pub fn client_address_transparent(d: &Value) -> bool {
+    d["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["name"] != render::CONTAINER)
+        .flat_map(|c| c["args"].as_array().into_iter().flatten())
+        .filter_map(Value::as_str)
+        .any(|a| a == "--client-address=transparent")
+}
+
 /// The checked configuration.
 #[derive(Debug)]
 pub struct Sync {
@@ -448,6 +461,7 @@ impl Sync {
             image: None,
             allow_downgrade: false,
             proxy_image: proxy_image(&live).or_else(|| Some(self.proxy_image.clone())),
+            client_address_transparent: client_address_transparent(&live),
         };
         let rendered =
             render::deployment(&base, &pod, files.as_deref(), &options).map_err(|e| {

@@ -38,6 +38,10 @@ use serde_json::{json, Map, Value};
 pub const BASE_DEPLOYMENT: &str = include_str!("../../manifests/base/deployment.yaml");
 /// `manifests/base/pdb.yaml`, as built into this binary.
 pub const BASE_PDB: &str = include_str!("../../manifests/base/pdb.yaml");
+/// The kustomize component of `--client-address transparent`: `render --client-address
+/// transparent` applies its patch, so the two cannot drift apart.
+pub const TRANSPARENT_COMPONENT: &str =
+    include_str!("../../manifests/client-address-transparent/kustomization.yaml");
 
 /// Pod template annotation: the SHA-256 of kubeadm's manifest the Deployment was derived from.
 pub const MANIFEST_DIGEST: &str = "kube-apiserver-proxy/kubeadm-manifest-sha256";
@@ -92,6 +96,9 @@ pub struct Options {
     pub allow_downgrade: bool,
     /// The proxy image (default: the base's).
     pub proxy_image: Option<String>,
+    /// `--client-address transparent` (the kustomize component
+    /// `manifests/client-address-transparent`, applied to the rendered Deployment).
+    pub client_address_transparent: bool,
 }
 
 /// kubeadm's static apiserver pod, parsed.
@@ -570,6 +577,10 @@ pub fn deployment(
             }
         }
     }
+    if options.client_address_transparent {
+        client_address_transparent(&mut d)?;
+    }
+    let spec = &mut d["spec"]["template"]["spec"];
     if let Some(img) = &options.proxy_image {
         let with_proxy_image = |list: &mut Value| {
             for x in list.as_array_mut().into_iter().flatten() {
@@ -583,7 +594,7 @@ pub fn deployment(
     }
 
     // Labels and annotations.
-    let meta = &mut template["metadata"];
+    let meta = &mut d["spec"]["template"]["metadata"];
     let mut labels = meta["labels"].as_object().cloned().unwrap_or_default();
     if let Some(k) = pod.pod["metadata"]["labels"].as_object() {
         for (key, v) in k {
@@ -603,6 +614,60 @@ pub fn deployment(
     };
     meta["annotations"] = Value::Object(annotations);
     Ok(d)
+}
+
+/// Applies the patch of [`TRANSPARENT_COMPONENT`] to the Deployment `d`: the JSON patch
+/// operations it uses (`test`, `add`, `replace`; `-` appends to a list).
+fn client_address_transparent(d: &mut Value) -> Result<(), RenderError> {
+    let component =
+        |what: &str| RenderError::Base(format!("manifests/client-address-transparent: {what}"));
+    let docs = crate::yaml::parse_documents(TRANSPARENT_COMPONENT)
+        .map_err(|e| component(&e.to_string()))?;
+    let patch = docs
+        .first()
+        .and_then(|c| c["patches"][0]["patch"].as_str())
+        .ok_or_else(|| component("no patch"))?;
+    let ops = crate::yaml::parse_documents(patch).map_err(|e| component(&e.to_string()))?;
+    let ops = ops
+        .first()
+        .and_then(Value::as_array)
+        .ok_or_else(|| component("the patch is not a list of operations"))?;
+    for op in ops {
+        let (Some(kind), Some(path)) = (op["op"].as_str(), op["path"].as_str()) else {
+            return Err(component(&format!("operation without op or path: {op}")));
+        };
+        let value = op["value"].clone();
+        let (parent, last) = path
+            .rsplit_once('/')
+            .ok_or_else(|| component(&format!("path {path}")))?;
+        let target = d
+            .pointer_mut(parent)
+            .ok_or_else(|| component(&format!("{path}: not in the rendered Deployment")))?;
+        match (kind, target) {
+            ("test", t) => {
+                if t.get(last) != Some(&value) && t.pointer(&format!("/{last}")) != Some(&value) {
+                    return Err(component(&format!("{path} is not {value}")));
+                }
+            }
+            ("add", Value::Array(list)) if last == "-" => list.push(value),
+            ("add" | "replace", Value::Array(list)) => {
+                let i: usize = last
+                    .parse()
+                    .map_err(|_| component(&format!("path {path}")))?;
+                let len = list.len();
+                match kind {
+                    "replace" if i < len => list[i] = value,
+                    "add" if i <= len => list.insert(i, value),
+                    _ => return Err(component(&format!("{path}: no such element"))),
+                }
+            }
+            ("add" | "replace", Value::Object(map)) => {
+                map.insert(last.to_owned(), value);
+            }
+            _ => return Err(component(&format!("operation {kind} on {path}"))),
+        }
+    }
+    Ok(())
 }
 
 /// The budget beside it, in the Deployment's namespace.
@@ -708,6 +773,7 @@ pub fn print(args: &crate::cli::RenderArgs) -> Result<String, PrintError> {
         image: args.image.clone(),
         allow_downgrade: args.allow_downgrade,
         proxy_image: args.proxy_image.clone(),
+        client_address_transparent: args.client_address == crate::cli::ClientAddress::Transparent,
     };
     let (base_deployment, base_pdb) = base().map_err(PrintError::Other)?;
     let files = files_digest(&pod.files());
@@ -1014,5 +1080,54 @@ status: {}
             .as_array()
             .unwrap()
             .contains(&json!("--listen-port=8443")));
+    }
+
+    #[test]
+    fn transparent_mode_is_the_components_pod_and_nothing_else_changes() {
+        let options = Options {
+            proxy_image: Some("registry.local/kap:v9".into()),
+            ..Options::default()
+        };
+        let plain = render(KUBEADM, &options).unwrap();
+        let d = render(
+            KUBEADM,
+            &Options {
+                client_address_transparent: true,
+                ..options
+            },
+        )
+        .unwrap();
+        let spec = &d["spec"]["template"]["spec"];
+        let proxy = by_name(&spec["containers"], "proxy").unwrap();
+        let args = proxy["args"].as_array().unwrap();
+        assert!(args.contains(&json!("--client-address=transparent")));
+        assert!(args.contains(&json!("--user=59443:59443")));
+        assert_eq!(proxy["securityContext"]["runAsUser"], 0);
+        assert_eq!(
+            proxy["securityContext"]["capabilities"]["add"],
+            json!(["NET_RAW", "SETUID", "SETGID"])
+        );
+        let init = by_name(&spec["initContainers"], "transparent-routes").unwrap();
+        assert_eq!(init["image"], "registry.local/kap:v9");
+        assert_eq!(
+            init["securityContext"]["capabilities"]["add"],
+            json!(["NET_ADMIN"])
+        );
+        // The apiserver, the volumes and the rest are what the plain render gives.
+        assert_eq!(apiserver(&d), apiserver(&plain));
+        assert_eq!(
+            spec["volumes"],
+            plain["spec"]["template"]["spec"]["volumes"]
+        );
+        assert_eq!(
+            spec["initContainers"].as_array().unwrap().len(),
+            plain["spec"]["template"]["spec"]["initContainers"]
+                .as_array()
+                .unwrap()
+                .len()
+                + 1
+        );
+        assert!(crate::kubeadm_sync::client_address_transparent(&d));
+        assert!(!crate::kubeadm_sync::client_address_transparent(&plain));
     }
 }

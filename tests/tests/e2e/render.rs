@@ -393,6 +393,44 @@ fn render_real_kubeadm() -> Result<()> {
     );
     ensure!(String::from_utf8(out.stdout)?.contains("kube-apiserver:v1.36.3"));
 
+    // --client-address transparent: the component's pod, valid for the API server strictly.
+    let out = Command::new(proxy_bin()?)
+        .args(["render", "--client-address", "transparent", "--static-pod"])
+        .arg(tmp.join("extra/extra.yaml"))
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "--client-address transparent: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stream = String::from_utf8(out.stdout)?;
+    let docs = yaml_docs(&stream)?;
+    let d = docs
+        .iter()
+        .find(|d| d["kind"] == "Deployment")
+        .context("no Deployment")?;
+    let spec = &d["spec"]["template"]["spec"];
+    let proxy = by_name(&spec["containers"], "proxy").context("no proxy container")?;
+    ensure!(
+        strings(&proxy["args"]).contains(&"--client-address=transparent".to_owned()),
+        "the proxy runs without the mode: {:?}",
+        proxy["args"]
+    );
+    ensure!(
+        by_name(&spec["initContainers"], "transparent-routes").is_some(),
+        "no transparent-routes init container"
+    );
+    let v = with_stdin(
+        Command::new("kubernetes-validate").args(["--strict", "--quiet", "-"]),
+        &stream,
+    )?;
+    ensure!(
+        v.status.success(),
+        "transparent: kubernetes-validate: {}{}",
+        String::from_utf8_lossy(&v.stdout),
+        String::from_utf8_lossy(&v.stderr)
+    );
+
     // A file that is not there: exit 2, one line naming it.
     let out = Command::new(proxy_bin()?)
         .args(["render", "--static-pod"])
