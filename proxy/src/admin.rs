@@ -51,6 +51,11 @@ pub struct AdminView {
     pub handoff: Option<Arc<Handoff>>,
     /// `--client-address`: `/status` says what the apiservers see.
     pub client_address: crate::cli::ClientAddress,
+    /// Set (to the successor's pid) once an in-place upgrade has handed everything to the
+    /// ready successor: a probe this instance accepted just before it stopped answering on the
+    /// admin socket, and answers after it left `Serving`, is answered ready (the pod is: its
+    /// successor serves). Never reported to handoff peers.
+    pub handed_to_successor: std::sync::atomic::AtomicU32,
 }
 
 impl AdminView {
@@ -164,7 +169,10 @@ impl AdminView {
         match req.uri().path() {
             "/healthz" | "/livez" => text(StatusCode::OK, "ok\n"),
             "/readyz" => {
-                if self.ready() {
+                let handed = self
+                    .handed_to_successor
+                    .load(std::sync::atomic::Ordering::Acquire);
+                if self.ready() || handed != 0 {
                     text(StatusCode::OK, "ok\n")
                 } else {
                     let state = *self.state.borrow();
@@ -307,7 +315,11 @@ where
     H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
     F: std::future::Future<Output = Response<Full<Bytes>>> + Send + 'static,
 {
+    // A request arrived (a permit is stored when nobody waits yet).
+    let requested = Arc::new(tokio::sync::Notify::new());
+    let on_request = requested.clone();
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        on_request.notify_one();
         let response = handler(req);
         async move { Ok::<_, Infallible>(response.await) }
     });
@@ -321,10 +333,24 @@ where
     let result = tokio::select! {
         r = conn.as_mut() => r,
         _ = stop.cancelled() => {
-            conn.as_mut().graceful_shutdown();
-            match tokio::time::timeout(HEADER_TIMEOUT, conn.as_mut()).await {
-                Ok(r) => r,
-                Err(_) => Ok(()),
+            // A connection accepted before the stop gets its answer: hyper's graceful shutdown
+            // closes a connection whose request it has not read yet, so wait for the request
+            // first (within the header deadline), then shut down after its answer. (An
+            // in-place upgrade's probe that lands on the old process in its last moment.)
+            let first = tokio::select! {
+                r = conn.as_mut() => Some(r),
+                _ = requested.notified() => None,
+                _ = tokio::time::sleep(HEADER_TIMEOUT) => None,
+            };
+            match first {
+                Some(r) => r,
+                None => {
+                    conn.as_mut().graceful_shutdown();
+                    match tokio::time::timeout(HEADER_TIMEOUT, conn.as_mut()).await {
+                        Ok(r) => r,
+                        Err(_) => Ok(()),
+                    }
+                }
             }
         }
     };

@@ -180,7 +180,9 @@ pub async fn run(
         readiness,
         handoff: handoff.clone(),
         client_address: config.client_address,
+        handed_to_successor: std::sync::atomic::AtomicU32::new(0),
     });
+    let admin_view = view.clone();
     tracing::info!(admin.addr = %admin_listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), "admin endpoint listening");
     if let (Some(addr), Some(h), Ok(admin_addr)) = (
         config.metrics_listen,
@@ -288,10 +290,16 @@ pub async fn run(
                 // In-place upgrade: still Serving (and ready, answering the pod's probes on the
                 // admin socket) while everything is handed to the ready successor; then the
                 // successor answers there, and this instance drains what it could not hand.
-                if h.hand_over(deadline, || backends.any_healthy()).await {
+                let handed = h.hand_over(deadline, || backends.any_healthy()).await;
+                if handed {
                     successor_serves(&ctx);
                 }
                 hand_over_connections(h, &ctx, pid).await;
+                if handed {
+                    admin_view
+                        .handed_to_successor
+                        .store(pid.max(1), std::sync::atomic::Ordering::Release);
+                }
                 admin_stop.cancel();
                 tracing::info!(signal, successor.pid = pid, drain_timeout = ?config.drain_timeout, "in-place upgrade: handed over; the successor answers on the admin socket; draining");
                 lifecycle.advance(State::Draining);

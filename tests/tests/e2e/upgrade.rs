@@ -12,6 +12,8 @@ use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
@@ -327,6 +329,26 @@ async fn readiness_holds_and_status_names_the_successor_only_when_done() -> Resu
     })
     .await?;
     let streams = Streams::start(listen, 8, Duration::from_millis(10), |_| 1).await?;
+    // Besides the loop below, probes that never pause: one that lands in the moment the old
+    // process stops answering on the admin socket must be answered ready too.
+    let probing = Arc::new(AtomicBool::new(true));
+    let mut probes = Vec::new();
+    for _ in 0..4 {
+        let probing = probing.clone();
+        probes.push(tokio::spawn(async move {
+            let (mut polls, mut failed) = (0u32, Vec::new());
+            while probing.load(Ordering::Relaxed) {
+                polls += 1;
+                match http_get(admin, "/readyz").await {
+                    Ok((200, _)) => {}
+                    Ok((code, body)) => failed.push(format!("{code} {}", body.trim())),
+                    Err(e) => failed.push(format!("{e:#}")),
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            (polls, failed)
+        }));
+    }
     let mut pid = first.pid();
     let mut guards = Vec::new();
     let (mut polls, mut failed) = (0u32, Vec::new());
@@ -371,6 +393,12 @@ async fn readiness_holds_and_status_names_the_successor_only_when_done() -> Resu
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         pid = next.expect("set above");
+    }
+    probing.store(false, Ordering::Relaxed);
+    for p in probes {
+        let (n, f) = p.await?;
+        polls += n;
+        failed.extend(f.into_iter().map(|f| format!("probe: {f}")));
     }
     let report = streams.stop().await;
     ensure!(
