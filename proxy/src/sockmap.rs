@@ -35,7 +35,7 @@ use tokio::net::TcpStream;
 use crate::sys::bpf::{
     self, annotate, Insn, Map, MapKind, BPF_ANY, BPF_F_NO_PREALLOC, BPF_NOEXIST,
 };
-use crate::sys::{cookie, set_rcvlowat, tcp_bytes_written};
+use crate::sys::{cookie, set_rcvlowat, tcp_bytes_written, tcp_send_state};
 
 /// Directions, as indices of the per-CPU totals.
 pub const UP: u32 = 0;
@@ -272,7 +272,11 @@ async fn copy_readable(src: &TcpStream, dst: &TcpStream) -> io::Result<u64> {
     Ok(n as u64)
 }
 
-/// How long a half-close waits for the bytes before it to be written out.
+/// How long a half-close waits for bytes counted as redirected to reach the other socket
+/// while none of them moves and that socket's send queue is empty (the kernel path holds
+/// them, yet nothing stops it). A peer that reads slowly, or not at all for a while, keeps its
+/// send queue full and is waited for as long as its connection is open (its keepalive and
+/// `TCP_USER_TIMEOUT` end a dead one).
 const FLUSH_LIMIT: Duration = Duration::from_secs(10);
 
 /// Carries one paired connection: waits for EOF on each side and propagates it (once every
@@ -331,15 +335,27 @@ async fn one_way(
     }
     // EOF: wait until what the kernel redirected (and what was copied here) is in `dst`, then
     // pass the half-close on.
-    let start = Instant::now();
-    let mut last = u64::MAX;
+    let mut moved = Instant::now();
+    let (mut last, mut last_have) = (u64::MAX, 0);
     loop {
         let want = pair.redirected(direction) + copied;
-        let have = tcp_bytes_written(dst.as_fd())?.saturating_sub(base);
+        let sent = tcp_send_state(dst.as_fd())?;
+        let have = sent.written.saturating_sub(base);
         if have >= want && want == last {
             break;
         }
-        if start.elapsed() > FLUSH_LIMIT {
+        if !sent.open {
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                format!("the other side closed with redirected bytes not delivered: {have} of {want} written (direction {direction})"),
+            ));
+        }
+        if have > last_have || want != last || sent.queued > 0 {
+            // Moving, or waiting on the peer's reading.
+            moved = Instant::now();
+            last_have = have;
+        }
+        if moved.elapsed() > FLUSH_LIMIT {
             return Err(io::Error::new(
                 io::ErrorKind::TimedOut,
                 format!("redirected bytes not flushed: {have} of {want} written (direction {direction}, copied {copied})"),

@@ -361,6 +361,23 @@ pub fn drop_new_connections(fd: BorrowedFd<'_>) -> io::Result<()> {
 /// Bytes written into a TCP socket so far: acknowledged by the peer (`tcpi_bytes_acked`) plus
 /// still in the send queue (`SIOCOUTQ`).
 pub fn tcp_bytes_written(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    tcp_send_state(fd).map(|s| s.written)
+}
+
+/// What [`tcp_send_state`] reads of a TCP socket's sending side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SendState {
+    /// Acknowledged by the peer plus still in the send queue.
+    pub written: u64,
+    /// Still in the send queue (`SIOCOUTQ`): written, not yet acknowledged.
+    pub queued: u64,
+    /// The connection can still deliver them: `ESTABLISHED` or `CLOSE_WAIT` (the peer
+    /// half-closed), not reset, timed out or closed.
+    pub open: bool,
+}
+
+/// The sending side of a TCP socket (`TCP_INFO` and `SIOCOUTQ`).
+pub fn tcp_send_state(fd: BorrowedFd<'_>) -> io::Result<SendState> {
     let raw = fd.as_raw_fd();
     // SAFETY: `tcp_info` is plain integers, for which all zeroes is a valid value.
     let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
@@ -384,7 +401,13 @@ pub fn tcp_bytes_written(fd: BorrowedFd<'_>) -> io::Result<u64> {
     if unsafe { libc::ioctl(raw, libc::TIOCOUTQ, &mut queued) } < 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(info.tcpi_bytes_acked + queued.max(0) as u64)
+    let queued = queued.max(0) as u64;
+    Ok(SendState {
+        written: info.tcpi_bytes_acked + queued,
+        queued,
+        // include/net/tcp_states.h: TCP_ESTABLISHED = 1, TCP_CLOSE_WAIT = 8.
+        open: matches!(info.tcpi_state, 1 | 8),
+    })
 }
 
 /// Sets `SO_RCVLOWAT`. Setting it also runs the socket's data-ready callback over what waits

@@ -59,6 +59,65 @@ async fn paired_at_least(proxy: &Proxy, paired: f64) -> Result<()> {
     .await
 }
 
+/// A backend that sends a large answer at once and closes (`logs` of a big container, a large
+/// LIST) to a client that does not read for longer than the kernel path's flush limit: the
+/// backend's EOF is seen while most of the answer waits for the client, and the half-close
+/// must wait for all of it, however long the client takes, while its connection is open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kernel_path_waits_for_a_slow_reader_before_the_half_close() -> Result<()> {
+    if let Some(r) = can_run("kernel_path_waits_for_a_slow_reader_before_the_half_close") {
+        return r;
+    }
+    const ANSWER: usize = 16 << 20;
+    let mut answer = vec![0u8; ANSWER];
+    rand::thread_rng().fill_bytes(&mut answer);
+    let answer = std::sync::Arc::new(answer);
+    let backend = tokio::net::TcpListener::bind(
+        kube_apiserver_proxy_tests::util::free_random_loopback_addr()?,
+    )
+    .await?;
+    let backend_addr = backend.local_addr()?;
+    let dump = answer.clone();
+    let server = tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = backend.accept().await else {
+                return;
+            };
+            let dump = dump.clone();
+            // Health checks connect and close: their writes fail, which is fine.
+            tokio::spawn(async move {
+                let _ = s.write_all(&dump).await;
+                let _ = s.shutdown().await;
+            });
+        }
+    });
+    let listen = listen_addr()?;
+    let proxy = serving(
+        kube_apiserver_proxy_tests::proxy::ProxyBuilder::new()
+            .listen(listen)
+            .backend(backend_addr)
+            .health_check("tcp")
+            .fast_health()
+            .arg(KERNEL_PATH),
+    )
+    .await?;
+    let client = TcpClient::connect(listen).await?;
+    let mut stream = client.into_inner();
+    // Longer than the flush limit (10 s) without reading a byte.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let mut back = Vec::with_capacity(ANSWER);
+    tokio::time::timeout(Duration::from_secs(60), stream.read_to_end(&mut back)).await??;
+    server.abort();
+    ensure!(
+        back.len() == ANSWER,
+        "got {} of {ANSWER} bytes:\n{}",
+        back.len(),
+        proxy.stderr()
+    );
+    ensure!(back == *answer, "the bytes differ from the answer");
+    paired_at_least(&proxy, 1.0).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kernel_path_moves_large_payloads_byte_exact_and_counts_them() -> Result<()> {
     if let Some(r) = can_run("kernel_path_moves_large_payloads_byte_exact_and_counts_them") {
