@@ -59,6 +59,36 @@ images:
     newName: $IMAGE_REPO/kube-apiserver
     newTag: $APISERVER_VERSION
 EOF
+  if [ -n "${LC_UID:-}" ]; then
+    # An installation upgraded from a release whose proxies ran as another uid keeps it
+    # (docs/operations.md, "Upgrading from the component/tier selector"): old and new pods
+    # hand over to each other only with one uid.
+    cat >>"$k/local/kustomization.yaml" <<EOF
+patches:
+  - target:
+      kind: Deployment|DaemonSet
+      name: kube-apiserver
+    patch: |-
+      - op: test
+        path: /spec/template/spec/initContainers/0/name
+        value: install-proxy
+      - op: replace
+        path: /spec/template/spec/initContainers/0/securityContext/runAsUser
+        value: $LC_UID
+      - op: replace
+        path: /spec/template/spec/initContainers/0/securityContext/runAsGroup
+        value: $LC_UID
+      - op: test
+        path: /spec/template/spec/containers/1/name
+        value: proxy
+      - op: replace
+        path: /spec/template/spec/containers/1/securityContext/runAsUser
+        value: $LC_UID
+      - op: replace
+        path: /spec/template/spec/containers/1/securityContext/runAsGroup
+        value: $LC_UID
+EOF
+  fi
   kc kustomize "$k/local" >"$S/$name.yaml" 2>"$S/kustomize-$name.err"
 }
 
@@ -148,6 +178,14 @@ lc_legacy() {
     return 1
   fi
   lc_render legacy single-controller "$src" || { fail "legacy: kubectl kustomize failed: $(head -c 300 "$S/kustomize-legacy.err")"; return 1; }
+  # The node as that release made it: its tmpfiles.d owner (its proxies' uid, 65532), which
+  # the releases after it keep on such a node (LC_UID).
+  local typ path mode uid gid
+  while read -r typ path mode uid gid _; do
+    [ "$typ" = d ] || continue
+    chmod "$mode" "$path" && chown "$uid:$gid" "$path" && LC_UID=$uid || return 1
+  done < <(grep -v '^#' "$src/manifests/node/tmpfiles.d/kube-apiserver-proxy.conf")
+  pass "legacy: node directories as $LEGACY_REF's tmpfiles.d makes them (uid $LC_UID, kept by the upgrade): $(stat -c '%n %a %u:%g' /run/kube-apiserver-proxy /run/kube-apiserver-proxy/* | tr '\n' ' ')"
   # The pivot from kubeadm's static pod, in the order that completes (the migration, migrate.sh, owns
   # a pivot without refused connections; here its outage is only noted).
   step_start legacy_pivot -load=false -report-only || true
