@@ -329,9 +329,14 @@ fn check(name: &str, manifest: &str, dir: &Path, port: u16) -> Result<()> {
         "{name}: component label on the Deployment's pods"
     );
     // Valid for the API server, strictly.
+    validate_strict(name, &stream)
+}
+
+/// `kubernetes-validate --strict` of a YAML stream: valid for the API server.
+fn validate_strict(name: &str, stream: &str) -> Result<()> {
     let v = with_stdin(
         Command::new("kubernetes-validate").args(["--strict", "--quiet", "-"]),
-        &stream,
+        stream,
     )?;
     ensure!(
         v.status.success(),
@@ -420,16 +425,7 @@ fn render_real_kubeadm() -> Result<()> {
         by_name(&spec["initContainers"], "transparent-routes").is_some(),
         "no transparent-routes init container"
     );
-    let v = with_stdin(
-        Command::new("kubernetes-validate").args(["--strict", "--quiet", "-"]),
-        &stream,
-    )?;
-    ensure!(
-        v.status.success(),
-        "transparent: kubernetes-validate: {}{}",
-        String::from_utf8_lossy(&v.stdout),
-        String::from_utf8_lossy(&v.stderr)
-    );
+    validate_strict("transparent", &stream)?;
 
     // A file that is not there: exit 2, one line naming it.
     let out = Command::new(proxy_bin()?)
