@@ -1,0 +1,665 @@
+//! No import cycles between the modules of `src/`.
+//!
+//! Every `.rs` file under `src/` belongs to a top-level module: `foo.rs` and `foo/mod.rs` are
+//! `foo`, `foo/bar.rs` is `foo::bar` and counts as `foo`. A module depends on another when its
+//! code names it: `crate::name`, an entry of a `use crate::{a, b::c}` group, a `super::` chain
+//! that climbs out of it, and in `main.rs` (the binary, a crate root of its own that sees the
+//! library as `kube_apiserver_proxy`) `kube_apiserver_proxy::name`. Test code does not count:
+//! items under `#[cfg(test)]` (the `mod tests { … }` at the bottom of a file) and files declared
+//! by a `#[cfg(test)] mod name;` are left out. Comments (doc links included), string and
+//! character literals are blanked before the scan.
+//!
+//! The graph of those dependencies must have no cycle; the test names every strongly connected
+//! component of more than one module, with one reference (file:line) for each edge inside it.
+//!
+//! The scan is deliberately small: it reads tokens, not Rust. Inline modules other than
+//! `#[cfg(test)]` ones are not tracked (a `super::` inside one is read as if it were at the
+//! file's level), and neither are `#[path]` attributes or macros that build paths.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+/// How the library's crate root is named from `main.rs`.
+const LIBRARY: &str = "kube_apiserver_proxy";
+
+/// One place where a module names another.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Reference {
+    /// The top-level module named.
+    to: String,
+    /// 1-based line in the file.
+    line: usize,
+}
+
+/// `from` → `to` → the first reference found (file relative to the crate, line).
+type Graph = BTreeMap<String, BTreeMap<String, (String, usize)>>;
+
+#[test]
+fn modules_import_each_other_without_cycles() {
+    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let graph = graph_of(crate_dir, &crate_dir.join("src"));
+    assert!(
+        graph.len() > 20,
+        "the scan found only {} modules under src/: is it reading the right directory?",
+        graph.len()
+    );
+    let mut cycles = cycles(&graph);
+    let known: Vec<Vec<String>> = KNOWN
+        .iter()
+        .map(|c| c.iter().map(|m| m.to_string()).collect())
+        .collect();
+    let (allowed, new): (Vec<_>, Vec<_>) = cycles.drain(..).partition(|c| known.contains(c));
+    if !allowed.is_empty() {
+        println!(
+            "known cycles, still to break:\n{}",
+            report(&graph, &allowed)
+        );
+    }
+    assert!(new.is_empty(), "{}", report(&graph, &new));
+    let gone: Vec<_> = known.iter().filter(|c| !allowed.contains(c)).collect();
+    assert!(
+        gone.is_empty(),
+        "cycles no longer there, to be taken off KNOWN: {gone:?}"
+    );
+}
+
+/// Cycles known and not broken yet: the test prints them and fails on any other (and on one of
+/// these once it is gone, so the list only shrinks).
+const KNOWN: &[&[&str]] = &[
+    &["backend", "transparent"],
+    &["control", "copy", "transfer"],
+    &["fault", "listener"],
+    &["sockmap", "sys"],
+];
+
+#[test]
+fn cycle_finder_names_a_planted_cycle() {
+    let mut graph = Graph::new();
+    for (from, to) in [
+        ("a", "b"),
+        ("b", "c"),
+        ("c", "a"),
+        ("c", "d"),
+        ("d", "e"),
+        ("e", "d"),
+        ("f", "a"),
+        ("g", "g"),
+    ] {
+        add_edge(&mut graph, from, to, "src/planted.rs", 1);
+    }
+    let found = cycles(&graph);
+    assert_eq!(found, [vec!["a", "b", "c"], vec!["d", "e"]]);
+    let text = report(&graph, &found);
+    assert!(text.contains("cycle 1: a, b, c"), "{text}");
+    assert!(text.contains("c -> a (src/planted.rs:1)"), "{text}");
+    assert!(
+        !text.contains("c -> d"),
+        "an edge out of the cycle is not part of it: {text}"
+    );
+    assert!(
+        !text.contains("g -> g"),
+        "a module naming itself is no cycle: {text}"
+    );
+
+    add_edge(&mut graph, "e", "f", "src/planted.rs", 2);
+    assert_eq!(cycles(&graph), [vec!["a", "b", "c", "d", "e", "f"]]);
+
+    let mut acyclic = Graph::new();
+    add_edge(&mut acyclic, "a", "b", "src/planted.rs", 1);
+    add_edge(&mut acyclic, "b", "c", "src/planted.rs", 1);
+    add_edge(&mut acyclic, "a", "c", "src/planted.rs", 1);
+    assert!(cycles(&acyclic).is_empty());
+}
+
+#[test]
+fn scan_reads_code_only() {
+    let source = r####"//! See [`crate::comment`].
+use crate::first;
+use crate::{
+    second, third::Thing,
+    fourth::{a, b},
+    self,
+};
+/* crate::block /* nested */ crate::block */
+fn f<'a>(x: &'a str) -> char {
+    let _ = "crate::string \" crate::escaped";
+    let _ = r#"crate::raw "quoted""#;
+    let _ = b'{';
+    let _ = '\'';
+    crate::fifth::call();
+    let _ = pub_crate_is_not_a_path;
+    '"'
+}
+pub(crate) fn g() {}
+#[cfg(test)]
+mod tests {
+    use crate::in_tests;
+    fn h() { let _ = crate::in_tests::more(); }
+}
+#[cfg(test)]
+use crate::test_import;
+#[cfg(test)]
+mod test_file;
+#[cfg(feature = "x")]
+use crate::sixth;
+"####;
+    let planted = scan(source, "crate", &[]);
+    let named: Vec<(&str, usize)> = planted
+        .references
+        .iter()
+        .map(|r| (r.to.as_str(), r.line))
+        .collect();
+    assert_eq!(
+        named,
+        [
+            ("first", 2),
+            ("second", 4),
+            ("third", 4),
+            ("fourth", 5),
+            ("fifth", 14),
+            ("sixth", 29)
+        ]
+    );
+    assert_eq!(planted.test_modules, ["test_file"]);
+    assert!(!planted.test_only);
+
+    let climbing = scan(
+        "use super::super::up; use super::near;",
+        "crate",
+        &["a", "b"],
+    );
+    let named: Vec<&str> = climbing.references.iter().map(|r| r.to.as_str()).collect();
+    assert_eq!(named, ["up"]);
+
+    assert!(scan("#![cfg(test)]\nuse crate::x;", "crate", &[]).test_only);
+}
+
+/// The dependency graph of the top-level modules under `src`, every module a key.
+fn graph_of(crate_dir: &Path, src: &Path) -> Graph {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    files.sort();
+
+    // Module path of each file, and the files whose code is read.
+    let mut modules: Vec<(PathBuf, Vec<String>)> = Vec::new();
+    for file in files {
+        let relative = file.strip_prefix(src).expect("under src");
+        let mut path: Vec<String> = relative
+            .iter()
+            .map(|c| c.to_string_lossy().into_owned())
+            .collect();
+        let last = path.pop().expect("a file name");
+        let stem = last.strip_suffix(".rs").expect("a .rs file");
+        // lib.rs is the crate root: it declares the modules and is none of them.
+        if path.is_empty() && stem == "lib" {
+            continue;
+        }
+        if stem != "mod" {
+            path.push(stem.to_string());
+        }
+        modules.push((file, path));
+    }
+    let top: BTreeSet<String> = modules.iter().map(|(_, path)| path[0].clone()).collect();
+
+    let mut graph = Graph::new();
+    let mut test_paths: Vec<Vec<String>> = Vec::new();
+    let mut scans = Vec::new();
+    for (file, path) in &modules {
+        let text = std::fs::read_to_string(file)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", file.display()));
+        let root = if path == &["main"] { LIBRARY } else { "crate" };
+        let path_refs: Vec<&str> = path.iter().map(String::as_str).collect();
+        let scan = scan(&text, root, &path_refs);
+        for name in &scan.test_modules {
+            let mut test_path = path.clone();
+            test_path.push(name.clone());
+            test_paths.push(test_path);
+        }
+        scans.push((file, path, scan));
+    }
+    for (file, path, scan) in scans {
+        graph.entry(path[0].clone()).or_default();
+        let test_only = scan.test_only || test_paths.iter().any(|t| path.starts_with(t));
+        if test_only {
+            continue;
+        }
+        let shown = file
+            .strip_prefix(crate_dir)
+            .unwrap_or(file)
+            .display()
+            .to_string();
+        for reference in scan.references {
+            if reference.to != path[0] && top.contains(&reference.to) {
+                add_edge(&mut graph, &path[0], &reference.to, &shown, reference.line);
+            }
+        }
+    }
+    graph
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let entries =
+        std::fs::read_dir(dir).unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()));
+    for entry in entries {
+        let path = entry.expect("directory entry").path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+fn add_edge(graph: &mut Graph, from: &str, to: &str, file: &str, line: usize) {
+    graph.entry(to.to_string()).or_default();
+    graph
+        .entry(from.to_string())
+        .or_default()
+        .entry(to.to_string())
+        .or_insert_with(|| (file.to_string(), line));
+}
+
+/// What one file's code names.
+#[derive(Debug)]
+struct Scan {
+    /// Top-level names reached from the crate root, in order (not yet checked to be modules).
+    references: Vec<Reference>,
+    /// Submodules declared by `#[cfg(test)] mod name;`: their files are test code.
+    test_modules: Vec<String>,
+    /// The file opens with `#![cfg(test)]`.
+    test_only: bool,
+}
+
+/// Scans one file's text. `root` is how the crate root is spelled (`crate`, or the library's
+/// name in `main.rs`); `path` is the file's module path, for `super::` chains.
+fn scan(text: &str, root: &str, path: &[&str]) -> Scan {
+    let tokens = tokens(&blank(text));
+    let mut references = Vec::new();
+    let mut test_modules = Vec::new();
+    let mut test_only = false;
+    let mut i = 0;
+    while i < tokens.len() {
+        if let Some(after) = cfg_test(&tokens, i) {
+            if tokens[i + 1].text == "!" {
+                test_only = true;
+                i = after;
+                continue;
+            }
+            let end = item_end(&tokens, after);
+            if let Some(name) = declared_module(&tokens[after..end]) {
+                test_modules.push(name);
+            }
+            i = end;
+            continue;
+        }
+        let token = &tokens[i];
+        if token.text == root && next_is(&tokens, i, "::") {
+            i = read_path_tail(&tokens, i + 2, &mut references);
+            continue;
+        }
+        if token.text == "super" && next_is(&tokens, i, "::") {
+            let mut climbed = 0;
+            let mut j = i;
+            while tokens.get(j).is_some_and(|t| t.text == "super") && next_is(&tokens, j, "::") {
+                climbed += 1;
+                j += 2;
+            }
+            // A chain that climbs to the crate root names a top-level module next.
+            if !path.is_empty() && climbed >= path.len() {
+                i = read_path_tail(&tokens, j, &mut references);
+            } else {
+                i = j;
+            }
+            continue;
+        }
+        i += 1;
+    }
+    Scan {
+        references,
+        test_modules,
+        test_only,
+    }
+}
+
+/// After `crate::`: one name, or the heads of a `{…}` group's entries. Returns the index after.
+fn read_path_tail(tokens: &[Token], start: usize, out: &mut Vec<Reference>) -> usize {
+    let Some(first) = tokens.get(start) else {
+        return start;
+    };
+    if first.text != "{" {
+        if is_ident(&first.text) {
+            out.push(Reference {
+                to: first.text.clone(),
+                line: first.line,
+            });
+        }
+        return start + 1;
+    }
+    let mut depth = 0;
+    let mut expect_head = false;
+    let mut i = start;
+    while let Some(token) = tokens.get(i) {
+        match token.text.as_str() {
+            "{" => {
+                depth += 1;
+                expect_head = depth == 1;
+            }
+            "}" => {
+                depth -= 1;
+                if depth == 0 {
+                    return i + 1;
+                }
+            }
+            "," if depth == 1 => expect_head = true,
+            text if expect_head => {
+                if is_ident(text) {
+                    out.push(Reference {
+                        to: text.to_string(),
+                        line: token.line,
+                    });
+                }
+                expect_head = false;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    i
+}
+
+/// `#[cfg(test)]` or `#![cfg(test)]` at `i`: the index after it.
+fn cfg_test(tokens: &[Token], i: usize) -> Option<usize> {
+    let texts = |from: usize, pattern: &[&str]| {
+        pattern
+            .iter()
+            .enumerate()
+            .all(|(k, p)| tokens.get(from + k).is_some_and(|t| t.text == *p))
+    };
+    const ATTR: [&str; 6] = ["[", "cfg", "(", "test", ")", "]"];
+    if tokens[i].text != "#" {
+        return None;
+    }
+    if texts(i + 1, &ATTR) {
+        return Some(i + 1 + ATTR.len());
+    }
+    if texts(i + 1, &["!"]) && texts(i + 2, &ATTR) {
+        return Some(i + 2 + ATTR.len());
+    }
+    None
+}
+
+/// The end (exclusive) of the item starting at `start`: its `;` or its closing `}`.
+fn item_end(tokens: &[Token], start: usize) -> usize {
+    let mut depth = 0usize;
+    let mut i = start;
+    while let Some(token) = tokens.get(i) {
+        match token.text.as_str() {
+            "(" | "[" => depth += 1,
+            ")" | "]" => depth = depth.saturating_sub(1),
+            ";" if depth == 0 => return i + 1,
+            "{" if depth == 0 => {
+                let mut braces = 0usize;
+                while let Some(token) = tokens.get(i) {
+                    match token.text.as_str() {
+                        "{" => braces += 1,
+                        "}" => {
+                            braces -= 1;
+                            if braces == 0 {
+                                return i + 1;
+                            }
+                        }
+                        _ => {}
+                    }
+                    i += 1;
+                }
+                return i;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    i
+}
+
+/// `[pub[(…)]] mod name;`: the name.
+fn declared_module(item: &[Token]) -> Option<String> {
+    let texts: Vec<&str> = item.iter().map(|t| t.text.as_str()).collect();
+    let at = texts.iter().position(|t| *t == "mod")?;
+    match texts[at..] {
+        ["mod", name, ";"] if is_ident(name) => Some(name.to_string()),
+        _ => None,
+    }
+}
+
+fn next_is(tokens: &[Token], i: usize, text: &str) -> bool {
+    tokens.get(i + 1).is_some_and(|t| t.text == text)
+}
+
+/// An identifier that can name a module (not `self`, a group's own path).
+fn is_ident(text: &str) -> bool {
+    text != "self" && text.starts_with(|c: char| c.is_alphabetic() || c == '_')
+}
+
+#[derive(Debug)]
+struct Token {
+    text: String,
+    line: usize,
+}
+
+/// Identifiers (and numbers), `::`, and every other character on its own.
+fn tokens(text: &str) -> Vec<Token> {
+    let chars: Vec<char> = text.chars().collect();
+    let mut out = Vec::new();
+    let mut line = 1;
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        if c == '\n' {
+            line += 1;
+            i += 1;
+        } else if c.is_whitespace() {
+            i += 1;
+        } else if c.is_alphanumeric() || c == '_' {
+            let start = i;
+            while i < chars.len() && (chars[i].is_alphanumeric() || chars[i] == '_') {
+                i += 1;
+            }
+            out.push(Token {
+                text: chars[start..i].iter().collect(),
+                line,
+            });
+        } else if c == ':' && chars.get(i + 1) == Some(&':') {
+            out.push(Token {
+                text: "::".into(),
+                line,
+            });
+            i += 2;
+        } else {
+            out.push(Token {
+                text: c.to_string(),
+                line,
+            });
+            i += 1;
+        }
+    }
+    out
+}
+
+/// The text with comments, string and character literals replaced by spaces (lines kept).
+fn blank(text: &str) -> String {
+    let mut chars: Vec<char> = text.chars().collect();
+    let ident = |c: char| c.is_alphanumeric() || c == '_';
+    let mut i = 0;
+    while i < chars.len() {
+        let at = |k: usize| chars.get(k).copied();
+        let end = if at(i) == Some('/') && at(i + 1) == Some('/') {
+            let mut j = i;
+            while j < chars.len() && chars[j] != '\n' {
+                j += 1;
+            }
+            j
+        } else if at(i) == Some('/') && at(i + 1) == Some('*') {
+            let mut depth = 0;
+            let mut j = i;
+            while j < chars.len() {
+                if at(j) == Some('/') && at(j + 1) == Some('*') {
+                    depth += 1;
+                    j += 2;
+                } else if at(j) == Some('*') && at(j + 1) == Some('/') {
+                    depth -= 1;
+                    j += 2;
+                    if depth == 0 {
+                        break;
+                    }
+                } else {
+                    j += 1;
+                }
+            }
+            j
+        } else if at(i) == Some('"') {
+            let mut j = i + 1;
+            while j < chars.len() && chars[j] != '"' {
+                j += if chars[j] == '\\' { 2 } else { 1 };
+            }
+            j + 1
+        } else if at(i) == Some('r')
+            && (i == 0
+                || !ident(chars[i - 1])
+                || (chars[i - 1] == 'b' && (i < 2 || !ident(chars[i - 2]))))
+            && matches!(at(i + 1), Some('"' | '#'))
+        {
+            // A raw string: r"…", r#"…"#, br#"…"#.
+            let mut hashes = 0;
+            while at(i + 1 + hashes) == Some('#') {
+                hashes += 1;
+            }
+            if at(i + 1 + hashes) == Some('"') {
+                let mut j = i + 2 + hashes;
+                loop {
+                    if j >= chars.len() {
+                        break j;
+                    }
+                    if chars[j] == '"' && (1..=hashes).all(|k| at(j + k) == Some('#')) {
+                        break j + 1 + hashes;
+                    }
+                    j += 1;
+                }
+            } else {
+                i
+            }
+        } else if at(i) == Some('\'') {
+            // A character literal; a lifetime ('a, with no closing quote) stays.
+            if at(i + 1) == Some('\\') {
+                let mut j = i + 3;
+                while j < chars.len() && chars[j] != '\'' {
+                    j += 1;
+                }
+                j + 1
+            } else if at(i + 2) == Some('\'') {
+                i + 3
+            } else {
+                i
+            }
+        } else {
+            i
+        };
+        if end > i {
+            let end = end.min(chars.len());
+            for c in &mut chars[i..end] {
+                if *c != '\n' {
+                    *c = ' ';
+                }
+            }
+            i = end;
+        } else {
+            i += 1;
+        }
+    }
+    chars.into_iter().collect()
+}
+
+/// The strongly connected components of more than one module (Tarjan), each sorted, in the
+/// order of their first module.
+fn cycles(graph: &Graph) -> Vec<Vec<String>> {
+    struct Tarjan<'g> {
+        graph: &'g Graph,
+        index: BTreeMap<&'g str, usize>,
+        low: BTreeMap<&'g str, usize>,
+        stack: Vec<&'g str>,
+        on_stack: BTreeSet<&'g str>,
+        found: Vec<Vec<String>>,
+    }
+    impl<'g> Tarjan<'g> {
+        fn visit(&mut self, node: &'g str) {
+            let n = self.index.len();
+            self.index.insert(node, n);
+            self.low.insert(node, n);
+            self.stack.push(node);
+            self.on_stack.insert(node);
+            let graph = self.graph;
+            for next in graph.get(node).into_iter().flat_map(|edges| edges.keys()) {
+                let next = next.as_str();
+                if !self.index.contains_key(next) {
+                    self.visit(next);
+                    let low = self.low[node].min(self.low[next]);
+                    self.low.insert(node, low);
+                } else if self.on_stack.contains(next) {
+                    let low = self.low[node].min(self.index[next]);
+                    self.low.insert(node, low);
+                }
+            }
+            if self.low[node] == self.index[node] {
+                let mut component = Vec::new();
+                loop {
+                    let member = self.stack.pop().expect("on the stack");
+                    self.on_stack.remove(member);
+                    component.push(member.to_string());
+                    if member == node {
+                        break;
+                    }
+                }
+                if component.len() > 1 {
+                    component.sort();
+                    self.found.push(component);
+                }
+            }
+        }
+    }
+    let mut tarjan = Tarjan {
+        graph,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        on_stack: BTreeSet::new(),
+        found: Vec::new(),
+    };
+    for node in graph.keys() {
+        if !tarjan.index.contains_key(node.as_str()) {
+            tarjan.visit(node);
+        }
+    }
+    let mut found = tarjan.found;
+    found.sort();
+    found
+}
+
+/// Every cycle with the edges inside it, one reference each.
+fn report(graph: &Graph, cycles: &[Vec<String>]) -> String {
+    let mut text = format!(
+        "{} import cycle(s) between the modules of proxy/src; each group below reaches itself \
+         through the others (test code not counted):\n",
+        cycles.len()
+    );
+    for (n, component) in cycles.iter().enumerate() {
+        let _ = writeln!(text, "\ncycle {}: {}", n + 1, component.join(", "));
+        for from in component {
+            for (to, (file, line)) in &graph[from] {
+                if component.contains(to) {
+                    let _ = writeln!(text, "  {from} -> {to} ({file}:{line})");
+                }
+            }
+        }
+    }
+    text
+}
