@@ -33,7 +33,7 @@ use tokio::io::Interest;
 use tokio::net::TcpStream;
 
 use crate::sys::bpf::{
-    self, annotate, Insn, Map, MapKind, BPF_ANY, BPF_F_NO_PREALLOC, BPF_NOEXIST,
+    self, annotate, Insn, Map, MapKind, Peer, BPF_ANY, BPF_F_NO_PREALLOC, BPF_NOEXIST,
 };
 use crate::sys::{cookie, set_rcvlowat, tcp_bytes_written, tcp_send_state};
 
@@ -41,24 +41,12 @@ use crate::sys::{cookie, set_rcvlowat, tcp_bytes_written, tcp_send_state};
 pub const UP: u32 = 0;
 pub const DOWN: u32 = 1;
 
-/// The `peers` value of one socket: where its data goes and how much went.
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct Peer {
-    /// The other socket's cookie (the key of its `SOCKHASH` entry).
-    cookie: u64,
-    /// [`UP`] for the client's socket, [`DOWN`] for the backend's.
-    direction: u32,
-    _pad: u32,
-    /// Bytes redirected from this socket to the other, added to by the program.
-    bytes: u64,
-}
-
 /// The kernel objects: the program, attached to the socket map, and the maps.
 pub struct Sockmap {
     /// Both sockets of every pair, by cookie.
     sockets: Map<u64, u32>,
-    /// Each paired socket's [`Peer`], by cookie.
+    /// Each paired socket's [`Peer`] (the other socket, [`UP`] for the client's and [`DOWN`]
+    /// for the backend's, bytes redirected), by cookie.
     peers: Map<u64, Peer>,
     /// Bytes redirected per direction, per CPU.
     totals: Map<u32, u64>,
@@ -183,11 +171,7 @@ impl Sockmap {
             ],
         };
         for (i, direction) in [UP, DOWN].into_iter().enumerate() {
-            let peer = Peer {
-                cookie: cookies[1 - i],
-                direction,
-                ..Peer::default()
-            };
+            let peer = Peer::new(cookies[1 - i], direction);
             self.peers
                 .update(&cookies[i], &peer, BPF_NOEXIST)
                 .map_err(|e| annotate(e, "adding to the BPF peers map"))?;

@@ -70,7 +70,6 @@ const KNOWN: &[&[&str]] = &[
     &["backend", "transparent"],
     &["control", "copy", "transfer"],
     &["fault", "listener"],
-    &["sockmap", "sys"],
 ];
 
 #[test]

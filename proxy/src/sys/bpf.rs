@@ -49,7 +49,33 @@ unsafe impl Plain for u32 {}
 // SAFETY: integers.
 unsafe impl Plain for u64 {}
 // SAFETY: `repr(C)`, two u64 around two u32: integers, 24 bytes, no padding.
-unsafe impl Plain for crate::sockmap::Peer {}
+unsafe impl Plain for Peer {}
+
+/// The value of the kernel data path's `peers` map, one per paired socket: where its data goes
+/// and how much went. Its verdict program reads `cookie` at offset 0 and `direction` at 8, and
+/// adds to `bytes` at 16.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Peer {
+    /// The other socket's cookie (the key of its `SOCKHASH` entry).
+    pub cookie: u64,
+    /// The direction, as the index of its per-CPU total.
+    pub direction: u32,
+    _pad: u32,
+    /// Bytes redirected from this socket to the other, added to by the program.
+    pub bytes: u64,
+}
+
+impl Peer {
+    /// The entry of a socket whose data goes to the socket `cookie`, none gone yet.
+    pub fn new(cookie: u64, direction: u32) -> Peer {
+        Peer {
+            cookie,
+            direction,
+            ..Peer::default()
+        }
+    }
+}
 
 /// A BPF instruction (`struct bpf_insn`).
 #[derive(Clone, Copy)]
