@@ -19,7 +19,6 @@ use std::task::{Context, Poll};
 use atomic_waker::AtomicWaker;
 
 use crate::shard::thread_index;
-use crate::transfer::Park;
 
 /// A signal flag.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,19 +33,20 @@ impl Signal {
     const GONE: Signal = Signal(4);
 }
 
-/// One connection's signals.
-pub struct Control {
+/// One connection's signals. `P` is the park request, whose type is the parker's (the handoff's
+/// [`crate::transfer::Park`]): the control only keeps it until the connection takes it.
+pub struct Control<P> {
     /// Identity for the passes of a handoff (never reused within a process).
     id: u64,
     flags: AtomicU8,
     waker: AtomicWaker,
     /// The park request, set before [`Signal::PARK`] is raised.
-    park: Mutex<Option<Park>>,
+    park: Mutex<Option<P>>,
     /// Position in its registry shard (changed under the shard's lock only).
     slot: AtomicUsize,
 }
 
-impl Control {
+impl<P> Control<P> {
     fn new(id: u64) -> Self {
         Control {
             id,
@@ -99,12 +99,12 @@ impl Control {
     }
 
     /// The park request that came with [`Signal::PARK`], if any.
-    pub fn take_park(&self) -> Option<Park> {
+    pub fn take_park(&self) -> Option<P> {
         self.park.lock().expect("park lock").take()
     }
 
     /// Asks the connection to park; false when a request is already pending.
-    pub(crate) fn request_park(&self, park: Park) -> bool {
+    pub(crate) fn request_park(&self, park: P) -> bool {
         {
             let mut slot = self.park.lock().expect("park lock");
             if slot.is_some() || self.is_raised(Signal::GONE) {
@@ -121,17 +121,22 @@ impl Control {
 const SHARDS: usize = 32;
 
 #[repr(align(128))]
-#[derive(Default)]
-struct Shard(Mutex<Vec<Arc<Control>>>);
+struct Shard<P>(Mutex<Vec<Arc<Control<P>>>>);
 
-/// The connections this instance carries.
-pub struct Registry {
-    shards: Box<[Shard]>,
+impl<P> Default for Shard<P> {
+    fn default() -> Self {
+        Shard(Mutex::default())
+    }
+}
+
+/// The connections this instance carries (`P`: their park request, see [`Control`]).
+pub struct Registry<P> {
+    shards: Box<[Shard<P>]>,
     /// Set once the drain deadline passed: connections registering later are cut at once.
     cut: AtomicBool,
 }
 
-impl Default for Registry {
+impl<P> Default for Registry<P> {
     fn default() -> Self {
         Registry {
             shards: (0..SHARDS).map(|_| Shard::default()).collect(),
@@ -156,19 +161,19 @@ fn next_id() -> u64 {
 }
 
 /// Keeps a connection in the registry until dropped.
-pub struct Registration<'a> {
-    registry: &'a Registry,
+pub struct Registration<'a, P> {
+    registry: &'a Registry<P>,
     shard: usize,
-    control: Arc<Control>,
+    control: Arc<Control<P>>,
 }
 
-impl Registration<'_> {
-    pub fn control(&self) -> &Control {
+impl<P> Registration<'_, P> {
+    pub fn control(&self) -> &Control<P> {
         &self.control
     }
 }
 
-impl Drop for Registration<'_> {
+impl<P> Drop for Registration<'_, P> {
     fn drop(&mut self) {
         // A park request that came too late is answered by dropping it (its sender fails);
         // none is taken from now on.
@@ -192,9 +197,9 @@ impl Drop for Registration<'_> {
     }
 }
 
-impl Registry {
+impl<P> Registry<P> {
     /// Registers a connection (in the calling thread's shard).
-    pub fn register(&self) -> Registration<'_> {
+    pub fn register(&self) -> Registration<'_, P> {
         let shard = thread_index() % self.shards.len();
         let control = Arc::new(Control::new(next_id()));
         {
@@ -214,7 +219,7 @@ impl Registry {
     }
 
     /// Every connection carried now.
-    fn snapshot(&self) -> Vec<Arc<Control>> {
+    fn snapshot(&self) -> Vec<Arc<Control<P>>> {
         self.shards
             .iter()
             .flat_map(|s| s.0.lock().expect("shard lock").clone())
@@ -232,7 +237,7 @@ impl Registry {
     }
 
     /// Every connection carried now that is not in `seen` (they are added to it).
-    pub(crate) fn fresh(&self, seen: &mut std::collections::HashSet<u64>) -> Vec<Arc<Control>> {
+    pub(crate) fn fresh(&self, seen: &mut std::collections::HashSet<u64>) -> Vec<Arc<Control<P>>> {
         let mut all = self.snapshot();
         all.retain(|c| seen.insert(c.id));
         all
@@ -257,7 +262,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn cut_reaches_connections_registered_before_and_after() {
-        let registry = Arc::new(Registry::default());
+        let registry = Arc::new(Registry::<()>::default());
         let (tx, mut rx) = tokio::sync::mpsc::channel(8);
         let waiting = {
             let registry = registry.clone();
@@ -282,7 +287,7 @@ mod tests {
 
     #[test]
     fn slots_stay_right_when_connections_leave_in_any_order() {
-        let registry = Registry::default();
+        let registry = Registry::<()>::default();
         let mut held: Vec<_> = (0..50).map(|_| registry.register()).collect();
         let ids: Vec<u64> = held.iter().map(|r| r.control().id).collect();
         let unique: std::collections::HashSet<_> = ids.iter().collect();
@@ -296,8 +301,8 @@ mod tests {
         let fresh = registry.fresh(&mut seen);
         assert_eq!(fresh.len(), 44);
         for c in &fresh {
-            assert!(c.request_park(Park::new().0), "first request refused");
-            assert!(!c.request_park(Park::new().0), "second request taken");
+            assert!(c.request_park(()), "first request refused");
+            assert!(!c.request_park(()), "second request taken");
         }
         assert!(held.iter().all(|r| r.control().is_raised(Signal::PARK)));
         assert!(
@@ -308,7 +313,7 @@ mod tests {
         drop(fresh);
         held.clear();
         assert!(gone.take_park().is_none(), "request kept after the end");
-        assert!(!gone.request_park(Park::new().0), "ended connection asked");
+        assert!(!gone.request_park(()), "ended connection asked");
         assert!(registry.is_empty());
     }
 }

@@ -133,14 +133,14 @@ pub enum Copied {
 /// failed, or the connection's [`Signal::PARK`] is raised. Bytes are added to the counters as
 /// they are written. Whenever it returns pending, the caller registers the task's waker with
 /// `pause` ([`Control::register`]) and polls again at once if the park flag is then raised.
-pub async fn bidirectional(
+pub async fn bidirectional<P>(
     client: &TcpStream,
     backend: &TcpStream,
     mode: Mode,
     counters: (&Counter, &Counter),
     pending: Pending,
     turn: Option<Turn>,
-    pause: &Control,
+    pause: &Control<P>,
 ) -> io::Result<Copied> {
     let ended = AtomicBool::new(false);
     let upstream = one_way(
@@ -213,8 +213,8 @@ enum Burst {
 /// Only reads the flag: the caller of [`bidirectional`] registers the task's waker with the
 /// control after each poll of the copy that returns pending, and polls the copy again if the
 /// flag was raised (as `forward::carry` does), so a raise is never missed.
-async fn ready_unless_parked(
-    pause: &Control,
+async fn ready_unless_parked<P>(
+    pause: &Control<P>,
     mut ready: impl FnMut(&mut Context<'_>) -> Poll<io::Result<()>>,
 ) -> io::Result<bool> {
     std::future::poll_fn(|cx| {
@@ -236,14 +236,14 @@ async fn ready_unless_parked(
 /// a system call per connection. (Closing a socket sends a FIN, not a reset, when everything it
 /// received was read: here it was, up to its EOF.)
 #[allow(clippy::too_many_arguments)]
-async fn one_way(
+async fn one_way<P>(
     src: &TcpStream,
     dst: &TcpStream,
     mode: Mode,
     counter: &Counter,
     initial: Vec<u8>,
     mut turn: Option<Turn>,
-    pause: &Control,
+    pause: &Control<P>,
     ended: &AtomicBool,
 ) -> io::Result<Option<Vec<u8>>> {
     if !initial.is_empty() {
@@ -360,11 +360,11 @@ fn read_and_forward(src: &TcpStream, dst: &TcpStream) -> io::Result<Step> {
 }
 
 /// Moves what is readable now from `src` to `dst` through the scratch buffer.
-async fn buffered_burst(
+async fn buffered_burst<P>(
     src: &TcpStream,
     dst: &TcpStream,
     counter: &Counter,
-    pause: &Control,
+    pause: &Control<P>,
 ) -> io::Result<Burst> {
     let mut moved = 0;
     let mut bulk = false;
@@ -401,10 +401,10 @@ async fn buffered_burst(
 }
 
 /// Writes all of `data`, unless parked first: then returns what is left.
-async fn write_all(
+async fn write_all<P>(
     dst: &TcpStream,
     mut data: &[u8],
-    pause: &Control,
+    pause: &Control<P>,
 ) -> io::Result<Option<Vec<u8>>> {
     while !data.is_empty() {
         if !ready_unless_parked(pause, |cx| dst.poll_write_ready(cx)).await? {
@@ -440,12 +440,12 @@ fn drain_pipe(pipe: &Pipe, len: usize) -> io::Result<Vec<u8>> {
 }
 
 /// Splices what is readable now from `src` into `dst` through `pipe`.
-async fn splice_burst(
+async fn splice_burst<P>(
     src: &TcpStream,
     dst: &TcpStream,
     pipe: Pipe,
     counter: &Counter,
-    pause: &Control,
+    pause: &Control<P>,
 ) -> io::Result<Burst> {
     let flags = SpliceFFlags::SPLICE_F_NONBLOCK | SpliceFFlags::SPLICE_F_MOVE;
     let mut moved = 0;

@@ -27,6 +27,7 @@ use crate::metrics::{FailReason, Metrics};
 use crate::net;
 use crate::pace::{Turn, TURN_WAIT};
 use crate::sockmap::{self, Sockmap};
+use crate::transfer::{self, Park};
 use crate::transparent;
 
 /// Failures on client traffic are logged at most once a second each (counted in metrics always).
@@ -51,7 +52,7 @@ pub struct ForwardContext {
     pub sockmap: Option<Arc<Sockmap>>,
     /// Every carried connection: cut at the drain deadline, parked at the connection handoff
     /// of an in-place upgrade.
-    pub carried: Arc<Registry>,
+    pub carried: Arc<Registry<Park>>,
     /// Set once a draining instance's listening sockets were all adopted by a peer: a client
     /// this instance accepted earlier and can no longer connect to any backend is then carried
     /// to the address it connected to, which only that successor serves now.
@@ -206,9 +207,7 @@ async fn carry(
             Some(Ok(Copied::Paused(paused))) => {
                 pending = paused;
                 if let Some(park) = control.take_park() {
-                    if crate::transfer::offer(park, &client, &upstream, client_addr.0, &pending)
-                        .await
-                    {
+                    if transfer::offer(park, &client, &upstream, client_addr.0, &pending).await {
                         // The successor carries it on: close our descriptors only (never
                         // shutdown()).
                         return;
@@ -281,7 +280,7 @@ async fn carry_redirected(
 /// registered with `control` already.
 fn closing_time(
     cx: &mut Context<'_>,
-    control: &Control,
+    control: &Control<Park>,
     closing: &mut Option<Pin<Box<tokio::time::Sleep>>>,
     window: Duration,
 ) -> Poll<()> {

@@ -118,7 +118,7 @@ impl Summary {
 
 /// Parks every registered connection in batches and sends each batch with `send`, which
 /// returns the cookies of the client sockets the successor took (an error: none).
-pub async fn hand_over<F, Fut>(registry: &Registry, mut send: F) -> Summary
+pub async fn hand_over<F, Fut>(registry: &Registry<Park>, mut send: F) -> Summary
 where
     F: FnMut(Vec<Parked>) -> Fut,
     Fut: std::future::Future<Output = (Vec<Parked>, HashSet<u64>)>,
