@@ -89,7 +89,7 @@ pub struct Backend {
     pub pace: Pace,
     /// Whether connections to it carry the client's address (`--client-address transparent`,
     /// transparent.rs).
-    pub transparent: crate::transparent::BackendState,
+    pub transparent: Arc<crate::transparent::BackendState>,
 }
 
 impl Backend {

@@ -110,8 +110,15 @@ pub async fn run(
         transparent: config.client_address == ClientAddress::Transparent,
     });
     if ctx.transparent {
+        let list = backends.clone();
         tasks.spawn(crate::transparent::run(
-            backends.clone(),
+            move || {
+                let now = list.snapshot();
+                now.iter()
+                    .map(|b| (b.addr.0, b.transparent.clone()))
+                    .collect()
+            },
+            backends.subscribe(),
             root.child_token(),
         ));
     }

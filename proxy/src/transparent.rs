@@ -24,9 +24,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-
-use crate::backend::Backends;
 
 /// How often each loopback backend's transparent connection is verified.
 pub const VERIFY_EVERY: Duration = Duration::from_secs(5);
@@ -107,21 +106,25 @@ impl BackendState {
     }
 }
 
-/// Verifies, every [`VERIFY_EVERY`] and whenever the backends change, that a transparent
-/// connection reaches each loopback backend's IP; logs each change of a backend's verdict.
-pub async fn run(backends: Arc<Backends>, stop: CancellationToken) {
-    let mut changes = backends.subscribe();
+/// Verifies, every [`VERIFY_EVERY`] and whenever the backends change (`changes`), that a
+/// transparent connection reaches each loopback backend's IP; logs each change of a backend's
+/// verdict. `backends` lists the backends now, each address with the state that keeps its
+/// verdict: the loop knows nothing else of backends.
+pub async fn run(
+    backends: impl Fn() -> Vec<(SocketAddr, Arc<BackendState>)>,
+    mut changes: watch::Receiver<u64>,
+    stop: CancellationToken,
+) {
     tracing::info!(
         "client address: transparent (each loopback backend is verified before it is used)"
     );
     loop {
-        for backend in backends.snapshot().iter() {
-            let addr = backend.addr.0;
+        for (addr, state) in backends() {
             if !addr.ip().is_loopback() {
                 continue;
             }
             let result = verify(addr.ip()).await;
-            if backend.transparent.record(&result) {
+            if state.record(&result) {
                 match &result {
                     Ok(()) => {
                         tracing::info!(backend = %addr, "client address: transparent: the backend sees each client's own address")
