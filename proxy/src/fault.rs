@@ -4,6 +4,8 @@
 //! requires that every one of them fails the tier's pass criteria. A build without the feature
 //! has neither this module nor the flag.
 
+use std::io;
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -11,9 +13,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
-
-use crate::forward::ForwardContext;
-use crate::listener::Listeners;
+use tokio_util::sync::CancellationToken;
 
 /// A fault to plant (`--planted-fault`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -59,23 +59,28 @@ pub async fn close_unanswered(mut stream: TcpStream) {
     .await;
 }
 
-/// At the start of the drain, before the listening sockets are handed over.
-pub fn at_drain(ctx: &ForwardContext, listeners: &Listeners, deadline: Instant) {
+/// At the start of the drain, before the listening sockets are handed over: `cut` cuts every
+/// established connection, `listening` duplicates the listening sockets.
+pub fn at_drain(
+    cut: &CancellationToken,
+    listening: impl FnOnce() -> io::Result<Vec<OwnedFd>>,
+    deadline: Instant,
+) {
     match planted() {
         Some(Fault::CutAtHandoff) => {
             tracing::warn!("PLANTED FAULT: cutting every established connection at the handoff");
-            ctx.cut.cancel();
+            cut.cancel();
         }
         Some(Fault::CloseWhileDraining) => {
-            let Ok(sockets) = listeners.duplicates() else {
+            let Ok(sockets) = listening() else {
                 return;
             };
             tracing::warn!(
                 sockets = sockets.len(),
                 "PLANTED FAULT: accepting and closing while draining"
             );
-            for s in sockets {
-                let std = std::net::TcpListener::from(s.fd);
+            for fd in sockets {
+                let std = std::net::TcpListener::from(fd);
                 if std.set_nonblocking(true).is_err() {
                     continue;
                 }

@@ -291,7 +291,11 @@ pub async fn run(
         };
         let deadline = Instant::now() + config.drain_timeout;
         #[cfg(feature = "planted-faults")]
-        crate::fault::at_drain(&ctx, &listeners, deadline);
+        crate::fault::at_drain(
+            &ctx.cut,
+            || Ok(listeners.duplicates()?.into_iter().map(|s| s.fd).collect()),
+            deadline,
+        );
         match (successor, &handoff) {
             (Some(pid), Some(h)) => {
                 // In-place upgrade: still Serving (and ready, answering the pod's probes on the
