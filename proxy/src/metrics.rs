@@ -94,8 +94,9 @@ pub struct Metrics {
     /// Added to per burst, per thread ([`shard::Counter`]); exported at every gathering.
     pub bytes_client_to_backend: Arc<shard::Counter>,
     pub bytes_backend_to_client: Arc<shard::Counter>,
-    /// The kernel data path, once set up: its byte totals are added to `bytes_total`.
-    pub kernel_bytes: Arc<OnceLock<Arc<crate::sockmap::Sockmap>>>,
+    /// The kernel data path's byte totals, once it is set up ([`Metrics::count_kernel_bytes`]):
+    /// added to `bytes_total`.
+    kernel_bytes: Arc<OnceLock<ByteTotals>>,
     /// 1 while connections are paired in the kernel (`--data-path=sockmap` set up).
     pub sockmap_active: IntGauge,
     /// Connections paired in the kernel.
@@ -125,8 +126,17 @@ pub struct Metrics {
     runtime_alive_tasks: IntGauge,
     open_fds: IntGauge,
     pipes_pooled: IntGauge,
+    /// Where [`Metrics::refresh`] reads `pipes_pooled` ([`Metrics::read_pipes_pooled_from`]).
+    pipes_pooled_source: Arc<OnceLock<Gauged>>,
     pub retire_requests: IntCounter,
 }
+
+/// Bytes moved per direction (0 client to backend, 1 backend to client) outside the per-thread
+/// counters.
+type ByteTotals = Box<dyn Fn(u32) -> u64 + Send + Sync>;
+
+/// A value read by its owner for a gauge.
+type Gauged = Box<dyn Fn() -> usize + Send + Sync>;
 
 /// Exports counters that the data path keeps per thread: at each gathering, every series is
 /// brought up to the sum of its per-thread counter, then gathered as usual.
@@ -134,7 +144,7 @@ struct PerThread {
     exported: IntCounterVec,
     sources: Vec<(IntCounter, Arc<shard::Counter>)>,
     /// Bytes the kernel moved, per source (the direction's index).
-    kernel: Arc<OnceLock<Arc<crate::sockmap::Sockmap>>>,
+    kernel: Arc<OnceLock<ByteTotals>>,
     /// Two gatherings at once must not both add the same difference.
     sync: Mutex<()>,
 }
@@ -148,7 +158,7 @@ impl Collector for PerThread {
         {
             let _sync = self.sync.lock().expect("metrics sync lock");
             for (i, (series, source)) in self.sources.iter().enumerate() {
-                let kernel = self.kernel.get().map_or(0, |k| k.total(i as u32));
+                let kernel = self.kernel.get().map_or(0, |total| total(i as u32));
                 let (now, shown) = (source.get() + kernel, series.get());
                 if now > shown {
                     series.inc_by(now - shown);
@@ -402,6 +412,7 @@ impl Metrics {
                     "Idle splice pipes kept for reuse (two descriptors each)."
                 ))
             ),
+            pipes_pooled_source: Arc::default(),
             retire_requests: register!(
                 r,
                 IntCounter::with_opts(opts(
@@ -465,7 +476,9 @@ impl Metrics {
             self.runtime_alive_tasks
                 .set(handle.metrics().num_alive_tasks() as i64);
         }
-        self.pipes_pooled.set(crate::copy::pooled_pipes() as i64);
+        if let Some(pooled) = self.pipes_pooled_source.get() {
+            self.pipes_pooled.set(pooled() as i64);
+        }
         let count = tokio::task::spawn_blocking(|| {
             // Minus the descriptor of the directory being read.
             std::fs::read_dir("/proc/self/fd").map(|dir| dir.count() as i64 - 1)
@@ -473,6 +486,19 @@ impl Metrics {
         if let Ok(Ok(n)) = count.await {
             self.open_fds.set(n);
         }
+    }
+
+    /// Adds the bytes that `totals` counts per direction (0 client to backend, 1 backend to
+    /// client) to `bytes_total` at every gathering from now on: the kernel data path's, once
+    /// it is set up. The first source is kept, a later one ignored.
+    pub fn count_kernel_bytes(&self, totals: impl Fn(u32) -> u64 + Send + Sync + 'static) {
+        let _ = self.kernel_bytes.set(Box::new(totals));
+    }
+
+    /// Sets `splice_pipes_pooled` from `pooled` at every [`Metrics::refresh`]: the idle pipes
+    /// of the copy's pools, which the copy owns. The first source is kept, a later one ignored.
+    pub fn read_pipes_pooled_from(&self, pooled: impl Fn() -> usize + Send + Sync + 'static) {
+        let _ = self.pipes_pooled_source.set(Box::new(pooled));
     }
 
     /// Counts a client connection that was not carried.

@@ -73,6 +73,7 @@ pub async fn run(
     #[cfg(feature = "planted-faults")]
     crate::fault::plant(config.planted_fault);
     let metrics = Metrics::new(&registry);
+    metrics.read_pipes_pooled_from(crate::copy::pooled_pipes);
     let lifecycle = Lifecycle::new(metrics.clone());
     crate::limits::raise_and_report(config.max_connections.get());
     report_tcp_migrate_req(&metrics);
@@ -544,7 +545,8 @@ fn open_sockmap(config: &Config, metrics: &Metrics) -> Option<Arc<crate::sockmap
     match crate::sockmap::Sockmap::open(config.max_connections.get()) {
         Ok(map) => {
             let map = Arc::new(map);
-            let _ = metrics.kernel_bytes.set(map.clone());
+            let totals = map.clone();
+            metrics.count_kernel_bytes(move |direction| totals.total(direction));
             metrics.sockmap_active.set(1);
             tracing::info!("data path: sockmap (connections are paired in the kernel)");
             Some(map)
