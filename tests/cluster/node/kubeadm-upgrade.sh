@@ -1,26 +1,38 @@
 # shellcheck shell=bash
-# shellcheck disable=SC2154 # here, S, NODE_IP and the rest come from smoke, pivot.sh, migrate.sh
+# shellcheck disable=SC2154,SC2034 # here, S, NODE_IP and the rest come from smoke, pivot.sh, migrate.sh; what this sets, they read
 # `kubeadm upgrade` on a migrated controller (docs/operations.md, "Upgrading Kubernetes on a
-# migrated controller"), sourced by `smoke --kubeadm-upgrade` after pivot.sh and migrate.sh,
-# whose helpers it uses, once the kubeadm-made control plane (v1.37.2) runs:
+# migrated controller"), sourced by `smoke --kubeadm-upgrade`:
 #
+#   0. the node is made by a real `kubeadm init` of $OLD_APISERVER_VERSION (ku_init: its own
+#      kubeadm, kubelet, controller-manager and scheduler; the DNS and kube-proxy addons
+#      disabled), with an audit policy and an encryption configuration (aescbc) in the
+#      ClusterConfiguration's apiServer extraArgs and extraVolumes; a Secret is written;
 #   1. the migration as the runbook says it: `render --static-pod` of kubeadm's manifest,
 #      `migrate`, `kubectl apply` of render's stream, then the static pods handed to
 #      `kubeadm-sync --once` and the kubelet restarted on /etc/kubernetes/kubelet-manifests
 #      (nothing but kubeadm's apiserver may restart);
-#   2. an audit policy added to kubeadm's ClusterConfiguration (extraArgs, extraVolumes), and
-#      `kubeadm upgrade apply v1.37.2`, unpatched: it must succeed, the Deployment must roll
-#      (surge) to kubeadm's new manifest, the new apiserver must write the audit log;
-#   3. a second `kubeadm upgrade apply v1.37.2`: a no-op for the apiserver;
-#   4. `kubeadm certs renew all`: the agent rolls the Deployment.
+#   2. `kubeadm upgrade plan` and `kubeadm upgrade apply $APISERVER_VERSION` with kubeadm
+#      $APISERVER_VERSION, unpatched: the apiserver (a surge rollout of the Deployment), the
+#      controller-manager and the scheduler (static pods) move to the new minor;
+#   3. etcd: the pinned etcd imageTag set to $KU_ETCD_VERSION in kubeadm-config and `kubeadm
+#      upgrade apply` again, which upgrades etcd alone (measured: etcd restarts);
+#   4. the kubelet binary replaced by $APISERVER_VERSION's and restarted (measured);
+#   5. a third `kubeadm upgrade apply $APISERVER_VERSION`: a no-op;
+#   6. `kubeadm certs renew all`: the agent rolls the Deployment.
 #
-# Each step is judged by cmd/loadgen (pivot.sh's step_start): connects to NODE_IP:6443 and
-# 127.0.0.1:6443 every 20 ms, two client-go loads (one per address) held to the tier's strict
-# criteria, the `kubernetes` endpoints watcher, the controller-manager and the scheduler (no
-# restart). Preflight errors ignored, for this
-# test node only: kubeadm's CoreDNS checks (CoreDNS is not installed here; the DNS and
-# kube-proxy addons are disabled in the ClusterConfiguration) and SystemVerification (this host
-# has cgroup v1, which kubeadm refuses since 1.35; the kubelet runs with failCgroupV1: false).
+# Afterwards: the new apiserver writes the audit log, the Secret written before is still
+# readable and stored encrypted in etcd, `kubectl version` shows the new server version, etcd
+# runs $KU_ETCD_VERSION. Each step is judged by cmd/loadgen (pivot.sh's step_start): connects
+# to NODE_IP:6443 and 127.0.0.1:6443 every 20 ms, two client-go loads (one per address) held
+# to the tier's strict criteria, the `kubernetes` endpoints watcher, and in the steps that do
+# not upgrade them the controller-manager and the scheduler (no restart). Steps 3 and 4 report
+# without failing (-report-only): what etcd's and the kubelet's restarts cost is measured and
+# printed. A per-step table closes the mode: requests, failed, refused connects, relists.
+#
+# Preflight errors ignored, for this test node only: kubeadm's CoreDNS checks (CoreDNS is not
+# installed here) and SystemVerification (this host has cgroup v1, which kubeadm refuses since
+# 1.35; the kubelet runs with failCgroupV1: false); at init also Swap and the checks of a
+# node without systemd (see ku_init).
 
 KU_SYNC_DIR=/etc/kubernetes/kubelet-manifests
 KU_IGNORE=CoreDNSMigration,CoreDNSUnsupportedPlugins,SystemVerification
@@ -47,26 +59,182 @@ ku_standin_hash() {
   kcs get pod "kube-apiserver-$NODE_NAME" -o jsonpath='{.metadata.annotations.kubernetes\.io/config\.hash}' 2>/dev/null
 }
 
-ku_prepare() {
-  # What `kubeadm init` does after its phases, for `kubeadm upgrade`: the kubeadm-config and
-  # kubelet-config ConfigMaps (and the kubeadm:cluster-admins binding admin.conf needs); the
-  # kubelet's instance configuration with the CRI socket; the pause image kubeadm's CreateJob
-  # check runs (`pause -v`).
-  if "$S/bins/kubeadm" init phase upload-config all --config "$S/kubeadm.yaml" >>"$S/kubeadm.log" 2>&1; then
-    pass "kubeadm init phase upload-config all: kubeadm-config and kubelet-config uploaded"
-  else
-    fail "kubeadm init phase upload-config all failed: $(tail -n 3 "$S/kubeadm.log")"
-    return 1
-  fi
-  # The kubelet here reads $S/kubelet-config.yaml; kubeadm's kubelet-config phase backs up and
-  # rewrites /var/lib/kubelet/config.yaml, which a kubeadm node has.
-  mkdir -p /var/lib/kubelet
-  cp "$S/kubelet-config.yaml" /var/lib/kubelet/config.yaml
-  cat >/var/lib/kubelet/instance-config.yaml <<EOF
+# ku_files: the audit policy and the encryption configuration the ClusterConfiguration names.
+ku_files() {
+  mkdir -p /etc/kubernetes/audit /var/log/kubernetes/audit /etc/kubernetes/encryption
+  # Secrets only: the loads' requests would fill the log (and rotate it) within minutes.
+  cat >/etc/kubernetes/audit/policy.yaml <<'EOF'
+apiVersion: audit.k8s.io/v1
+kind: Policy
+rules:
+- level: Metadata
+  resources:
+  - group: ""
+    resources: [secrets]
+- level: None
+EOF
+  cat >/etc/kubernetes/encryption/config.yaml <<EOF
+apiVersion: apiserver.config.k8s.io/v1
+kind: EncryptionConfiguration
+resources:
+- resources: [secrets]
+  providers:
+  - aescbc:
+      keys:
+      - name: key1
+        secret: $(head -c 32 /dev/urandom | base64 -w0)
+  - identity: {}
+EOF
+  chmod 0600 /etc/kubernetes/encryption/config.yaml
+}
+
+# ku_config VERSION: kubeadm's configuration for `kubeadm init` of VERSION on this node.
+ku_config() {
+  cat <<EOF
+apiVersion: kubeadm.k8s.io/v1beta4
+kind: InitConfiguration
+localAPIEndpoint:
+  advertiseAddress: $NODE_IP
+  bindPort: 6443
+nodeRegistration:
+  name: $NODE_NAME
+  criSocket: unix://$S/containerd/containerd.sock
+---
+apiVersion: kubeadm.k8s.io/v1beta4
+kind: ClusterConfiguration
+kubernetesVersion: $1
+imageRepository: $IMAGE_REPO
+clusterName: smoke
+etcd:
+  local:
+    imageRepository: $IMAGE_REPO
+    imageTag: $ETCD_VERSION
+apiServer:
+  extraArgs:
+  - name: audit-policy-file
+    value: /etc/kubernetes/audit/policy.yaml
+  - name: audit-log-path
+    value: /var/log/kubernetes/audit/audit.log
+  - name: encryption-provider-config
+    value: /etc/kubernetes/encryption/config.yaml
+  extraVolumes:
+  - name: audit
+    hostPath: /etc/kubernetes/audit
+    mountPath: /etc/kubernetes/audit
+    readOnly: true
+    pathType: DirectoryOrCreate
+  - name: audit-log
+    hostPath: /var/log/kubernetes/audit
+    mountPath: /var/log/kubernetes/audit
+    pathType: DirectoryOrCreate
+  - name: encryption
+    hostPath: /etc/kubernetes/encryption
+    mountPath: /etc/kubernetes/encryption
+    readOnly: true
+    pathType: DirectoryOrCreate
+dns:
+  disabled: true
+---
+# kube-proxy in kubeadm's default mode; this netns's conntrack table is the kernel's to size.
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: iptables
+conntrack:
+  maxPerCore: 0
+---
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
-containerRuntimeEndpoint: unix://$S/containerd/containerd.sock
 EOF
+  kubelet_settings
+}
+
+# ku_init: `kubeadm init` of OLD_APISERVER_VERSION with that release's kubeadm, whole (no
+# phase skipped but the disabled addons). Without systemd kubeadm cannot start the kubelet: as
+# soon as kubeadm has written the kubelet's configuration, the kubelet is started the way
+# kubeadm's systemd drop-in starts it (smoke's start_kubelet with KUBELET_KUBEADM=1), and
+# kubeadm's wait-control-plane phase waits for it as on any node.
+ku_init() {
+  local t0 rc=0 v="$OLD_APISERVER_VERSION"
+  INIT_VERSION="$v"
+  ku_files
+  ku_prepare
+  # The node's name resolves (kubeadm's Hostname check; this netns reaches no DNS server).
+  echo "$NODE_IP $NODE_NAME" >>/etc/hosts
+  ku_config "$v" >"$S/kubeadm.yaml"
+  # kubeadm's preflight wants IP forwarding (as kube-proxy does); this netns is the node's.
+  sysctl -qw net.ipv4.ip_forward=1
+  # kubeadm runs `kubelet --version` (its kubelet version check): the kubelet on its PATH.
+  mkdir -p "$S/path"
+  ln -sf "$S/bins/kubelet-$v" "$S/path/kubelet"
+  t0="$(now_ms)"
+  PATH="$S/path:$PATH" "$S/bins/kubeadm-$v" init --config "$S/kubeadm.yaml" \
+    --ignore-preflight-errors="SystemVerification,Swap,Service-Kubelet" >"$S/kubeadm-init.log" 2>&1 &
+  local init_pid=$!
+  if ! wait_for 120 test -s /var/lib/kubelet/config.yaml -a -s /etc/kubernetes/kubelet.conf; then
+    kill "$init_pid" 2>/dev/null || true
+    fail "kubeadm $v init wrote no kubelet configuration within 120 s: $(tail -n 5 "$S/kubeadm-init.log" | tr '\n' '|')"
+    return 1
+  fi
+  KUBELET_KUBEADM=1 KUBELET_BIN="$S/bins/kubelet-$v"
+  start_kubelet || { kill "$init_pid" 2>/dev/null; return 1; }
+  if ! wait_for 420 eval "! kill -0 $init_pid"; then
+    kill "$init_pid" 2>/dev/null || true
+    fail "kubeadm $v init not done within 420 s: $(tail -n 5 "$S/kubeadm-init.log" | tr '\n' '|')"
+    return 1
+  fi
+  wait "$init_pid" || rc=$?
+  if [ "$rc" = 0 ] && grep -q 'Your Kubernetes control-plane has initialized successfully' "$S/kubeadm-init.log"; then
+    pass "kubeadm $v init succeeded after $(since "$t0") s (audit policy and encryption at rest in extraArgs/extraVolumes): $(grep -oE '^\[[a-z-]+\]' "$S/kubeadm-init.log" | uniq | tr -d '[]' | tr '\n' ' ')"
+  else
+    fail "kubeadm $v init failed (exit $rc): $(grep -iE 'error|fatal|timed out|\[WARNING' "$S/kubeadm-init.log" | tail -n 8 | cut -c1-300 | tr '\n' '|')"
+    return 1
+  fi
+  note "kubeadm init's warnings: $(grep -E 'WARNING' "$S/kubeadm-init.log" | cut -c1-200 | tr '\n' '|')"
+  # The super-admin's client certificate (group system:masters) for smoke's api().
+  local key
+  for key in client-certificate-data client-key-data; do
+    awk -v k="$key:" '$1 == k { print $2 }' /etc/kubernetes/super-admin.conf | base64 -d >"$S/admin-$key"
+  done
+}
+
+# ku_etcd_value KEY: the first bytes of KEY's value as stored in etcd (its JSON gateway, with
+# the apiserver's etcd client certificate), printed as Python prints bytes.
+ku_etcd_value() {
+  local pki=/etc/kubernetes/pki
+  curl -fsS --max-time 5 --cacert "$pki/etcd/ca.crt" --cert "$pki/apiserver-etcd-client.crt" \
+    --key "$pki/apiserver-etcd-client.key" -X POST "https://127.0.0.1:2379/v3/kv/range" \
+    -d "{\"key\": \"$(printf '%s' "$1" | base64 -w0)\"}" | python3 -c '
+import base64, json, sys
+kvs = json.load(sys.stdin).get("kvs") or []
+print(base64.b64decode(kvs[0]["value"])[:24] if kvs else "none")'
+}
+
+# ku_secret_check WHEN: the Secret written after init reads back, and etcd holds it encrypted
+# with the aescbc key of the encryption configuration.
+ku_secret_check() {
+  local got stored
+  got="$(kc -n default get secret ku-before-upgrade -o jsonpath='{.data.word}' 2>&1 | base64 -d 2>/dev/null)"
+  stored="$(ku_etcd_value /registry/secrets/default/ku-before-upgrade 2>&1)"
+  if [ "$got" = kept ] && [[ "$stored" == "b'k8s:enc:aescbc:v1:key1:"* ]]; then
+    pass "$1: the Secret written after kubeadm init reads back ('$got'), stored encrypted in etcd: $stored..."
+  else
+    fail "$1: the Secret reads '$got', etcd holds: $stored"
+  fi
+}
+
+# ku_pods_images: image of each static pod's container (etcd, controller-manager, scheduler)
+# and of the Deployment's apiserver.
+ku_images() {
+  local c
+  for c in etcd kube-controller-manager kube-scheduler; do
+    printf '%s ' "$(kcs get pod "$c-$NODE_NAME" -o jsonpath='{.spec.containers[0].image}' 2>&1 | sed 's|.*/||')"
+  done
+  kcs get deploy kube-apiserver -o jsonpath='{.spec.template.spec.containers[?(@.name=="kube-apiserver")].image}' 2>&1 | sed 's|.*/||'
+}
+
+# ku_prepare: the pause image kubeadm's CreateJob preflight check runs (`pause -v`), under the
+# name kubeadm gives it.
+ku_prepare() {
   "${CTR[@]}" images tag "$PAUSE_IMAGE" "$IMAGE_REPO/pause:3.10.2" >/dev/null 2>&1 || true
 }
 
@@ -115,6 +283,110 @@ ku_handoff() {
   fi
 }
 
+# The client inside a pod: cmd/loadgen in a pod on the pod network, as a ServiceAccount bound
+# to cluster-admin, whose kubeconfig names the `kubernetes` Service's address (10.96.0.1:443,
+# through kube-proxy's rules) with the pod's token. Its report lands on the node.
+KU_POD_REPORTS=/var/lib/ku-loadgen
+ku_pod_setup() {
+  mkdir -p "$KU_POD_REPORTS"
+  kc apply -f - >"$S/ku-pod-setup.log" 2>&1 <<EOF
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: ku-loadgen, namespace: default}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: ku-loadgen}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: cluster-admin}
+subjects: [{kind: ServiceAccount, name: ku-loadgen, namespace: default}]
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: ku-loadgen, namespace: default}
+data:
+  kubeconfig: |
+    apiVersion: v1
+    kind: Config
+    clusters:
+    - name: service
+      cluster:
+        server: https://10.96.0.1:443
+        certificate-authority: /var/run/secrets/kubernetes.io/serviceaccount/ca.crt
+    users:
+    - name: pod
+      user:
+        tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token
+    contexts:
+    - name: pod
+      context: {cluster: service, user: pod}
+    current-context: pod
+EOF
+}
+
+# ku_pod_start NAME: the pod's load for step NAME; ready once its load runs.
+ku_pod_start() {
+  rm -f "$KU_POD_REPORTS/$1.json" "$KU_POD_REPORTS/$1.ready"
+  kc apply -f - >>"$S/ku-pod-setup.log" 2>&1 <<EOF
+apiVersion: v1
+kind: Pod
+metadata: {name: ku-loadgen-$1, namespace: default}
+spec:
+  nodeName: $NODE_NAME
+  serviceAccountName: ku-loadgen
+  terminationGracePeriodSeconds: 90
+  tolerations: [{operator: Exists}]
+  containers:
+  - name: loadgen
+    image: $IMAGE_REPO/loadgen:dev
+    imagePullPolicy: Never
+    args: [-kubeconfig, /etc/ku-loadgen/kubeconfig, -out, /reports/$1.json, -ready, /reports/$1.ready]
+    # A share of the CPU like the node's loads (a BestEffort pod gets 2 of 1024 shares, and
+    # starves while a new apiserver starts on this 2-core node).
+    resources:
+      requests: {cpu: 500m, memory: 64Mi}
+    volumeMounts:
+    - {name: kubeconfig, mountPath: /etc/ku-loadgen}
+    - {name: reports, mountPath: /reports}
+  volumes:
+  - name: kubeconfig
+    configMap: {name: ku-loadgen}
+  - name: reports
+    hostPath: {path: $KU_POD_REPORTS, type: Directory}
+EOF
+  if wait_for 180 test -f "$KU_POD_REPORTS/$1.ready"; then
+    return 0
+  fi
+  fail "$1: the load in a pod did not start within 180 s: $(kc -n default get pod "ku-loadgen-$1" -o wide 2>&1 | tail -n 1) $(kc -n default logs "ku-loadgen-$1" --tail=3 2>&1 | tr '\n' ' ')"
+  return 1
+}
+
+# ku_pod_end NAME WHAT [report-only]: the pod deleted (SIGTERM: the load reports), its report
+# judged like the node's loads: pass without problems, else fail (or a note, report-only).
+ku_pod_end() {
+  local verdict
+  kc -n default delete pod "ku-loadgen-$1" --wait=false >/dev/null 2>&1
+  if ! wait_for 120 test -s "$KU_POD_REPORTS/$1.json"; then
+    fail "$2 (in a pod, through the kubernetes Service): no report within 120 s: $(kc -n default logs "ku-loadgen-$1" --tail=3 2>&1 | tr '\n' ' ')"
+    return 0
+  fi
+  cp "$KU_POD_REPORTS/$1.json" "$S/step-$1-pod.json"
+  verdict="$(python3 -c '
+import json, sys
+r = json.load(open(sys.argv[1]))
+c = r["load"]["requests"]
+ok = sum(v["ok"] for v in c.values()); failed = sum(v["failed"] for v in c.values())
+p = r.get("problems") or []
+print(("ok " if not p else "bad ") + "load %d requests ok, %d failed; relists %d; problems: %s" % (ok, failed,
+    sum(i.get("relists", 0) for i in (r["load"].get("informers") or {}).values()), "; ".join(p) or "none"))' "$S/step-$1-pod.json" 2>&1)"
+  if [ "${verdict%% *}" = ok ]; then
+    pass "$2 (in a pod, through the kubernetes Service): ${verdict#* }"
+  elif [ "${3:-}" = report-only ]; then
+    note "$2 (in a pod, through the kubernetes Service): ${verdict#* }"
+  else
+    fail "$2 (in a pod, through the kubernetes Service): ${verdict#* }"
+  fi
+}
+
 # ku_step NAME [LOADGEN FLAGS...]: pivot.sh's step_start on both addresses (the load on
 # NODE_IP:6443 with the prober of both addresses and the endpoints watcher, a second load on
 # 127.0.0.1:6443); ku_step_end NAME WHAT: their verdicts.
@@ -124,10 +396,12 @@ ku_step() {
   log_mark "$name"
   step_start "$name" -probe 127.0.0.1:6443 -watch-endpoints "$@" || true
   step_start "$name-local" -kubeconfig "$MIGRATE_LOCAL_CONF" "$@" || true
+  [ -z "${KU_POD:-}" ] || ku_pod_start "$name" || true
 }
 ku_step_end() {
   step_end "$1" "$2 (NODE_IP:6443)"
   step_end "$1-local" "$2 (127.0.0.1:6443)"
+  [ -z "${KU_POD:-}" ] || ku_pod_end "$1" "$2" "${3:-}"
   note "$2: controller-manager, scheduler and kubelet logs: $(log_error_summary "$1")"
 }
 
@@ -150,57 +424,123 @@ print("ok" if bad == 0 and failed == 0 else "bad", bad, failed, "; ".join(r.get(
   fi
 }
 
-ku_audit_config() {
-  mkdir -p /etc/kubernetes/audit /var/log/kubernetes/audit
-  cat >/etc/kubernetes/audit/policy.yaml <<'EOF'
-apiVersion: audit.k8s.io/v1
-kind: Policy
-rules:
-- level: Metadata
-EOF
-  cat "$S/kubeadm.yaml" >"$S/kubeadm-audit.yaml"
-  cat >>"$S/kubeadm-audit.yaml" <<'EOF'
-apiServer:
-  extraArgs:
-  - name: audit-policy-file
-    value: /etc/kubernetes/audit/policy.yaml
-  - name: audit-log-path
-    value: /var/log/kubernetes/audit/audit.log
-  extraVolumes:
-  - name: audit
-    hostPath: /etc/kubernetes/audit
-    mountPath: /etc/kubernetes/audit
-    readOnly: true
-    pathType: DirectoryOrCreate
-  - name: audit-log
-    hostPath: /var/log/kubernetes/audit
-    mountPath: /var/log/kubernetes/audit
-    pathType: DirectoryOrCreate
-dns:
-  disabled: true
-proxy:
-  disabled: true
-EOF
-  "$S/bins/kubeadm" init phase upload-config kubeadm --config "$S/kubeadm-audit.yaml" >>"$S/kubeadm.log" 2>&1
-}
-
+# ku_apply WHAT LOG: `kubeadm upgrade apply $APISERVER_VERSION` with kubeadm $APISERVER_VERSION;
+# sets KU_SECONDS, KU_GEN_DELTA (new generations of the Deployment), KU_HASH_CHANGED (the
+# stand-in's hash kubeadm waits on).
 ku_apply() {
   local what="$1" t0 gen0 hash0 rc=0
   gen0="$(ku_generation)"
   hash0="$(ku_standin_hash)"
   t0="$(now_ms)"
-  "$S/bins/kubeadm" upgrade apply "$APISERVER_VERSION" -y --ignore-preflight-errors="$KU_IGNORE" \
+  PATH="$S/path:$PATH" "$S/bins/kubeadm" upgrade apply "$APISERVER_VERSION" -y --ignore-preflight-errors="$KU_IGNORE" \
     >"$S/kubeadm-$2.log" 2>&1 || rc=$?
   KU_SECONDS="$(since "$t0")"
   KU_GEN_DELTA=$(($(ku_generation) - gen0))
   KU_HASH_CHANGED=$([ "$(ku_standin_hash)" != "$hash0" ] && echo yes || echo no)
-  note "$what: kubeadm said: $(grep -E '^\[upgrade' "$S/kubeadm-$2.log" | grep -E 'kube-apiserver|etcd|SUCCESS|equal|Restarting' | cut -c1-160 | tr '\n' '|')"
+  note "$what: kubeadm said: $(grep -E '^\[upgrade' "$S/kubeadm-$2.log" | grep -E 'kube-apiserver|kube-controller|kube-scheduler|etcd|SUCCESS|equal|Restarting' | cut -c1-160 | tr '\n' '|')"
   return "$rc"
+}
+
+# ku_static_settled: every static pod the kubelet runs is the one its mirror pod shows (the
+# kubelet's UID in the mirror's kubernetes.io/config.mirror), once, and Ready. A kubelet of
+# another minor computes other UIDs for the same files and replaces every static pod: this is
+# when it is done.
+ku_static_settled() {
+  local kubelet mirrors
+  kubelet="$(pod_json)" && mirrors="$(kcs get pods -o json)" || return 1
+  python3 -c '
+import json, sys
+kubelet = json.loads(sys.argv[1])["items"]
+api = json.loads(sys.argv[2])["items"]
+static = [p for p in kubelet if (p["metadata"].get("annotations") or {}).get("kubernetes.io/config.source") == "file"]
+names = [p["metadata"]["name"] for p in static]
+if not static or len(names) != len(set(names)):
+    sys.exit(1)
+mirror = {p["metadata"]["name"]: p for p in api if "kubernetes.io/config.mirror" in (p["metadata"].get("annotations") or {})}
+for p in static:
+    m = mirror.get(p["metadata"]["name"])
+    if m is None or m["metadata"]["annotations"]["kubernetes.io/config.mirror"] != p["metadata"]["uid"]:
+        sys.exit(1)
+    if not any(c["type"] == "Ready" and c["status"] == "True" for c in m["status"].get("conditions") or []):
+        sys.exit(1)' "$kubelet" "$mirrors"
+}
+
+# ku_etcd_down NAME: from the kubelet's log since log_mark NAME, how long etcd was down: from
+# the kubelet's first kill of an etcd container to etcd's next Ready (readiness probe), with
+# the start of the new container between; "not restarted" when the kubelet killed none.
+ku_etcd_down() {
+  local from
+  from="$(awk -v f="$S/kubelet.log" '$1 == f { print $2 }' "$S/logmark-$1")"
+  tail -n +"$((${from:-0} + 1))" "$S/kubelet.log" | python3 -c '
+import re, sys
+from datetime import datetime
+def t(line):
+    m = re.match(r"[IWE]\d{4} (\d\d:\d\d:\d\d\.\d+)", line)
+    return datetime.strptime(m.group(1), "%H:%M:%S.%f") if m else None
+kill = start = ready = None
+for line in sys.stdin:
+    if "pod=\"kube-system/etcd-" not in line:
+        continue
+    if kill is None and "Killing container with a grace period" in line:
+        kill = t(line)
+    elif kill is not None and start is None and "ContainerStarted" in line:
+        start = t(line)
+    elif kill is not None and "probe=\"readiness\" status=\"ready\"" in line:
+        ready = t(line)
+        break
+if kill is None:
+    print("etcd not restarted")
+elif ready is None:
+    print("etcd killed, not Ready again in the log")
+else:
+    print("etcd down %.1f s (the new container started %.1f s after the kill)" % ((ready - kill).total_seconds(), ((start or ready) - kill).total_seconds()))'
+}
+
+# ku_audited NAME SINCE: the audit log (rotated files too) has a request for an object NAME
+# received at or after SINCE (UTC, seconds).
+ku_audited() {
+  cat /var/log/kubernetes/audit/*.log 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    try:
+        e = json.loads(line)
+    except ValueError:
+        continue
+    if (e.get("objectRef") or {}).get("name") == sys.argv[1] and e.get("requestReceivedTimestamp", "")[:19] >= sys.argv[2]:
+        sys.exit(0)
+sys.exit(1)' "$1" "$2"
+}
+
+# ku_step_table: one line per step: seconds, requests, failed, refused connects, relists, watch
+# cuts, per address.
+ku_step_table() {
+  python3 - "$S" "$@" <<'EOF'
+import json, sys
+d = sys.argv[1]
+print("# %-22s %8s %9s %7s %8s %8s %8s" % ("step", "seconds", "requests", "failed", "refused", "relists", "cut"))
+for name in sys.argv[2:]:
+    for suffix, addr in (("", "NODE_IP"), ("-local", "127.0.0.1"), ("-pod", "pod")):
+        try:
+            r = json.load(open("%s/step-%s%s.json" % (d, name, suffix)))
+        except Exception as e:
+            if suffix != "-pod":
+                print("# %-22s no report (%s)" % (name + suffix, e))
+            continue
+        load = r["load"]
+        req = sum(c["ok"] + c["failed"] for c in load["requests"].values())
+        failed = sum(c["failed"] for c in load["requests"].values())
+        refused = sum(p["refused"] for p in r.get("probes") or [])
+        relists = sum(i.get("relists", 0) for i in (load.get("informers") or {}).values())
+        cut = sum((load.get("streams") or {}).get("cut", {}).values())
+        print("# %-22s %8.1f %9d %7d %8d %8d %8d" % (name + " (" + addr + ")", load["duration_ns"] / 1e9, req, failed, refused, relists, cut))
+EOF
 }
 
 run_kubeadm_upgrade() {
   pivot_prepare_node || return 0
-  ku_prepare || return 0
+  kc -n default create secret generic ku-before-upgrade --from-literal=word=kept >/dev/null 2>&1 \
+    || { fail "kubectl create secret: $(kc -n default create secret generic ku-before-upgrade --from-literal=word=kept 2>&1)"; return 0; }
+  ku_secret_check "after kubeadm init ($OLD_APISERVER_VERSION)"
   ku_render || return 0
   migrate_local_kubeconfig || return 0
   # migrate.sh's migration, with render's stream (endpoints, Deployment, budget) as what is
@@ -222,33 +562,111 @@ run_kubeadm_upgrade() {
   ku_migrate_check migrate
   ku_migrate_check migrate-local
   note "kubeadm-sync's log: $(kcs logs "kube-apiserver-$NODE_NAME" -c kube-apiserver --tail=5 2>&1 | tr '\n' '|' | cut -c1-600)"
+  note "images before the upgrade (etcd, controller-manager, scheduler, apiserver): $(ku_images)"
 
-  ku_audit_config || { fail "upload of the audit configuration failed: $(tail -n 3 "$S/kubeadm.log")"; return 0; }
-  ku_step apply
-  if ku_apply "kubeadm upgrade apply $APISERVER_VERSION (audit added)" apply; then
-    pass "kubeadm upgrade apply $APISERVER_VERSION, unpatched, succeeded after $KU_SECONDS s; the Deployment rolled ($KU_GEN_DELTA new generations), kube-apiserver-$NODE_NAME's hash changed: $KU_HASH_CHANGED"
+  # kube-proxy (kubeadm's addon) and a client in a pod through the kubernetes Service.
+  if wait_for 120 eval '[ "$(kcs get ds kube-proxy -o jsonpath="{.status.numberReady}")" = 1 ]' \
+    && wait_for 60 eval 'iptables -t nat -S KUBE-SERVICES 2>/dev/null | grep -q "10.96.0.1/32"' && ku_pod_setup; then
+    pass "kube-proxy $(kcs get ds kube-proxy -o jsonpath='{.spec.template.spec.containers[0].image}' | sed 's|.*:||') (kubeadm's addon, iptables mode) ready, 10.96.0.1 in its rules"
+    KU_POD=1
   else
-    fail "kubeadm upgrade apply failed after $KU_SECONDS s: $(grep -iE 'error|fatal|timed out' "$S/kubeadm-apply.log" | tail -n 5 | cut -c1-300 | tr '\n' '|')"
-  fi
-  ku_step_end apply "kubeadm upgrade apply"
-  if kcs get deploy kube-apiserver -o jsonpath='{.spec.template.spec.containers[0].args}' | grep -q 'audit-policy-file=/etc/kubernetes/audit/policy.yaml' \
-    && wait_for 30 test -s /var/log/kubernetes/audit/audit.log; then
-    pass "the Deployment's apiserver runs kubeadm's new flags and writes the audit log ($(wc -l </var/log/kubernetes/audit/audit.log) lines)"
-  else
-    fail "the audit flags did not reach the Deployment, or no audit log: $(ls -la /var/log/kubernetes/audit 2>&1 | tr '\n' ' ')"
+    fail "kube-proxy not ready or no rule for 10.96.0.1: $(kcs get pods -l k8s-app=kube-proxy -o wide 2>&1 | tail -n 1) $(kcs logs -l k8s-app=kube-proxy --tail=5 2>&1 | tr '\n' ' ' | cut -c1-600) $(cat "$S/ku-pod-setup.log" 2>/dev/null)"
   fi
 
+  # 2. The minor upgrade of the control plane. kubeadm restarts the controller-manager and
+  # the scheduler: this step does not watch them for restarts.
+  if PATH="$S/path:$PATH" "$S/bins/kubeadm" upgrade plan "$APISERVER_VERSION" --ignore-preflight-errors="$KU_IGNORE" >"$S/kubeadm-plan.log" 2>&1 \
+    && grep -qE "kube-apiserver +.*$OLD_APISERVER_VERSION +$APISERVER_VERSION" "$S/kubeadm-plan.log"; then
+    pass "kubeadm upgrade plan $APISERVER_VERSION: $(grep -E '^(kube-apiserver|kube-controller-manager|kube-scheduler|etcd) ' "$S/kubeadm-plan.log" | tr -s ' ' | tr '\n' '|')"
+  else
+    fail "kubeadm upgrade plan $APISERVER_VERSION: $(grep -iE 'error|kube-apiserver' "$S/kubeadm-plan.log" | head -n 5 | cut -c1-300 | tr '\n' '|')"
+  fi
+  STEP_WATCH=(-probe "$NODE_IP:6443")
+  ku_step upgrade
+  STEP_WATCH=("${watch[@]}")
+  if ku_apply "kubeadm upgrade apply $APISERVER_VERSION" upgrade; then
+    pass "kubeadm upgrade apply $APISERVER_VERSION from $OLD_APISERVER_VERSION, unpatched, succeeded after $KU_SECONDS s; the Deployment rolled ($KU_GEN_DELTA new generations), kube-apiserver-$NODE_NAME's hash changed: $KU_HASH_CHANGED"
+  else
+    fail "kubeadm upgrade apply $APISERVER_VERSION failed after $KU_SECONDS s: $(grep -iE 'error|fatal|timed out' "$S/kubeadm-upgrade.log" | tail -n 5 | cut -c1-300 | tr '\n' '|')"
+  fi
+  ku_step_end upgrade "kubeadm upgrade apply $APISERVER_VERSION (apiserver, controller-manager, scheduler; etcd's certificates renewed)"
+  note "the upgrade: $(ku_etcd_down upgrade)"
+  local images
+  images="$(ku_images)"
+  if [[ "$images" == "etcd:$ETCD_VERSION kube-controller-manager:$APISERVER_VERSION kube-scheduler:$APISERVER_VERSION kube-apiserver:$APISERVER_VERSION" ]] \
+    && wait_for 60 mirror_ready kube-system "kube-controller-manager-$NODE_NAME" \
+    && wait_for 60 mirror_ready kube-system "kube-scheduler-$NODE_NAME"; then
+    pass "after the upgrade: $images (etcd pinned by imageTag: kubeadm kept it)"
+  else
+    fail "after the upgrade, images (etcd, controller-manager, scheduler, apiserver): $images"
+  fi
+
+  if wait_for 120 eval '[ "$(kcs get ds kube-proxy -o jsonpath="{.spec.template.spec.containers[0].image}")" = "$IMAGE_REPO/kube-proxy:$APISERVER_VERSION" ] && [ "$(kcs get ds kube-proxy -o jsonpath="{.status.updatedNumberScheduled}/{.status.numberReady}")" = 1/1 ]'; then
+    pass "kubeadm upgraded kube-proxy to $APISERVER_VERSION (its DaemonSet rolled, ready)"
+  else
+    fail "kube-proxy after the upgrade: $(kcs get ds kube-proxy -o wide 2>&1 | tail -n 1)"
+  fi
+
+  # 3. etcd: a pinned imageTag is the operator's to move (docs/operations.md).
+  local etcd_id
+  etcd_id="$(ku_container_ids)"
+  if kcs get cm kubeadm-config -o json | python3 -c '
+import json, sys
+cm = json.load(sys.stdin)
+cm["data"]["ClusterConfiguration"] = cm["data"]["ClusterConfiguration"].replace("imageTag: " + sys.argv[1], "imageTag: " + sys.argv[2])
+json.dump(cm, sys.stdout)' "$ETCD_VERSION" "$KU_ETCD_VERSION" | kc replace -f - >/dev/null 2>"$S/etcd-tag.err"; then
+    note "kubeadm-config: etcd imageTag $ETCD_VERSION -> $KU_ETCD_VERSION"
+  else
+    fail "kubeadm-config's etcd imageTag not changed: $(cat "$S/etcd-tag.err")"
+  fi
+  STEP_WATCH=(-probe "$NODE_IP:6443" -report-only)
+  ku_step etcd
+  STEP_WATCH=("${watch[@]}")
+  if ku_apply "kubeadm upgrade apply $APISERVER_VERSION (etcd $KU_ETCD_VERSION)" etcd && [ "$KU_GEN_DELTA" = 0 ] \
+    && [ "$(kcs get pod "etcd-$NODE_NAME" -o jsonpath='{.spec.containers[0].image}')" = "$IMAGE_REPO/etcd:$KU_ETCD_VERSION" ]; then
+    pass "kubeadm upgrade apply upgraded etcd to $KU_ETCD_VERSION after $KU_SECONDS s, the apiserver untouched (no new generation): $(ku_etcd_down etcd); containers before: $etcd_id after: $(ku_container_ids)"
+  else
+    fail "the etcd upgrade: generation delta $KU_GEN_DELTA, etcd image $(kcs get pod "etcd-$NODE_NAME" -o jsonpath='{.spec.containers[0].image}' 2>&1): $(grep -iE 'error|fatal|timed out' "$S/kubeadm-etcd.log" | tail -n 3 | cut -c1-300 | tr '\n' '|')"
+  fi
+  ku_step_end etcd "etcd's upgrade (measured, not asserted)" report-only
+
+  # 4. The kubelet binary: stopped, replaced, started on the same files.
+  STEP_WATCH=(-probe "$NODE_IP:6443" -report-only)
+  ku_step kubelet
+  STEP_WATCH=("${watch[@]}")
+  local t0 before
+  before="$(ku_container_ids)"
+  t0="$(now_ms)"
+  stop "$KUBELET_PID" "kubelet $OLD_APISERVER_VERSION"
+  KUBELET_BIN="$S/bins/kubelet"
+  ln -sf "$KUBELET_BIN" "$S/path/kubelet"
+  if start_kubelet && wait_for 120 eval '[ "$(kc get node "$NODE_NAME" -o jsonpath="{.status.nodeInfo.kubeletVersion}")" = "$APISERVER_VERSION" ]' \
+    && wait_for 120 node_ready; then
+    pass "the kubelet upgraded to $APISERVER_VERSION: node Ready again after $(since "$t0") s; containers before: $before after: $(ku_container_ids)"
+  else
+    fail "the kubelet upgrade: node $(kc get node "$NODE_NAME" -o jsonpath='{.status.nodeInfo.kubeletVersion}' 2>&1), $(node_status)"
+  fi
+  t0="$(now_ms)"
+  if wait_for 300 ku_static_settled && wait_for 120 deploy_ready; then
+    pass "every static pod replaced by the new kubelet and Ready again $(since "$t0") s later ($(ku_etcd_down kubelet)); containers now: $(ku_container_ids)"
+  else
+    fail "the static pods did not settle within 300 s of the new kubelet: $(kcs get pods -o wide 2>&1 | tr -s ' ' | tr '\n' '|')"
+  fi
+  ku_step_end kubelet "the kubelet's upgrade (measured, not asserted)" report-only
+
+  # 5. Again: nothing to do.
   ku_step again
-  if ku_apply "second kubeadm upgrade apply $APISERVER_VERSION" again && [ "$KU_GEN_DELTA" = 0 ] \
+  if ku_apply "third kubeadm upgrade apply $APISERVER_VERSION" again && [ "$KU_GEN_DELTA" = 0 ] \
     && grep -q 'Current and new manifests of kube-apiserver are equal' "$S/kubeadm-again.log"; then
-    pass "a second kubeadm upgrade apply $APISERVER_VERSION is a no-op for the apiserver ($KU_SECONDS s, no new generation)"
+    pass "kubeadm upgrade apply $APISERVER_VERSION once more is a no-op for the apiserver ($KU_SECONDS s, no new generation)"
   else
-    fail "second kubeadm upgrade apply: rc or changes (generation delta $KU_GEN_DELTA): $(tail -n 3 "$S/kubeadm-again.log" | tr '\n' '|')"
+    fail "kubeadm upgrade apply once more: rc or changes (generation delta $KU_GEN_DELTA): $(tail -n 3 "$S/kubeadm-again.log" | tr '\n' '|')"
   fi
-  ku_step_end again "the second kubeadm upgrade apply"
+  ku_step_end again "the no-op kubeadm upgrade apply"
 
+  # 6. Certificates.
   ku_step renew
-  local gen0 t0
+  local gen0
   gen0="$(ku_generation)"
   t0="$(now_ms)"
   if "$S/bins/kubeadm" certs renew all >"$S/kubeadm-renew.log" 2>&1 \
@@ -258,5 +676,25 @@ run_kubeadm_upgrade() {
     fail "kubeadm certs renew all: no rollout of the Deployment within 240 s: $(tail -n 2 "$S/kubeadm-renew.log" | tr '\n' '|')"
   fi
   ku_step_end renew "kubeadm certs renew all"
-  note "reports: $S/kubeadm-*.log, $S/load-*.json, $S/probe-*.json"
+
+  # What the upgrade must have kept.
+  local server since
+  server="$(kc version -o json 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["serverVersion"]["gitVersion"])' 2>&1)"
+  if [ "$server" = "$APISERVER_VERSION" ]; then
+    pass "kubectl version: server $server"
+  else
+    fail "kubectl version: server $server, not $APISERVER_VERSION"
+  fi
+  ku_secret_check "after the upgrade to $APISERVER_VERSION"
+  since="$(date -u +%Y-%m-%dT%H:%M:%S)"
+  kc -n default get secret ku-before-upgrade -o name >/dev/null 2>&1 || true
+  if kcs get deploy kube-apiserver -o jsonpath='{.spec.template.spec.containers[0].args}' | grep -q 'audit-policy-file=/etc/kubernetes/audit/policy.yaml' \
+    && wait_for 30 ku_audited ku-before-upgrade "$since"; then
+    pass "the $APISERVER_VERSION apiserver writes the audit log: a read of the Secret after the upgrade is in it"
+  else
+    fail "no audit record of the read after the upgrade: $(ls -la /var/log/kubernetes/audit 2>&1 | tr '\n' ' ')"
+  fi
+  note "per step (load through both addresses):"
+  ku_step_table migrate upgrade etcd kubelet again renew
+  note "reports: $S/kubeadm-*.log, $S/step-*.json"
 }
