@@ -171,6 +171,22 @@ pub fn digests(meta: &Value) -> (Option<&str>, Option<&str>) {
     )
 }
 
+/// The UID a copy or the stand-in carries when no running pod is adopted: derived from the
+/// node, the file's name and its content, as the kubelet derives one for a static pod without
+/// a UID, but with nothing of the kubelet's own: the kubelet hashes the pod as its version
+/// decodes it (`pkg/kubelet/config/common.go`), so a kubelet of another minor gives the same
+/// file another UID and replaces every static pod (etcd among them) at its upgrade. With the
+/// UID in the file, the kubelet's upgrade keeps them; a changed file still gets a new UID, and
+/// the mirror pod's `kubernetes.io/config.hash` that kubeadm waits on changes with it.
+pub fn static_uid(node: &str, name: &str, pod: &Value) -> String {
+    let mut p = pod.clone();
+    if let Some(m) = p["metadata"].as_object_mut() {
+        m.remove("uid");
+    }
+    let text = format!("{node}\n{name}\n{}", crate::yaml::to_yaml(&p));
+    render::sha256_hex(text.as_bytes())[..32].to_owned()
+}
+
 /// Whether a copy holds the same pod as its source (`metadata.uid`, set at adoption, aside).
 pub fn same_pod(source: &Value, copy: &Value) -> bool {
     let strip = |v: &Value| {
@@ -368,7 +384,7 @@ impl Sync {
             }
             let src = self.kubeadm_dir.join(&name);
             let dst = self.static_pod_dir.join(&name);
-            let (bytes, pod) = match read_pod(&src) {
+            let (_, pod) = match read_pod(&src) {
                 Ok(p) => p,
                 Err(e) => {
                     // Half-written or not a pod: the kubelet would not run it either.
@@ -377,23 +393,30 @@ impl Sync {
                 }
             };
             now.insert(name.clone());
-            if let Ok((_, copy)) = read_pod(&dst) {
-                if same_pod(&pod, &copy) {
+            let uid = match read_pod(&dst) {
+                // The same pod with its UID: nothing to do.
+                Ok((_, copy)) if same_pod(&pod, &copy) && copy["metadata"]["uid"].is_string() => {
                     continue;
                 }
-            }
-            let data = match (
-                adopt && !dst.exists(),
-                adopt.then(|| self.running_uid(&pod)).flatten(),
-            ) {
-                (true, Some(uid)) => {
-                    let mut p = pod.clone();
-                    p["metadata"]["uid"] = json!(uid);
-                    crate::yaml::to_yaml(&p).into_bytes()
-                }
-                _ => bytes,
+                // The same pod without one (written by an earlier release of this agent): the
+                // UID the kubelet gave it, so that nothing restarts; left as it is when the
+                // mirror pod cannot be read now.
+                Ok((_, copy)) if same_pod(&pod, &copy) => match self.running_uid(&pod) {
+                    Some(uid) => uid,
+                    None => continue,
+                },
+                // A new copy at the migration: the running pod's UID, which the kubelet,
+                // restarted on this directory, keeps running.
+                Err(_) if adopt => self
+                    .running_uid(&pod)
+                    .unwrap_or_else(|| static_uid(&self.node, &name, &pod)),
+                // kubeadm changed it: a new pod.
+                _ => static_uid(&self.node, &name, &pod),
             };
-            crate::fsutil::write_atomic(&dst, &data).map_err(io("write", &dst))?;
+            let mut p = pod.clone();
+            p["metadata"]["uid"] = json!(uid);
+            crate::fsutil::write_atomic(&dst, crate::yaml::to_yaml(&p).as_bytes())
+                .map_err(io("write", &dst))?;
             changed.push(name);
         }
         for gone in before.difference(&now) {
@@ -506,7 +529,8 @@ impl Sync {
             }
             std::thread::sleep(Duration::from_secs(1));
         }
-        let stand = standin(&pod, files.as_deref(), &self.proxy_image, &self.command);
+        let mut stand = standin(&pod, files.as_deref(), &self.proxy_image, &self.command);
+        stand["metadata"]["uid"] = json!(static_uid(&self.node, APISERVER, &stand));
         crate::fsutil::write_atomic(&dst, crate::yaml::to_yaml(&stand).as_bytes())
             .map_err(io("write", &dst))?;
         tracing::info!(
@@ -645,6 +669,26 @@ mod tests {
         assert_eq!(c["command"][0], BIN);
         assert_eq!(s["spec"]["initContainers"][0]["image"], "kap:v1");
         assert_eq!(s["spec"]["hostNetwork"], true);
+    }
+
+    #[test]
+    fn a_static_uid_follows_the_content_not_the_kubelet() {
+        let pod = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "etcd", "namespace": "kube-system"},
+            "spec": {"containers": [{"name": "etcd", "image": "etcd:v3.6.16"}]}});
+        let uid = static_uid("node-1", "etcd.yaml", &pod);
+        assert_eq!(uid.len(), 32);
+        assert!(uid.bytes().all(|b| b.is_ascii_hexdigit()));
+        // The same file again, with the UID it got: the same UID.
+        let mut with_uid = pod.clone();
+        with_uid["metadata"]["uid"] = json!(uid.clone());
+        assert_eq!(static_uid("node-1", "etcd.yaml", &with_uid), uid);
+        // Another image, file or node: another pod.
+        let mut newer = pod.clone();
+        newer["spec"]["containers"][0]["image"] = json!("etcd:v3.7.0");
+        assert_ne!(static_uid("node-1", "etcd.yaml", &newer), uid);
+        assert_ne!(static_uid("node-1", "etcd2.yaml", &pod), uid);
+        assert_ne!(static_uid("node-2", "etcd.yaml", &pod), uid);
     }
 
     #[test]

@@ -10,7 +10,9 @@
 //!   until the agent runs (then put back);
 //! - running: a new kubeadm manifest (what `kubeadm upgrade apply` writes) becomes a `PUT`, and
 //!   the stand-in, whose hash kubeadm waits on, changes only when the rollout is complete; an
-//!   updated manifest of another component is copied, a removed one's copy removed.
+//!   updated manifest of another component is copied with a UID of its content (the same
+//!   content, the same UID, whatever the kubelet's version), a removed one's copy removed; a
+//!   copy without a UID (an earlier release's) gets the running pod's.
 //!
 //! Needs python3 with PyYAML to read the YAML the agent writes; without it the test says it is
 //! skipped, except in CI, where it fails.
@@ -277,6 +279,19 @@ async fn kubeadm_sync_turns_kubeadm_manifests_into_static_pods_and_rollouts() ->
         digest(&s["metadata"]) == digest(&template["metadata"]) && digest(&s["metadata"]).is_some()
     );
 
+    let standin_uid = s["metadata"]["uid"].as_str().unwrap_or_default().to_owned();
+    ensure!(
+        standin_uid.len() == 32,
+        "the stand-in has no UID of its own: {s}"
+    );
+
+    // A copy an earlier release of the agent wrote, without a UID: it gets the running pod's
+    // (nothing restarts), not one of its own.
+    std::fs::write(
+        node.dir.join("kubelet/kube-scheduler.yaml"),
+        other_manifest("kube-scheduler", "kube-scheduler:v1.36.3"),
+    )?;
+
     // Running: kubeadm upgrade writes a new apiserver manifest.
     let agent = ChildProcess::spawn(node.agent(false), "kubeadm-sync")?;
     eventually(DEADLINE, || async {
@@ -285,6 +300,8 @@ async fn kubeadm_sync_turns_kubeadm_manifests_into_static_pods_and_rollouts() ->
             "kubeadm's manifest not put back: {}",
             agent.stderr()
         );
+        let sched = read_yaml(&node.dir.join("kubelet/kube-scheduler.yaml"))?;
+        ensure!(sched["metadata"]["uid"] == "uid-scheduler", "{sched}");
         Ok(())
     })
     .await?;
@@ -335,20 +352,40 @@ async fn kubeadm_sync_turns_kubeadm_manifests_into_static_pods_and_rollouts() ->
         "the new flag did not reach the Deployment"
     );
 
-    // Another component's new manifest is copied as it is (no adopted uid); a removed one's
-    // copy goes.
-    std::fs::write(
-        node.dir.join("manifests/etcd.yaml"),
-        other_manifest("etcd", "etcd:3.7.0-0"),
-    )?;
+    // The stand-in, rewritten for the new manifest, is a new pod (kubeadm waits for its hash).
+    let s = node.standin()?;
+    ensure!(
+        s["metadata"]["uid"]
+            .as_str()
+            .is_some_and(|u| u.len() == 32 && u != standin_uid),
+        "the new stand-in's UID: {s}"
+    );
+
+    // Another component's new manifest is copied with a UID of its content (a new pod for the
+    // kubelet, and the same one for a kubelet of any version); a removed one's copy goes.
+    let etcd_uid = |image: &'static str| {
+        let node = &node;
+        async move {
+            std::fs::write(
+                node.dir.join("manifests/etcd.yaml"),
+                other_manifest("etcd", image),
+            )?;
+            eventually(DEADLINE, || async {
+                let etcd = read_yaml(&node.dir.join("kubelet/etcd.yaml"))?;
+                ensure!(etcd["spec"]["containers"][0]["image"] == image, "{etcd}");
+                let uid = etcd["metadata"]["uid"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                ensure!(uid.len() == 32 && uid != "uid-etcd", "{etcd}");
+                Ok(uid)
+            })
+            .await
+        }
+    };
+    let newer = etcd_uid("etcd:3.7.0-0").await?;
     std::fs::remove_file(node.dir.join("manifests/kube-scheduler.yaml"))?;
     eventually(DEADLINE, || async {
-        let etcd = read_yaml(&node.dir.join("kubelet/etcd.yaml"))?;
-        ensure!(
-            etcd["spec"]["containers"][0]["image"] == "etcd:3.7.0-0",
-            "{etcd}"
-        );
-        ensure!(etcd["metadata"].get("uid").is_none(), "{etcd}");
         ensure!(
             !node.dir.join("kubelet/kube-scheduler.yaml").exists(),
             "scheduler copy left"
@@ -356,6 +393,12 @@ async fn kubeadm_sync_turns_kubeadm_manifests_into_static_pods_and_rollouts() ->
         Ok(())
     })
     .await?;
+    let back = etcd_uid("etcd:3.6.8-0").await?;
+    ensure!(back != newer, "two contents, one UID: {back}");
+    ensure!(
+        etcd_uid("etcd:3.7.0-0").await? == newer,
+        "the same content got another UID"
+    );
     agent.ensure_running()?;
     Ok(())
 }
