@@ -151,7 +151,7 @@ pub struct Setup {
     pub uring_args: Vec<String>,
     /// The address every client connects from (bound with port 0): one of this host's that is
     /// neither loopback nor a target's, so that the `-transparent` targets take their
-    /// transparent path (docs/benchmarks.md, "The client address").
+    /// transparent path (docs/benchmarks-history.md, "The client address").
     #[arg(long, value_name = "IP")]
     pub client_source: Option<std::net::IpAddr>,
 }

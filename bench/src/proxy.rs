@@ -222,7 +222,7 @@ pub async fn ensure_transparent(instance: &Instance, backend: SocketAddr) -> Res
         }
         if tokio::time::Instant::now() > deadline {
             bail!(
-                "{}: --client-address transparent did not verify ({seen}): run the bench as root with the policy routing (`kube-apiserver-proxy transparent-routes`) and --client-source (docs/benchmarks.md)",
+                "{}: --client-address transparent did not verify ({seen}): run the bench as root with the policy routing (`kube-apiserver-proxy transparent-routes`) and --client-source (docs/benchmarks-history.md, \"The client address\")",
                 instance.name()
             );
         }

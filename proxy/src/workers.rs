@@ -62,7 +62,8 @@ impl Workers {
     /// and tokio wakes its own driver (a write to its eventfd, and one more turn of the event
     /// loop) whenever a new timer expires before every pending one, or when none is pending:
     /// without the tick, that was most connections. With it, a connect timeout is never the
-    /// earliest timer, and the thread wakes once a `tick` instead (docs/benchmarks.md).
+    /// earliest timer, and the thread wakes once a `tick` instead (docs/benchmarks-history.md,
+    /// "System calls per connection").
     pub fn start(n: usize, stop: CancellationToken, tick: Duration) -> std::io::Result<Workers> {
         let mut handles = Vec::with_capacity(n);
         for i in 0..n {
