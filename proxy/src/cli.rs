@@ -42,10 +42,10 @@ pub enum Command {
     KubernetesEndpoints(KubernetesEndpointsArgs),
     /// As root, once, on a kubeadm controller: move the --listen addresses from the static
     /// kube-apiserver's wildcard socket (0.0.0.0:6443) to the Deployment's proxy without
-    /// refusing a connection (docs/operations.md, "Migrating from kubeadm").
+    /// refusing a connection (docs/runbooks/migrate-from-kubeadm.md).
     Migrate(MigrateArgs),
     /// As root, on the controller: back from the Deployment to kubeadm's static kube-apiserver
-    /// without refusing a connection (docs/operations.md, "Going back to kubeadm's static pod").
+    /// without refusing a connection (docs/runbooks/going-back.md).
     MigrateBack(MigrateBackArgs),
     /// Print the apiserver Deployment derived from kubeadm's static manifest (and what goes
     /// with it: the `default/kubernetes` endpoints and the disruption budget) for
@@ -211,8 +211,8 @@ pub struct MigrateArgs {
 #[derive(Debug, Clone, Args)]
 pub struct MigrateBackArgs {
     /// kubeadm's kube-apiserver manifest for the version that runs now, with
-    /// --permit-port-sharing=true (docs/operations.md says how kubeadm renders it); put into
-    /// --static-pod-dir as kube-apiserver.yaml.
+    /// --permit-port-sharing=true (docs/runbooks/going-back.md says how kubeadm renders it);
+    /// put into --static-pod-dir as kube-apiserver.yaml.
     #[arg(long, value_name = "FILE")]
     pub manifest: PathBuf,
 

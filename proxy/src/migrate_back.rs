@@ -6,7 +6,7 @@
 //! `127.a.b.c:6443`) that bind fails, unless every one of them and the new one share the port
 //! with `SO_REUSEPORT` under one uid. So this command, as root, with kubeadm's manifest rendered
 //! for the version that runs now and with `--permit-port-sharing=true` (kube-apiserver's own
-//! flag for `SO_REUSEPORT`; docs/operations.md says how kubeadm renders it):
+//! flag for `SO_REUSEPORT`; docs/runbooks/going-back.md says how kubeadm renders it):
 //!
 //! 1. checks that the manifest's image is the version the apiserver serving now reports
 //!    (`/version`): the way back is kubeadm's manifest of today, never an older saved copy;
@@ -90,7 +90,7 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, String> {
         return Err("not kubeadm's kube-apiserver manifest (no `- kube-apiserver` command)".into());
     }
     if manifest_flag(text, "--permit-port-sharing") != Some("true") {
-        return Err("it lacks --permit-port-sharing=true: without SO_REUSEPORT the static apiserver cannot bind its port beside the proxies (render it with the patch of docs/operations.md)".into());
+        return Err("it lacks --permit-port-sharing=true: without SO_REUSEPORT the static apiserver cannot bind its port beside the proxies (render it with the patch of docs/runbooks/going-back.md)".into());
     }
     if let Some(b) = manifest_flag(text, "--bind-address") {
         if !b.parse::<IpAddr>().is_ok_and(|ip| ip.is_unspecified()) {

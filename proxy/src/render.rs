@@ -791,7 +791,7 @@ pub fn print(args: &crate::cli::RenderArgs) -> Result<String, PrintError> {
     let mut out = String::new();
     out.push_str(&format!(
         "# kube-apiserver as a Deployment, derived from {path} by kube-apiserver-proxy render\n\
-         # (docs/operations.md, \"Migrating from kubeadm\"). kubeadm stays the source of truth:\n\
+         # (docs/runbooks/migrate-from-kubeadm.md). kubeadm stays the source of truth:\n\
          # kubeadm-sync renders it again whenever kubeadm writes a new manifest.\n"
     ));
     out.push_str(&crate::kubernetes_endpoints::render(address, port));

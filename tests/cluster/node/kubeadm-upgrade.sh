@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # shellcheck disable=SC2154,SC2034 # here, S, NODE_IP and the rest come from smoke, pivot.sh, migrate.sh; what this sets, they read
-# `kubeadm upgrade` on a migrated controller (docs/operations.md, "Upgrading Kubernetes on a
-# migrated controller"), sourced by `smoke --kubeadm-upgrade`:
+# `kubeadm upgrade` on a migrated controller (docs/runbooks/upgrade-kubernetes.md), sourced by
+# `smoke --kubeadm-upgrade`:
 #
 #   0. the node is made by a real `kubeadm init` of $OLD_APISERVER_VERSION (ku_init: its own
 #      kubeadm, kubelet, controller-manager and scheduler; the DNS and kube-proxy addons
@@ -608,7 +608,7 @@ run_kubeadm_upgrade() {
     fail "kube-proxy after the upgrade: $(kcs get ds kube-proxy -o wide 2>&1 | tail -n 1)"
   fi
 
-  # 3. etcd: a pinned imageTag is the operator's to move (docs/operations.md).
+  # 3. etcd: a pinned imageTag is the operator's to move (docs/runbooks/upgrade-kubernetes.md).
   local etcd_id
   etcd_id="$(ku_container_ids)"
   if kcs get cm kubeadm-config -o json | python3 -c '

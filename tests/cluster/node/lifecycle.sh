@@ -9,8 +9,8 @@
 #      git ($LEGACY_REF), pivoted to from kubeadm's static pod (that pivot's outage belongs to
 #      the migration, migrate.sh, and is only noted here); `kubectl drain` of the only controller then waits for
 #      ever on the budget (shown with a 60 s timeout);
-#   2. the selector upgrade of docs/operations.md ("Upgrading from the component/tier
-#      selector") to manifests/single-controller as it is now;
+#   2. the selector upgrade of docs/runbooks/selector-upgrade.md to manifests/single-controller
+#      as it is now;
 #   3. `kubectl drain` of the only controller, with and without --disable-eviction;
 #   4. a rollout to an apiserver that takes $SLOW_START (60 s) longer to start, and back;
 #   5. the move to manifests/ha-daemonset (the DaemonSet's pod beside the Deployment's, then
@@ -61,7 +61,7 @@ images:
 EOF
   if [ -n "${LC_UID:-}" ]; then
     # An installation upgraded from a release whose proxies ran as another uid keeps it
-    # (docs/operations.md, "Upgrading from the component/tier selector"): old and new pods
+    # (docs/runbooks/selector-upgrade.md, step 0): old and new pods
     # hand over to each other only with one uid.
     cat >>"$k/local/kustomization.yaml" <<EOF
 patches:
@@ -222,7 +222,7 @@ lc_legacy() {
   lc_upgrade_selector
 }
 
-# 2. docs/operations.md, "Upgrading from the component/tier selector".
+# 2. docs/runbooks/selector-upgrade.md.
 lc_upgrade_selector() {
   local t0 old_pod old_rs
   lc_render current single-controller "$repo" || { fail "upgrade: kubectl kustomize failed: $(head -c 300 "$S/kustomize-current.err")"; return 1; }

@@ -2,7 +2,7 @@
 # shellcheck disable=SC2154 # here, S, NODE_IP and the rest come from smoke and pivot.sh
 # The migration from kubeadm's static kube-apiserver to the Deployment,
 # sourced by `smoke --migrate` after pivot.sh, whose helpers it uses, once the kubeadm-style
-# control plane runs. It follows docs/operations.md, "Migrating from kubeadm":
+# control plane runs. It follows docs/runbooks/migrate-from-kubeadm.md:
 #
 #   1. the node is prepared (manifests/node/tmpfiles.d, the control-plane label and taint), and
 #      `kube-apiserver-proxy kubernetes-endpoints` applied (the overlay's apiserver runs with
@@ -100,7 +100,7 @@ migrate() {
     fail "migrate --listen $NODE_IP:6443 alone: exit $rc: $(tail -n 2 "$S/migrate-refused.log")"
   fi
 
-  # Step 1: as root on the node (docs/operations.md).
+  # Step 1: as root on the node (docs/runbooks/migrate-from-kubeadm.md).
   "$S/bins/kube-apiserver-proxy" migrate --listen "$NODE_IP:6443" --listen 127.0.0.1:6443 \
     --handoff-dir "$HANDOFF_DIR" --timeout 600s >"$S/migrate.log" 2>&1 &
   MIGRATE_PID=$!

@@ -105,8 +105,9 @@ reboot_apply_recovery() {
   fi
 }
 
-# reboot_install_agent: the agent's manifest with the image set, and, as docs/operations.md says,
-# its repository in --allow-image-repository and the cluster's imageRepository added.
+# reboot_install_agent: the agent's manifest with the image set, and, as
+# docs/runbooks/reboot-recovery.md says, its repository in --allow-image-repository and the
+# cluster's imageRepository added.
 reboot_install_agent() {
   local src="$here/../../../manifests/node/kube-apiserver-recovery.yaml"
   sed -e "s|image: ghcr.io/example/kube-apiserver-proxy:v0.1.0|image: $PROXY_IMAGE|" \
@@ -492,9 +493,9 @@ run_reboot() {
   note "reports: $S/step-*.json"
 }
 
-# --- The way back to kubeadm's static apiserver (docs/operations.md, "Going back to kubeadm's
-# static pod"), after everything above: from a Deployment whose proxy sockets were bound by the
-# recovery instance (the proxies' uid), at another version than the copy saved at the migration.
+# --- The way back to kubeadm's static apiserver (docs/runbooks/going-back.md), after everything
+# above: from a Deployment whose proxy sockets were bound by the recovery instance (the
+# proxies' uid), at another version than the copy saved at the migration.
 
 GOBACK="$S/kubeadm-back"
 

@@ -1,6 +1,6 @@
-//! `kubeadm-sync`, the node agent of a migrated controller (docs/operations.md, "Upgrading
-//! Kubernetes on a migrated controller"), against a fake apiserver over mTLS (admin.conf
-//! style kubeconfig) that answers a Deployment `PUT` as the Deployment controller would, its
+//! `kubeadm-sync`, the node agent of a migrated controller
+//! (docs/runbooks/upgrade-kubernetes.md), against a fake apiserver over mTLS (admin.conf style
+//! kubeconfig) that answers a Deployment `PUT` as the Deployment controller would, its
 //! rollout completing a set time later:
 //!
 //! - `--once` (the migration): kubeadm's other manifests copied with the UIDs of the running

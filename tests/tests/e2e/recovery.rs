@@ -974,8 +974,9 @@ async fn recover_does_not_activate_when_the_node_serves_or_the_checkpoint_is_ref
     Ok(())
 }
 
-/// `--allow-host-path` adds to the default paths (what docs/operations.md says): a checkpoint
-/// that mounts kubeadm's PKI and an audit log directory given with the flag is activated.
+/// `--allow-host-path` adds to the default paths (what docs/runbooks/reboot-recovery.md says): a
+/// checkpoint that mounts kubeadm's PKI and an audit log directory given with the flag is
+/// activated.
 #[tokio::test]
 async fn allowed_host_paths_add_to_the_defaults() -> Result<()> {
     let audit = "/var/log/kubernetes/audit";

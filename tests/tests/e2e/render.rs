@@ -187,7 +187,8 @@ apiServer:
     pathType: DirectoryOrCreate
 ";
 
-/// Flags the Deployment sets itself (docs/operations.md): kubeadm's values of them go.
+/// Flags the Deployment sets itself (docs/runbooks/migrate-from-kubeadm.md, step 1): kubeadm's
+/// values of them go.
 const REPLACED: [&str; 6] = [
     "--bind-address",
     "--secure-port",
