@@ -265,7 +265,19 @@ async fn carry_redirected(
     match ended {
         Some(Ok(())) => {}
         Some(Err(e)) => {
-            tracing::debug!(client.addr = %client_addr, error = %e, "connection ended with error");
+            // Whatever ended it (a reset, bytes the kernel did not deliver), both sides learn
+            // it as a reset: a plain close would pass for the end of the stream.
+            for s in [&client, &upstream] {
+                let _ = socket2::SockRef::from(s).set_linger(Some(Duration::ZERO));
+            }
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::TimedOut | std::io::ErrorKind::ConnectionAborted
+            ) {
+                tracing::warn!(client.addr = %client_addr, error = %e, "kernel data path: connection reset, bytes not delivered");
+            } else {
+                tracing::debug!(client.addr = %client_addr, error = %e, "connection ended with error");
+            }
         }
         None => {
             tracing::debug!(client.addr = %client_addr, "closing: drain deadline");

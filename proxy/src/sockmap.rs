@@ -12,7 +12,8 @@
 //!
 //! User space keeps what the kernel path does not do (forward.rs, [`carry`]): it waits for
 //! each socket's EOF or error, and on EOF shuts down the write half of the other socket once
-//! every byte counted in that direction has been written to it (`tcpi_bytes_acked` +
+//! the program has counted every byte the socket received (`tcpi_bytes_received`) and every
+//! byte counted in that direction has been written to the other (`tcpi_bytes_acked` +
 //! `SIOCOUTQ`), so half-close does not overtake data still queued for redirection. Data that the
 //! program passed to user space (a chunk read before the pair was complete) is copied on by the
 //! proxy as usual.
@@ -35,7 +36,9 @@ use tokio::net::TcpStream;
 use crate::sys::bpf::{
     self, annotate, Insn, Map, MapKind, Peer, BPF_ANY, BPF_F_NO_PREALLOC, BPF_NOEXIST,
 };
-use crate::sys::{cookie, set_rcvlowat, tcp_bytes_written, tcp_send_state};
+use crate::sys::{
+    cookie, set_rcvlowat, tcp_bytes_consumed, tcp_bytes_received, tcp_bytes_written, tcp_send_state,
+};
 
 /// Directions, as indices of the per-CPU totals.
 pub const UP: u32 = 0;
@@ -169,6 +172,10 @@ impl Sockmap {
                 tcp_bytes_written(backend.as_fd())?,
                 tcp_bytes_written(client.as_fd())?,
             ],
+            consumed: [
+                tcp_bytes_consumed(client.as_fd())?,
+                tcp_bytes_consumed(backend.as_fd())?,
+            ],
         };
         for (i, direction) in [UP, DOWN].into_iter().enumerate() {
             let peer = Peer::new(cookies[1 - i], direction);
@@ -203,6 +210,10 @@ pub struct Pair<'a> {
     joined: usize,
     /// Bytes written into the backend ([`UP`]) and the client ([`DOWN`]) before the pairing.
     base: [u64; 2],
+    /// Bytes taken from the client ([`UP`]) and the backend ([`DOWN`]) before the pairing:
+    /// every byte either socket receives after it is the program's to count or the proxy's to
+    /// copy.
+    consumed: [u64; 2],
 }
 
 impl Pair<'_> {
@@ -317,15 +328,21 @@ async fn one_way(
             Err(e) => return Err(e),
         }
     }
-    // EOF: wait until what the kernel redirected (and what was copied here) is in `dst`, then
-    // pass the half-close on.
+    // EOF: wait until the program has counted every byte `src` received (the kernel takes a
+    // chunk off the receive queue before the program counts it, so an empty queue and the EOF
+    // can be seen first), then until what it redirected (and what was copied here) is in
+    // `dst`; then pass the half-close on.
+    // (`tcpi_bytes_received` counts the FIN as one byte, as it advances the sequence.)
+    let arrived = tcp_bytes_received(src.as_fd())?
+        .saturating_sub(pair.consumed[direction as usize])
+        .saturating_sub(1);
     let mut moved = Instant::now();
     let (mut last, mut last_have) = (u64::MAX, 0);
     loop {
         let want = pair.redirected(direction) + copied;
         let sent = tcp_send_state(dst.as_fd())?;
         let have = sent.written.saturating_sub(base);
-        if have >= want && want == last {
+        if want >= arrived && have >= want && want == last {
             break;
         }
         if !sent.open {
@@ -342,7 +359,7 @@ async fn one_way(
         if moved.elapsed() > FLUSH_LIMIT {
             return Err(io::Error::new(
                 io::ErrorKind::TimedOut,
-                format!("redirected bytes not flushed: {have} of {want} written (direction {direction}, copied {copied})"),
+                format!("redirected bytes not flushed: {have} of {want} written, {arrived} arrived (direction {direction}, copied {copied})"),
             ));
         }
         last = want;

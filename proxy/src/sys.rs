@@ -376,9 +376,8 @@ pub struct SendState {
     pub open: bool,
 }
 
-/// The sending side of a TCP socket (`TCP_INFO` and `SIOCOUTQ`).
-pub fn tcp_send_state(fd: BorrowedFd<'_>) -> io::Result<SendState> {
-    let raw = fd.as_raw_fd();
+/// `TCP_INFO` of a TCP socket.
+fn tcp_info(raw: RawFd) -> io::Result<libc::tcp_info> {
     // SAFETY: `tcp_info` is plain integers, for which all zeroes is a valid value.
     let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
@@ -396,6 +395,35 @@ pub fn tcp_send_state(fd: BorrowedFd<'_>) -> io::Result<SendState> {
     if r < 0 {
         return Err(io::Error::last_os_error());
     }
+    Ok(info)
+}
+
+/// Bytes a TCP socket has received so far, in order (`tcpi_bytes_received`), whether read from
+/// it or still waiting in its receive queue.
+pub fn tcp_bytes_received(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    tcp_info(fd.as_raw_fd()).map(|i| i.tcpi_bytes_received)
+}
+
+/// Bytes taken from a TCP socket's receive queue so far: received minus still queued
+/// (`SIOCINQ`), read again until no byte arrived in between.
+pub fn tcp_bytes_consumed(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    loop {
+        let before = tcp_bytes_received(fd)?;
+        let mut waiting: libc::c_int = 0;
+        // SAFETY: SIOCINQ (FIONREAD) writes one int.
+        if unsafe { libc::ioctl(fd.as_raw_fd(), libc::FIONREAD, &mut waiting) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if tcp_bytes_received(fd)? == before {
+            return Ok(before.saturating_sub(waiting.max(0) as u64));
+        }
+    }
+}
+
+/// The sending side of a TCP socket (`TCP_INFO` and `SIOCOUTQ`).
+pub fn tcp_send_state(fd: BorrowedFd<'_>) -> io::Result<SendState> {
+    let raw = fd.as_raw_fd();
+    let info = tcp_info(raw)?;
     let mut queued: libc::c_int = 0;
     // SAFETY: SIOCOUTQ writes one int.
     if unsafe { libc::ioctl(raw, libc::TIOCOUTQ, &mut queued) } < 0 {
