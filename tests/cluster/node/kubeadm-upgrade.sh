@@ -633,8 +633,12 @@ json.dump(cm, sys.stdout)' "$ETCD_VERSION" "$KU_ETCD_VERSION" | kc replace -f - 
 
   # 4. The kubelet binary: stopped, replaced, started on the same files. The agent's copies
   # carry their UIDs, so the kubelet of the new minor keeps every static pod (without them it
-  # would replace each, etcd's too: tests/cluster/node/README.md).
+  # would replace each, etcd's too: tests/cluster/node/README.md). A restarted kubelet runs
+  # the start-up probes again, so a mirror pod may turn unready for a moment, its container
+  # untouched: the step compares the containers' IDs instead of watching Ready.
+  STEP_WATCH=(-probe "$NODE_IP:6443")
   ku_step kubelet
+  STEP_WATCH=("${watch[@]}")
   local t0 before
   before="$(ku_container_ids)"
   t0="$(now_ms)"
