@@ -265,15 +265,15 @@ async fn carry_redirected(
     match ended {
         Some(Ok(())) => {}
         Some(Err(e)) => {
-            // Whatever ended it (a reset, bytes the kernel did not deliver), both sides learn
-            // it as a reset: a plain close would pass for the end of the stream.
-            for s in [&client, &upstream] {
-                let _ = socket2::SockRef::from(s).set_linger(Some(Duration::ZERO));
-            }
             if matches!(
                 e.kind(),
                 std::io::ErrorKind::TimedOut | std::io::ErrorKind::ConnectionAborted
             ) {
+                // Bytes the kernel path did not deliver: both sides learn it as a reset, where
+                // a plain close would pass for the end of the stream.
+                for s in [&client, &upstream] {
+                    let _ = socket2::SockRef::from(s).set_linger(Some(Duration::ZERO));
+                }
                 tracing::warn!(client.addr = %client_addr, error = %e, "kernel data path: connection reset, bytes not delivered");
             } else {
                 tracing::debug!(client.addr = %client_addr, error = %e, "connection ended with error");
