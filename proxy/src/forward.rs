@@ -265,10 +265,7 @@ async fn carry_redirected(
     match ended {
         Some(Ok(())) => {}
         Some(Err(e)) => {
-            if matches!(
-                e.kind(),
-                std::io::ErrorKind::TimedOut | std::io::ErrorKind::ConnectionAborted
-            ) {
+            if sockmap::undelivered(&e) {
                 // Bytes the kernel path did not deliver: both sides learn it as a reset, where
                 // a plain close would pass for the end of the stream.
                 for s in [&client, &upstream] {

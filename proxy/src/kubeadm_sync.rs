@@ -324,7 +324,7 @@ fn manifests(dir: &Path) -> Result<BTreeSet<String>, SyncError> {
     Ok(names)
 }
 
-fn read_pod(path: &Path) -> Result<(Vec<u8>, Value), SyncError> {
+fn read_pod(path: &Path) -> Result<Value, SyncError> {
     let bytes = std::fs::read(path).map_err(io("read", path))?;
     let text = String::from_utf8_lossy(&bytes);
     let mut docs = crate::yaml::parse_documents(&text).map_err(|e| SyncError::Manifest {
@@ -337,7 +337,7 @@ fn read_pod(path: &Path) -> Result<(Vec<u8>, Value), SyncError> {
             message: format!("{} documents, one pod expected", docs.len()),
         });
     }
-    Ok((bytes, docs.remove(0)))
+    Ok(docs.remove(0))
 }
 
 /// The state a running agent keeps between passes.
@@ -384,7 +384,7 @@ impl Sync {
             }
             let src = self.kubeadm_dir.join(&name);
             let dst = self.static_pod_dir.join(&name);
-            let (_, pod) = match read_pod(&src) {
+            let pod = match read_pod(&src) {
                 Ok(p) => p,
                 Err(e) => {
                     // Half-written or not a pod: the kubelet would not run it either.
@@ -394,17 +394,18 @@ impl Sync {
             };
             now.insert(name.clone());
             let uid = match read_pod(&dst) {
-                // The same pod with its UID: nothing to do.
-                Ok((_, copy)) if same_pod(&pod, &copy) && copy["metadata"]["uid"].is_string() => {
-                    continue;
+                Ok(copy) if same_pod(&pod, &copy) => {
+                    // The same pod with its UID: nothing to do. Without one (written by an
+                    // earlier release of this agent): the UID the kubelet gave it, so that
+                    // nothing restarts; left as it is when the mirror pod cannot be read now.
+                    if copy["metadata"]["uid"].is_string() {
+                        continue;
+                    }
+                    match self.running_uid(&pod) {
+                        Some(uid) => uid,
+                        None => continue,
+                    }
                 }
-                // The same pod without one (written by an earlier release of this agent): the
-                // UID the kubelet gave it, so that nothing restarts; left as it is when the
-                // mirror pod cannot be read now.
-                Ok((_, copy)) if same_pod(&pod, &copy) => match self.running_uid(&pod) {
-                    Some(uid) => uid,
-                    None => continue,
-                },
                 // A new copy at the migration: the running pod's UID, which the kubelet,
                 // restarted on this directory, keeps running.
                 Err(_) if adopt => self
@@ -457,7 +458,7 @@ impl Sync {
         let files = render::files_digest(&pod.files());
         let inputs = (pod.digest.clone(), files.clone());
         let dst = self.static_pod_dir.join(APISERVER);
-        let current = read_pod(&dst).ok().map(|(_, p)| p);
+        let current = read_pod(&dst).ok();
         let stands_for = current
             .as_ref()
             .map(|p| digests(&p["metadata"]))

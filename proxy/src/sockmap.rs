@@ -274,6 +274,30 @@ async fn copy_readable(src: &TcpStream, dst: &TcpStream) -> io::Result<u64> {
 /// `TCP_USER_TIMEOUT` end a dead one).
 const FLUSH_LIMIT: Duration = Duration::from_secs(10);
 
+/// Why [`carry`] failed when bytes counted as redirected did not reach the other socket (as
+/// opposed to an error of the connection itself).
+#[derive(Debug)]
+struct Undelivered(String);
+
+impl std::fmt::Display for Undelivered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Undelivered {}
+
+impl Undelivered {
+    fn error(kind: io::ErrorKind, message: String) -> io::Error {
+        io::Error::new(kind, Undelivered(message))
+    }
+}
+
+/// Whether [`carry`] failed with bytes it knows were not delivered.
+pub fn undelivered(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|inner| inner.is::<Undelivered>())
+}
+
 /// Carries one paired connection: waits for EOF on each side and propagates it (once every
 /// byte before it has been written to the other side), copies on whatever the program passed
 /// to user space. Returns when both directions reached EOF or either failed.
@@ -346,7 +370,7 @@ async fn one_way(
             break;
         }
         if !sent.open {
-            return Err(io::Error::new(
+            return Err(Undelivered::error(
                 io::ErrorKind::ConnectionAborted,
                 format!("the other side closed with redirected bytes not delivered: {have} of {want} written (direction {direction})"),
             ));
@@ -357,7 +381,7 @@ async fn one_way(
             last_have = have;
         }
         if moved.elapsed() > FLUSH_LIMIT {
-            return Err(io::Error::new(
+            return Err(Undelivered::error(
                 io::ErrorKind::TimedOut,
                 format!("redirected bytes not flushed: {have} of {want} written, {arrived} arrived (direction {direction}, copied {copied})"),
             ));
@@ -375,6 +399,20 @@ mod tests {
     use crate::shard::Counter;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
+
+    #[test]
+    fn only_the_flush_failures_count_as_undelivered() {
+        assert!(undelivered(&Undelivered::error(
+            io::ErrorKind::TimedOut,
+            "redirected bytes not flushed".into()
+        )));
+        // The same kinds from the connection itself (keepalive, the peer) are not.
+        assert!(!undelivered(&io::Error::from(io::ErrorKind::TimedOut)));
+        assert!(!undelivered(&io::Error::new(
+            io::ErrorKind::ConnectionAborted,
+            "aborted"
+        )));
+    }
 
     fn pattern(len: usize, seed: u8) -> Vec<u8> {
         (0..len)
