@@ -364,39 +364,36 @@ EOF
 # ku_pod_end NAME WHAT [report-only]: the pod deleted (SIGTERM: the load reports), its report
 # judged like the node's loads: pass without problems, else fail (or a note, report-only).
 ku_pod_end() {
-  local verdict
   kc -n default delete pod "ku-loadgen-$1" --wait=false >/dev/null 2>&1
   if ! wait_for 120 test -s "$KU_POD_REPORTS/$1.json"; then
     fail "$2 (in a pod, through the kubernetes Service): no report within 120 s: $(kc -n default logs "ku-loadgen-$1" --tail=3 2>&1 | tr '\n' ' ')"
     return 0
   fi
   cp "$KU_POD_REPORTS/$1.json" "$S/step-$1-pod.json"
-  verdict="$(python3 -c '
-import json, sys
-r = json.load(open(sys.argv[1]))
-c = r["load"]["requests"]
-ok = sum(v["ok"] for v in c.values()); failed = sum(v["failed"] for v in c.values())
-p = r.get("problems") or []
-print(("ok " if not p else "bad ") + "load %d requests ok, %d failed; relists %d; problems: %s" % (ok, failed,
-    sum(i.get("relists", 0) for i in (r["load"].get("informers") or {}).values()), "; ".join(p) or "none"))' "$S/step-$1-pod.json" 2>&1)"
-  if [ "${verdict%% *}" = ok ]; then
-    pass "$2 (in a pod, through the kubernetes Service): ${verdict#* }"
+  local _s requests=0 failed=0 _r _b relists=0 _c problems what
+  read -r _s requests failed _r _b relists _c problems < <(ku_report "$S/step-$1-pod.json") || problems="not a report"
+  what="$2 (in a pod, through the kubernetes Service): load $((requests - failed)) requests ok, $failed failed; relists $relists; problems: $problems"
+  if [ "$problems" = none ]; then
+    pass "$what"
   elif [ "${3:-}" = report-only ]; then
-    note "$2 (in a pod, through the kubernetes Service): ${verdict#* }"
+    note "$what"
   else
-    fail "$2 (in a pod, through the kubernetes Service): ${verdict#* }"
+    fail "$what"
   fi
 }
 
-# ku_step NAME [LOADGEN FLAGS...]: pivot.sh's step_start on both addresses (the load on
+# ku_step NAME [WATCH FLAGS...]: pivot.sh's step_start on both addresses (the load on
 # NODE_IP:6443 with the prober of both addresses and the endpoints watcher, a second load on
-# 127.0.0.1:6443); ku_step_end NAME WHAT: their verdicts.
+# 127.0.0.1:6443); WATCH FLAGS, when given, replace STEP_WATCH for this step (a step that
+# restarts the controllers does not watch them). ku_step_end NAME WHAT: their verdicts.
 ku_step() {
   local name="$1"
   shift
+  # shellcheck disable=SC2178 # step_start reads this array (bash's dynamic scope)
+  [ $# = 0 ] || local -a STEP_WATCH=("$@")
   log_mark "$name"
-  step_start "$name" -probe 127.0.0.1:6443 -watch-endpoints "$@" || true
-  step_start "$name-local" -kubeconfig "$MIGRATE_LOCAL_CONF" "$@" || true
+  step_start "$name" -probe 127.0.0.1:6443 -watch-endpoints || true
+  step_start "$name-local" -kubeconfig "$MIGRATE_LOCAL_CONF" || true
   [ -z "${KU_POD:-}" ] || ku_pod_start "$name" || true
 }
 ku_step_end() {
@@ -409,16 +406,10 @@ ku_step_end() {
 # ku_migrate_check NAME: the step's report: no refused or failed connect of the probers, no
 # failed request (client-go's retries included: what a client saw).
 ku_migrate_check() {
-  local verdict ok bad failed problems
-  verdict="$(python3 -c '
-import json, sys
-r = json.load(open(sys.argv[1]))
-bad = sum(p["refused"] + p["timeouts"] + sum((p.get("other") or {}).values()) for p in r.get("probes") or [])
-failed = sum(c["failed"] for c in r["load"]["requests"].values())
-print("ok" if bad == 0 and failed == 0 else "bad", bad, failed, "; ".join(r.get("problems") or []) or "none")' "$S/step-$1.json")" \
-    || verdict="bad ? ? no report"
-  read -r ok bad failed problems <<<"$verdict"
-  if [ "$ok" = ok ]; then
+  local _s _q failed _r bad _l _c problems
+  if ! read -r _s _q failed _r bad _l _c problems < <(ku_report "$S/step-$1.json"); then
+    fail "the migration ($1): no report"
+  elif [ "$bad" = 0 ] && [ "$failed" = 0 ]; then
     pass "the migration ($1): 0 refused or failed connects, 0 failed requests; reported besides: $problems"
   else
     fail "the migration ($1): $bad refused or failed connects, $failed failed requests; reported: $problems"
@@ -512,29 +503,47 @@ for line in sys.stdin:
 sys.exit(1)' "$1" "$2"
 }
 
-# ku_step_table: one line per step: seconds, requests, failed, refused connects, relists, watch
-# cuts, per address.
-ku_step_table() {
-  python3 - "$S" "$@" <<'EOF'
+# ku_report FILE: what a loadgen report says, on one line: seconds, requests, failed requests,
+# refused connects, failed connects of any kind, relists, cut watches, then its problems ("none"
+# when it has none). Fails when FILE is not a report.
+ku_report() {
+  python3 -c '
 import json, sys
-d = sys.argv[1]
-print("# %-22s %8s %9s %7s %8s %8s %8s" % ("step", "seconds", "requests", "failed", "refused", "relists", "cut"))
-for name in sys.argv[2:]:
-    for suffix, addr in (("", "NODE_IP"), ("-local", "127.0.0.1"), ("-pod", "pod")):
-        try:
-            r = json.load(open("%s/step-%s%s.json" % (d, name, suffix)))
-        except Exception as e:
-            if suffix != "-pod":
-                print("# %-22s no report (%s)" % (name + suffix, e))
-            continue
-        load = r["load"]
-        req = sum(c["ok"] + c["failed"] for c in load["requests"].values())
-        failed = sum(c["failed"] for c in load["requests"].values())
-        refused = sum(p["refused"] for p in r.get("probes") or [])
-        relists = sum(i.get("relists", 0) for i in (load.get("informers") or {}).values())
-        cut = sum((load.get("streams") or {}).get("cut", {}).values())
-        print("# %-22s %8.1f %9d %7d %8d %8d %8d" % (name + " (" + addr + ")", load["duration_ns"] / 1e9, req, failed, refused, relists, cut))
-EOF
+r = json.load(open(sys.argv[1]))
+load = r["load"]
+counts = load["requests"].values()
+probes = r.get("probes") or []
+print("%.1f" % (load["duration_ns"] / 1e9),
+      sum(c["ok"] + c["failed"] for c in counts),
+      sum(c["failed"] for c in counts),
+      sum(p["refused"] for p in probes),
+      sum(p["refused"] + p["timeouts"] + sum((p.get("other") or {}).values()) for p in probes),
+      sum(i.get("relists", 0) for i in (load.get("informers") or {}).values()),
+      sum((load.get("streams") or {}).get("cut", {}).values()),
+      "; ".join(r.get("problems") or []) or "none")' "$1" 2>/dev/null
+}
+
+# ku_step_table NAME...: one line per step and client (node address, 127.0.0.1, the pod):
+# seconds, requests, failed, refused connects, relists, watch cuts.
+ku_step_table() {
+  local name suffix client seconds requests failed refused _ relists cut
+  printf '# %-22s %8s %9s %7s %8s %8s %8s\n' step seconds requests failed refused relists cut
+  for name in "$@"; do
+    for suffix in "" -local -pod; do
+      case "$suffix" in "") client=NODE_IP ;; -local) client=127.0.0.1 ;; -pod) client=pod ;; esac
+      if read -r seconds requests failed refused _ relists cut _ < <(ku_report "$S/step-$name$suffix.json"); then
+        printf '# %-22s %8s %9s %7s %8s %8s %8s\n' "$name ($client)" "$seconds" "$requests" "$failed" "$refused" "$relists" "$cut"
+      elif [ "$suffix" != -pod ]; then
+        printf '# %-22s no report\n' "$name$suffix"
+      fi
+    done
+  done
+}
+
+# ku_migrate: migrate.sh's migration with observers that report (see run_kubeadm_upgrade).
+ku_migrate() {
+  local -a STEP_WATCH=(-probe "$NODE_IP:6443" -report-only)
+  migrate
 }
 
 run_kubeadm_upgrade() {
@@ -556,10 +565,7 @@ run_kubeadm_upgrade() {
   # restarted kubelet runs the static pods' start-up probes again, so kube-scheduler's mirror
   # pod turns unready once for a few seconds, its container untouched (ku_handoff compares
   # the containers' IDs).
-  local watch=("${STEP_WATCH[@]}")
-  STEP_WATCH=(-probe "$NODE_IP:6443" -report-only)
-  migrate || { STEP_WATCH=("${watch[@]}"); return 0; }
-  STEP_WATCH=("${watch[@]}")
+  ku_migrate || return 0
   ku_migrate_check migrate
   ku_migrate_check migrate-local
   note "kubeadm-sync's log: $(kcs logs "kube-apiserver-$NODE_NAME" -c kube-apiserver --tail=5 2>&1 | tr '\n' '|' | cut -c1-600)"
@@ -582,9 +588,7 @@ run_kubeadm_upgrade() {
   else
     fail "kubeadm upgrade plan $APISERVER_VERSION: $(grep -iE 'error|kube-apiserver' "$S/kubeadm-plan.log" | head -n 5 | cut -c1-300 | tr '\n' '|')"
   fi
-  STEP_WATCH=(-probe "$NODE_IP:6443")
-  ku_step upgrade
-  STEP_WATCH=("${watch[@]}")
+  ku_step upgrade -probe "$NODE_IP:6443"
   if ku_apply "kubeadm upgrade apply $APISERVER_VERSION" upgrade; then
     pass "kubeadm upgrade apply $APISERVER_VERSION from $OLD_APISERVER_VERSION, unpatched, succeeded after $KU_SECONDS s; the Deployment rolled ($KU_GEN_DELTA new generations), kube-apiserver-$NODE_NAME's hash changed: $KU_HASH_CHANGED"
   else
@@ -620,9 +624,7 @@ json.dump(cm, sys.stdout)' "$ETCD_VERSION" "$KU_ETCD_VERSION" | kc replace -f - 
   else
     fail "kubeadm-config's etcd imageTag not changed: $(cat "$S/etcd-tag.err")"
   fi
-  STEP_WATCH=(-probe "$NODE_IP:6443" -report-only)
-  ku_step etcd
-  STEP_WATCH=("${watch[@]}")
+  ku_step etcd -probe "$NODE_IP:6443" -report-only
   if ku_apply "kubeadm upgrade apply $APISERVER_VERSION (etcd $KU_ETCD_VERSION)" etcd && [ "$KU_GEN_DELTA" = 0 ] \
     && [ "$(kcs get pod "etcd-$NODE_NAME" -o jsonpath='{.spec.containers[0].image}')" = "$IMAGE_REPO/etcd:$KU_ETCD_VERSION" ]; then
     pass "kubeadm upgrade apply upgraded etcd to $KU_ETCD_VERSION after $KU_SECONDS s, the apiserver untouched (no new generation): $(ku_etcd_down etcd); containers before: $etcd_id after: $(ku_container_ids)"
@@ -636,9 +638,7 @@ json.dump(cm, sys.stdout)' "$ETCD_VERSION" "$KU_ETCD_VERSION" | kc replace -f - 
   # would replace each, etcd's too: tests/cluster/node/README.md). A restarted kubelet runs
   # the start-up probes again, so a mirror pod may turn unready for a moment, its container
   # untouched: the step compares the containers' IDs instead of watching Ready.
-  STEP_WATCH=(-probe "$NODE_IP:6443")
-  ku_step kubelet
-  STEP_WATCH=("${watch[@]}")
+  ku_step kubelet -probe "$NODE_IP:6443"
   local t0 before
   before="$(ku_container_ids)"
   t0="$(now_ms)"
