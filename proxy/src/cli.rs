@@ -419,14 +419,27 @@ pub enum CopyMode {
     Buffered,
 }
 
-/// Where bytes are moved between paired sockets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+/// Where bytes are moved between paired sockets: only ever by the proxy's threads. The flag
+/// stays so that a unit or manifest that names the default keeps working; the kernel path it
+/// once also chose was removed ([`parse_data_path`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DataPath {
     /// The proxy's threads copy (`--copy-mode`).
     User,
-    /// The kernel redirects between the two sockets (sockmap, BPF); needs CAP_BPF and
-    /// CAP_NET_ADMIN, falls back to `user` when it cannot be set up.
-    Sockmap,
+}
+
+/// Parses `--data-path`: `user`; `sockmap`, the removed kernel path, is refused with what to use
+/// instead.
+pub fn parse_data_path(s: &str) -> Result<DataPath, String> {
+    match s {
+        "user" => Ok(DataPath::User),
+        "sockmap" => Err(
+            "the kernel data path (sockmap) was removed: bytes are copied in user space; \
+             drop the flag or use --data-path=user"
+                .to_string(),
+        ),
+        _ => Err("expected user".to_string()),
+    }
 }
 
 /// How the data path uses threads.
@@ -676,13 +689,14 @@ pub struct RunArgs {
     )]
     pub copy_mode: CopyMode,
 
-    /// Where bytes move once a connection is paired: user (the proxy copies) or sockmap (the
-    /// kernel redirects; needs CAP_BPF and CAP_NET_ADMIN, else falls back to user, logged).
+    /// Where bytes move once a connection is paired: `user`, the proxy's threads copy (the only
+    /// value; accepted so that units naming it keep working).
     #[arg(
         long,
-        value_enum,
+        value_name = "PATH",
         env = "KUBE_APISERVER_PROXY_DATA_PATH",
-        default_value = "user"
+        default_value = "user",
+        value_parser = parse_data_path
     )]
     pub data_path: DataPath,
 
@@ -943,5 +957,28 @@ mod tests {
         }
         assert!(is_display(&error(&["--help"])));
         assert!(!is_display(&error(&["--bogus"])));
+    }
+
+    /// `--data-path=user` (the default, which units may name) still runs; `sockmap`, the
+    /// removed kernel path, is one line that says so and what to use.
+    #[test]
+    fn data_path_accepts_user_and_says_sockmap_was_removed() {
+        let args = ["kube-apiserver-proxy", "--listen", "127.0.0.1:6443"];
+        let cli = Cli::try_parse_from(args.iter().chain(&["--data-path=user"])).expect("user");
+        assert_eq!(cli.run.data_path, DataPath::User);
+        let cli = Cli::try_parse_from(args).expect("default");
+        assert_eq!(cli.run.data_path, DataPath::User);
+        let line = usage_line(&error(&[
+            "--listen",
+            "127.0.0.1:6443",
+            "--data-path=sockmap",
+        ]));
+        assert!(line.contains("--data-path"), "{line}");
+        assert!(
+            line.contains("kernel data path (sockmap) was removed"),
+            "{line}"
+        );
+        assert!(line.contains("--data-path=user"), "{line}");
+        assert!(!line.contains('\n'), "{line}");
     }
 }

@@ -13,8 +13,7 @@ use std::time::Duration;
 use crate::addr::{AdminAddr, BackendAddr, ListenAddr};
 use crate::check::{HealthCheck, HealthConfig};
 use crate::cli::{
-    parse_socket_addr, ClientAddress, CopyMode, DataPath, HealthCheckKind, LogFormat, RunArgs,
-    RuntimeShape,
+    parse_socket_addr, ClientAddress, CopyMode, HealthCheckKind, LogFormat, RunArgs, RuntimeShape,
 };
 use crate::discovery::DiscoveryConfig;
 use crate::handoff::HandoffConfig;
@@ -80,7 +79,6 @@ pub struct Config {
     pub runtime: RuntimeShape,
     /// How bytes are moved (default auto: buffered for small bursts, splice for bulk).
     pub copy_mode: crate::copy::Mode,
-    pub data_path: DataPath,
     /// Which address the apiservers see for a client (default `proxy`: the proxy's own).
     pub client_address: ClientAddress,
     /// `--user`: the uid and gid to switch to at start (`None`: stay).
@@ -292,7 +290,6 @@ impl TryFrom<RunArgs> for Config {
                 None => std::thread::available_parallelism().unwrap_or(std::num::NonZeroUsize::MIN),
             },
             runtime: args.runtime,
-            data_path: args.data_path,
             copy_mode: match args.copy_mode {
                 CopyMode::Auto => crate::copy::Mode::Auto,
                 CopyMode::Splice => crate::copy::Mode::Splice,

@@ -26,14 +26,12 @@ use crate::lograte::LogRate;
 use crate::metrics::{FailReason, Metrics};
 use crate::net;
 use crate::pace::{Turn, TURN_WAIT};
-use crate::sockmap::{self, Sockmap};
 use crate::transfer::{self, Park};
 use crate::transparent;
 
 /// Failures on client traffic are logged at most once a second each (counted in metrics always).
 static NO_BACKEND_LOG: LogRate = LogRate::new(Duration::from_secs(1));
 static CONNECT_FAILED_LOG: LogRate = LogRate::new(Duration::from_secs(1));
-static SOCKMAP_LOG: LogRate = LogRate::new(Duration::from_secs(1));
 
 /// What every connection task shares. Read-only on the data path: a connection writes only
 /// to its own [`Control`] and to per-thread counters.
@@ -48,8 +46,6 @@ pub struct ForwardContext {
     pub close_window: Duration,
     /// Zero-copy or buffered forwarding.
     pub copy_mode: copy::Mode,
-    /// The kernel data path, when `--data-path=sockmap` could be set up.
-    pub sockmap: Option<Arc<Sockmap>>,
     /// Every carried connection: cut at the drain deadline, parked at the connection handoff
     /// of an in-place upgrade.
     pub carried: Arc<Registry<Park>>,
@@ -142,24 +138,6 @@ async fn carry(
     mut turn: Option<Turn>,
     ctx: &ForwardContext,
 ) {
-    // The kernel path takes fresh connections (nothing pending) whose pacing turn, if any, is
-    // given back: a held client's turn waits for the backend's first answer, which only the
-    // user-space copy sees.
-    if let (Some(map), true, None) = (ctx.sockmap.as_deref(), pending == Pending::default(), &turn)
-    {
-        match map.join(&client, &upstream) {
-            Ok(pair) => {
-                ctx.metrics.sockmap_paired.inc();
-                return carry_redirected(pair, client, upstream, client_addr, ctx).await;
-            }
-            Err(e) => {
-                ctx.metrics.sockmap_fallback.inc();
-                if let Some(suppressed) = SOCKMAP_LOG.allow() {
-                    tracing::warn!(client.addr = %client_addr, error = %e, suppressed, "cannot pair in the kernel: copying in user space");
-                }
-            }
-        }
-    }
     let registration = ctx.carried.register();
     let control = registration.control();
     let counters = (
@@ -222,64 +200,6 @@ async fn carry(
                 Box::pin(close_gracefully(client)).await;
                 return;
             }
-        }
-    }
-}
-
-/// Carries a connection paired in the kernel until both sides are done, the drain deadline cuts
-/// it, or either side fails. It is not handed over at an in-place upgrade (the bytes queued in
-/// the kernel for redirection cannot be read out): asked to park, it declines at once and
-/// drains here as on SIGTERM.
-async fn carry_redirected(
-    pair: sockmap::Pair<'_>,
-    client: TcpStream,
-    upstream: TcpStream,
-    client_addr: ClientAddr,
-    ctx: &ForwardContext,
-) {
-    let registration = ctx.carried.register();
-    let control = registration.control();
-    let counters = (
-        &*ctx.metrics.bytes_client_to_backend,
-        &*ctx.metrics.bytes_backend_to_client,
-    );
-    let mut closing = None;
-    let ended = {
-        let run = sockmap::carry(&pair, &client, &upstream, counters);
-        tokio::pin!(run);
-        std::future::poll_fn(|cx| loop {
-            if let Poll::Ready(result) = run.as_mut().poll(cx) {
-                return Poll::Ready(Some(result));
-            }
-            if control.register(cx, Signal::PARK) {
-                // Declined: dropping the request tells the upgrade at once.
-                drop(control.take_park());
-                control.lower(Signal::PARK);
-                continue;
-            }
-            return closing_time(cx, control, &mut closing, ctx.close_window).map(|()| None);
-        })
-        .await
-    };
-    drop(pair);
-    match ended {
-        Some(Ok(())) => {}
-        Some(Err(e)) => {
-            if sockmap::undelivered(&e) {
-                // Bytes the kernel path did not deliver: both sides learn it as a reset, where
-                // a plain close would pass for the end of the stream.
-                for s in [&client, &upstream] {
-                    let _ = socket2::SockRef::from(s).set_linger(Some(Duration::ZERO));
-                }
-                tracing::warn!(client.addr = %client_addr, error = %e, "kernel data path: connection reset, bytes not delivered");
-            } else {
-                tracing::debug!(client.addr = %client_addr, error = %e, "connection ended with error");
-            }
-        }
-        None => {
-            tracing::debug!(client.addr = %client_addr, "closing: drain deadline");
-            drop(upstream);
-            Box::pin(close_gracefully(client)).await;
         }
     }
 }

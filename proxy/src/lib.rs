@@ -36,8 +36,7 @@
 //! - [`privileges`]: `--user`: switch from root to the proxy's uid keeping `CAP_NET_RAW`.
 //! - [`tls`]: PEM loading and the health-check TLS client config.
 //! - [`handoff`]: listener handoff between instances (codec, wire, peer server).
-//! - [`sockmap`]: `--data-path=sockmap`: pairs of sockets whose bytes the kernel moves.
-//! - [`sys`]: the only `unsafe`: raw descriptor work (`SO_COOKIE`, `SCM_RIGHTS`) and `bpf(2)`.
+//! - [`sys`]: the only `unsafe`: raw descriptor work (`SO_COOKIE`, `SCM_RIGHTS`).
 //! - [`admin`]: `/metrics`, `/healthz`, `/readyz`, `/status`, `/peer-ready`.
 //! - [`scrape`]: `--metrics-listen`, the node's one scrape target: every instance's metrics.
 //! - [`metrics`]: every Prometheus metric, in one struct.
@@ -110,7 +109,6 @@ pub mod served;
 pub mod server;
 pub mod shard;
 pub mod signal;
-pub mod sockmap;
 pub mod staticpod;
 #[allow(unsafe_code)]
 pub mod sys;
@@ -120,11 +118,3 @@ pub mod transparent;
 pub mod upgrade;
 pub mod workers;
 pub mod yaml;
-
-/// Whether this test run is CI (`CI` set to anything but empty, `false` or `0`, the rule of
-/// every test of the project): a test that cannot run its subject fails there instead of
-/// skipping.
-#[cfg(test)]
-pub(crate) fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
-}

@@ -42,8 +42,6 @@ pub const RUNTIME_ALIVE_TASKS: &str = "runtime_alive_tasks";
 pub const OPEN_FDS: &str = "open_fds";
 pub const PIPES_POOLED: &str = "splice_pipes_pooled";
 pub const RETIRE_REQUESTS: &str = "retire_requests_total";
-pub const SOCKMAP_ACTIVE: &str = "sockmap_active";
-pub const SOCKMAP_CONNECTIONS: &str = "sockmap_connections_total";
 pub const CHECKPOINT_ATTEMPTS: &str = "checkpoint_attempts_total";
 pub const CHECKPOINT_REFUSED: &str = "checkpoint_refused";
 pub const CHECKPOINT_WRITTEN: &str = "checkpoint_written_timestamp_seconds";
@@ -94,15 +92,6 @@ pub struct Metrics {
     /// Added to per burst, per thread ([`shard::Counter`]); exported at every gathering.
     pub bytes_client_to_backend: Arc<shard::Counter>,
     pub bytes_backend_to_client: Arc<shard::Counter>,
-    /// The kernel data path's byte totals, once it is set up ([`Metrics::count_kernel_bytes`]):
-    /// added to `bytes_total`.
-    kernel_bytes: Arc<OnceLock<ByteTotals>>,
-    /// 1 while connections are paired in the kernel (`--data-path=sockmap` set up).
-    pub sockmap_active: IntGauge,
-    /// Connections paired in the kernel.
-    pub sockmap_paired: IntCounter,
-    /// Connections that could not be paired and were copied in user space instead.
-    pub sockmap_fallback: IntCounter,
     /// `--client-address transparent`: connections made with the client's address.
     pub client_address_transparent: IntCounter,
     /// `--client-address transparent`: connections that should have carried the client's
@@ -131,10 +120,6 @@ pub struct Metrics {
     pub retire_requests: IntCounter,
 }
 
-/// Bytes moved per direction (0 client to backend, 1 backend to client) outside the per-thread
-/// counters.
-type ByteTotals = Box<dyn Fn(u32) -> u64 + Send + Sync>;
-
 /// A value read by its owner for a gauge.
 type Gauged = Box<dyn Fn() -> usize + Send + Sync>;
 
@@ -143,8 +128,6 @@ type Gauged = Box<dyn Fn() -> usize + Send + Sync>;
 struct PerThread {
     exported: IntCounterVec,
     sources: Vec<(IntCounter, Arc<shard::Counter>)>,
-    /// Bytes the kernel moved, per source (the direction's index).
-    kernel: Arc<OnceLock<ByteTotals>>,
     /// Two gatherings at once must not both add the same difference.
     sync: Mutex<()>,
 }
@@ -157,9 +140,8 @@ impl Collector for PerThread {
     fn collect(&self) -> Vec<MetricFamily> {
         {
             let _sync = self.sync.lock().expect("metrics sync lock");
-            for (i, (series, source)) in self.sources.iter().enumerate() {
-                let kernel = self.kernel.get().map_or(0, |total| total(i as u32));
-                let (now, shown) = (source.get() + kernel, series.get());
+            for (series, source) in &self.sources {
+                let (now, shown) = (source.get(), series.get());
                 if now > shown {
                     series.inc_by(now - shown);
                 }
@@ -220,9 +202,7 @@ impl Metrics {
         .expect("metric definition is valid");
         let bytes_client_to_backend = Arc::new(shard::Counter::default());
         let bytes_backend_to_client = Arc::new(shard::Counter::default());
-        let kernel_bytes = Arc::new(OnceLock::new());
         r.register(Box::new(PerThread {
-            kernel: kernel_bytes.clone(),
             exported: bytes.clone(),
             sources: vec![
                 (
@@ -237,17 +217,6 @@ impl Metrics {
             sync: Mutex::new(()),
         }))
         .expect("metric registered once");
-        let sockmap_connections = register!(
-            r,
-            IntCounterVec::new(
-                opts(
-                    SOCKMAP_CONNECTIONS,
-                    "Connections on the kernel data path: paired, or copied in user space \
-                     because pairing failed (fallback)."
-                ),
-                &["result"]
-            )
-        );
         let client_address = register!(
             r,
             IntCounterVec::new(
@@ -284,16 +253,6 @@ impl Metrics {
             ),
             bytes_client_to_backend,
             bytes_backend_to_client,
-            kernel_bytes,
-            sockmap_active: register!(
-                r,
-                IntGauge::with_opts(opts(
-                    SOCKMAP_ACTIVE,
-                    "1 when connections are paired in the kernel (--data-path=sockmap)."
-                ))
-            ),
-            sockmap_paired: sockmap_connections.with_label_values(&["paired"]),
-            sockmap_fallback: sockmap_connections.with_label_values(&["fallback"]),
             client_address_transparent: client_address.with_label_values(&["transparent"]),
             client_address_fallback: client_address.with_label_values(&["fallback"]),
             backend_up: register!(
@@ -486,13 +445,6 @@ impl Metrics {
         if let Ok(Ok(n)) = count.await {
             self.open_fds.set(n);
         }
-    }
-
-    /// Adds the bytes that `totals` counts per direction (0 client to backend, 1 backend to
-    /// client) to `bytes_total` at every gathering from now on: the kernel data path's, once
-    /// it is set up. The first source is kept, a later one ignored.
-    pub fn count_kernel_bytes(&self, totals: impl Fn(u32) -> u64 + Send + Sync + 'static) {
-        let _ = self.kernel_bytes.set(Box::new(totals));
     }
 
     /// Sets `splice_pipes_pooled` from `pooled` at every [`Metrics::refresh`]: the idle pipes

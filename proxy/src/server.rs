@@ -105,7 +105,6 @@ pub async fn run(
         cut: root.child_token(),
         close_window: config.drain_close_window,
         copy_mode: config.copy_mode,
-        sockmap: open_sockmap(&config, &metrics),
         carried: Arc::default(),
         successor_serves: Default::default(),
         transparent: config.client_address == ClientAddress::Transparent,
@@ -532,28 +531,6 @@ fn report_tcp_migrate_req(metrics: &Metrics) {
         None => {
             metrics.tcp_migrate_req.set(-1);
             tracing::info!("net.ipv4.tcp_migrate_req not available on this kernel");
-        }
-    }
-}
-
-/// Sets up the kernel data path if asked for; on failure says why once and copies in user
-/// space.
-fn open_sockmap(config: &Config, metrics: &Metrics) -> Option<Arc<crate::sockmap::Sockmap>> {
-    if config.data_path != crate::cli::DataPath::Sockmap {
-        return None;
-    }
-    match crate::sockmap::Sockmap::open(config.max_connections.get()) {
-        Ok(map) => {
-            let map = Arc::new(map);
-            let totals = map.clone();
-            metrics.count_kernel_bytes(move |direction| totals.total(direction));
-            metrics.sockmap_active.set(1);
-            tracing::info!("data path: sockmap (connections are paired in the kernel)");
-            Some(map)
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "data path: sockmap unavailable, copying in user space");
-            None
         }
     }
 }

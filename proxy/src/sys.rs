@@ -1,11 +1,8 @@
 //! The one module with `unsafe`: raw file-descriptor and socket work for the listener
-//! handoff, and `bpf(2)` for the kernel data path ([`bpf`]).
+//! handoff.
 //!
 //! Why `unsafe` is needed here and nowhere else:
-//! - `SO_COOKIE` has no safe wrapper in nix or socket2, so it is read with `libc::getsockopt`;
-//!   likewise `TCP_INFO`, `SIOCOUTQ` and `SO_RCVLOWAT` for the kernel data path.
-//! - `bpf(2)` has no wrapper at all: the kernel reads and writes memory at addresses passed
-//!   inside its argument ([`bpf`] says how that is kept sound).
+//! - `SO_COOKIE` has no safe wrapper in nix or socket2, so it is read with `libc::getsockopt`.
 //! - File descriptors received with `SCM_RIGHTS` arrive as raw integers; turning them into
 //!   `OwnedFd` (so they are closed exactly once) is `unsafe` by nature. It is done immediately
 //!   on receipt, for every descriptor, before anything can fail — also when the control message
@@ -32,8 +29,6 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use nix::sys::socket::{
     getsockopt, sendmsg, sockopt, ControlMessage, MsgFlags, SockType, UnixCredentials,
 };
-
-pub mod bpf;
 
 /// `SO_COOKIE` (Linux 4.13+): a 64-bit identity unique to one socket for the boot.
 const SO_COOKIE: libc::c_int = 57;
@@ -350,105 +345,6 @@ pub fn drop_new_connections(fd: BorrowedFd<'_>) -> io::Result<()> {
             libc::SO_ATTACH_FILTER,
             &fprog as *const libc::sock_fprog as *const libc::c_void,
             std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
-        )
-    };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// Bytes written into a TCP socket so far: acknowledged by the peer (`tcpi_bytes_acked`) plus
-/// still in the send queue (`SIOCOUTQ`).
-pub fn tcp_bytes_written(fd: BorrowedFd<'_>) -> io::Result<u64> {
-    tcp_send_state(fd).map(|s| s.written)
-}
-
-/// What [`tcp_send_state`] reads of a TCP socket's sending side.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SendState {
-    /// Acknowledged by the peer plus still in the send queue.
-    pub written: u64,
-    /// Still in the send queue (`SIOCOUTQ`): written, not yet acknowledged.
-    pub queued: u64,
-    /// The connection can still deliver them: `ESTABLISHED` or `CLOSE_WAIT` (the peer
-    /// half-closed), not reset, timed out or closed.
-    pub open: bool,
-}
-
-/// `TCP_INFO` of a TCP socket.
-fn tcp_info(raw: RawFd) -> io::Result<libc::tcp_info> {
-    // SAFETY: `tcp_info` is plain integers, for which all zeroes is a valid value.
-    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
-    // SAFETY: `info` and `len` describe a `tcp_info` buffer valid for writing; the kernel
-    // writes at most `len` bytes.
-    let r = unsafe {
-        libc::getsockopt(
-            raw,
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            (&mut info as *mut libc::tcp_info).cast(),
-            &mut len,
-        )
-    };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(info)
-}
-
-/// Bytes a TCP socket has received so far, in order (`tcpi_bytes_received`), whether read from
-/// it or still waiting in its receive queue.
-pub fn tcp_bytes_received(fd: BorrowedFd<'_>) -> io::Result<u64> {
-    tcp_info(fd.as_raw_fd()).map(|i| i.tcpi_bytes_received)
-}
-
-/// Bytes taken from a TCP socket's receive queue so far: received minus still queued
-/// (`SIOCINQ`), read again until no byte arrived in between.
-pub fn tcp_bytes_consumed(fd: BorrowedFd<'_>) -> io::Result<u64> {
-    loop {
-        let before = tcp_bytes_received(fd)?;
-        let mut waiting: libc::c_int = 0;
-        // SAFETY: SIOCINQ (FIONREAD) writes one int.
-        if unsafe { libc::ioctl(fd.as_raw_fd(), libc::FIONREAD, &mut waiting) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if tcp_bytes_received(fd)? == before {
-            return Ok(before.saturating_sub(waiting.max(0) as u64));
-        }
-    }
-}
-
-/// The sending side of a TCP socket (`TCP_INFO` and `SIOCOUTQ`).
-pub fn tcp_send_state(fd: BorrowedFd<'_>) -> io::Result<SendState> {
-    let raw = fd.as_raw_fd();
-    let info = tcp_info(raw)?;
-    let mut queued: libc::c_int = 0;
-    // SAFETY: SIOCOUTQ writes one int.
-    if unsafe { libc::ioctl(raw, libc::TIOCOUTQ, &mut queued) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let queued = queued.max(0) as u64;
-    Ok(SendState {
-        written: info.tcpi_bytes_acked + queued,
-        queued,
-        // include/net/tcp_states.h: TCP_ESTABLISHED = 1, TCP_CLOSE_WAIT = 8.
-        open: matches!(info.tcpi_state, 1 | 8),
-    })
-}
-
-/// Sets `SO_RCVLOWAT`. Setting it also runs the socket's data-ready callback over what waits
-/// in its receive queue (the kernel data path uses that to let its program take such data).
-pub fn set_rcvlowat(fd: BorrowedFd<'_>, bytes: libc::c_int) -> io::Result<()> {
-    // SAFETY: a valid int option of a descriptor valid for the borrow.
-    let r = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVLOWAT,
-            (&bytes as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
     if r < 0 {

@@ -202,7 +202,6 @@ mod tests {
             cut: CancellationToken::new(),
             close_window: Duration::ZERO,
             copy_mode: mode,
-            sockmap: None,
             carried: Arc::default(),
             successor_serves: Default::default(),
         })

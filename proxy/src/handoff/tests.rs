@@ -78,7 +78,6 @@ impl Instance {
             cut: CancellationToken::new(),
             close_window: Duration::ZERO,
             copy_mode: crate::copy::Mode::Auto,
-            sockmap: None,
             carried: Arc::default(),
             successor_serves: Default::default(),
         });

@@ -18,7 +18,7 @@
 //! - `kubeadm_sync`: the node agent of a migrated controller: copies, rollouts, the stand-in.
 //! - `render`: `render` on manifests written by the real kubeadm: nothing lost, older images refused.
 //! - `transparent`: `--client-address transparent` with clients in another network namespace,
-//!   `transparent-routes`, `--user`, and the upgrade, handoff and kernel path in that mode.
+//!   `transparent-routes`, `--user`, and the upgrade and handoff in that mode.
 //! - `recovery`: reboot recovery: the checkpoint writer, the recovery instance's retirement,
 //!   the `recover` node agent.
 
@@ -39,7 +39,6 @@ mod pod;
 mod recovery;
 mod reliability;
 mod render;
-mod sockmap;
 mod static_binary;
 mod transparent;
 mod upgrade;

@@ -1,8 +1,8 @@
 //! `--client-address transparent`: the backend sees each client's own address, clients on the
 //! node and of the other family are connected normally, a missing policy routing is a
 //! fallback (counted, logged once, in `/status`), never a failed client; `transparent-routes`
-//! is idempotent; `--user` keeps only `CAP_NET_RAW`, and the in-place upgrade, the listener
-//! handoff and the kernel data path carry transparent connections.
+//! is idempotent; `--user` keeps only `CAP_NET_RAW`, and the in-place upgrade and the listener
+//! handoff carry transparent connections.
 //!
 //! Each test runs in a private network namespace (`handoff::run_in_netns`) with a second one
 //! for the clients, joined by a veth pair (`kube_apiserver_proxy_tests::netns`): the clients'
@@ -371,41 +371,6 @@ async fn inner_listener_handoff_keeps_the_client_address() -> Result<()> {
     let status = old.wait_exit(Duration::from_secs(15)).await?;
     ensure!(status.success(), "old instance: {status}");
     ensure!(counted(&new, "fallback").await? == 0.0);
-    Ok(())
-}
-
-#[test]
-fn kernel_data_path_keeps_the_client_address() -> Result<()> {
-    run_in_netns("transparent::inner_kernel_data_path_keeps_the_client_address")
-}
-
-/// `--data-path=sockmap`: a connection made with the client's address is paired in the kernel
-/// like any other, and carries a megabyte each way byte-exact (in 64 KiB round trips).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "runs inside a private network namespace: see its wrapper without the inner_ prefix"]
-async fn inner_kernel_data_path_keeps_the_client_address() -> Result<()> {
-    let s = Setup::new().await?;
-    install_routes()?;
-    let proxy = serving(s.proxy().arg("--data-path=sockmap")).await?;
-    ensure!(
-        proxy.metric_or_zero("sockmap_active", &[]).await? == 1.0,
-        "the kernel path was not set up: {}",
-        proxy.stderr()
-    );
-    wait_verified(&proxy, s.backend.addr()).await?;
-    let (seen, mut conn) = s.net.seen_as(CLIENT_V4[0], s.listen)?;
-    ensure!(seen.to_string() == CLIENT_V4[0], "the backend saw {seen}");
-    let chunk: Vec<u8> = (0..64 << 10).map(|i: u32| (i % 251) as u8).collect();
-    for _ in 0..16 {
-        conn.round_trip(&chunk)?;
-    }
-    ensure!(
-        proxy
-            .metric_or_zero("sockmap_connections_total", &[("result", "paired")])
-            .await?
-            >= 1.0,
-        "not paired in the kernel"
-    );
     Ok(())
 }
 
