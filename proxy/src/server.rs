@@ -1,4 +1,7 @@
-//! `run`: one instance from start to exit, driving the lifecycle.
+//! `run`: one instance from start to exit, driving the lifecycle, in three steps that a test
+//! can drive in-process: [`Instance::start`] builds, binds and spawns everything;
+//! [`Instance::serve`] waits for a backend, takes the public address and serves until an
+//! intent ends it ([`Stop`]); [`Instance::drain`] hands over, drains and stops every task.
 //!
 //! Starting → WaitingForBackend (health checks only; the public address is untouched) →
 //! Serving (sockets shared by a peer, else bound fresh) → Draining (listeners handed to a
@@ -15,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus::Registry;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -63,28 +66,286 @@ pub enum RunError {
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 /// Runs one instance until a shutdown intent arrives (or an upgrade succeeds) and the drain is
-/// done.
+/// done: [`Instance::start`], [`Instance::serve`], [`Instance::drain`]. `intents` is the one
+/// shutdown mechanism: the binary feeds it from the signal handlers ([`crate::signal`]), a test
+/// from its own channel.
 pub async fn run(
     config: Config,
     registry: Registry,
     mut intents: mpsc::Receiver<Intent>,
 ) -> Result<(), RunError> {
-    let start_command = StartCommand::current();
-    #[cfg(feature = "planted-faults")]
-    crate::fault::plant(config.planted_fault);
-    let metrics = Metrics::new(&registry);
-    metrics.read_pipes_pooled_from(crate::copy::pooled_pipes);
-    let lifecycle = Lifecycle::new(metrics.clone());
-    crate::limits::raise_and_report(config.max_connections.get());
-    report_tcp_migrate_req(&metrics);
+    let instance = Instance::start(config, registry).await?;
+    let stop = instance.serve(&mut intents).await?;
+    instance.drain(stop).await;
+    Ok(())
+}
 
-    // One cancellation tree: every token below is a child of `root`, and every task spawned
-    // here or by the modules is tracked (`tasks`, or the backends' and listeners' own
-    // trackers, which are waited for too). Any early return cancels the whole tree.
-    let root = CancellationToken::new();
-    let _cancel_all_on_return = root.clone().drop_guard();
-    let tasks = TaskTracker::new();
+/// One instance, started: everything built, bound (but the public address) and spawned, in
+/// `WaitingForBackend`. Dropping it cancels every task it spawned.
+pub struct Instance {
+    config: Config,
+    lifecycle: Lifecycle,
+    backends: Arc<Backends>,
+    ctx: Arc<ForwardContext>,
+    listeners: Arc<Listeners>,
+    handoff: Option<Arc<Handoff>>,
+    admin: AdminParts,
+    start_command: std::io::Result<StartCommand>,
+    /// Every token of the instance is a child of `root`, and every task spawned here or by the
+    /// modules is tracked (`tasks`, or the backends' and listeners' own trackers, which are
+    /// waited for too).
+    root: CancellationToken,
+    tasks: TaskTracker,
+    /// Any early return (an error, a dropped instance) cancels the whole tree.
+    _cancel_all_on_drop: tokio_util::sync::DropGuard,
+}
 
+/// What the drain needs of the admin endpoint.
+struct AdminParts {
+    view: Arc<AdminView>,
+    /// The admin socket, kept for a successor to inherit (in-place upgrade).
+    fd: Option<std::os::fd::OwnedFd>,
+    /// Stops answering on the admin socket (the successor answers there after an upgrade).
+    stop: CancellationToken,
+    addr: Option<std::net::SocketAddr>,
+}
+
+/// Why serving ended, and so what the drain does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// A shutdown intent (naming its signal) before any backend was healthy: the public
+    /// address was never taken, nothing to hand over or drain.
+    BeforeServing(&'static str),
+    /// A shutdown intent (naming its signal) while serving: hand the listeners to a peer or
+    /// close them, then let connections finish.
+    Shutdown(&'static str),
+    /// An in-place upgrade found its successor (this pid) ready: hand it everything, then
+    /// drain what is left.
+    Upgraded(u32),
+}
+
+/// What a test or a supervisor in the same process may watch of a running instance.
+#[derive(Clone)]
+pub struct Observer {
+    state: watch::Receiver<State>,
+    listeners: Arc<Listeners>,
+    listen: Vec<ListenAddr>,
+    admin: Option<std::net::SocketAddr>,
+}
+
+impl Observer {
+    /// The lifecycle state, as it changes.
+    pub fn state(&self) -> watch::Receiver<State> {
+        self.state.clone()
+    }
+
+    /// The addresses the public listening sockets are bound to (a `--listen` port 0 resolved),
+    /// in the order of `--listen`; empty until Serving, and again once they are closed.
+    pub fn listening(&self) -> Vec<std::net::SocketAddr> {
+        self.listen
+            .iter()
+            .filter_map(|a| self.listeners.bound_address(*a))
+            .collect()
+    }
+
+    /// The admin endpoint's address.
+    pub fn admin(&self) -> Option<std::net::SocketAddr> {
+        self.admin
+    }
+}
+
+impl Instance {
+    /// Builds everything and spawns its tasks (as linkerd2-proxy builds, then spawns): metrics,
+    /// backends and their checks, discovery, the data path's context and worker threads, the
+    /// admin endpoint, the handoff server, the node's scrape endpoint. Ends in
+    /// `WaitingForBackend`, having told systemd it started; the public address is not touched.
+    pub async fn start(config: Config, registry: Registry) -> Result<Instance, RunError> {
+        let start_command = StartCommand::current();
+        #[cfg(feature = "planted-faults")]
+        crate::fault::plant(config.planted_fault);
+        let metrics = Metrics::new(&registry);
+        metrics.read_pipes_pooled_from(crate::copy::pooled_pipes);
+        let lifecycle = Lifecycle::new(metrics.clone());
+        crate::limits::raise_and_report(config.max_connections.get());
+        report_tcp_migrate_req(&metrics);
+
+        let root = CancellationToken::new();
+        let cancel_all_on_drop = root.clone().drop_guard();
+        let tasks = TaskTracker::new();
+        let backends = start_backends(&config, &metrics, &root, &tasks);
+        let ctx = forward_context(&config, &backends, &metrics, &root, &tasks);
+        let listeners = Arc::new(Listeners::new(
+            ctx.clone(),
+            config.max_connections.get(),
+            placement(&config, &root)?,
+            root.child_token(),
+        ));
+        let admin_socket = admin::bind(config.admin_listen.0, config.admin_address_file.as_deref())
+            .await
+            .map_err(|source| RunError::AdminBind {
+                addr: config.admin_listen.to_string(),
+                source,
+            })?;
+        let readiness = Readiness::new(
+            lifecycle.subscribe(),
+            backends.clone(),
+            config.discovery.own_backend_file.is_some(),
+        );
+        let handoff = start_handoff(&config, &listeners, &readiness, &metrics, &root, &tasks)?;
+        let view = Arc::new(AdminView {
+            state: lifecycle.subscribe(),
+            backends: backends.clone(),
+            listeners: listeners.clone(),
+            registry,
+            metrics: metrics.clone(),
+            readiness,
+            handoff: handoff.clone(),
+            client_address: config.client_address,
+            handed_to_successor: std::sync::atomic::AtomicU32::new(0),
+        });
+        let admin = start_admin(&config, admin_socket, view, &handoff, &root, &tasks).await;
+
+        lifecycle.advance(State::WaitingForBackend);
+        // Started (configuration valid, admin endpoint up): what systemd's `Type=notify` waits
+        // for. Not Serving: a start must not fail because every apiserver is down at that moment.
+        crate::notify::notify("READY=1");
+        Ok(Instance {
+            config,
+            lifecycle,
+            backends,
+            ctx,
+            listeners,
+            handoff,
+            admin,
+            start_command,
+            root,
+            tasks,
+            _cancel_all_on_drop: cancel_all_on_drop,
+        })
+    }
+
+    /// What may be watched of this instance while it serves and drains.
+    pub fn observer(&self) -> Observer {
+        Observer {
+            state: self.lifecycle.subscribe(),
+            listeners: self.listeners.clone(),
+            listen: self.config.listen.clone(),
+            admin: self.admin.addr,
+        }
+    }
+
+    /// Waits for a healthy backend, takes the public address (sockets shared by a peer, else
+    /// bound fresh) and serves until a shutdown intent, or an upgrade intent whose successor
+    /// became ready. An upgrade intent before Serving is ignored; one that fails goes on
+    /// serving.
+    pub async fn serve(&self, intents: &mut mpsc::Receiver<Intent>) -> Result<Stop, RunError> {
+        loop {
+            tokio::select! {
+                _ = self.backends.wait_healthy() => break,
+                i = next_intent(intents) => match i {
+                    Intent::Shutdown(s) => return Ok(Stop::BeforeServing(s)),
+                    Intent::Upgrade => tracing::info!("SIGUSR2 before serving: nothing to upgrade; ignored"),
+                },
+            }
+        }
+        acquire_listeners(&self.config, &self.listeners, self.handoff.as_deref()).await?;
+        self.lifecycle.advance(State::Serving);
+        loop {
+            match next_intent(intents).await {
+                Intent::Shutdown(s) => return Ok(Stop::Shutdown(s)),
+                Intent::Upgrade => {
+                    let upgraded = upgrade_in_place(
+                        &self.start_command,
+                        self.admin.fd.as_ref(),
+                        self.handoff.as_deref(),
+                        intents,
+                    )
+                    .await;
+                    match upgraded {
+                        Upgraded::Yes(pid) => return Ok(Stop::Upgraded(pid)),
+                        Upgraded::No => {}
+                        Upgraded::Interrupted(s) => return Ok(Stop::Shutdown(s)),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Hands over and drains as `stop` says, then stops every task and waits for them:
+    /// Draining → Stopped. Intents that arrive meanwhile are not read (a second SIGTERM during
+    /// the drain is ignored, [`crate::signal`]).
+    pub async fn drain(self, stop: Stop) {
+        match stop {
+            Stop::BeforeServing(signal) => tracing::info!(signal, "shutdown before serving"),
+            Stop::Shutdown(signal) => self.hand_over_and_drain(signal, None).await,
+            Stop::Upgraded(pid) => self.hand_over_and_drain("SIGUSR2", Some(pid)).await,
+        }
+        if let Some(h) = &self.handoff {
+            h.close();
+        }
+        self.lifecycle.advance(State::Stopped);
+        self.root.cancel();
+        self.tasks.close();
+        self.backends.stop().await;
+        self.tasks.wait().await;
+    }
+
+    /// Draining: the listening sockets go to the successor (`successor`, an in-place upgrade)
+    /// or a peer, else are closed; the established connections go to the successor, if any;
+    /// the rest finish until the drain deadline.
+    async fn hand_over_and_drain(&self, signal: &'static str, successor: Option<u32>) {
+        let (config, ctx, listeners) = (&self.config, &self.ctx, &self.listeners);
+        let deadline = Instant::now() + config.drain_timeout;
+        #[cfg(feature = "planted-faults")]
+        crate::fault::at_drain(
+            &ctx.cut,
+            || Ok(listeners.duplicates()?.into_iter().map(|s| s.fd).collect()),
+            deadline,
+        );
+        match (successor, &self.handoff) {
+            (Some(pid), Some(h)) => {
+                // In-place upgrade: still Serving (and ready, answering the pod's probes on the
+                // admin socket) while everything is handed to the ready successor; then the
+                // successor answers there, and this instance drains what it could not hand.
+                let handed = h.hand_over(deadline, || self.backends.any_healthy()).await;
+                if handed {
+                    successor_serves(ctx);
+                }
+                hand_over_connections(h, ctx, pid).await;
+                if handed {
+                    self.admin
+                        .view
+                        .handed_to_successor
+                        .store(pid.max(1), std::sync::atomic::Ordering::Release);
+                }
+                self.admin.stop.cancel();
+                tracing::info!(signal, successor.pid = pid, drain_timeout = ?config.drain_timeout, "in-place upgrade: handed over; the successor answers on the admin socket; draining");
+                self.lifecycle.advance(State::Draining);
+                crate::notify::notify(&format!("MAINPID={pid}"));
+            }
+            _ => {
+                tracing::info!(signal, drain_timeout = ?config.drain_timeout, "shutdown requested: draining");
+                self.lifecycle.advance(State::Draining);
+                if let Some(h) = &self.handoff {
+                    if h.hand_over(deadline, || self.backends.any_healthy()).await {
+                        successor_serves(ctx);
+                    }
+                }
+            }
+        }
+        listeners.stop_all().await;
+        let_connections_finish(listeners, ctx, deadline).await;
+    }
+}
+
+/// The backends of `--backend`, health-checked from now on, and discovery of the others
+/// (`--own-backend-file`, `--backend-dir`).
+fn start_backends(
+    config: &Config,
+    metrics: &Metrics,
+    root: &CancellationToken,
+    tasks: &TaskTracker,
+) -> Arc<Backends> {
     let backends = Backends::new(config.health.clone(), metrics.clone(), root.child_token());
     for addr in &config.backends {
         backends.add(*addr, Tier::Static);
@@ -97,7 +358,18 @@ pub async fn run(
             root.child_token(),
         ));
     }
+    backends
+}
 
+/// What every connection shares, with the tasks that serve it: the transparent mode's
+/// verification of each backend, and the drain deadline's cut.
+fn forward_context(
+    config: &Config,
+    backends: &Arc<Backends>,
+    metrics: &Metrics,
+    root: &CancellationToken,
+    tasks: &TaskTracker,
+) -> Arc<ForwardContext> {
     let ctx = Arc::new(ForwardContext {
         backends: backends.clone(),
         metrics: metrics.clone(),
@@ -123,7 +395,13 @@ pub async fn run(
         ));
     }
     tasks.spawn(crate::forward::cut_on_cancel(ctx.clone()));
-    let placement = match config.runtime {
+    ctx
+}
+
+/// Where connections run: the shared runtime, or the worker threads of `--runtime
+/// per-thread`, started now.
+fn placement(config: &Config, root: &CancellationToken) -> Result<Placement, RunError> {
+    Ok(match config.runtime {
         RuntimeShape::Shared => Placement::Shared,
         RuntimeShape::PerThread => Placement::PerThread(
             Workers::start(
@@ -133,211 +411,131 @@ pub async fn run(
             )
             .map_err(RunError::Workers)?,
         ),
-    };
-    let listeners = Arc::new(Listeners::new(
-        ctx.clone(),
-        config.max_connections.get(),
-        placement,
-        root.child_token(),
-    ));
+    })
+}
 
-    let admin::AdminSocket {
-        listener: admin_listener,
-        predecessor,
-    } = admin::bind(config.admin_listen.0, config.admin_address_file.as_deref())
-        .await
-        .map_err(|source| RunError::AdminBind {
-            addr: config.admin_listen.to_string(),
-            source,
-        })?;
-    let readiness = Readiness::new(
-        lifecycle.subscribe(),
-        backends.clone(),
-        config.discovery.own_backend_file.is_some(),
-    );
-    let handoff = match &config.handoff {
-        Some(h) => Some(Handoff::start(
-            h.clone(),
-            config.listen.clone(),
-            listeners.clone(),
+/// The handoff server (`--handoff-dir`), and a recovery instance's retirement
+/// (`--retire-file`: it asks to be removed once a ready peer serves).
+fn start_handoff(
+    config: &Config,
+    listeners: &Arc<Listeners>,
+    readiness: &Readiness,
+    metrics: &Metrics,
+    root: &CancellationToken,
+    tasks: &TaskTracker,
+) -> Result<Option<Arc<Handoff>>, RunError> {
+    let Some(h) = &config.handoff else {
+        return Ok(None);
+    };
+    let handoff = Handoff::start(
+        h.clone(),
+        config.listen.clone(),
+        listeners.clone(),
+        readiness.clone(),
+        metrics.clone(),
+        root.child_token(),
+        tasks.clone(),
+    )?;
+    if let Some(file) = &config.retire_file {
+        tasks.spawn(crate::retire::run(
+            file.clone(),
+            handoff.clone(),
             readiness.clone(),
             metrics.clone(),
             root.child_token(),
-            tasks.clone(),
-        )?),
-        None => None,
-    };
-    // Recovery instance (`--retire-file`): asks to be removed once a ready peer serves.
-    if let (Some(file), Some(h)) = (&config.retire_file, &handoff) {
-        let stop = root.child_token();
-        tasks.spawn(crate::retire::run(
-            file.clone(),
-            h.clone(),
-            readiness.clone(),
-            metrics.clone(),
-            stop,
         ));
     }
-    let view = Arc::new(AdminView {
-        state: lifecycle.subscribe(),
-        backends: backends.clone(),
-        listeners: listeners.clone(),
-        registry,
-        metrics: metrics.clone(),
-        readiness,
-        handoff: handoff.clone(),
-        client_address: config.client_address,
-        handed_to_successor: std::sync::atomic::AtomicU32::new(0),
-    });
-    let admin_view = view.clone();
-    tracing::info!(admin.addr = %admin_listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), "admin endpoint listening");
-    if let (Some(addr), Some(h), Ok(admin_addr)) = (
-        config.metrics_listen,
-        &config.handoff,
-        admin_listener.local_addr(),
-    ) {
-        // The other instances fetch our metrics here, never from the admin endpoint (whose
-        // connections the probes need).
-        match tokio::net::TcpListener::bind((admin_addr.ip(), 0)).await {
-            Ok(peer_listener) => {
-                let peers = crate::scrape::Peers::new(h.dir.clone());
-                if let Ok(peer_addr) = peer_listener.local_addr() {
-                    tasks.spawn(crate::scrape::publish(
-                        peers.clone(),
-                        peer_addr,
-                        root.child_token(),
-                    ));
-                }
-                tasks.spawn(crate::scrape::serve_peer(
-                    peer_listener,
-                    view.clone(),
-                    root.child_token(),
-                    tasks.clone(),
-                ));
-                tasks.spawn(crate::scrape::serve(
-                    crate::scrape::NodeScrape {
-                        addr,
-                        peers,
-                        cache_for: config.metrics_cache,
-                        tls: config.metrics_tls.clone(),
-                    },
-                    view.clone(),
-                    root.child_token(),
-                    tasks.clone(),
-                ));
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot bind the peer-metrics listener: --metrics-listen not served");
-            }
-        }
+    Ok(Some(handoff))
+}
+
+/// Serves the admin endpoint (once it is our turn: after an in-place upgrade's predecessor
+/// handed everything over, and once ready) and the node's scrape endpoint.
+async fn start_admin(
+    config: &Config,
+    socket: admin::AdminSocket,
+    view: Arc<AdminView>,
+    handoff: &Option<Arc<Handoff>>,
+    root: &CancellationToken,
+    tasks: &TaskTracker,
+) -> AdminParts {
+    let admin::AdminSocket {
+        listener,
+        predecessor,
+    } = socket;
+    let addr = listener.local_addr().ok();
+    tracing::info!(admin.addr = %addr.map(|a| a.to_string()).unwrap_or_default(), "admin endpoint listening");
+    if let (Some(metrics_addr), Some(h), Some(admin_addr)) =
+        (config.metrics_listen, &config.handoff, addr)
+    {
+        serve_node_metrics(config, metrics_addr, admin_addr, &h.dir, &view, root, tasks).await;
     }
-    // Kept for a successor to inherit (in-place upgrade).
-    let admin_fd = admin_listener.as_fd().try_clone_to_owned().ok();
-    let admin_stop = root.child_token();
+    let fd = listener.as_fd().try_clone_to_owned().ok();
+    let stop = root.child_token();
     {
         // Started by an in-place upgrade: the predecessor answers on the admin socket until it
         // has handed everything over; we take over only then, and only once ready.
-        let (admin_stop, tasks_for_admin) = (admin_stop.clone(), tasks.clone());
+        let (stop, tasks_for_admin, view) = (stop.clone(), tasks.clone(), view.clone());
         let (readiness, handoff) = (view.readiness.clone(), handoff.clone());
         tasks.spawn(async move {
             tokio::select! {
-                _ = admin_stop.cancelled() => return,
+                _ = stop.cancelled() => return,
                 _ = upgrade::wait_admin_turn(predecessor, || readiness.ready(), handoff.as_deref()) => {}
             }
-            admin::serve(admin_listener, view, admin_stop, tasks_for_admin).await;
+            admin::serve(listener, view, stop, tasks_for_admin).await;
         });
     }
+    AdminParts {
+        view,
+        fd,
+        stop,
+        addr,
+    }
+}
 
-    lifecycle.advance(State::WaitingForBackend);
-    // Started (configuration valid, admin endpoint up): what systemd's `Type=notify` waits for.
-    // Not Serving: a start must not fail because every apiserver is down at that moment.
-    crate::notify::notify("READY=1");
-    let signal = loop {
-        tokio::select! {
-            _ = backends.wait_healthy() => break None,
-            i = next_intent(&mut intents) => match i {
-                Intent::Shutdown(s) => break Some(s),
-                Intent::Upgrade => tracing::info!("SIGUSR2 before serving: nothing to upgrade; ignored"),
-            },
+/// `--metrics-listen`: the node's one scrape target, with every instance's metrics. The other
+/// instances fetch ours from a peer-metrics listener beside the admin address, never from the
+/// admin endpoint (whose connections the probes need).
+async fn serve_node_metrics(
+    config: &Config,
+    addr: std::net::SocketAddr,
+    admin_addr: std::net::SocketAddr,
+    handoff_dir: &std::path::Path,
+    view: &Arc<AdminView>,
+    root: &CancellationToken,
+    tasks: &TaskTracker,
+) {
+    let peer_listener = match tokio::net::TcpListener::bind((admin_addr.ip(), 0)).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot bind the peer-metrics listener: --metrics-listen not served");
+            return;
         }
     };
-    if let Some(signal) = signal {
-        tracing::info!(signal, "shutdown before serving");
-    } else {
-        acquire_listeners(&config, &listeners, handoff.as_deref()).await?;
-        lifecycle.advance(State::Serving);
-        let mut successor = None;
-        let signal = loop {
-            match next_intent(&mut intents).await {
-                Intent::Shutdown(s) => break s,
-                Intent::Upgrade => {
-                    let upgraded = upgrade_in_place(
-                        &start_command,
-                        admin_fd.as_ref(),
-                        handoff.as_deref(),
-                        &mut intents,
-                    )
-                    .await;
-                    match upgraded {
-                        Upgraded::Yes(pid) => {
-                            successor = Some(pid);
-                            break "SIGUSR2";
-                        }
-                        Upgraded::No => {}
-                        Upgraded::Interrupted(s) => break s,
-                    }
-                }
-            }
-        };
-        let deadline = Instant::now() + config.drain_timeout;
-        #[cfg(feature = "planted-faults")]
-        crate::fault::at_drain(
-            &ctx.cut,
-            || Ok(listeners.duplicates()?.into_iter().map(|s| s.fd).collect()),
-            deadline,
-        );
-        match (successor, &handoff) {
-            (Some(pid), Some(h)) => {
-                // In-place upgrade: still Serving (and ready, answering the pod's probes on the
-                // admin socket) while everything is handed to the ready successor; then the
-                // successor answers there, and this instance drains what it could not hand.
-                let handed = h.hand_over(deadline, || backends.any_healthy()).await;
-                if handed {
-                    successor_serves(&ctx);
-                }
-                hand_over_connections(h, &ctx, pid).await;
-                if handed {
-                    admin_view
-                        .handed_to_successor
-                        .store(pid.max(1), std::sync::atomic::Ordering::Release);
-                }
-                admin_stop.cancel();
-                tracing::info!(signal, successor.pid = pid, drain_timeout = ?config.drain_timeout, "in-place upgrade: handed over; the successor answers on the admin socket; draining");
-                lifecycle.advance(State::Draining);
-                crate::notify::notify(&format!("MAINPID={pid}"));
-            }
-            _ => {
-                tracing::info!(signal, drain_timeout = ?config.drain_timeout, "shutdown requested: draining");
-                lifecycle.advance(State::Draining);
-                if let Some(h) = &handoff {
-                    if h.hand_over(deadline, || backends.any_healthy()).await {
-                        successor_serves(&ctx);
-                    }
-                }
-            }
-        }
-        listeners.stop_all().await;
-        drain(&listeners, &ctx, deadline).await;
+    let peers = crate::scrape::Peers::new(handoff_dir.to_path_buf());
+    if let Ok(peer_addr) = peer_listener.local_addr() {
+        tasks.spawn(crate::scrape::publish(
+            peers.clone(),
+            peer_addr,
+            root.child_token(),
+        ));
     }
-    if let Some(h) = &handoff {
-        h.close();
-    }
-    lifecycle.advance(State::Stopped);
-    root.cancel();
-    tasks.close();
-    backends.stop().await;
-    tasks.wait().await;
-    Ok(())
+    tasks.spawn(crate::scrape::serve_peer(
+        peer_listener,
+        view.clone(),
+        root.child_token(),
+        tasks.clone(),
+    ));
+    tasks.spawn(crate::scrape::serve(
+        crate::scrape::NodeScrape {
+            addr,
+            peers,
+            cache_for: config.metrics_cache,
+            tls: config.metrics_tls.clone(),
+        },
+        view.clone(),
+        root.child_token(),
+        tasks.clone(),
+    ));
 }
 
 /// The next intent; none ever comes once the signal handlers are gone.
@@ -502,7 +700,7 @@ fn successor_serves(ctx: &ForwardContext) {
 }
 
 /// Lets connections finish until `deadline`, then closes the rest spread over the close window.
-async fn drain(listeners: &Listeners, ctx: &ForwardContext, deadline: Instant) {
+async fn let_connections_finish(listeners: &Listeners, ctx: &ForwardContext, deadline: Instant) {
     listeners.connections.close();
     let remaining = ctx.metrics.connections_active.get();
     if remaining > 0 {

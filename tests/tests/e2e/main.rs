@@ -9,6 +9,8 @@
 //! - `health`: https/tls/tcp checks, rise/fall, passive failure retry, not-ready vs dead,
 //!   fail-open, least-connections selection.
 //! - `lifecycle`: SIGTERM/SIGINT drain and exit codes, lifecycle log lines.
+//! - `in_process`: the library's start/serve/drain driven in-process, shutdown injected on the
+//!   instance's intent channel: states in order, listener closed, in-flight connection done.
 //! - `admin`: `/healthz`, `/readyz`, `/metrics`, `/status`, `probe`.
 //! - `monitoring`: the node's scrape endpoint (`--metrics-listen`), series of removed backends,
 //!   `/peer-ready` with `probe --wait` (the pods' preStop hooks).
@@ -28,6 +30,7 @@ mod fake_binary;
 mod forwarding;
 mod handoff;
 mod health;
+mod in_process;
 mod kubeadm_sync;
 mod launch;
 mod lifecycle;
