@@ -110,53 +110,136 @@ fn non_zero(flag: &'static str, n: u32) -> Result<NonZeroU32, ConfigError> {
 impl TryFrom<RunArgs> for Config {
     type Error = ConfigError;
 
+    /// Checks the flags in the order they are listed here, reporting the first that is wrong.
     fn try_from(args: RunArgs) -> Result<Self, ConfigError> {
-        let mut listen = parse_addrs("--listen", &args.listen)?;
-        for host in &args.listen_host {
-            let ip = host
-                .trim()
-                .parse::<std::net::IpAddr>()
-                .map_err(|_| invalid("--listen-host", format!("{host:?} is not an IP address")))?;
-            listen.push(SocketAddr::new(ip, args.listen_port));
+        let listen = listen_addrs(&args)?;
+        let backends = backend_addrs(&args)?;
+        let admin_listen = admin_addr(&args, &listen)?;
+        let scrape = NodeScrape::try_from_args(&args, &listen, admin_listen)?;
+        let rise = non_zero("--health-rise", args.health_rise)?;
+        let fall = non_zero("--health-fall", args.health_fall)?;
+        let max_connections = non_zero("--max-connections", args.max_connections)?;
+        let health = health_config(&args, rise, fall)?;
+        let user = user(&args)?;
+        let handoff = handoff(&args, user)?;
+        check_log_level(&args.log_level)?;
+        Ok(Config {
+            listen: listen.into_iter().map(ListenAddr).collect(),
+            backends: backends.into_iter().map(BackendAddr).collect(),
+            discovery: DiscoveryConfig {
+                own_backend_file: args.own_backend_file,
+                backend_dir: args.backend_dir,
+                expiry: args.backend_expiry,
+            },
+            admin_listen: AdminAddr(admin_listen),
+            admin_address_file: args.admin_address_file,
+            metrics_listen: scrape.listen,
+            metrics_labels: scrape.labels,
+            metrics_cache: args.metrics_cache,
+            metrics_tls: scrape.tls,
+            health,
+            connect_timeout: args.connect_timeout,
+            drain_timeout: args.drain_timeout,
+            drain_close_window: args.drain_close_window,
+            max_connections,
+            worker_threads: worker_threads(args.worker_threads)?,
+            runtime: args.runtime,
+            copy_mode: match args.copy_mode {
+                CopyMode::Auto => crate::copy::Mode::Auto,
+                CopyMode::Splice => crate::copy::Mode::Splice,
+                CopyMode::Buffered => crate::copy::Mode::Buffered,
+            },
+            client_address: args.client_address,
+            user,
+            handoff,
+            retire_file: args.retire_file,
+            log_format: args.log_format,
+            log_level: args.log_level,
+            #[cfg(feature = "planted-faults")]
+            planted_fault: args.planted_fault,
+        })
+    }
+}
+
+/// `--listen` and `--listen-host` (with `--listen-port`): at least one, each once, none on
+/// port 0 (peers could not share it).
+fn listen_addrs(args: &RunArgs) -> Result<Vec<SocketAddr>, ConfigError> {
+    let mut listen = parse_addrs("--listen", &args.listen)?;
+    for host in &args.listen_host {
+        let ip = host
+            .trim()
+            .parse::<std::net::IpAddr>()
+            .map_err(|_| invalid("--listen-host", format!("{host:?} is not an IP address")))?;
+        listen.push(SocketAddr::new(ip, args.listen_port));
+    }
+    if listen.is_empty() {
+        return Err(invalid(
+            "--listen",
+            "at least one address is required (--listen or --listen-host)",
+        ));
+    }
+    let mut seen = HashSet::new();
+    for addr in &listen {
+        if !seen.insert(*addr) {
+            return Err(invalid("--listen", format!("{addr} is given twice")));
         }
-        if listen.is_empty() {
+        if addr.port() == 0 {
             return Err(invalid(
                 "--listen",
-                "at least one address is required (--listen or --listen-host)",
+                format!("{addr}: port 0 cannot be shared with peers"),
             ));
         }
-        let mut seen = HashSet::new();
-        for addr in &listen {
-            if !seen.insert(*addr) {
-                return Err(invalid("--listen", format!("{addr} is given twice")));
-            }
-            if addr.port() == 0 {
-                return Err(invalid(
-                    "--listen",
-                    format!("{addr}: port 0 cannot be shared with peers"),
-                ));
-            }
-        }
-        let backends = parse_addrs("--backend", &args.backend)?;
-        if backends.is_empty() && args.own_backend_file.is_none() && args.backend_dir.is_none() {
-            return Err(invalid(
-                "--backend",
-                "no backend given (need --backend, --own-backend-file or --backend-dir)",
-            ));
-        }
-        if args.backend_expiry.is_zero() {
-            return Err(invalid("--backend-expiry", "must be greater than zero"));
-        }
-        let admin_listen =
-            parse_socket_addr(&args.admin_listen).map_err(|m| invalid("--admin-listen", m))?;
-        if listen.contains(&admin_listen) {
-            return Err(invalid(
-                "--admin-listen",
-                format!("{admin_listen} is also a --listen address"),
-            ));
-        }
+    }
+    Ok(listen)
+}
 
-        let metrics_labels = args
+/// `--backend`: some backend must come from somewhere (or discovery); `--backend-expiry`.
+fn backend_addrs(args: &RunArgs) -> Result<Vec<SocketAddr>, ConfigError> {
+    let backends = parse_addrs("--backend", &args.backend)?;
+    if backends.is_empty() && args.own_backend_file.is_none() && args.backend_dir.is_none() {
+        return Err(invalid(
+            "--backend",
+            "no backend given (need --backend, --own-backend-file or --backend-dir)",
+        ));
+    }
+    if args.backend_expiry.is_zero() {
+        return Err(invalid("--backend-expiry", "must be greater than zero"));
+    }
+    Ok(backends)
+}
+
+/// `--admin-listen`, never one of the public addresses.
+fn admin_addr(args: &RunArgs, listen: &[SocketAddr]) -> Result<SocketAddr, ConfigError> {
+    let admin_listen =
+        parse_socket_addr(&args.admin_listen).map_err(|m| invalid("--admin-listen", m))?;
+    if listen.contains(&admin_listen) {
+        return Err(invalid(
+            "--admin-listen",
+            format!("{admin_listen} is also a --listen address"),
+        ));
+    }
+    Ok(admin_listen)
+}
+
+/// The node's scrape endpoint and the labels of every series.
+struct NodeScrape {
+    /// `--metrics-label`s.
+    labels: Vec<(String, String)>,
+    /// `--metrics-listen`.
+    listen: Option<SocketAddr>,
+    /// `--metrics-tls-*`.
+    tls: Option<Arc<rustls::ServerConfig>>,
+}
+
+impl NodeScrape {
+    /// `--metrics-label`, `--metrics-listen` (a fixed port of its own, with `--handoff-dir`
+    /// and a label that tells the instances apart), `--metrics-tls-*`, `--metrics-cache`.
+    fn try_from_args(
+        args: &RunArgs,
+        listen: &[SocketAddr],
+        admin_listen: SocketAddr,
+    ) -> Result<Self, ConfigError> {
+        let labels = args
             .metrics_label
             .iter()
             .map(|l| metrics_label(l).map_err(|m| invalid("--metrics-label", m)))
@@ -177,7 +260,7 @@ impl TryFrom<RunArgs> for Config {
                         "needs --handoff-dir (the instances of the node find each other there)",
                     ));
                 }
-                if metrics_labels.is_empty() {
+                if labels.is_empty() {
                     return Err(invalid(
                         "--metrics-listen",
                         "needs a --metrics-label that tells the instances apart, e.g. pod=$(POD_NAME)",
@@ -186,8 +269,8 @@ impl TryFrom<RunArgs> for Config {
                 Some(addr)
             }
         };
-        let metrics_tls = metrics_tls(&args)?;
-        if metrics_tls.is_some() && metrics_listen.is_none() {
+        let tls = metrics_tls(args)?;
+        if tls.is_some() && metrics_listen.is_none() {
             return Err(invalid(
                 "--metrics-tls-cert-file",
                 "needs --metrics-listen (the address it secures)",
@@ -196,114 +279,101 @@ impl TryFrom<RunArgs> for Config {
         if args.metrics_cache.is_zero() {
             return Err(invalid("--metrics-cache", "must be greater than zero"));
         }
-
-        let rise = non_zero("--health-rise", args.health_rise)?;
-        let fall = non_zero("--health-fall", args.health_fall)?;
-        let max_connections = non_zero("--max-connections", args.max_connections)?;
-        if args.health_interval.is_zero() {
-            return Err(invalid("--health-interval", "must be greater than zero"));
-        }
-        if args.health_timeout.is_zero() {
-            return Err(invalid("--health-timeout", "must be greater than zero"));
-        }
-        if args.connect_timeout.is_zero() {
-            return Err(invalid("--connect-timeout", "must be greater than zero"));
-        }
-        if !args.health_path.starts_with('/') {
-            return Err(invalid(
-                "--health-path",
-                format!("{:?} must start with /", args.health_path),
-            ));
-        }
-
-        let check = health_check(&args)?;
-        let user = args
-            .user
-            .as_deref()
-            .map(crate::privileges::parse_user)
-            .transpose()
-            .map_err(|m| invalid("--user", m))?;
-        if args.handoff_dir.is_none() && !args.handoff_allow_uid.is_empty() {
-            return Err(invalid("--handoff-allow-uid", "needs --handoff-dir"));
-        }
-        // With --user the directory is checked after the switch, by the uid that uses it: a
-        // root left with only the capabilities it keeps may not even look into it.
-        if let (Some(dir), None) = (&args.handoff_dir, user) {
-            crate::handoff::check_dir(dir).map_err(|e| {
-                invalid(
-                    "--handoff-dir",
-                    e.to_string()
-                        .trim_start_matches("--handoff-dir ")
-                        .to_string(),
-                )
-            })?;
-        }
-        if args.retire_file.is_some() && args.handoff_dir.is_none() {
-            return Err(invalid(
-                "--retire-file",
-                "needs --handoff-dir (ready peers are found there)",
-            ));
-        }
-        let handoff = args.handoff_dir.map(|dir| HandoffConfig {
-            dir,
-            allow_uids: args.handoff_allow_uid,
-        });
-        if args
-            .log_level
-            .parse::<tracing_subscriber::EnvFilter>()
-            .is_err()
-        {
-            return Err(invalid(
-                "--log-level",
-                format!("{:?} is not a log filter", args.log_level),
-            ));
-        }
-
-        Ok(Config {
-            listen: listen.into_iter().map(ListenAddr).collect(),
-            backends: backends.into_iter().map(BackendAddr).collect(),
-            discovery: DiscoveryConfig {
-                own_backend_file: args.own_backend_file,
-                backend_dir: args.backend_dir,
-                expiry: args.backend_expiry,
-            },
-            admin_listen: AdminAddr(admin_listen),
-            admin_address_file: args.admin_address_file,
-            metrics_listen,
-            metrics_labels,
-            metrics_cache: args.metrics_cache,
-            metrics_tls,
-            health: HealthConfig {
-                check,
-                interval: args.health_interval,
-                timeout: args.health_timeout,
-                rise,
-                fall,
-            },
-            connect_timeout: args.connect_timeout,
-            drain_timeout: args.drain_timeout,
-            drain_close_window: args.drain_close_window,
-            max_connections,
-            worker_threads: match args.worker_threads {
-                Some(n) => std::num::NonZeroUsize::new(n)
-                    .ok_or_else(|| invalid("--worker-threads", "must be at least 1"))?,
-                None => std::thread::available_parallelism().unwrap_or(std::num::NonZeroUsize::MIN),
-            },
-            runtime: args.runtime,
-            copy_mode: match args.copy_mode {
-                CopyMode::Auto => crate::copy::Mode::Auto,
-                CopyMode::Splice => crate::copy::Mode::Splice,
-                CopyMode::Buffered => crate::copy::Mode::Buffered,
-            },
-            client_address: args.client_address,
-            user,
-            handoff,
-            retire_file: args.retire_file,
-            log_format: args.log_format,
-            log_level: args.log_level,
-            #[cfg(feature = "planted-faults")]
-            planted_fault: args.planted_fault,
+        Ok(NodeScrape {
+            labels,
+            listen: metrics_listen,
+            tls,
         })
+    }
+}
+
+/// The health checks (`--health-*`, with `rise` and `fall` checked already), and
+/// `--connect-timeout`, checked among them.
+fn health_config(
+    args: &RunArgs,
+    rise: NonZeroU32,
+    fall: NonZeroU32,
+) -> Result<HealthConfig, ConfigError> {
+    if args.health_interval.is_zero() {
+        return Err(invalid("--health-interval", "must be greater than zero"));
+    }
+    if args.health_timeout.is_zero() {
+        return Err(invalid("--health-timeout", "must be greater than zero"));
+    }
+    if args.connect_timeout.is_zero() {
+        return Err(invalid("--connect-timeout", "must be greater than zero"));
+    }
+    if !args.health_path.starts_with('/') {
+        return Err(invalid(
+            "--health-path",
+            format!("{:?} must start with /", args.health_path),
+        ));
+    }
+    Ok(HealthConfig {
+        check: health_check(args)?,
+        interval: args.health_interval,
+        timeout: args.health_timeout,
+        rise,
+        fall,
+    })
+}
+
+/// `--user UID[:GID]`: the uid and gid to switch to at start.
+fn user(args: &RunArgs) -> Result<Option<(u32, u32)>, ConfigError> {
+    args.user
+        .as_deref()
+        .map(crate::privileges::parse_user)
+        .transpose()
+        .map_err(|m| invalid("--user", m))
+}
+
+/// The listener handoff: `--handoff-dir` (checked now unless `--user` switches first, `user`),
+/// `--handoff-allow-uid`, `--retire-file`.
+fn handoff(args: &RunArgs, user: Option<(u32, u32)>) -> Result<Option<HandoffConfig>, ConfigError> {
+    if args.handoff_dir.is_none() && !args.handoff_allow_uid.is_empty() {
+        return Err(invalid("--handoff-allow-uid", "needs --handoff-dir"));
+    }
+    // With --user the directory is checked after the switch, by the uid that uses it: a
+    // root left with only the capabilities it keeps may not even look into it.
+    if let (Some(dir), None) = (&args.handoff_dir, user) {
+        crate::handoff::check_dir(dir).map_err(|e| {
+            invalid(
+                "--handoff-dir",
+                e.to_string()
+                    .trim_start_matches("--handoff-dir ")
+                    .to_string(),
+            )
+        })?;
+    }
+    if args.retire_file.is_some() && args.handoff_dir.is_none() {
+        return Err(invalid(
+            "--retire-file",
+            "needs --handoff-dir (ready peers are found there)",
+        ));
+    }
+    Ok(args.handoff_dir.clone().map(|dir| HandoffConfig {
+        dir,
+        allow_uids: args.handoff_allow_uid.clone(),
+    }))
+}
+
+/// `--log-level` must be a filter the logger takes.
+fn check_log_level(level: &str) -> Result<(), ConfigError> {
+    if level.parse::<tracing_subscriber::EnvFilter>().is_err() {
+        return Err(invalid(
+            "--log-level",
+            format!("{level:?} is not a log filter"),
+        ));
+    }
+    Ok(())
+}
+
+/// `--worker-threads`; by default one per CPU available.
+fn worker_threads(n: Option<usize>) -> Result<std::num::NonZeroUsize, ConfigError> {
+    match n {
+        Some(n) => std::num::NonZeroUsize::new(n)
+            .ok_or_else(|| invalid("--worker-threads", "must be at least 1")),
+        None => Ok(std::thread::available_parallelism().unwrap_or(std::num::NonZeroUsize::MIN)),
     }
 }
 

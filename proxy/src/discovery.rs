@@ -95,115 +95,161 @@ pub fn live_entries(
 /// worker: a read or write stuck behind a slow disk, a hung mount or a FIFO must not stall the
 /// connections carried by that worker.
 pub async fn run(config: DiscoveryConfig, backends: Arc<Backends>, stop: CancellationToken) {
-    let entry = format!(
-        "{}-{:08x}.backend",
-        std::process::id(),
-        rand::random::<u32>()
-    );
-    let mut own: Option<BackendAddr> = None;
-    let mut waiting_logged = false;
-    let mut last_refresh: Option<Instant> = None;
-    let mut own_dead_since: Option<Instant> = None;
-    if let Some(dir) = config.backend_dir.clone() {
-        let created = blocking(&stop, move || {
+    let mut discovery = Discovery {
+        entry: format!(
+            "{}-{:08x}.backend",
+            std::process::id(),
+            rand::random::<u32>()
+        ),
+        config,
+        backends,
+        stop,
+        own: None,
+        waiting_logged: false,
+        last_refresh: None,
+        own_dead_since: None,
+    };
+    if discovery.create_dir().await.is_none() {
+        return;
+    }
+    loop {
+        if discovery.read_own_file().await.is_none() || discovery.sync_dir().await.is_none() {
+            break;
+        }
+        tokio::select! {
+            _ = discovery.stop.cancelled() => break,
+            _ = tokio::time::sleep(POLL_INTERVAL) => {}
+        }
+    }
+    discovery.remove_entry().await;
+}
+
+/// The state of [`run`] between two polls. Each step returns `None` once `stop` fired.
+struct Discovery {
+    config: DiscoveryConfig,
+    backends: Arc<Backends>,
+    stop: CancellationToken,
+    /// Our entry's name in `--backend-dir`.
+    entry: String,
+    /// The own backend, once the file named it.
+    own: Option<BackendAddr>,
+    /// "waiting for the own backend address file" was logged.
+    waiting_logged: bool,
+    /// When our entry was last written.
+    last_refresh: Option<Instant>,
+    /// Since when the own backend has been dead (its entry is then left to expire).
+    own_dead_since: Option<Instant>,
+}
+
+impl Discovery {
+    /// Creates `--backend-dir` (0700) if missing; failing that is logged, not fatal.
+    async fn create_dir(&self) -> Option<()> {
+        let Some(dir) = self.config.backend_dir.clone() else {
+            return Some(());
+        };
+        let created = blocking(&self.stop, move || {
             use std::os::unix::fs::DirBuilderExt;
             std::fs::DirBuilder::new()
                 .recursive(true)
                 .mode(0o700)
                 .create(&dir)
         })
-        .await;
-        match created {
-            None => return,
-            Some(Err(e)) => {
-                tracing::warn!(dir = %config.backend_dir.as_ref().map(|d| d.display().to_string()).unwrap_or_default(), error = %e, "cannot create --backend-dir")
-            }
-            Some(Ok(())) => {}
+        .await?;
+        if let Err(e) = created {
+            tracing::warn!(dir = %self.config.backend_dir.as_ref().map(|d| d.display().to_string()).unwrap_or_default(), error = %e, "cannot create --backend-dir")
         }
+        Some(())
     }
-    loop {
-        if let Some(file) = config.own_backend_file.clone() {
-            let Some(read) = blocking(&stop, move || std::fs::read_to_string(file)).await else {
-                break;
-            };
-            match read.ok().as_deref().and_then(parse_backend) {
-                Some(addr) if own != Some(addr) => {
-                    if let Some(old) = own {
-                        tracing::info!(old = %old, new = %addr, "own backend address changed");
-                        backends.remove(old);
-                    }
-                    backends.add(addr, Tier::Own);
-                    own = Some(addr);
-                    last_refresh = None;
+
+    /// `--own-backend-file`: the own backend appears, or is replaced when the address changed.
+    async fn read_own_file(&mut self) -> Option<()> {
+        let Some(file) = self.config.own_backend_file.clone() else {
+            return Some(());
+        };
+        let read = blocking(&self.stop, move || std::fs::read_to_string(file)).await?;
+        match read.ok().as_deref().and_then(parse_backend) {
+            Some(addr) if self.own != Some(addr) => {
+                if let Some(old) = self.own {
+                    tracing::info!(old = %old, new = %addr, "own backend address changed");
+                    self.backends.remove(old);
                 }
-                Some(_) => {}
-                None if own.is_none() && !waiting_logged => {
-                    if let Some(file) = &config.own_backend_file {
-                        tracing::info!(file = %file.display(), "waiting for the own backend address file");
-                    }
-                    waiting_logged = true;
-                }
-                None => {}
+                self.backends.add(addr, Tier::Own);
+                self.own = Some(addr);
+                self.last_refresh = None;
             }
+            Some(_) => {}
+            None if self.own.is_none() && !self.waiting_logged => {
+                if let Some(file) = &self.config.own_backend_file {
+                    tracing::info!(file = %file.display(), "waiting for the own backend address file");
+                }
+                self.waiting_logged = true;
+            }
+            None => {}
         }
-        if let Some(dir) = config.backend_dir.clone() {
-            let own_health = own.and_then(|a| {
-                backends
-                    .snapshot()
-                    .iter()
-                    .find(|b| b.addr == a)
-                    .map(|b| b.health())
-            });
-            own_dead_since = match own_health {
-                Some(Health::Dead) => own_dead_since.or(Some(Instant::now())),
-                _ => None,
-            };
-            let own_dead_too_long = own_dead_since.is_some_and(|t| t.elapsed() > config.expiry);
-            let register = own
-                .filter(|_| !own_dead_too_long)
-                .filter(|_| last_refresh.is_none_or(|t| t.elapsed() >= config.expiry / 3));
-            let (entry_name, expiry) = (entry.clone(), config.expiry);
-            let Some((registered, wanted)) = blocking(&stop, move || {
-                let registered = register.map(|addr| {
-                    crate::fsutil::write_atomic(
-                        &dir.join(&entry_name),
-                        format!("{addr}\n").as_bytes(),
-                    )
+        Some(())
+    }
+
+    /// `--backend-dir`: refreshes our entry (unless the own backend has been dead longer than
+    /// the expiry), and makes the live entries of the others the `Local` backends.
+    async fn sync_dir(&mut self) -> Option<()> {
+        let Some(dir) = self.config.backend_dir.clone() else {
+            return Some(());
+        };
+        let own_health = self.own.and_then(|a| {
+            self.backends
+                .snapshot()
+                .iter()
+                .find(|b| b.addr == a)
+                .map(|b| b.health())
+        });
+        self.own_dead_since = match own_health {
+            Some(Health::Dead) => self.own_dead_since.or(Some(Instant::now())),
+            _ => None,
+        };
+        let expiry = self.config.expiry;
+        let own_dead_too_long = self.own_dead_since.is_some_and(|t| t.elapsed() > expiry);
+        let last_refresh = self.last_refresh;
+        let register = self
+            .own
+            .filter(|_| !own_dead_too_long)
+            .filter(|_| last_refresh.is_none_or(|t| t.elapsed() >= expiry / 3));
+        let entry_name = self.entry.clone();
+        let (registered, wanted) = blocking(&self.stop, move || {
+            let registered = register.map(|addr| {
+                crate::fsutil::write_atomic(&dir.join(&entry_name), format!("{addr}\n").as_bytes())
                     .map_err(|e| (dir.display().to_string(), e))
-                });
-                (registered, scan_dir(&dir, &entry_name, expiry))
-            })
-            .await
-            else {
-                break;
-            };
-            match registered {
-                Some(Ok(())) => last_refresh = Some(Instant::now()),
-                Some(Err((dir, e))) => {
-                    tracing::warn!(dir, error = %e, "cannot register own backend")
-                }
-                None => {}
+            });
+            (registered, scan_dir(&dir, &entry_name, expiry))
+        })
+        .await?;
+        match registered {
+            Some(Ok(())) => self.last_refresh = Some(Instant::now()),
+            Some(Err((dir, e))) => {
+                tracing::warn!(dir, error = %e, "cannot register own backend")
             }
-            if let Some(wanted) = wanted {
-                for addr in &wanted {
-                    backends.add(*addr, Tier::Local);
-                }
-                for addr in backends.of_tier(Tier::Local) {
-                    if !wanted.contains(&addr) {
-                        backends.remove(addr);
-                    }
+            None => {}
+        }
+        if let Some(wanted) = wanted {
+            for addr in &wanted {
+                self.backends.add(*addr, Tier::Local);
+            }
+            for addr in self.backends.of_tier(Tier::Local) {
+                if !wanted.contains(&addr) {
+                    self.backends.remove(addr);
                 }
             }
         }
-        tokio::select! {
-            _ = stop.cancelled() => break,
-            _ = tokio::time::sleep(POLL_INTERVAL) => {}
-        }
+        Some(())
     }
-    if let Some(dir) = &config.backend_dir {
-        let path = dir.join(&entry);
-        let remove = tokio::task::spawn_blocking(move || std::fs::remove_file(path));
-        let _ = tokio::time::timeout(Duration::from_secs(1), remove).await;
+
+    /// Removes our entry from `--backend-dir` (at most a second's wait: a hung mount must not
+    /// hold the exit).
+    async fn remove_entry(&self) {
+        if let Some(dir) = &self.config.backend_dir {
+            let path = dir.join(&self.entry);
+            let remove = tokio::task::spawn_blocking(move || std::fs::remove_file(path));
+            let _ = tokio::time::timeout(Duration::from_secs(1), remove).await;
+        }
     }
 }
 

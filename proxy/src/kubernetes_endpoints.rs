@@ -60,11 +60,20 @@ pub fn check_address(address: IpAddr) -> Result<(), String> {
 
 /// The objects, as one multi-document YAML stream.
 pub fn render(address: IpAddr, port: u16) -> String {
-    let family = match address {
-        IpAddr::V4(_) => "IPv4",
-        IpAddr::V6(_) => "IPv6",
-    };
     let mut out = String::new();
+    write_endpoints(&mut out, address, port);
+    for (name, managed_by) in [
+        ("kubernetes", None),
+        (OWN_SLICE, Some("kube-apiserver-proxy")),
+    ] {
+        write_slice(&mut out, name, managed_by, address, port);
+    }
+    write_guard(&mut out);
+    out
+}
+
+/// `Endpoints default/kubernetes` (with the header comment of the stream).
+fn write_endpoints(out: &mut String, address: IpAddr, port: u16) {
     let _ = write!(
         out,
         "\
@@ -87,13 +96,18 @@ subsets:
         protocol: TCP
 "
     );
-    for (name, managed_by) in [
-        ("kubernetes", None),
-        (OWN_SLICE, Some("kube-apiserver-proxy")),
-    ] {
-        let _ = write!(
-            out,
-            "\
+}
+
+/// One `EndpointSlice` of the `kubernetes` Service, named `name`, labelled as managed by
+/// `managed_by` if given.
+fn write_slice(out: &mut String, name: &str, managed_by: Option<&str>, address: IpAddr, port: u16) {
+    let family = match address {
+        IpAddr::V4(_) => "IPv4",
+        IpAddr::V6(_) => "IPv6",
+    };
+    let _ = write!(
+        out,
+        "\
 ---
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
@@ -103,13 +117,13 @@ metadata:
   labels:
     kubernetes.io/service-name: kubernetes
 "
-        );
-        if let Some(m) = managed_by {
-            let _ = writeln!(out, "    endpointslice.kubernetes.io/managed-by: {m}");
-        }
-        let _ = write!(
-            out,
-            "\
+    );
+    if let Some(m) = managed_by {
+        let _ = writeln!(out, "    endpointslice.kubernetes.io/managed-by: {m}");
+    }
+    let _ = write!(
+        out,
+        "\
 addressType: {family}
 endpoints:
   - addresses:
@@ -121,8 +135,12 @@ ports:
     port: {port}
     protocol: TCP
 "
-        );
-    }
+    );
+}
+
+/// The `ValidatingAdmissionPolicy` (and its binding) that keeps an apiserver from emptying the
+/// Endpoints.
+fn write_guard(out: &mut String) {
     let _ = write!(
         out,
         "\
@@ -169,7 +187,6 @@ spec:
   validationActions: [Deny]
 "
     );
-    out
 }
 
 #[cfg(test)]

@@ -181,224 +181,245 @@ macro_rules! register {
     }};
 }
 
+/// A counter named `name`, registered on `r`.
+fn counter(r: &Registry, name: &str, help: &str) -> IntCounter {
+    register!(r, IntCounter::with_opts(opts(name, help)))
+}
+
+/// A gauge named `name`, registered on `r`.
+fn gauge(r: &Registry, name: &str, help: &str) -> IntGauge {
+    register!(r, IntGauge::with_opts(opts(name, help)))
+}
+
+/// A counter with `labels`, registered on `r`.
+fn counter_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    register!(r, IntCounterVec::new(opts(name, help), labels))
+}
+
+/// A gauge with `labels`, registered on `r`.
+fn gauge_vec(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    register!(r, IntGaugeVec::new(opts(name, help), labels))
+}
+
+/// The per-backend families, labelled by backend address ([`Metrics::backend`] resolves them).
+struct BackendFamilies {
+    up: IntGaugeVec,
+    active: IntGaugeVec,
+    connect_failures: IntCounterVec,
+    connect_duration: HistogramVec,
+    connections_closed: IntCounterVec,
+    health_checks: IntCounterVec,
+}
+
+impl BackendFamilies {
+    fn register(r: &Registry) -> Self {
+        BackendFamilies {
+            up: gauge_vec(
+                r,
+                BACKEND_UP,
+                "1 when the backend passes its health check.",
+                &["backend"],
+            ),
+            active: gauge_vec(
+                r,
+                BACKEND_ACTIVE,
+                "Connections carried to the backend.",
+                &["backend"],
+            ),
+            connect_failures: counter_vec(
+                r,
+                BACKEND_CONNECT_FAILURES,
+                "Failed connects to the backend on client traffic.",
+                &["backend"],
+            ),
+            connect_duration: register_connect_duration(r),
+            connections_closed: counter_vec(
+                r,
+                BACKEND_CONNECTIONS_CLOSED,
+                "Connections the proxy closed because of their backend's health. Stays 0: a \
+                 backend that stops listening keeps its connections (kept for dashboards).",
+                &["backend"],
+            ),
+            health_checks: counter_vec(
+                r,
+                HEALTH_CHECKS,
+                "Active health checks, by result.",
+                &["backend", "result"],
+            ),
+        }
+    }
+}
+
+/// Gauges of the process, set at start or read at every scrape ([`Metrics::refresh`]).
+struct ProcessGauges {
+    tcp_migrate_req: IntGauge,
+    runtime_alive_tasks: IntGauge,
+    pipes_pooled: IntGauge,
+    open_fds: IntGauge,
+}
+
+impl ProcessGauges {
+    fn register(r: &Registry) -> Self {
+        ProcessGauges {
+            tcp_migrate_req: gauge(
+                r,
+                TCP_MIGRATE_REQ,
+                "Value of net.ipv4.tcp_migrate_req (-1: unknown).",
+            ),
+            runtime_alive_tasks: gauge(
+                r,
+                RUNTIME_ALIVE_TASKS,
+                "Tasks alive in the async runtime (read at scrape).",
+            ),
+            pipes_pooled: gauge(
+                r,
+                PIPES_POOLED,
+                "Idle splice pipes kept for reuse (two descriptors each).",
+            ),
+            open_fds: gauge(
+                r,
+                OPEN_FDS,
+                "Open file descriptors of the process (read at scrape).",
+            ),
+        }
+    }
+}
+
+/// `build_info{version}`, set to 1.
+fn register_build_info(r: &Registry) {
+    gauge_vec(r, BUILD_INFO, "Build information, value 1.", &["version"])
+        .with_label_values(&[env!("CARGO_PKG_VERSION")])
+        .set(1);
+}
+
+/// `bytes_total{direction}`, exported from the data path's per-thread counters, which are
+/// returned: client to backend, backend to client.
+fn register_bytes(r: &Registry) -> (Arc<shard::Counter>, Arc<shard::Counter>) {
+    let bytes = IntCounterVec::new(
+        opts(BYTES, "Bytes forwarded, by direction."),
+        &["direction"],
+    )
+    .expect("metric definition is valid");
+    let client_to_backend = Arc::new(shard::Counter::default());
+    let backend_to_client = Arc::new(shard::Counter::default());
+    r.register(Box::new(PerThread {
+        exported: bytes.clone(),
+        sources: vec![
+            (
+                bytes.with_label_values(&["client_to_backend"]),
+                client_to_backend.clone(),
+            ),
+            (
+                bytes.with_label_values(&["backend_to_client"]),
+                backend_to_client.clone(),
+            ),
+        ],
+        sync: Mutex::new(()),
+    }))
+    .expect("metric registered once");
+    (client_to_backend, backend_to_client)
+}
+
+/// `backend_connect_duration_seconds{backend}`, from 100 µs to 2.5 s.
+fn register_connect_duration(r: &Registry) -> HistogramVec {
+    register!(
+        r,
+        HistogramVec::new(
+            HistogramOpts::from(opts(
+                BACKEND_CONNECT_DURATION,
+                "Time to connect to the backend."
+            ))
+            .buckets(vec![
+                0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                1.0, 2.5
+            ]),
+            &["backend"]
+        )
+    )
+}
+
 impl Metrics {
     /// Creates every metric and registers it on `registry`.
     pub fn new(registry: &Registry) -> Self {
         let r = registry;
-        let build_info = register!(
+        register_build_info(r);
+        let (bytes_client_to_backend, bytes_backend_to_client) = register_bytes(r);
+        let backend = BackendFamilies::register(r);
+        let process = ProcessGauges::register(r);
+        let client_address = counter_vec(
             r,
-            IntGaugeVec::new(
-                opts(BUILD_INFO, "Build information, value 1."),
-                &["version"]
-            )
-        );
-        build_info
-            .with_label_values(&[env!("CARGO_PKG_VERSION")])
-            .set(1);
-        let bytes = IntCounterVec::new(
-            opts(BYTES, "Bytes forwarded, by direction."),
-            &["direction"],
-        )
-        .expect("metric definition is valid");
-        let bytes_client_to_backend = Arc::new(shard::Counter::default());
-        let bytes_backend_to_client = Arc::new(shard::Counter::default());
-        r.register(Box::new(PerThread {
-            exported: bytes.clone(),
-            sources: vec![
-                (
-                    bytes.with_label_values(&["client_to_backend"]),
-                    bytes_client_to_backend.clone(),
-                ),
-                (
-                    bytes.with_label_values(&["backend_to_client"]),
-                    bytes_backend_to_client.clone(),
-                ),
-            ],
-            sync: Mutex::new(()),
-        }))
-        .expect("metric registered once");
-        let client_address = register!(
-            r,
-            IntCounterVec::new(
-                opts(
-                    CLIENT_ADDRESS_CONNECTIONS,
-                    "--client-address transparent: connections to a loopback backend from a \
-                     client off the node, made with the client's address (transparent) or, \
-                     because that did not work, normally (fallback)."
-                ),
-                &["result"]
-            )
+            CLIENT_ADDRESS_CONNECTIONS,
+            "--client-address transparent: connections to a loopback backend from a client off \
+             the node, made with the client's address (transparent) or, because that did not \
+             work, normally (fallback).",
+            &["result"],
         );
         let metrics = Metrics {
-            connections_accepted: register!(
+            connections_accepted: counter(r, CONNECTIONS_ACCEPTED, "Client connections accepted."),
+            connections_active: gauge(r, CONNECTIONS_ACTIVE, "Client connections being carried."),
+            connections_failed: counter_vec(
                 r,
-                IntCounter::with_opts(opts(CONNECTIONS_ACCEPTED, "Client connections accepted."))
-            ),
-            connections_active: register!(
-                r,
-                IntGauge::with_opts(opts(
-                    CONNECTIONS_ACTIVE,
-                    "Client connections being carried."
-                ))
-            ),
-            connections_failed: register!(
-                r,
-                IntCounterVec::new(
-                    opts(
-                        CONNECTIONS_FAILED,
-                        "Client connections not carried, by reason."
-                    ),
-                    &["reason"]
-                )
+                CONNECTIONS_FAILED,
+                "Client connections not carried, by reason.",
+                &["reason"],
             ),
             bytes_client_to_backend,
             bytes_backend_to_client,
             client_address_transparent: client_address.with_label_values(&["transparent"]),
             client_address_fallback: client_address.with_label_values(&["fallback"]),
-            backend_up: register!(
+            backend_up: backend.up,
+            backend_active: backend.active,
+            backend_connect_failures: backend.connect_failures,
+            backend_connect_duration: backend.connect_duration,
+            backend_connections_closed: backend.connections_closed,
+            health_checks: backend.health_checks,
+            lifecycle_state: gauge_vec(
                 r,
-                IntGaugeVec::new(
-                    opts(BACKEND_UP, "1 when the backend passes its health check."),
-                    &["backend"]
-                )
+                LIFECYCLE_STATE,
+                "1 for the current lifecycle state.",
+                &["state"],
             ),
-            backend_active: register!(
+            handoffs: counter_vec(
                 r,
-                IntGaugeVec::new(
-                    opts(BACKEND_ACTIVE, "Connections carried to the backend."),
-                    &["backend"]
-                )
+                HANDOFFS,
+                "Listener handoffs, by direction and result.",
+                &["direction", "result"],
             ),
-            backend_connect_failures: register!(
+            handoff_peers_refused: counter(
                 r,
-                IntCounterVec::new(
-                    opts(
-                        BACKEND_CONNECT_FAILURES,
-                        "Failed connects to the backend on client traffic."
-                    ),
-                    &["backend"]
-                )
+                HANDOFF_PEERS_REFUSED,
+                "Handoff connections refused: peer uid not allowed.",
             ),
-            backend_connect_duration: register!(
+            handoff_messages_rejected: counter(
                 r,
-                HistogramVec::new(
-                    HistogramOpts::from(opts(
-                        BACKEND_CONNECT_DURATION,
-                        "Time to connect to the backend."
-                    ))
-                    .buckets(vec![
-                        0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-                        0.25, 0.5, 1.0, 2.5
-                    ]),
-                    &["backend"]
-                )
+                HANDOFF_MESSAGES_REJECTED,
+                "Malformed or unexpected handoff messages rejected.",
             ),
-            backend_connections_closed: register!(
+            listening_sockets: gauge(r, LISTENING_SOCKETS, "Listening sockets held."),
+            listening_sockets_dropped: counter(
                 r,
-                IntCounterVec::new(
-                    opts(
-                        BACKEND_CONNECTIONS_CLOSED,
-                        "Connections the proxy closed because of their backend's health. Stays 0: \
-                         a backend that stops listening keeps its connections (kept for dashboards)."
-                    ),
-                    &["backend"]
-                )
+                LISTENING_SOCKETS_DROPPED,
+                "Listening sockets dropped because they could no longer accept.",
             ),
-            health_checks: register!(
-                r,
-                IntCounterVec::new(
-                    opts(HEALTH_CHECKS, "Active health checks, by result."),
-                    &["backend", "result"]
-                )
-            ),
-            lifecycle_state: register!(
-                r,
-                IntGaugeVec::new(
-                    opts(LIFECYCLE_STATE, "1 for the current lifecycle state."),
-                    &["state"]
-                )
-            ),
-            handoffs: register!(
-                r,
-                IntCounterVec::new(
-                    opts(HANDOFFS, "Listener handoffs, by direction and result."),
-                    &["direction", "result"]
-                )
-            ),
-            handoff_peers_refused: register!(
-                r,
-                IntCounter::with_opts(opts(
-                    HANDOFF_PEERS_REFUSED,
-                    "Handoff connections refused: peer uid not allowed."
-                ))
-            ),
-            handoff_messages_rejected: register!(
-                r,
-                IntCounter::with_opts(opts(
-                    HANDOFF_MESSAGES_REJECTED,
-                    "Malformed or unexpected handoff messages rejected."
-                ))
-            ),
-            listening_sockets: register!(
-                r,
-                IntGauge::with_opts(opts(LISTENING_SOCKETS, "Listening sockets held."))
-            ),
-            listening_sockets_dropped: register!(
-                r,
-                IntCounter::with_opts(opts(
-                    LISTENING_SOCKETS_DROPPED,
-                    "Listening sockets dropped because they could no longer accept."
-                ))
-            ),
-            tcp_migrate_req: register!(
-                r,
-                IntGauge::with_opts(opts(
-                    TCP_MIGRATE_REQ,
-                    "Value of net.ipv4.tcp_migrate_req (-1: unknown)."
-                ))
-            ),
-            runtime_alive_tasks: register!(
-                r,
-                IntGauge::with_opts(opts(
-                    RUNTIME_ALIVE_TASKS,
-                    "Tasks alive in the async runtime (read at scrape)."
-                ))
-            ),
-            pipes_pooled: register!(
-                r,
-                IntGauge::with_opts(opts(
-                    PIPES_POOLED,
-                    "Idle splice pipes kept for reuse (two descriptors each)."
-                ))
-            ),
+            tcp_migrate_req: process.tcp_migrate_req,
+            runtime_alive_tasks: process.runtime_alive_tasks,
+            pipes_pooled: process.pipes_pooled,
             pipes_pooled_source: Arc::default(),
-            retire_requests: register!(
+            open_fds: process.open_fds,
+            retire_requests: counter(
                 r,
-                IntCounter::with_opts(opts(
-                    RETIRE_REQUESTS,
-                    "Recovery instance: times it asked to be retired (--retire-file written) because a ready instance serves beside it."
-                ))
+                RETIRE_REQUESTS,
+                "Recovery instance: times it asked to be retired (--retire-file written) because a ready instance serves beside it.",
             ),
-            open_fds: register!(
+            admin_requests_rejected: counter(
                 r,
-                IntGauge::with_opts(opts(
-                    OPEN_FDS,
-                    "Open file descriptors of the process (read at scrape)."
-                ))
+                ADMIN_REQUESTS_REJECTED,
+                "Admin requests rejected (bad method, path or size).",
             ),
-            admin_requests_rejected: register!(
+            connections_via_successor: counter(
                 r,
-                IntCounter::with_opts(opts(
-                    ADMIN_REQUESTS_REJECTED,
-                    "Admin requests rejected (bad method, path or size)."
-                ))
-            ),
-            connections_via_successor: register!(
-                r,
-                IntCounter::with_opts(opts(
-                    CONNECTIONS_VIA_SUCCESSOR,
-                    "Clients of a draining instance that no backend took, carried to the successor that adopted the listening socket."
-                ))
+                CONNECTIONS_VIA_SUCCESSOR,
+                "Clients of a draining instance that no backend took, carried to the successor that adopted the listening socket.",
             ),
         };
         metrics.precreate();
