@@ -358,3 +358,216 @@ where
         tracing::debug!(error = %e, "admin connection ended with error");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+    use crate::check::{HealthCheck, HealthConfig};
+    use crate::forward::ForwardContext;
+
+    /// An admin endpoint served on `127.0.0.1:0`, in `state`, its backends ready or not.
+    struct Admin {
+        addr: SocketAddr,
+        view: Arc<AdminView>,
+        state: watch::Sender<State>,
+        stop: CancellationToken,
+    }
+
+    impl Drop for Admin {
+        fn drop(&mut self) {
+            self.stop.cancel();
+        }
+    }
+
+    async fn admin(state: State, backend_ready: bool) -> Admin {
+        let registry = Registry::new();
+        let metrics = Metrics::new(&registry);
+        let stop = CancellationToken::new();
+        let health = HealthConfig {
+            check: HealthCheck::Tcp,
+            interval: Duration::from_secs(1),
+            timeout: Duration::from_secs(1),
+            rise: std::num::NonZeroU32::MIN,
+            fall: std::num::NonZeroU32::MIN,
+        };
+        let backends = Backends::new(health, metrics.clone(), stop.child_token());
+        let ctx = Arc::new(ForwardContext {
+            backends: backends.clone(),
+            metrics: metrics.clone(),
+            connect_timeout: Duration::from_secs(1),
+            cut: stop.child_token(),
+            close_window: Duration::ZERO,
+            copy_mode: crate::copy::Mode::Auto,
+            carried: Arc::default(),
+            successor_serves: Default::default(),
+            transparent: false,
+        });
+        let listeners = Arc::new(Listeners::new(
+            ctx,
+            16,
+            crate::workers::Placement::Shared,
+            stop.child_token(),
+        ));
+        let (state, rx) = watch::channel(state);
+        let view = Arc::new(AdminView {
+            state: rx.clone(),
+            backends,
+            listeners,
+            registry,
+            metrics,
+            readiness: Readiness::from_fn(rx, move || backend_ready),
+            handoff: None,
+            client_address: crate::cli::ClientAddress::Proxy,
+            handed_to_successor: std::sync::atomic::AtomicU32::new(0),
+        });
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(serve(
+            listener,
+            view.clone(),
+            stop.clone(),
+            TaskTracker::new(),
+        ));
+        Admin {
+            addr,
+            view,
+            state,
+            stop,
+        }
+    }
+
+    /// What came back: status, `Content-Type`, body.
+    #[derive(Debug)]
+    struct Answer {
+        status: u16,
+        content_type: String,
+        body: String,
+    }
+
+    /// One HTTP/1.1 request on a connection of its own, read to the end.
+    async fn request(addr: SocketAddr, method: &str, path: &str) -> Answer {
+        let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let head = format!("{method} {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n");
+        conn.write_all(head.as_bytes()).await.unwrap();
+        let mut raw = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), conn.read_to_end(&mut raw))
+            .await
+            .expect("the admin endpoint did not answer")
+            .unwrap();
+        let raw = String::from_utf8(raw).unwrap();
+        let (head, body) = raw.split_once("\r\n\r\n").expect("a response head");
+        let mut lines = head.lines();
+        let status = lines
+            .next()
+            .unwrap()
+            .split(' ')
+            .nth(1)
+            .unwrap()
+            .parse()
+            .unwrap();
+        let content_type = lines
+            .filter_map(|l| l.split_once(": "))
+            .find(|(name, _)| name.eq_ignore_ascii_case("content-type"))
+            .map(|(_, value)| value.to_string())
+            .unwrap_or_default();
+        Answer {
+            status,
+            content_type,
+            body: body.to_string(),
+        }
+    }
+
+    const TEXT: &str = "text/plain; charset=utf-8";
+
+    #[tokio::test]
+    async fn each_route_answers_with_its_status_body_and_type() {
+        let a = admin(State::Serving, true).await;
+        for path in ["/healthz", "/livez", "/readyz"] {
+            let r = request(a.addr, "GET", path).await;
+            assert_eq!((r.status, r.body.as_str()), (200, "ok\n"), "{path}");
+            assert_eq!(r.content_type, TEXT, "{path}");
+        }
+        let r = request(a.addr, "GET", "/status").await;
+        assert_eq!(
+            (r.status, r.content_type.as_str()),
+            (200, "application/json")
+        );
+        let status: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+        assert_eq!(status["state"], "Serving", "{status}");
+        assert_eq!(status["ready"], true, "{status}");
+        assert_eq!(status["client_address"]["mode"], "proxy", "{status}");
+        assert_eq!(status["version"], env!("CARGO_PKG_VERSION"), "{status}");
+        let r = request(a.addr, "GET", "/metrics").await;
+        assert_eq!(r.status, 200);
+        assert_eq!(r.content_type, TextEncoder::new().format_type());
+        assert!(
+            r.body.contains("kube_apiserver_proxy_build_info{"),
+            "{}",
+            r.body
+        );
+        // No handoff: no peer can be ready.
+        let r = request(a.addr, "GET", "/peer-ready").await;
+        assert_eq!(
+            (r.status, r.body.as_str(), r.content_type.as_str()),
+            (503, "no ready peer on this node\n", TEXT)
+        );
+        let r = request(a.addr, "HEAD", "/healthz").await;
+        assert_eq!((r.status, r.body.as_str()), (200, ""), "HEAD has no body");
+        assert_eq!(a.view.metrics.admin_requests_rejected.get(), 0);
+    }
+
+    #[tokio::test]
+    async fn readyz_says_why_not_until_serving_with_a_backend_or_handed_over() {
+        let a = admin(State::WaitingForBackend, true).await;
+        let r = request(a.addr, "GET", "/readyz").await;
+        assert_eq!(
+            (r.status, r.body.as_str(), r.content_type.as_str()),
+            (503, "not ready: WaitingForBackend\n", TEXT)
+        );
+        a.state.send_replace(State::Serving);
+        assert_eq!(request(a.addr, "GET", "/readyz").await.status, 200);
+        a.state.send_replace(State::Draining);
+        let r = request(a.addr, "GET", "/readyz").await;
+        assert_eq!((r.status, r.body.as_str()), (503, "not ready: Draining\n"));
+        // Handed to the successor of an in-place upgrade: the pod is ready, the successor serves.
+        a.view
+            .handed_to_successor
+            .store(42, std::sync::atomic::Ordering::Release);
+        assert_eq!(request(a.addr, "GET", "/readyz").await.status, 200);
+
+        let a = admin(State::Serving, false).await;
+        let r = request(a.addr, "GET", "/readyz").await;
+        assert_eq!((r.status, r.body.as_str()), (503, "not ready: Serving\n"));
+    }
+
+    #[tokio::test]
+    async fn unknown_path_is_404_and_other_methods_405_both_counted() {
+        let a = admin(State::Serving, true).await;
+        let r = request(a.addr, "GET", "/nope").await;
+        assert_eq!(
+            (r.status, r.body.as_str(), r.content_type.as_str()),
+            (404, "not found\n", TEXT)
+        );
+        assert_eq!(a.view.metrics.admin_requests_rejected.get(), 1);
+        for (method, path) in [
+            ("POST", "/healthz"),
+            ("PUT", "/readyz"),
+            ("DELETE", "/status"),
+            ("POST", "/metrics"),
+            ("POST", "/peer-ready"),
+            ("POST", "/nope"),
+        ] {
+            let r = request(a.addr, method, path).await;
+            assert_eq!(
+                (r.status, r.body.as_str(), r.content_type.as_str()),
+                (405, "method not allowed\n", TEXT),
+                "{method} {path}"
+            );
+        }
+        assert_eq!(a.view.metrics.admin_requests_rejected.get(), 7);
+    }
+}

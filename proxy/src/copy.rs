@@ -512,3 +512,190 @@ pub fn discard(src: &TcpStream) -> io::Result<bool> {
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use super::*;
+    use crate::control::Registry;
+
+    /// Two ends of one loopback connection: (connecting end, accepted end).
+    async fn socket_pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (connected, accepted) = tokio::join!(TcpStream::connect(addr), listener.accept());
+        (connected.unwrap(), accepted.unwrap().0)
+    }
+
+    /// Byte `at + i` of a stream that `seed` tells apart from others (a prime period: a
+    /// shifted, dropped or repeated chunk shows).
+    fn pattern(at: u64, len: usize, seed: u64) -> Vec<u8> {
+        (at..at + len as u64)
+            .map(|i| ((i + seed) % 251) as u8)
+            .collect()
+    }
+
+    /// A client and a backend with the copy between them: bytes go both ways byte-exact, the
+    /// client's half-close reaches the backend (it reads EOF) while the backend goes on
+    /// answering, and the backend's close ends the copy as done; the counters count every byte.
+    #[tokio::test]
+    async fn carries_bytes_both_ways_and_passes_the_half_close_on() {
+        for mode in [Mode::Buffered, Mode::Splice, Mode::Auto] {
+            let (client_app, client) = socket_pair().await;
+            let (backend, backend_app) = socket_pair().await;
+            let (up, down) = (Counter::default(), Counter::default());
+            let registry = Registry::<()>::default();
+            let registration = registry.register();
+            let (counters, control) = ((&up, &down), registration.control());
+            // The caller closes both sockets once the copy is done (that close sends the FIN
+            // of the direction that ended last).
+            let copy = async move {
+                let copied = bidirectional(
+                    &client,
+                    &backend,
+                    mode,
+                    counters,
+                    Pending::default(),
+                    None,
+                    control,
+                )
+                .await;
+                drop((client, backend));
+                copied
+            };
+            // A small request first, then bulk: both ways through `Auto`'s switch.
+            let mut request = pattern(0, 100, 0);
+            request.extend(pattern(100, 1 << 20, 0));
+            let answer = pattern(0, 300 << 10, 7);
+            let (mut client_read, mut client_write) = client_app.into_split();
+            let (mut backend_read, mut backend_write) = backend_app.into_split();
+            let client_side = async {
+                client_write.write_all(&request).await?;
+                client_write.shutdown().await?;
+                let mut got = Vec::new();
+                client_read.read_to_end(&mut got).await?;
+                io::Result::Ok(got)
+            };
+            let backend_side = async {
+                let mut got = Vec::new();
+                // Ends only at the client's half-close, passed on by the copy.
+                backend_read.read_to_end(&mut got).await?;
+                backend_write.write_all(&answer).await?;
+                backend_write.shutdown().await?;
+                io::Result::Ok(got)
+            };
+            let (copied, client_got, backend_got) =
+                tokio::time::timeout(Duration::from_secs(20), async {
+                    tokio::join!(copy, client_side, backend_side)
+                })
+                .await
+                .unwrap_or_else(|_| panic!("{mode:?}: stuck (a half-close not passed on?)"));
+            assert_eq!(copied.unwrap(), Copied::Done, "{mode:?}");
+            assert!(backend_got.unwrap() == request, "{mode:?}: request differs");
+            assert!(client_got.unwrap() == answer, "{mode:?}: answer differs");
+            assert_eq!(up.get(), request.len() as u64, "{mode:?}");
+            assert_eq!(down.get(), answer.len() as u64, "{mode:?}");
+        }
+    }
+
+    /// The backend reads nothing, so the copy fills it and then holds a burst it cannot write.
+    /// Paused then, it returns those bytes: what reached the backend, then the bytes returned,
+    /// then what the copy never read from the client are exactly what the client sent.
+    #[tokio::test]
+    async fn pause_returns_the_bytes_read_but_not_written() {
+        for mode in [Mode::Buffered, Mode::Splice] {
+            let (client_app, client) = socket_pair().await;
+            let (backend, mut backend_app) = socket_pair().await;
+            let (up, down) = (Counter::default(), Counter::default());
+            let registry = Registry::<()>::default();
+            let registration = registry.register();
+            let control = registration.control();
+            let (_client_read, mut client_write) = client_app.into_split();
+            let sent = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+            let writer = {
+                let sent = sent.clone();
+                tokio::spawn(async move {
+                    let mut at = 0;
+                    loop {
+                        let n = client_write.write(&pattern(at, 16 << 10, 0)).await.unwrap();
+                        at += n as u64;
+                        sent.store(at, Ordering::SeqCst);
+                    }
+                })
+            };
+            let mut copy = Box::pin(bidirectional(
+                &client,
+                &backend,
+                mode,
+                (&up, &down),
+                Pending::default(),
+                None,
+                control,
+            ));
+            // Until the backend is full: nothing more written to it for three checks in a row.
+            let (mut last, mut still) = (0, 0);
+            let started = std::time::Instant::now();
+            while still < 3 {
+                tokio::select! {
+                    r = &mut copy => panic!("{mode:?}: the copy ended: {r:?}"),
+                    _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                }
+                let now = up.get();
+                still = if now > 0 && now == last { still + 1 } else { 0 };
+                last = now;
+                assert!(
+                    started.elapsed() < Duration::from_secs(20),
+                    "{mode:?}: never full"
+                );
+            }
+            control.raise(Signal::PARK);
+            let copied = tokio::time::timeout(Duration::from_secs(5), &mut copy)
+                .await
+                .unwrap_or_else(|_| panic!("{mode:?}: not paused"))
+                .unwrap();
+            drop(copy);
+            let Copied::Paused(pending) = copied else {
+                panic!("{mode:?}: {copied:?}");
+            };
+            writer.abort();
+            assert!(writer.await.unwrap_err().is_cancelled());
+            let sent = sent.load(Ordering::SeqCst);
+            assert!(
+                !pending.up.is_empty(),
+                "{mode:?}: no byte in flight returned"
+            );
+            assert!(pending.down.is_empty(), "{mode:?}");
+
+            let mut delivered = vec![0; up.get() as usize];
+            backend_app.read_exact(&mut delivered).await.unwrap();
+            assert!(
+                matches!(backend_app.try_read(&mut [0]), Err(e) if e.kind() == io::ErrorKind::WouldBlock),
+                "{mode:?}: the backend got more than counted"
+            );
+            // The writer's end is closed: the client socket reads to EOF.
+            let mut unread = Vec::new();
+            loop {
+                client.readable().await.unwrap();
+                let mut buf = [0u8; 64 << 10];
+                match client.try_read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => unread.extend_from_slice(&buf[..n]),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            let mut all = delivered;
+            all.extend_from_slice(&pending.up);
+            all.extend_from_slice(&unread);
+            assert_eq!(all.len() as u64, sent, "{mode:?}: bytes lost or added");
+            assert!(
+                all == pattern(0, sent as usize, 0),
+                "{mode:?}: bytes out of order"
+            );
+        }
+    }
+}
