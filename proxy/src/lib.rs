@@ -28,6 +28,8 @@
 //! - [`pace`]: held clients released at the pace their backend answers.
 //! - [`health`]: the pure rise/fall health state machine.
 //! - [`check`]: active https/tls/tcp health checks.
+//! - [`http_client`]: one HTTP/1 request of the proxy's own (checks, probe, scrape, the
+//!   checkpoint's API calls): status and body under a size limit, a typed error per step.
 //! - [`discovery`]: own backend (address file) and node-local backends (shared directory).
 //! - [`net`]: TCP socket options and binding.
 //! - [`transparent`]: `--client-address transparent`: the client's address on backend
@@ -84,6 +86,7 @@ pub mod forward;
 pub mod fsutil;
 pub mod handoff;
 pub mod health;
+pub mod http_client;
 pub mod install;
 pub mod kubeadm_sync;
 pub mod kubernetes_endpoints;
