@@ -60,6 +60,7 @@
 //! - [`render`]: the `render` subcommand: the Deployment derived from kubeadm's static pod.
 //! - [`yaml`]: YAML in and out, resolved as Kubernetes reads it.
 //! - [`fsutil`]: atomic file writes.
+//! - [`kubeconfig`]: a kubeconfig's current context (server, credentials), read as YAML.
 //! - `fault` (feature `planted-faults` only): faults planted for the real-cluster tier's
 //!   self-test.
 //! - [`checkpoint`]: the last-known-good checkpoint: the newest apiserver pod that stayed ready.
@@ -89,6 +90,7 @@ pub mod health;
 pub mod http_client;
 pub mod install;
 pub mod kubeadm_sync;
+pub mod kubeconfig;
 pub mod kubernetes_endpoints;
 pub mod launch;
 pub mod lifecycle;
