@@ -13,7 +13,8 @@ use http_body_util::Empty;
 use hyper::body::Bytes;
 
 use crate::cli::ProbeArgs;
-use crate::{http_client, tls};
+use crate::http_client::{self, HttpError};
+use crate::tls;
 
 /// Why a probe failed.
 #[derive(Debug, thiserror::Error)]
@@ -35,11 +36,17 @@ pub enum ProbeError {
         #[source]
         source: tls::TlsError,
     },
+    #[error("{url}: TLS: {source}")]
+    Handshake {
+        url: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("{url}: {source}")]
     Failed {
         url: String,
         #[source]
-        source: http_client::HttpError,
+        source: HttpError,
     },
 }
 
@@ -183,8 +190,14 @@ pub async fn probe(target: &Target, timeout: Duration) -> Result<(), ProbeError>
     http_client::within(timeout, work)
         .await
         .map(drop)
-        .map_err(|source| ProbeError::Failed {
-            url: url.to_string(),
-            source,
+        .map_err(|e| match e {
+            HttpError::Tls(source) => ProbeError::Handshake {
+                url: url.to_string(),
+                source,
+            },
+            source => ProbeError::Failed {
+                url: url.to_string(),
+                source,
+            },
         })
 }
