@@ -67,10 +67,18 @@ pub enum RecoverError {
 impl RecoverError {
     /// Bad flags or files (exit 2) rather than a failure at run time (exit 1).
     pub fn is_bad_input(&self) -> bool {
-        !matches!(
-            self,
-            RecoverError::MetricsBind { .. } | RecoverError::Runtime(_)
-        )
+        match self {
+            RecoverError::NodeAddress(_)
+            | RecoverError::StaticPodDir(_)
+            | RecoverError::Interval
+            | RecoverError::CheckpointTiming
+            | RecoverError::Kubeconfig(_)
+            | RecoverError::Workload(_)
+            | RecoverError::HostPath(_)
+            | RecoverError::ImageRepository(_)
+            | RecoverError::MetricsListen(_) => true,
+            RecoverError::MetricsBind { .. } | RecoverError::Runtime(_) => false,
+        }
     }
 }
 
