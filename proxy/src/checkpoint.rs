@@ -28,12 +28,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use base64::Engine as _;
-use http_body_util::{BodyExt as _, Empty, Limited};
+use http_body_util::{Empty, Full};
 use hyper::body::Bytes;
-use hyper_util::rt::TokioIo;
+use hyper::StatusCode;
 use serde_json::Value;
 
+use crate::http_client::{self, HttpError};
+use crate::kubeconfig::{self, KubeconfigError, Problem};
 use crate::staticpod::{self, Origin};
 
 /// The checkpoint's file name in the checkpoint directory.
@@ -48,10 +49,14 @@ const MAX_BODY: usize = 16 << 20;
 /// Why an attempt failed.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
-    #[error("kubeconfig {path}: {message}")]
-    Kubeconfig { path: String, message: String },
-    #[error("GET {path}: {message}")]
-    Api { path: String, message: String },
+    #[error(transparent)]
+    Kubeconfig(#[from] KubeconfigError),
+    #[error("GET {path}: {source}")]
+    Api {
+        path: String,
+        #[source]
+        source: ApiError,
+    },
     #[error("pod {pod} is unusable as a checkpoint: {source}")]
     Unusable {
         pod: String,
@@ -66,19 +71,36 @@ pub enum CheckpointError {
     },
 }
 
-/// Why a GET failed: the apiserver's answer, or no answer.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// Why an API request failed: no answer, an answer of another status, or not JSON.
+#[derive(Debug, thiserror::Error)]
 pub enum ApiError {
-    #[error("{1}")]
-    Status(u16, String),
-    #[error("{0}")]
-    Other(String),
+    #[error(transparent)]
+    Http(#[from] HttpError),
+    #[error("not JSON: {0}")]
+    Json(#[from] serde_json::Error),
 }
 
-impl From<String> for ApiError {
-    fn from(message: String) -> Self {
-        ApiError::Other(message)
+impl ApiError {
+    /// The status of an answer refused for it.
+    pub fn status(&self) -> Option<StatusCode> {
+        match self {
+            ApiError::Http(HttpError::Status { status, .. }) => Some(*status),
+            _ => None,
+        }
     }
+}
+
+/// Why an anonymous client cannot be made.
+#[derive(Debug, thiserror::Error)]
+enum AnonymousError {
+    #[error("{0}")]
+    Tls(#[from] crate::tls::TlsError),
+    #[error("server name {name}: {source}")]
+    ServerName {
+        name: String,
+        #[source]
+        source: rustls::pki_types::InvalidDnsNameError,
+    },
 }
 
 /// An apiserver and the credentials to read from it.
@@ -88,157 +110,170 @@ pub struct ApiClient {
     port: u16,
     server_name: rustls::pki_types::ServerName<'static>,
     tls: Arc<rustls::ClientConfig>,
+    /// Sent as `Authorization: Bearer`.
+    token: Option<String>,
 }
 
 impl std::fmt::Debug for ApiClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "https://{}:{}", self.host, self.port)
+        write!(f, "https://{}", self.authority())
     }
 }
 
-/// The value of `key:` on a kubeconfig line (kubeadm's layout: one cluster, one user).
-fn kubeconfig_value<'a>(text: &'a str, key: &str) -> Option<&'a str> {
-    text.lines().find_map(|line| {
-        let rest = line.trim_start().strip_prefix(key)?.strip_prefix(':')?;
-        let v = rest.trim().trim_matches('"').trim_matches('\'');
-        (!v.is_empty()).then_some(v)
-    })
-}
-
 impl ApiClient {
-    /// From a kubeconfig as kubeadm writes it (`kubelet.conf`): `server`, the CA and the
-    /// client certificate and key, each inline (`…-data`) or as a file path (relative to the
-    /// kubeconfig's directory).
-    pub fn from_kubeconfig(path: &Path) -> Result<Self, CheckpointError> {
-        let err = |message: String| CheckpointError::Kubeconfig {
+    /// From a kubeconfig (as kubeadm writes `kubelet.conf`, or any other): its current
+    /// context's server, CA and client certificate and key or token ([`crate::kubeconfig`]).
+    pub fn from_kubeconfig(path: &Path) -> Result<Self, KubeconfigError> {
+        let k = kubeconfig::read(path)?;
+        Self::from_current_context(k).map_err(|problem| KubeconfigError {
             path: path.display().to_string(),
-            message,
-        };
-        let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
-        let base = path.parent().unwrap_or(Path::new("/"));
-        let material = |name: &str| -> Result<Vec<u8>, CheckpointError> {
-            if let Some(data) = kubeconfig_value(&text, &format!("{name}-data")) {
-                return base64::engine::general_purpose::STANDARD
-                    .decode(data)
-                    .map_err(|e| err(format!("{name}-data: {e}")));
-            }
-            let file = kubeconfig_value(&text, name).ok_or_else(|| err(format!("no {name}")))?;
-            std::fs::read(base.join(file)).map_err(|e| err(format!("{name} {file}: {e}")))
-        };
-        let server = kubeconfig_value(&text, "server").ok_or_else(|| err("no server".into()))?;
-        let hostport = server
-            .strip_prefix("https://")
-            .ok_or_else(|| err(format!("server {server} is not https://")))?
-            .trim_end_matches('/');
-        let (host, port) = match hostport.rsplit_once(':') {
-            Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => (
-                h.trim_matches(|c| c == '[' || c == ']').to_owned(),
-                p.parse()
-                    .map_err(|_| err(format!("server {server}: port")))?,
-            ),
-            _ => (hostport.to_owned(), 443),
-        };
+            problem,
+        })
+    }
+
+    fn from_current_context(k: kubeconfig::Kubeconfig) -> Result<Self, Problem> {
         let mut roots = rustls::RootCertStore::empty();
-        for cert in rustls_pemfile::certs(&mut &material("certificate-authority")?[..]) {
-            let cert = cert.map_err(|e| err(format!("certificate-authority: {e}")))?;
-            roots
-                .add(cert)
-                .map_err(|e| err(format!("certificate-authority: {e}")))?;
+        for cert in rustls_pemfile::certs(&mut &k.ca[..]) {
+            let cert = cert.map_err(|source| Problem::Pem {
+                key: "certificate-authority",
+                source,
+            })?;
+            roots.add(cert).map_err(Problem::Root)?;
         }
-        let certs = rustls_pemfile::certs(&mut &material("client-certificate")?[..])
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| err(format!("client-certificate: {e}")))?;
-        let key = rustls_pemfile::private_key(&mut &material("client-key")?[..])
-            .map_err(|e| err(format!("client-key: {e}")))?
-            .ok_or_else(|| err("client-key: no PEM key".into()))?;
-        let tls = crate::tls::client_config(Some(roots), Some((certs, key)))
-            .map_err(|e| err(e.to_string()))?;
-        let server_name = rustls::pki_types::ServerName::try_from(host.clone())
-            .map_err(|e| err(format!("server {server}: {e}")))?;
+        let client = match &k.client {
+            Some((cert, key)) => {
+                let certs = rustls_pemfile::certs(&mut &cert[..])
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|source| Problem::Pem {
+                        key: "client-certificate",
+                        source,
+                    })?;
+                let key = rustls_pemfile::private_key(&mut &key[..])
+                    .map_err(|source| Problem::Pem {
+                        key: "client-key",
+                        source,
+                    })?
+                    .ok_or(Problem::NoPemKey("client-key"))?;
+                Some((certs, key))
+            }
+            None => None,
+        };
+        let tls = crate::tls::client_config(Some(roots), client).map_err(Problem::Tls)?;
+        let server_name =
+            rustls::pki_types::ServerName::try_from(k.host.clone()).map_err(|source| {
+                Problem::ServerName {
+                    server: k.server.clone(),
+                    source,
+                }
+            })?;
         Ok(ApiClient {
-            host,
-            port,
+            host: k.host,
+            port: k.port,
             server_name,
             tls,
+            token: k.token,
         })
     }
 
     /// An apiserver at `addr` verified against the CA bundle `ca` under `server_name`, read
-    /// anonymously (`/readyz`, `/version`).
+    /// anonymously (`/readyz`, `/version`); the error as one line of text.
     pub fn anonymous(addr: SocketAddr, ca: &Path, server_name: &str) -> Result<Self, String> {
-        let roots = crate::tls::load_roots(ca).map_err(|e| e.to_string())?;
-        let tls = crate::tls::client_config(Some(roots), None).map_err(|e| e.to_string())?;
+        Self::anonymous_typed(addr, ca, server_name).map_err(|e| e.to_string())
+    }
+
+    fn anonymous_typed(
+        addr: SocketAddr,
+        ca: &Path,
+        server_name: &str,
+    ) -> Result<Self, AnonymousError> {
+        let roots = crate::tls::load_roots(ca)?;
+        let tls = crate::tls::client_config(Some(roots), None)?;
         Ok(ApiClient {
             host: addr.ip().to_string(),
             port: addr.port(),
-            server_name: rustls::pki_types::ServerName::try_from(server_name.to_owned())
-                .map_err(|e| format!("server name {server_name}: {e}"))?,
+            server_name: rustls::pki_types::ServerName::try_from(server_name.to_owned()).map_err(
+                |source| AnonymousError::ServerName {
+                    name: server_name.to_owned(),
+                    source,
+                },
+            )?,
             tls,
+            token: None,
         })
+    }
+
+    /// `host:port`, an IPv6 host in brackets.
+    fn authority(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
     }
 
     /// `GET path` (with query); the JSON body of a 200.
     pub async fn get_json(&self, path: &str) -> Result<Value, ApiError> {
         let body = self.get(path).await?;
-        serde_json::from_slice(&body).map_err(|e| ApiError::Other(format!("not JSON: {e}")))
+        Ok(serde_json::from_slice(&body)?)
     }
 
     /// `GET path` (with query); the body of a 200.
     pub async fn get(&self, path: &str) -> Result<Bytes, ApiError> {
-        let work = async {
-            let addr: SocketAddr = tokio::net::lookup_host((self.host.as_str(), self.port))
-                .await
-                .map_err(|e| format!("resolve {}: {e}", self.host))?
-                .next()
-                .ok_or_else(|| format!("resolve {}: no address", self.host))?;
-            let tcp = tokio::net::TcpStream::connect(addr)
-                .await
-                .map_err(|e| format!("connect {addr}: {e}"))?;
-            let tls = tokio_rustls::TlsConnector::from(self.tls.clone())
-                .connect(self.server_name.clone(), tcp)
-                .await
-                .map_err(|e| format!("tls handshake with {addr}: {e}"))?;
-            let (mut sender, conn) =
-                hyper::client::conn::http1::handshake::<_, Empty<Bytes>>(TokioIo::new(tls))
-                    .await
-                    .map_err(|e| format!("http: {e}"))?;
-            let req = hyper::Request::get(path)
-                .header(hyper::header::HOST, format!("{}:{}", self.host, self.port))
-                .header(hyper::header::ACCEPT, "application/json")
-                .header(
-                    hyper::header::USER_AGENT,
-                    concat!("kube-apiserver-proxy-recover/", env!("CARGO_PKG_VERSION")),
-                )
-                .body(Empty::new())
-                .map_err(|e| e.to_string())?;
-            let conn = tokio::spawn(conn);
-            let result = async {
-                let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
-                let status = resp.status();
-                let body = Limited::new(resp.into_body(), MAX_BODY)
-                    .collect()
-                    .await
-                    .map_err(|e| format!("body: {e}"))?
-                    .to_bytes();
-                if status != hyper::StatusCode::OK {
-                    let text = String::from_utf8_lossy(&body);
-                    return Err(ApiError::Status(
-                        status.as_u16(),
-                        format!(
-                            "HTTP {status}: {}",
-                            text.chars().take(200).collect::<String>()
-                        ),
-                    ));
-                }
-                Ok(body)
-            }
-            .await;
-            conn.abort();
-            result
-        };
-        tokio::time::timeout(REQUEST_TIMEOUT, work)
-            .await
-            .map_err(|_| ApiError::Other(format!("no answer within {REQUEST_TIMEOUT:?}")))?
+        let req = hyper::Request::get(path).header(
+            hyper::header::USER_AGENT,
+            concat!("kube-apiserver-proxy-recover/", env!("CARGO_PKG_VERSION")),
+        );
+        let answer = self.call(req, Empty::<Bytes>::new()).await?;
+        Ok(answer.accept(|s| s == StatusCode::OK, 200)?)
+    }
+
+    /// `METHOD path` with a JSON body (`PUT`, `POST`); the JSON answer of a 2xx.
+    pub async fn send_json(
+        &self,
+        method: &str,
+        path: &str,
+        body: &Value,
+    ) -> Result<Value, ApiError> {
+        let body = Bytes::from(serde_json::to_vec(body).expect("JSON value serializes"));
+        let req = hyper::Request::builder()
+            .method(method)
+            .uri(path)
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .header(
+                hyper::header::USER_AGENT,
+                concat!("kube-apiserver-proxy/", env!("CARGO_PKG_VERSION")),
+            );
+        let answer = self.call(req, Full::new(body)).await?;
+        let body = answer.accept(|s| s.is_success(), 300)?;
+        Ok(serde_json::from_slice(&body)?)
+    }
+
+    /// Sends `req` with `body` (and `Host`, `Accept`, the token) over a new connection, within
+    /// [`REQUEST_TIMEOUT`].
+    async fn call<B>(
+        &self,
+        req: hyper::http::request::Builder,
+        body: B,
+    ) -> Result<http_client::Answer, HttpError>
+    where
+        B: hyper::body::Body + Send + 'static,
+        B::Data: Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let mut req = req
+            .header(hyper::header::HOST, self.authority())
+            .header(hyper::header::ACCEPT, "application/json");
+        if let Some(token) = &self.token {
+            req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {token}"));
+        }
+        let req = req.body(body)?;
+        http_client::within(REQUEST_TIMEOUT, async {
+            let addr = http_client::resolve(&self.host, self.port).await?;
+            let tcp = http_client::connect(addr).await?;
+            let tls = http_client::tls(self.tls.clone(), self.server_name.clone(), tcp).await?;
+            http_client::request(tls, req, MAX_BODY).await
+        })
+        .await
     }
 }
 
@@ -269,69 +304,6 @@ impl std::fmt::Display for Workload {
             Workload::Deployment(n) => write!(f, "deployment/{n}"),
             Workload::DaemonSet(n) => write!(f, "daemonset/{n}"),
         }
-    }
-}
-
-impl ApiClient {
-    /// `METHOD path` with a JSON body (`PUT`, `POST`); the JSON answer of a 2xx.
-    pub async fn send_json(&self, method: &str, path: &str, body: &Value) -> Result<Value, String> {
-        let body = Bytes::from(serde_json::to_vec(body).map_err(|e| e.to_string())?);
-        let work = async {
-            let addr: SocketAddr = tokio::net::lookup_host((self.host.as_str(), self.port))
-                .await
-                .map_err(|e| format!("resolve {}: {e}", self.host))?
-                .next()
-                .ok_or_else(|| format!("resolve {}: no address", self.host))?;
-            let tcp = tokio::net::TcpStream::connect(addr)
-                .await
-                .map_err(|e| format!("connect {addr}: {e}"))?;
-            let tls = tokio_rustls::TlsConnector::from(self.tls.clone())
-                .connect(self.server_name.clone(), tcp)
-                .await
-                .map_err(|e| format!("tls handshake with {addr}: {e}"))?;
-            let (mut sender, conn) = hyper::client::conn::http1::handshake::<
-                _,
-                http_body_util::Full<Bytes>,
-            >(TokioIo::new(tls))
-            .await
-            .map_err(|e| format!("http: {e}"))?;
-            let req = hyper::Request::builder()
-                .method(method)
-                .uri(path)
-                .header(hyper::header::HOST, format!("{}:{}", self.host, self.port))
-                .header(hyper::header::ACCEPT, "application/json")
-                .header(hyper::header::CONTENT_TYPE, "application/json")
-                .header(
-                    hyper::header::USER_AGENT,
-                    concat!("kube-apiserver-proxy/", env!("CARGO_PKG_VERSION")),
-                )
-                .body(http_body_util::Full::new(body))
-                .map_err(|e| e.to_string())?;
-            let conn = tokio::spawn(conn);
-            let result = async {
-                let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
-                let status = resp.status();
-                let body = Limited::new(resp.into_body(), MAX_BODY)
-                    .collect()
-                    .await
-                    .map_err(|e| format!("body: {e}"))?
-                    .to_bytes();
-                if !status.is_success() {
-                    let text = String::from_utf8_lossy(&body);
-                    return Err(format!(
-                        "HTTP {status}: {}",
-                        text.chars().take(300).collect::<String>()
-                    ));
-                }
-                serde_json::from_slice(&body).map_err(|e| format!("not JSON: {e}"))
-            }
-            .await;
-            conn.abort();
-            result
-        };
-        tokio::time::timeout(REQUEST_TIMEOUT, work)
-            .await
-            .map_err(|_| format!("no answer within {REQUEST_TIMEOUT:?}"))?
     }
 }
 
@@ -436,11 +408,10 @@ async fn owned_by(
     let get = |path: String| async move {
         match api.get_json(&path).await {
             Ok(v) => Ok(Ok(v)),
-            Err(ApiError::Status(404, _)) => Ok(Err(format!("{path} does not exist"))),
-            Err(e) => Err(CheckpointError::Api {
-                path,
-                message: e.to_string(),
-            }),
+            Err(e) if e.status() == Some(StatusCode::NOT_FOUND) => {
+                Ok(Err(format!("{path} does not exist")))
+            }
+            Err(source) => Err(CheckpointError::Api { path, source }),
         }
     };
     let (want_kind, name) = match workload {
@@ -513,9 +484,9 @@ pub async fn attempt(config: &WriterConfig, now: SystemTime) -> Result<Outcome, 
     let list = api
         .get_json(&path)
         .await
-        .map_err(|e| CheckpointError::Api {
+        .map_err(|source| CheckpointError::Api {
             path: path.clone(),
-            message: e.to_string(),
+            source,
         })?;
     let items = list["items"].as_array().cloned().unwrap_or_default();
     let Some(pod) = choose(&items, now, config.after) else {
@@ -620,6 +591,7 @@ pub fn store(dir: &Path, existing: Option<&[u8]>, text: &[u8]) -> std::io::Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+    use base64::Engine as _;
     use serde_json::json;
 
     fn origin(uid: &str, created: &str) -> Origin {
@@ -716,6 +688,39 @@ mod tests {
         std::fs::write(dir.join("bad.conf"), "clusters: []\n").unwrap();
         let e = ApiClient::from_kubeconfig(&dir.join("bad.conf")).unwrap_err();
         assert!(e.to_string().contains("no server"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn kubeconfig_current_context_with_a_token_user() {
+        let dir = std::env::temp_dir().join(format!("kap-kubeconfig-{}", rand::random::<u64>()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (cert, key) = rcgen_free_pem();
+        std::fs::write(dir.join("ca.crt"), &cert).unwrap();
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        let text = format!(
+            "clusters:\n- name: old\n  cluster:\n    server: https://192.0.2.1:6443\n    certificate-authority: missing.crt\n- name: new\n  cluster:\n    server: https://[2001:db8::5]:8443\n    certificate-authority: ca.crt\ncontexts:\n- name: old\n  context: {{cluster: old, user: cert}}\n- name: new\n  context: {{cluster: new, user: token}}\ncurrent-context: new\nusers:\n- name: cert\n  user:\n    client-certificate-data: {}\n    client-key-data: {}\n- name: token\n  user:\n    token: abc\n",
+            b64(&cert),
+            b64(&key)
+        );
+        std::fs::write(dir.join("k.conf"), &text).unwrap();
+        let c = ApiClient::from_kubeconfig(&dir.join("k.conf")).unwrap();
+        assert_eq!((c.host.as_str(), c.port), ("2001:db8::5", 8443));
+        assert_eq!(c.authority(), "[2001:db8::5]:8443");
+        assert_eq!(c.token.as_deref(), Some("abc"));
+        // The other context's CA file is missing: it is named when that context is current.
+        std::fs::write(
+            dir.join("k.conf"),
+            text.replace("current-context: new", "current-context: old"),
+        )
+        .unwrap();
+        let e = ApiClient::from_kubeconfig(&dir.join("k.conf"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("k.conf: certificate-authority missing.crt: "),
+            "{e}"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

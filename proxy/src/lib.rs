@@ -28,6 +28,8 @@
 //! - [`pace`]: held clients released at the pace their backend answers.
 //! - [`health`]: the pure rise/fall health state machine.
 //! - [`check`]: active https/tls/tcp health checks.
+//! - [`http_client`]: one HTTP/1 request of the proxy's own (checks, probe, scrape, the
+//!   checkpoint's API calls): status and body under a size limit, a typed error per step.
 //! - [`discovery`]: own backend (address file) and node-local backends (shared directory).
 //! - [`net`]: TCP socket options and binding.
 //! - [`transparent`]: `--client-address transparent`: the client's address on backend
@@ -57,6 +59,7 @@
 //! - [`render`]: the `render` subcommand: the Deployment derived from kubeadm's static pod.
 //! - [`yaml`]: YAML in and out, resolved as Kubernetes reads it.
 //! - [`fsutil`]: atomic file writes.
+//! - [`kubeconfig`]: a kubeconfig's current context (server, credentials), read as YAML.
 //! - `fault` (feature `planted-faults` only): faults planted for the real-cluster tier's
 //!   self-test.
 //! - [`checkpoint`]: the last-known-good checkpoint: the newest apiserver pod that stayed ready.
@@ -83,8 +86,10 @@ pub mod forward;
 pub mod fsutil;
 pub mod handoff;
 pub mod health;
+pub mod http_client;
 pub mod install;
 pub mod kubeadm_sync;
+pub mod kubeconfig;
 pub mod kubernetes_endpoints;
 pub mod launch;
 pub mod lifecycle;

@@ -98,7 +98,11 @@ fn main() -> ExitCode {
             init_tracing(args.log_format, "info");
             match recover::run(&args) {
                 Ok(()) => ExitCode::SUCCESS,
-                Err(e) => bad_input(format!("error: recover: {e}")),
+                Err(e) if e.is_bad_input() => bad_input(format!("error: recover: {e}")),
+                Err(e) => {
+                    eprintln!("error: recover: {e}");
+                    ExitCode::FAILURE
+                }
             }
         }
         // Returns only when it could not exec.

@@ -11,10 +11,9 @@ use std::time::Duration;
 
 use http_body_util::Empty;
 use hyper::body::Bytes;
-use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::cli::ProbeArgs;
+use crate::http_client::{self, HttpError};
 use crate::tls;
 
 /// Why a probe failed.
@@ -37,8 +36,18 @@ pub enum ProbeError {
         #[source]
         source: tls::TlsError,
     },
-    #[error("{url}: {message}")]
-    Failed { url: String, message: String },
+    #[error("{url}: TLS: {source}")]
+    Handshake {
+        url: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{url}: {source}")]
+    Failed {
+        url: String,
+        #[source]
+        source: HttpError,
+    },
 }
 
 impl ProbeError {
@@ -138,64 +147,57 @@ pub fn target(args: &ProbeArgs) -> Result<Target, ProbeError> {
     })
 }
 
+/// Largest answer a probe reads.
+const MAX_BODY: usize = 1 << 20;
+
 /// GETs the target; `Ok` when it answered 200.
 pub async fn probe(target: &Target, timeout: Duration) -> Result<(), ProbeError> {
     let url = target.url.as_str();
-    let uri: hyper::Uri = url
-        .parse()
-        .map_err(|_| ProbeError::BadUrl(url.to_string()))?;
+    let bad_url = || ProbeError::BadUrl(url.to_string());
+    let uri: hyper::Uri = url.parse().map_err(|_| bad_url())?;
     let https = match uri.scheme_str() {
         Some("http") => false,
         Some("https") => true,
-        _ => return Err(ProbeError::BadUrl(url.to_string())),
+        _ => return Err(bad_url()),
     };
-    let authority = uri
-        .authority()
-        .ok_or_else(|| ProbeError::BadUrl(url.to_string()))?
-        .clone();
-    let failed = |message: String| ProbeError::Failed {
-        url: url.to_string(),
-        message,
+    let authority = uri.authority().ok_or_else(bad_url)?.clone();
+    let tls = match (&target.tls, https) {
+        (Some(tls), true) => Some(tls),
+        (None, false) => None,
+        _ => return Err(ProbeError::NoTrust),
     };
     let path = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
-    let work = async {
-        let tcp = tokio::net::TcpStream::connect(authority.as_str())
-            .await
-            .map_err(|e| failed(e.to_string()))?;
-        match (&target.tls, https) {
-            (Some((config, name)), true) => {
-                let stream = tokio_rustls::TlsConnector::from(config.clone())
-                    .connect(name.clone(), tcp)
-                    .await
-                    .map_err(|e| failed(format!("TLS: {e}")))?;
-                get(stream, authority.as_str(), path).await.map_err(failed)
-            }
-            (None, false) => get(tcp, authority.as_str(), path).await.map_err(failed),
-            _ => Err(ProbeError::NoTrust),
-        }
-    };
-    tokio::time::timeout(timeout, work)
-        .await
-        .unwrap_or_else(|_| Err(failed(format!("no answer within {timeout:?}"))))
-}
-
-async fn get<S>(stream: S, host: &str, path: &str) -> Result<(), String>
-where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake::<_, Empty<Bytes>>(TokioIo::new(stream))
-            .await
-            .map_err(|e| e.to_string())?;
-    tokio::spawn(conn);
+    let port = authority.port_u16().unwrap_or(if https { 443 } else { 80 });
+    let host = authority
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']');
     let req = hyper::Request::get(path)
-        .header(hyper::header::HOST, host)
-        .body(Empty::new())
-        .map_err(|e| e.to_string())?;
-    let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
-    if resp.status() == hyper::StatusCode::OK {
-        Ok(())
-    } else {
-        Err(format!("HTTP {}", resp.status()))
-    }
+        .header(hyper::header::HOST, authority.as_str())
+        .body(Empty::<Bytes>::new());
+    let work = async {
+        let req = req?;
+        let tcp = http_client::connect(http_client::resolve(host, port).await?).await?;
+        let answer = match tls {
+            Some((config, name)) => {
+                let stream = http_client::tls(config.clone(), name.clone(), tcp).await?;
+                http_client::request(stream, req, MAX_BODY).await?
+            }
+            None => http_client::request(tcp, req, MAX_BODY).await?,
+        };
+        answer.accept(|s| s == hyper::StatusCode::OK, 0)
+    };
+    http_client::within(timeout, work)
+        .await
+        .map(drop)
+        .map_err(|e| match e {
+            HttpError::Tls(source) => ProbeError::Handshake {
+                url: url.to_string(),
+                source,
+            },
+            source => ProbeError::Failed {
+                url: url.to_string(),
+                source,
+            },
+        })
 }

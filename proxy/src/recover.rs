@@ -27,10 +27,12 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::cli::RecoverArgs;
+use crate::kubeconfig::KubeconfigError;
 use crate::metrics::CheckpointMetrics;
 use crate::staticpod;
 
-/// Why `recover` cannot start (bad input: exit 2).
+/// Why `recover` cannot start or stopped: bad flags or files (exit 2, see
+/// [`RecoverError::is_bad_input`]) or a failure at run time (exit 1).
 #[derive(Debug, thiserror::Error)]
 pub enum RecoverError {
     #[error("--node-address: {0}")]
@@ -41,8 +43,9 @@ pub enum RecoverError {
     Interval,
     #[error("--checkpoint-interval and --checkpoint-after: must be greater than zero")]
     CheckpointTiming,
-    #[error("--kubeconfig: {0}")]
-    Kubeconfig(String),
+    /// `--kubeconfig` as [`KubeconfigError`] names it: `--kubeconfig PATH: problem`.
+    #[error("--{0}")]
+    Kubeconfig(#[source] KubeconfigError),
     #[error("--workload: {0}")]
     Workload(String),
     #[error("--allow-host-path {0}: not a plain absolute path")]
@@ -51,8 +54,32 @@ pub enum RecoverError {
     ImageRepository(String),
     #[error("--metrics-listen: {0}")]
     MetricsListen(String),
+    #[error("--metrics-listen: bind {addr}: {source}")]
+    MetricsBind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot start: {0}")]
-    Runtime(std::io::Error),
+    Runtime(#[source] std::io::Error),
+}
+
+impl RecoverError {
+    /// Bad flags or files (exit 2) rather than a failure at run time (exit 1).
+    pub fn is_bad_input(&self) -> bool {
+        match self {
+            RecoverError::NodeAddress(_)
+            | RecoverError::StaticPodDir(_)
+            | RecoverError::Interval
+            | RecoverError::CheckpointTiming
+            | RecoverError::Kubeconfig(_)
+            | RecoverError::Workload(_)
+            | RecoverError::HostPath(_)
+            | RecoverError::ImageRepository(_)
+            | RecoverError::MetricsListen(_) => true,
+            RecoverError::MetricsBind { .. } | RecoverError::Runtime(_) => false,
+        }
+    }
 }
 
 /// The static pod's file name in the kubelet's directory.
@@ -130,11 +157,8 @@ impl TryFrom<&RecoverArgs> for Recover {
         let writer = match (&args.kubeconfig, &args.node_name) {
             (Some(kubeconfig), Some(node)) => {
                 // Read now to refuse a bad one at start; read again at every attempt.
-                crate::checkpoint::ApiClient::from_kubeconfig(kubeconfig).map_err(|e| {
-                    RecoverError::Kubeconfig(
-                        e.to_string().trim_start_matches("kubeconfig ").to_string(),
-                    )
-                })?;
+                crate::checkpoint::ApiClient::from_kubeconfig(kubeconfig)
+                    .map_err(RecoverError::Kubeconfig)?;
                 Some(crate::checkpoint::WriterConfig {
                     dir: args.checkpoint_dir.clone(),
                     namespace: args.namespace.clone(),
@@ -193,7 +217,7 @@ pub fn run(args: &RecoverArgs) -> Result<(), RecoverError> {
         if let Some(addr) = config.metrics_listen {
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
-                .map_err(|e| RecoverError::MetricsListen(format!("bind {addr}: {e}")))?;
+                .map_err(|source| RecoverError::MetricsBind { addr, source })?;
             tasks.spawn(serve_metrics(listener, registry, stop.clone(), tasks.clone()));
         }
         tracing::info!(checkpoint = %config.checkpoint.display(), static_pod_dir = %config.static_pod_dir.display(), node_address = %config.node_address, metrics_listen = ?config.metrics_listen, "recover: started");
@@ -308,8 +332,8 @@ async fn decide(config: &Recover) -> Decision {
         }
     };
     let origin = match serde_json::from_slice(&bytes)
-        .map_err(|e| staticpod::Unusable(format!("not JSON: {e}")))
-        .and_then(|v| staticpod::validate(&v, &config.policy))
+        .map_err(Refusal::from)
+        .and_then(|v| Ok(staticpod::validate(&v, &config.policy)?))
     {
         Ok(o) => o,
         Err(e) => {
@@ -329,6 +353,15 @@ async fn decide(config: &Recover) -> Decision {
         Ok(()) => Decision::Activated(origin.pod),
         Err(e) => Decision::Not(format!("cannot write {}: {e}", manifest.display())),
     }
+}
+
+/// Why the checkpoint file is not activated.
+#[derive(Debug, thiserror::Error)]
+enum Refusal {
+    #[error("not JSON: {0}")]
+    NotJson(#[from] serde_json::Error),
+    #[error(transparent)]
+    Unusable(#[from] staticpod::Unusable),
 }
 
 /// Whether something accepts a TCP connection on `addr` within 1 s.
@@ -426,7 +459,7 @@ impl Writer {
                 format!("checkpoint refused: pod {pod}: {reason}; the previous checkpoint stays"),
                 true,
             ),
-            Err(e) => (format!("checkpoint not written: {}", chain(e)), true),
+            Err(e) => (format!("checkpoint not written: {e}"), true),
         };
         let changed = self.last.as_deref() != Some(text.as_str());
         let stale = self
@@ -442,16 +475,4 @@ impl Writer {
             self.last_logged = Some(std::time::Instant::now());
         }
     }
-}
-
-/// An error with its causes, `a: b: c`.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }

@@ -31,16 +31,16 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http_body_util::{BodyExt as _, Empty, Full};
+use http_body_util::{Empty, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use prometheus::{Encoder as _, TextEncoder};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::admin::{self, AdminView};
+use crate::http_client::{self, HttpError};
 
 /// How long a peer may take to answer its part of a scrape: well inside a scraper's own
 /// timeout (Prometheus: 10s by default, at most the scrape interval), since a peer that is
@@ -306,13 +306,13 @@ async fn fetch_all(list: PeerList) -> Vec<String> {
         };
         match result {
             Ok(text) => texts.push(text),
-            Err(Fetch::Refused) => {
+            Err(e) if e.is_refused() => {
                 // Nobody listens there any more: the instance is gone without removing its file.
                 tracing::info!(peer = %addr, file = %file.display(), "removing the peer-metrics address of a gone instance");
                 let _ = tokio::task::spawn_blocking(move || std::fs::remove_file(file)).await;
             }
-            Err(Fetch::Failed(e)) => {
-                tracing::debug!(peer = %addr, error = e, "peer metrics left out of this scrape");
+            Err(e) => {
+                tracing::debug!(peer = %addr, error = %e, "peer metrics left out of this scrape");
             }
         }
     }
@@ -320,46 +320,34 @@ async fn fetch_all(list: PeerList) -> Vec<String> {
 }
 
 /// Why a peer's metrics could not be fetched.
-enum Fetch {
+#[derive(Debug, thiserror::Error)]
+enum FetchError {
+    #[error(transparent)]
+    Http(#[from] HttpError),
+    #[error("not UTF-8: {0}")]
+    NotUtf8(#[from] std::string::FromUtf8Error),
+}
+
+impl FetchError {
     /// Connection refused: nobody listens on its address any more.
-    Refused,
-    Failed(String),
+    fn is_refused(&self) -> bool {
+        matches!(self, FetchError::Http(e) if e.is_refused())
+    }
 }
 
 /// `GET /metrics` from a peer's peer-metrics listener.
-async fn fetch(addr: SocketAddr) -> Result<String, Fetch> {
+async fn fetch(addr: SocketAddr) -> Result<String, FetchError> {
     let work = async {
-        let tcp = tokio::net::TcpStream::connect(addr).await.map_err(|e| {
-            if e.kind() == std::io::ErrorKind::ConnectionRefused {
-                Fetch::Refused
-            } else {
-                Fetch::Failed(e.to_string())
-            }
-        })?;
-        let failed = |e: hyper::Error| Fetch::Failed(e.to_string());
-        let (mut sender, conn) =
-            hyper::client::conn::http1::handshake::<_, Empty<Bytes>>(TokioIo::new(tcp))
-                .await
-                .map_err(failed)?;
-        tokio::spawn(conn);
+        let tcp = http_client::connect(addr).await?;
         let req = Request::get("/metrics")
             .header(hyper::header::HOST, addr.to_string())
-            .body(Empty::new())
-            .map_err(|e| Fetch::Failed(e.to_string()))?;
-        let resp = sender.send_request(req).await.map_err(failed)?;
-        if resp.status() != StatusCode::OK {
-            return Err(Fetch::Failed(format!("HTTP {}", resp.status())));
-        }
-        let body = http_body_util::Limited::new(resp.into_body(), MAX_PEER_BODY)
-            .collect()
-            .await
-            .map_err(|e| Fetch::Failed(e.to_string()))?
-            .to_bytes();
-        String::from_utf8(body.to_vec()).map_err(|_| Fetch::Failed("not UTF-8".into()))
+            .body(Empty::<Bytes>::new())?;
+        http_client::request(tcp, req, MAX_PEER_BODY)
+            .await?
+            .accept(|s| s == StatusCode::OK, 0)
     };
-    tokio::time::timeout(FETCH_TIMEOUT, work)
-        .await
-        .unwrap_or_else(|_| Err(Fetch::Failed(format!("no answer within {FETCH_TIMEOUT:?}"))))
+    let body = http_client::within(FETCH_TIMEOUT, work).await?;
+    Ok(String::from_utf8(body.to_vec())?)
 }
 
 /// One metric family of a text exposition: its `# HELP` and `# TYPE` lines and its samples.

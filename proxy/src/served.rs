@@ -146,23 +146,9 @@ pub fn established_to(entries: &[TcpEntry], port: u16, own: &[u64]) -> BTreeMap<
     out
 }
 
-/// The `https://HOST[:PORT]` of every `server:` line of a kubeconfig: (host, port).
-pub fn kubeconfig_servers(text: &str) -> Vec<(String, u16)> {
-    text.lines()
-        .filter_map(|line| {
-            let v = line.trim_start().strip_prefix("server:")?;
-            let v = v.trim().trim_matches('"').trim_matches('\'');
-            let hostport = v.strip_prefix("https://")?.split('/').next()?;
-            let (host, port) = match hostport.rsplit_once(':') {
-                Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => {
-                    (h.to_owned(), p.parse().ok()?)
-                }
-                _ => (hostport.to_owned(), 443),
-            };
-            let host = host.trim_start_matches('[').trim_end_matches(']');
-            (!host.is_empty()).then(|| (host.to_owned(), port))
-        })
-        .collect()
+/// The `https://HOST[:PORT]` server of every cluster of a kubeconfig: (host, port).
+pub fn kubeconfig_servers(text: &str) -> Result<Vec<(String, u16)>, crate::yaml::YamlError> {
+    crate::kubeconfig::servers(text)
 }
 
 /// Whether `ip` is an address of this node: a socket can be bound to it.
@@ -175,7 +161,16 @@ pub fn is_local(ip: IpAddr) -> bool {
 
 /// The servers of `text` (from `source`) on `port` that are addresses of this node.
 fn add_servers(served: &mut Served, text: &str, source: &str, port: u16) {
-    for (host, p) in kubeconfig_servers(text) {
+    let servers = match kubeconfig_servers(text) {
+        Ok(servers) => servers,
+        Err(e) => {
+            served
+                .warnings
+                .push(format!("{source}: not a kubeconfig (YAML): {e}"));
+            return;
+        }
+    };
+    for (host, p) in servers {
         if p != port {
             continue;
         }
@@ -319,9 +314,9 @@ mod tests {
 
     #[test]
     fn servers_of_kubeconfigs() {
-        let text = "clusters:\n- cluster:\n    server: https://192.0.2.100:6443\n- cluster:\n    server: \"https://[2001:db8::10]:6443/\"\n- cluster:\n    server: https://cp.example\n    other: server: x\n";
+        let text = "clusters:\n- cluster:\n    server: https://192.0.2.100:6443\n- cluster:\n    server: \"https://[2001:db8::10]:6443/\"\n- cluster:\n    server: https://cp.example\n    other: 'server: x'\n";
         assert_eq!(
-            kubeconfig_servers(text),
+            kubeconfig_servers(text).unwrap(),
             [
                 ("192.0.2.100".to_owned(), 6443),
                 ("2001:db8::10".to_owned(), 6443),

@@ -36,7 +36,8 @@ pub const AT: &str = "kube-apiserver-proxy/checkpointed-at";
 const PROXY_FLAG: &str = "--handoff-dir";
 const PROXY_ENV: &str = "KUBE_APISERVER_PROXY_HANDOFF_DIR";
 
-/// Why a pod cannot become a checkpoint, or a file cannot be activated.
+/// Why a pod cannot become a checkpoint, or a file cannot be activated: the rule it breaks, in
+/// one line (no error lies underneath: every check here is of the pod itself).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct Unusable(pub String);
@@ -100,27 +101,56 @@ pub fn from_pod(pod: &Value, retire_file: &str, now: &str) -> Result<Value, Unus
         .as_object()
         .cloned()
         .ok_or_else(|| unusable("pod has no spec"))?;
+    strip_api_fields(&mut spec)?;
+    let dropped = keep_volumes(&mut spec)?;
+    adjust_containers(&mut spec, &dropped, retire_file)?;
 
-    // Set by the scheduler, admission plugins or controllers, or meaningless without an API.
-    for field in [
-        "nodeName",
-        "priority",
-        "preemptionPolicy",
-        "serviceAccountName",
-        "serviceAccount",
-        "schedulerName",
-        "affinity",
-        "nodeSelector",
-        "tolerations",
-        "topologySpreadConstraints",
-        "readinessGates",
-        "imagePullSecrets",
-        "ephemeralContainers",
-        "overhead",
-        "resourceClaims",
-        "schedulingGates",
-    ] {
-        spec.remove(field);
+    let mut labels = Map::new();
+    labels.insert("component".into(), json!(NAME));
+    labels.insert("tier".into(), json!("control-plane"));
+    let mut annotations = Map::new();
+    annotations.insert(OF.into(), json!(origin.pod));
+    annotations.insert(OF_UID.into(), json!(origin.uid));
+    annotations.insert(OF_CREATED.into(), json!(origin.created));
+    annotations.insert(AT.into(), json!(now));
+    Ok(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": NAME,
+            "namespace": namespace,
+            "labels": labels,
+            "annotations": annotations,
+        },
+        "spec": spec,
+    }))
+}
+
+/// Spec fields set by the scheduler, admission plugins or controllers, or meaningless without
+/// an API: dropped.
+const API_FIELDS: &[&str] = &[
+    "nodeName",
+    "priority",
+    "preemptionPolicy",
+    "serviceAccountName",
+    "serviceAccount",
+    "schedulerName",
+    "affinity",
+    "nodeSelector",
+    "tolerations",
+    "topologySpreadConstraints",
+    "readinessGates",
+    "imagePullSecrets",
+    "ephemeralContainers",
+    "overhead",
+    "resourceClaims",
+    "schedulingGates",
+];
+
+/// Drops [`API_FIELDS`], refuses a `runtimeClassName`, turns the token automount off.
+fn strip_api_fields(spec: &mut Map<String, Value>) -> Result<(), Unusable> {
+    for field in API_FIELDS {
+        spec.remove(*field);
     }
     if spec.contains_key("runtimeClassName") {
         return Err(unusable(
@@ -128,8 +158,12 @@ pub fn from_pod(pod: &Value, retire_file: &str, now: &str) -> Result<Value, Unus
         ));
     }
     spec.insert("automountServiceAccountToken".into(), Value::Bool(false));
+    Ok(())
+}
 
-    // Volumes: keep what the kubelet can set up alone; drop service account tokens.
+/// Keeps the volumes the kubelet can set up alone, drops service account tokens (their names
+/// returned, for the mounts); any other volume makes the pod unusable.
+fn keep_volumes(spec: &mut Map<String, Value>) -> Result<Vec<String>, Unusable> {
     let mut dropped = Vec::new();
     let mut volumes = Vec::new();
     for v in spec
@@ -173,7 +207,16 @@ pub fn from_pod(pod: &Value, retire_file: &str, now: &str) -> Result<Value, Unus
         }
     }
     spec.insert("volumes".into(), Value::Array(volumes));
+    Ok(dropped)
+}
 
+/// Checks every container's environment, drops the mounts of the `dropped` volumes and gives
+/// the one proxy sidecar `--retire-file`.
+fn adjust_containers(
+    spec: &mut Map<String, Value>,
+    dropped: &[String],
+    retire_file: &str,
+) -> Result<(), Unusable> {
     let mut proxies = 0;
     for list in ["initContainers", "containers"] {
         let Some(containers) = spec.get_mut(list).and_then(Value::as_array_mut) else {
@@ -207,26 +250,7 @@ pub fn from_pod(pod: &Value, retire_file: &str, now: &str) -> Result<Value, Unus
             "{proxies} containers run with {PROXY_FLAG}; exactly one (the proxy sidecar) must"
         )));
     }
-
-    let mut labels = Map::new();
-    labels.insert("component".into(), json!(NAME));
-    labels.insert("tier".into(), json!("control-plane"));
-    let mut annotations = Map::new();
-    annotations.insert(OF.into(), json!(origin.pod));
-    annotations.insert(OF_UID.into(), json!(origin.uid));
-    annotations.insert(OF_CREATED.into(), json!(origin.created));
-    annotations.insert(AT.into(), json!(now));
-    Ok(json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": NAME,
-            "namespace": namespace,
-            "labels": labels,
-            "annotations": annotations,
-        },
-        "spec": spec,
-    }))
+    Ok(())
 }
 
 /// Environment that needs the API makes the pod unusable.
@@ -391,6 +415,54 @@ pub fn image_repository(image: &str) -> &str {
     }
 }
 
+/// One container of a checkpoint against `policy` (`pod_seccomp`: the pod's own profile).
+fn check_container(c: &Value, policy: &Policy, pod_seccomp: Option<&str>) -> Result<(), Unusable> {
+    let name = c["name"].as_str().unwrap_or("?");
+    let security = &c["securityContext"];
+    if security["privileged"] == true {
+        return Err(unusable(format!("container {name} is privileged")));
+    }
+    let added: Vec<&str> = security["capabilities"]["add"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| c.as_str().unwrap_or("?"))
+        .filter(|c| !policy.capabilities.contains(&capability_name(c)))
+        .collect();
+    if !added.is_empty() {
+        return Err(unusable(format!(
+            "container {name} adds capabilities ({})",
+            added.join(", ")
+        )));
+    }
+    let image = c["image"].as_str().unwrap_or("");
+    let repository = image_repository(image);
+    let allowed = policy
+        .image_repositories
+        .iter()
+        .any(|a| repository == a || (a.ends_with('/') && repository.starts_with(a.as_str())));
+    if image.is_empty() || !allowed {
+        return Err(unusable(format!(
+            "container {name} runs image {image:?}, not from an allowed repository ({})",
+            policy.image_repositories.join(", ")
+        )));
+    }
+    match security["seccompProfile"]["type"].as_str().or(pod_seccomp) {
+        Some("RuntimeDefault" | "Localhost") => {}
+        Some(other) => {
+            return Err(unusable(format!(
+                "container {name} runs with seccomp profile {other}"
+            )))
+        }
+        None => {
+            return Err(unusable(format!(
+                "container {name} has no seccomp profile (Unconfined unless the kubelet's seccompDefault is on); set RuntimeDefault"
+            )))
+        }
+    }
+    Ok(())
+}
+
 /// Checks a checkpoint against `policy`, when it is written and before it is given to the
 /// kubelet: a pod named [`NAME`] carrying its origin; no host PID or IPC namespace, no
 /// ephemeral container; in every container: not privileged, no added capability (but those of
@@ -422,48 +494,7 @@ pub fn validate(checkpoint: &Value, policy: &Policy) -> Result<Origin, Unusable>
     let pod_seccomp = spec["securityContext"]["seccompProfile"]["type"].as_str();
     for list in ["initContainers", "containers"] {
         for c in spec[list].as_array().into_iter().flatten() {
-            let name = c["name"].as_str().unwrap_or("?");
-            let security = &c["securityContext"];
-            if security["privileged"] == true {
-                return Err(unusable(format!("container {name} is privileged")));
-            }
-            let added: Vec<&str> = security["capabilities"]["add"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|c| c.as_str().unwrap_or("?"))
-                .filter(|c| !policy.capabilities.contains(&capability_name(c)))
-                .collect();
-            if !added.is_empty() {
-                return Err(unusable(format!(
-                    "container {name} adds capabilities ({})",
-                    added.join(", ")
-                )));
-            }
-            let image = c["image"].as_str().unwrap_or("");
-            let repository = image_repository(image);
-            let allowed = policy.image_repositories.iter().any(|a| {
-                repository == a || (a.ends_with('/') && repository.starts_with(a.as_str()))
-            });
-            if image.is_empty() || !allowed {
-                return Err(unusable(format!(
-                    "container {name} runs image {image:?}, not from an allowed repository ({})",
-                    policy.image_repositories.join(", ")
-                )));
-            }
-            match security["seccompProfile"]["type"].as_str().or(pod_seccomp) {
-                Some("RuntimeDefault" | "Localhost") => {}
-                Some(other) => {
-                    return Err(unusable(format!(
-                        "container {name} runs with seccomp profile {other}"
-                    )))
-                }
-                None => {
-                    return Err(unusable(format!(
-                        "container {name} has no seccomp profile (Unconfined unless the kubelet's seccompDefault is on); set RuntimeDefault"
-                    )))
-                }
-            }
+            check_container(c, policy, pod_seccomp)?;
         }
     }
     for v in spec["volumes"].as_array().into_iter().flatten() {

@@ -2,7 +2,6 @@
 //! handoff.
 //!
 //! Why `unsafe` is needed here and nowhere else:
-//! - `SO_COOKIE` has no safe wrapper in nix or socket2, so it is read with `libc::getsockopt`.
 //! - File descriptors received with `SCM_RIGHTS` arrive as raw integers; turning them into
 //!   `OwnedFd` (so they are closed exactly once) is `unsafe` by nature. It is done immediately
 //!   on receipt, for every descriptor, before anything can fail — also when the control message
@@ -30,8 +29,6 @@ use nix::sys::socket::{
     getsockopt, sendmsg, sockopt, ControlMessage, MsgFlags, SockType, UnixCredentials,
 };
 
-/// `SO_COOKIE` (Linux 4.13+): a 64-bit identity unique to one socket for the boot.
-const SO_COOKIE: libc::c_int = 57;
 
 /// Most descriptors one handoff message may carry.
 pub const MAX_FDS: usize = 64;
@@ -43,25 +40,10 @@ pub struct SocketIdentity {
     pub inode: u64,
 }
 
-/// Reads a socket's cookie (`SO_COOKIE`): the kernel's number for it, unique for the boot.
+/// Reads a socket's cookie (`SO_COOKIE`, Linux 4.13+): the kernel's number for it, unique for
+/// the boot.
 pub fn cookie(fd: BorrowedFd<'_>) -> io::Result<u64> {
-    let mut cookie: u64 = 0;
-    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
-    // SAFETY: `fd` is a valid open descriptor for the borrow; `cookie` and `len` are valid for
-    // writes of the sizes passed, and the kernel writes at most `len` bytes.
-    let rc = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            SO_COOKIE,
-            (&mut cookie as *mut u64).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(cookie)
+    socket2::SockRef::from(&fd).cookie()
 }
 
 /// Reads the identity of a socket.

@@ -577,6 +577,34 @@ async fn a_refused_client_certificate_writes_nothing() -> Result<()> {
     Ok(())
 }
 
+/// A failure at run time is not bad input: the metrics address is taken by someone else
+/// (the flag itself is valid) and `recover` exits 1, with one line naming it.
+#[tokio::test]
+async fn recover_exits_1_when_it_fails_at_run_time() -> Result<()> {
+    let dir = TempDir::new("recover-runtime")?;
+    let taken = TcpListener::bind("127.0.0.1:0")?;
+    let addr = taken.local_addr()?;
+    let out = run_cli([
+        "recover".to_owned(),
+        "--node-address=127.0.0.1:6443".to_owned(),
+        format!("--static-pod-dir={}", dir.path().display()),
+        format!("--metrics-listen={addr}"),
+    ])
+    .await?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(out.status.code() == Some(1), "{:?} {stderr}", out.status);
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("error: recover: "))
+        .with_context(|| format!("no error line: {stderr}"))?;
+    ensure!(
+        line.contains(&format!("--metrics-listen: bind {addr}: ")),
+        "{stderr}"
+    );
+    drop(taken);
+    Ok(())
+}
+
 #[tokio::test]
 async fn recover_flags_are_checked_before_anything_starts() -> Result<()> {
     let dir = TempDir::new("recover-flags")?;
