@@ -64,9 +64,9 @@ fn main() -> ExitCode {
             init_tracing(LogFormat::Text, "info");
             match migrate::run(&args) {
                 Ok(_) => ExitCode::SUCCESS,
-                Err(e) if e.is_bad_input() => bad_input(format!("error: {e}")),
+                Err(e) if e.is_bad_input() => bad_input(format!("error: {}", chain(e))),
                 Err(e) => {
-                    eprintln!("error: {e}");
+                    eprintln!("error: {}", chain(e));
                     ExitCode::FAILURE
                 }
             }
@@ -75,9 +75,9 @@ fn main() -> ExitCode {
             init_tracing(LogFormat::Text, "info");
             match migrate_back::run(&args) {
                 Ok(()) => ExitCode::SUCCESS,
-                Err(e) if e.is_bad_input() => bad_input(format!("error: {e}")),
+                Err(e) if e.is_bad_input() => bad_input(format!("error: {}", chain(e))),
                 Err(e) => {
-                    eprintln!("error: {e}");
+                    eprintln!("error: {}", chain(e));
                     ExitCode::FAILURE
                 }
             }
@@ -127,6 +127,11 @@ fn transparent_routes(args: &cli::TransparentRoutesArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// An error and its causes on one line (`what: why: cause`).
+fn chain(e: impl std::error::Error + Send + Sync + 'static) -> String {
+    format!("{:#}", anyhow::Error::from(e))
 }
 
 fn bad_input(line: String) -> ExitCode {

@@ -457,14 +457,22 @@ impl Metrics {
             self.connections_failed
                 .with_label_values(&[reason.as_str()]);
         }
+        use crate::handoff::labels::{Direction, Outcome};
         for (direction, results) in [
-            ("share_sent", &["ok", "error"][..]),
-            ("share_received", &["ok", "error"][..]),
-            ("adopt_sent", &["ok", "error", "no_peer"][..]),
-            ("adopt_received", &["ok", "refused"][..]),
+            (Direction::ShareSent, &[Outcome::Ok, Outcome::Error][..]),
+            (Direction::ShareReceived, &[Outcome::Ok, Outcome::Error][..]),
+            (
+                Direction::AdoptSent,
+                &[Outcome::Ok, Outcome::Error, Outcome::NoPeer][..],
+            ),
+            (
+                Direction::AdoptReceived,
+                &[Outcome::Ok, Outcome::Refused][..],
+            ),
         ] {
             for result in results {
-                self.handoffs.with_label_values(&[direction, result]);
+                self.handoffs
+                    .with_label_values(&[direction.as_str(), result.as_str()]);
             }
         }
     }
@@ -554,8 +562,14 @@ impl Metrics {
     }
 
     /// Counts a handoff event.
-    pub fn handoff(&self, direction: &str, result: &str) {
-        self.handoffs.with_label_values(&[direction, result]).inc();
+    pub fn handoff(
+        &self,
+        direction: crate::handoff::labels::Direction,
+        result: crate::handoff::labels::Outcome,
+    ) {
+        self.handoffs
+            .with_label_values(&[direction.as_str(), result.as_str()])
+            .inc();
     }
 }
 
