@@ -797,6 +797,72 @@ mod tests {
         assert!(ctx(None, true, None).explain().contains("(not active)"));
     }
 
+    /// The error line main prints (`{:#}`: each layer, then its cause) reads as it always did,
+    /// and the exit code follows the kind.
+    #[test]
+    fn errors_print_their_causes_on_one_line() {
+        use crate::migrate_back::{BackFailure, BackInput};
+        let line = |e: MigrateError| (e.is_bad_input(), format!("{:#}", anyhow::Error::from(e)));
+        let addr: SocketAddr = "127.0.0.1:6443".parse().unwrap();
+        assert_eq!(
+            line(InputError::Twice(addr).into()),
+            (true, "migrate: --listen 127.0.0.1:6443 given twice".into())
+        );
+        let dir = server::check_dir_of(Path::new("/nonexistent/kap"), 1).unwrap_err();
+        assert_eq!(
+            line(InputError::from(dir).into()),
+            (
+                true,
+                "migrate: --handoff-dir /nonexistent/kap: No such file or directory (os error 2)"
+                    .into()
+            )
+        );
+        let bind = Failure::Bind {
+            addr,
+            source: io::Error::from_raw_os_error(libc::EADDRINUSE),
+        };
+        assert_eq!(
+            line(bind.into()),
+            (
+                false,
+                "migrate: cannot bind 127.0.0.1:6443 beside the wildcard socket: Address already in use (os error 98)".into()
+            )
+        );
+        let getfd = GetfdError::new(io::Error::from_raw_os_error(libc::ESRCH), 42, 7);
+        assert_eq!(
+            line(Failure::from(getfd).into()),
+            (
+                false,
+                "migrate: pidfd_getfd of descriptor 7 of process 42: No such process (os error 3): process 42 exited".into()
+            )
+        );
+        let none = NoHolder {
+            pid: None,
+            port: 6443,
+            inodes: vec![11],
+            denied: Vec::new(),
+            ptrace: None,
+        };
+        assert_eq!(
+            line(Failure::from(none).into()).1,
+            "migrate: no process holds the wildcard listener on port 6443 (inodes [11])"
+        );
+        assert_eq!(
+            line(BackInput::StaticPodDir("/x".into()).into()),
+            (
+                true,
+                "migrate: migrate-back: --static-pod-dir /x: not a directory".into()
+            )
+        );
+        assert_eq!(
+            line(BackFailure::NoDirectAddress.into()),
+            (
+                false,
+                "migrate: migrate-back: no free address in 127.0.0.0/24 to reach the static apiserver".into()
+            )
+        );
+    }
+
     #[test]
     fn a_live_wildcard_listener_is_found_with_its_process() {
         let listener = std::net::TcpListener::bind("0.0.0.0:0").unwrap();

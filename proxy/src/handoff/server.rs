@@ -267,3 +267,115 @@ async fn exchange<R: Responder>(responder: &R, stream: UnixStream) {
         tracing::debug!(error = %e, "{}: cannot answer peer", R::NAME);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// Serves status only, to one uid; counts refused peers.
+    struct StatusOnly {
+        uid: u32,
+        refused: AtomicUsize,
+    }
+
+    impl Responder for StatusOnly {
+        const NAME: &'static str = "test";
+
+        fn allows(&self, uid: u32) -> bool {
+            uid == self.uid
+        }
+
+        fn peer_refused(&self) {
+            self.refused.fetch_add(1, Ordering::SeqCst);
+        }
+
+        fn status(&self) -> (PeerState, bool) {
+            (PeerState::Other("Testing".into()), true)
+        }
+
+        fn refuse(&self, _pid: i32, _request: &Message) -> Message {
+            Message::Refuse {
+                reason: "status only".into(),
+            }
+        }
+    }
+
+    async fn ask(path: &Path, msg: &Message) -> Result<Message, wire::WireError> {
+        let stream = UnixStream::connect(path).await?;
+        wire::send(&stream, msg, &[]).await?;
+        Ok(wire::recv(&stream).await?.0)
+    }
+
+    /// The loop answers status itself, leaves the rest to the responder (an unserved request
+    /// is refused), and closes on a peer whose uid is not allowed without reading it.
+    #[tokio::test]
+    async fn answers_status_refuses_the_unserved_and_closes_on_strangers() {
+        let dir =
+            std::env::temp_dir().join(format!("kap-server-unit-{:016x}", rand::random::<u64>()));
+        std::fs::create_dir(&dir).unwrap();
+        let (listener, path) = bind(&dir).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let me = nix::unistd::geteuid().as_raw();
+        let responder = Arc::new(StatusOnly {
+            uid: me,
+            refused: AtomicUsize::new(0),
+        });
+        let (stop, tasks) = (CancellationToken::new(), TaskTracker::new());
+        let server = tokio::spawn(serve(
+            responder.clone(),
+            listener,
+            stop.clone(),
+            tasks.clone(),
+        ));
+
+        let status = ask(&path, &Message::StatusRequest).await.unwrap();
+        assert_eq!(
+            status,
+            Message::Status {
+                pid: std::process::id(),
+                state: PeerState::Other("Testing".into()),
+                ready: true
+            }
+        );
+        let refused = ask(&path, &Message::ShareRequest { addrs: vec![] })
+            .await
+            .unwrap();
+        assert_eq!(
+            refused,
+            Message::Refuse {
+                reason: "status only".into()
+            }
+        );
+        assert_eq!(responder.refused.load(Ordering::SeqCst), 0);
+
+        // The same server, now allowing another uid only.
+        stop.cancel();
+        server.await.unwrap();
+        let (listener, path2) = bind(&dir).unwrap();
+        let stranger = Arc::new(StatusOnly {
+            uid: me.wrapping_add(1),
+            refused: AtomicUsize::new(0),
+        });
+        let stop = CancellationToken::new();
+        tokio::spawn(serve(
+            stranger.clone(),
+            listener,
+            stop.clone(),
+            tasks.clone(),
+        ));
+        let closed = ask(&path2, &Message::StatusRequest).await;
+        // Closed unread: an end of stream, or a reset since our request was not read.
+        let unanswered = match &closed {
+            Err(wire::WireError::Closed) => true,
+            Err(wire::WireError::Io(e)) => e.kind() == io::ErrorKind::ConnectionReset,
+            _ => false,
+        };
+        assert!(unanswered, "{closed:?}");
+        assert_eq!(stranger.refused.load(Ordering::SeqCst), 1);
+        stop.cancel();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
