@@ -62,25 +62,11 @@ fn main() -> ExitCode {
         },
         Some(Command::Migrate(args)) => {
             init_tracing(LogFormat::Text, "info");
-            match migrate::run(&args) {
-                Ok(_) => ExitCode::SUCCESS,
-                Err(e) if e.is_bad_input() => bad_input(format!("error: {}", chain(e))),
-                Err(e) => {
-                    eprintln!("error: {}", chain(e));
-                    ExitCode::FAILURE
-                }
-            }
+            migrate_exit(migrate::run(&args))
         }
         Some(Command::MigrateBack(args)) => {
             init_tracing(LogFormat::Text, "info");
-            match migrate_back::run(&args) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) if e.is_bad_input() => bad_input(format!("error: {}", chain(e))),
-                Err(e) => {
-                    eprintln!("error: {}", chain(e));
-                    ExitCode::FAILURE
-                }
-            }
+            migrate_exit(migrate_back::run(&args))
         }
         Some(Command::KubeadmSync(args)) => {
             init_tracing(LogFormat::Text, "info");
@@ -129,9 +115,21 @@ fn transparent_routes(args: &cli::TransparentRoutesArgs) -> ExitCode {
     }
 }
 
-/// An error and its causes on one line (`what: why: cause`).
-fn chain(e: impl std::error::Error + Send + Sync + 'static) -> String {
-    format!("{:#}", anyhow::Error::from(e))
+/// `migrate` and `migrate-back`: the error and its causes on one line; exit 2 on bad input
+/// (nothing touched), 1 on a failure.
+fn migrate_exit<T>(result: Result<T, migrate::MigrateError>) -> ExitCode {
+    match result {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => {
+            let bad = e.is_bad_input();
+            let line = format!("error: {:#}", anyhow::Error::from(e));
+            if bad {
+                return bad_input(line);
+            }
+            eprintln!("{line}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 fn bad_input(line: String) -> ExitCode {

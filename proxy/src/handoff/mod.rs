@@ -13,6 +13,10 @@
 //! Peers are authenticated with `SO_PEERCRED` on both ends (our uid, or `--handoff-allow-uid`).
 //! Received sockets are verified (listening TCP, bound to one of our `--listen` addresses) and
 //! deduplicated by identity. See `docs/handoff.md`.
+//!
+//! Layout: [`codec`] (frames, pure), [`wire`] (frames with descriptors on a stream), `server`
+//! (the serve loop of a handoff socket, also used by `migrate` and `migrate-back`), `peer` (what
+//! an instance answers there), [`labels`] (the `handoffs_total` label values).
 
 pub mod codec;
 pub mod labels;
