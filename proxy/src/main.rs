@@ -62,11 +62,14 @@ fn main() -> ExitCode {
         },
         Some(Command::Migrate(args)) => {
             init_tracing(LogFormat::Text, "info");
-            migrate_exit(migrate::run(&args))
+            migrate_exit(migrate::run(&args), migrate::MigrateError::is_bad_input)
         }
         Some(Command::MigrateBack(args)) => {
             init_tracing(LogFormat::Text, "info");
-            migrate_exit(migrate_back::run(&args))
+            migrate_exit(
+                migrate_back::run(&args),
+                migrate_back::MigrateBackError::is_bad_input,
+            )
         }
         Some(Command::KubeadmSync(args)) => {
             init_tracing(LogFormat::Text, "info");
@@ -117,11 +120,14 @@ fn transparent_routes(args: &cli::TransparentRoutesArgs) -> ExitCode {
 
 /// `migrate` and `migrate-back`: the error and its causes on one line; exit 2 on bad input
 /// (nothing touched), 1 on a failure.
-fn migrate_exit<T>(result: Result<T, migrate::MigrateError>) -> ExitCode {
+fn migrate_exit<T, E>(result: Result<T, E>, is_bad_input: fn(&E) -> bool) -> ExitCode
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
     match result {
         Ok(_) => ExitCode::SUCCESS,
         Err(e) => {
-            let bad = e.is_bad_input();
+            let bad = is_bad_input(&e);
             let line = format!("error: {:#}", anyhow::Error::from(e));
             if bad {
                 return bad_input(line);

@@ -54,8 +54,8 @@ use crate::handoff::codec::{Message, PeerState};
 use crate::handoff::server::{self, DirError, Peer, Reply, Responder};
 use crate::{served, sys};
 
-/// Why `migrate` (or `migrate-back`) failed. [`MigrateError::is_bad_input`] tells exit code 2
-/// from 1. The cause is the source: print with `{:#}`.
+/// Why `migrate` failed. [`MigrateError::is_bad_input`] tells exit code 2 from 1. The cause is
+/// the source: print with `{:#}`.
 #[derive(Debug, thiserror::Error)]
 pub enum MigrateError {
     /// Bad input, or an address would be left behind: nothing was bound.
@@ -64,19 +64,12 @@ pub enum MigrateError {
     /// It failed while moving the addresses.
     #[error("migrate")]
     Failed(#[from] Failure),
-    /// `migrate-back` failed.
-    #[error("migrate")]
-    Back(#[from] crate::migrate_back::MigrateBackError),
 }
 
 impl MigrateError {
     /// Bad input: nothing was looked at or bound (exit code 2).
     pub fn is_bad_input(&self) -> bool {
-        match self {
-            MigrateError::BadInput(_) => true,
-            MigrateError::Failed(_) => false,
-            MigrateError::Back(e) => e.is_bad_input(),
-        }
+        matches!(self, MigrateError::BadInput(_))
     }
 }
 
@@ -801,7 +794,6 @@ mod tests {
     /// and the exit code follows the kind.
     #[test]
     fn errors_print_their_causes_on_one_line() {
-        use crate::migrate_back::{BackFailure, BackInput};
         let line = |e: MigrateError| (e.is_bad_input(), format!("{:#}", anyhow::Error::from(e)));
         let addr: SocketAddr = "127.0.0.1:6443".parse().unwrap();
         assert_eq!(
@@ -846,20 +838,6 @@ mod tests {
         assert_eq!(
             line(Failure::from(none).into()).1,
             "migrate: no process holds the wildcard listener on port 6443 (inodes [11])"
-        );
-        assert_eq!(
-            line(BackInput::StaticPodDir("/x".into()).into()),
-            (
-                true,
-                "migrate: migrate-back: --static-pod-dir /x: not a directory".into()
-            )
-        );
-        assert_eq!(
-            line(BackFailure::NoDirectAddress.into()),
-            (
-                false,
-                "migrate: migrate-back: no free address in 127.0.0.0/24 to reach the static apiserver".into()
-            )
         );
     }
 

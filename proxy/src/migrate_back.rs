@@ -54,17 +54,19 @@ use crate::checkpoint::ApiClient;
 use crate::cli::MigrateBackArgs;
 use crate::handoff::codec::{Message, PeerState};
 use crate::handoff::server::{self, DirError, Peer, Reply, Responder};
-use crate::migrate::{find_holder, GetfdError, MigrateError, PtraceContext};
+use crate::migrate::{find_holder, GetfdError, PtraceContext};
 use crate::{served, sys};
 
-/// Why `migrate-back` failed; carried by [`MigrateError::Back`].
+/// Why `migrate-back` failed. [`MigrateBackError::is_bad_input`] tells exit code 2 from 1.
+/// The cause is the source: print with `{:#}`. The line has always begun
+/// `migrate: migrate-back:` (the command was written as a part of `migrate`), and keeps doing so.
 #[derive(Debug, thiserror::Error)]
 pub enum MigrateBackError {
     /// Bad input: nothing was touched.
-    #[error("migrate-back")]
+    #[error("migrate: migrate-back")]
     BadInput(#[from] BackInput),
     /// It failed or gave up.
-    #[error("migrate-back")]
+    #[error("migrate: migrate-back")]
     Failed(#[from] BackFailure),
 }
 
@@ -175,18 +177,6 @@ pub enum BackFailure {
     GaveUp(#[from] GaveUp),
 }
 
-impl From<BackInput> for MigrateError {
-    fn from(e: BackInput) -> Self {
-        MigrateBackError::from(e).into()
-    }
-}
-
-impl From<BackFailure> for MigrateError {
-    fn from(e: BackFailure) -> Self {
-        MigrateBackError::from(e).into()
-    }
-}
-
 /// What the command reads from kubeadm's manifest (YAML as kubeadm writes it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Manifest {
@@ -253,7 +243,7 @@ fn listening(port: u16) -> Vec<served::TcpEntry> {
 
 /// Runs the whole way back (see the module documentation). Must be called before any other
 /// thread exists: it changes the process's effective credentials for a moment.
-pub fn run(args: &MigrateBackArgs) -> Result<(), MigrateError> {
+pub fn run(args: &MigrateBackArgs) -> Result<(), MigrateBackError> {
     let (text, manifest, target, held) = check_input(args)?;
     let port = manifest.port;
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -396,7 +386,7 @@ fn share_port_with_root(e: &served::TcpEntry) -> Result<(), BackFailure> {
 }
 
 /// The `gitVersion` the apiserver behind one of `held` reports.
-async fn running_version(held: &[served::TcpEntry], ca: &Path) -> Result<String, MigrateError> {
+async fn running_version(held: &[served::TcpEntry], ca: &Path) -> Result<String, MigrateBackError> {
     let mut errors = Vec::new();
     for e in held {
         let addr = SocketAddr::new(served::canonical(e.local.ip()), e.local.port());
@@ -774,5 +764,46 @@ mod tests {
         let digest = KUBEADM.replace(":v1.37.2", "@sha256:ab");
         assert_eq!(parse_manifest(&digest).unwrap().tag, None);
         assert!(parse_manifest("kind: Pod\n").is_err());
+    }
+
+    /// The error line main prints (`{:#}`) reads as it always did; the exit code follows the kind.
+    #[test]
+    fn errors_print_their_causes_on_one_line() {
+        let line =
+            |e: MigrateBackError| (e.is_bad_input(), format!("{:#}", anyhow::Error::from(e)));
+        assert_eq!(
+            line(BackInput::StaticPodDir("/x".into()).into()),
+            (
+                true,
+                "migrate: migrate-back: --static-pod-dir /x: not a directory".into()
+            )
+        );
+        let manifest = BackInput::Manifest {
+            path: "/m.yaml".into(),
+            source: ManifestError::NoImage,
+        };
+        assert_eq!(
+            line(manifest.into()),
+            (
+                true,
+                "migrate: migrate-back: --manifest /m.yaml: no image".into()
+            )
+        );
+        assert_eq!(
+            line(BackFailure::NoDirectAddress.into()),
+            (
+                false,
+                "migrate: migrate-back: no free address in 127.0.0.0/24 to reach the static apiserver".into()
+            )
+        );
+        let timeout = GaveUp::Timeout {
+            timeout: Duration::from_secs(5),
+            ready: true,
+            left: vec![],
+        };
+        assert_eq!(
+            line(BackFailure::from(timeout).into()).1,
+            "migrate: migrate-back: gave up after 5s: the Deployment's sockets were not all handed over; still listening: []"
+        );
     }
 }

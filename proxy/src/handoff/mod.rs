@@ -16,10 +16,9 @@
 //!
 //! Layout: [`codec`] (frames, pure), [`wire`] (frames with descriptors on a stream), `server`
 //! (the serve loop of a handoff socket, also used by `migrate` and `migrate-back`), `peer` (what
-//! an instance answers there), [`labels`] (the `handoffs_total` label values).
+//! an instance answers there).
 
 pub mod codec;
-pub mod labels;
 mod peer;
 pub(crate) mod server;
 pub mod wire;
@@ -38,12 +37,11 @@ use tokio_util::task::TaskTracker;
 
 use crate::addr::ListenAddr;
 use crate::listener::{HeldSocket, Listeners};
-use crate::metrics::Metrics;
 use crate::readiness::Readiness;
 use crate::sys;
 
+use crate::metrics::{HandoffDirection, HandoffOutcome, Metrics};
 pub use codec::{Message, PeerState};
-use labels::{Direction, Outcome};
 
 /// Time one exchange with a peer may take.
 pub const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -173,12 +171,13 @@ impl Handoff {
                             got.push((addr, socket));
                         }
                     }
-                    self.metrics.handoff(Direction::ShareReceived, Outcome::Ok);
+                    self.metrics
+                        .handoff(HandoffDirection::ShareReceived, HandoffOutcome::Ok);
                     tracing::info!(peer = %path.display(), sockets = n, "handoff: sockets shared by peer");
                 }
                 Ok((other, _)) => {
                     self.metrics
-                        .handoff(Direction::ShareReceived, Outcome::Error);
+                        .handoff(HandoffDirection::ShareReceived, HandoffOutcome::Error);
                     tracing::warn!(peer = %path.display(), answer = ?other, "handoff: unexpected answer to share request");
                 }
                 Err(wire::WireError::Io(e)) if e.kind() == io::ErrorKind::ConnectionRefused => {
@@ -186,7 +185,7 @@ impl Handoff {
                 }
                 Err(e) => {
                     self.metrics
-                        .handoff(Direction::ShareReceived, Outcome::Error);
+                        .handoff(HandoffDirection::ShareReceived, HandoffOutcome::Error);
                     tracing::warn!(peer = %path.display(), error = %e, "handoff: share request failed");
                 }
             }
@@ -313,18 +312,18 @@ impl Handoff {
         let taken = match result {
             Ok((Message::Ack { cookies }, _)) => {
                 self.metrics
-                    .handoff(Direction::ConnectionsSent, Outcome::Ok);
+                    .handoff(HandoffDirection::ConnectionsSent, HandoffOutcome::Ok);
                 cookies.into_iter().collect()
             }
             Ok((other, _)) => {
                 self.metrics
-                    .handoff(Direction::ConnectionsSent, Outcome::Refused);
+                    .handoff(HandoffDirection::ConnectionsSent, HandoffOutcome::Refused);
                 tracing::info!(successor.pid = pid, answer = ?other, "handoff: successor did not take connections");
                 HashSet::new()
             }
             Err(e) => {
                 self.metrics
-                    .handoff(Direction::ConnectionsSent, Outcome::Error);
+                    .handoff(HandoffDirection::ConnectionsSent, HandoffOutcome::Error);
                 tracing::warn!(successor.pid = pid, error = %e, "handoff: sending connections failed; they stay");
                 HashSet::new()
             }
@@ -381,7 +380,8 @@ impl Handoff {
                     Ok(acked) if !acked.is_empty() => {
                         remaining.retain(|s| !acked.contains(&s.identity.cookie));
                         self.listeners.release(&acked);
-                        self.metrics.handoff(Direction::AdoptSent, Outcome::Ok);
+                        self.metrics
+                            .handoff(HandoffDirection::AdoptSent, HandoffOutcome::Ok);
                         tracing::info!(peer = %path.display(), sockets = acked.len(), left = remaining.len(), "handoff: listening sockets adopted by peer");
                         if remaining.is_empty() {
                             return true;
@@ -389,7 +389,8 @@ impl Handoff {
                     }
                     Ok(_) => {}
                     Err(e) => {
-                        self.metrics.handoff(Direction::AdoptSent, Outcome::Error);
+                        self.metrics
+                            .handoff(HandoffDirection::AdoptSent, HandoffOutcome::Error);
                         tracing::debug!(peer = %path.display(), error = %e, "handoff: offer failed");
                     }
                 }
@@ -405,7 +406,8 @@ impl Handoff {
             }
             if Instant::now() + RETRY_INTERVAL >= deadline {
                 self.listeners.set_accepting(true);
-                self.metrics.handoff(Direction::AdoptSent, Outcome::NoPeer);
+                self.metrics
+                    .handoff(HandoffDirection::AdoptSent, HandoffOutcome::NoPeer);
                 tracing::warn!(
                     sockets = remaining.len(),
                     "handoff: no ready peer before the drain deadline; closing listeners"

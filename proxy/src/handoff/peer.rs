@@ -5,11 +5,11 @@
 use std::os::fd::{AsFd, OwnedFd};
 
 use super::codec::{ConnEntry, Message, PeerState};
-use super::labels::{Direction, Outcome};
 use super::server::{Peer, Reply, Responder};
 use super::Handoff;
 use crate::lifecycle::State;
 use crate::listener::{HoldError, TakenConnection};
+use crate::metrics::{HandoffDirection, HandoffOutcome};
 use crate::sys;
 
 impl Responder for Handoff {
@@ -84,7 +84,9 @@ async fn share(handoff: &Handoff, peer: &Peer, state: State, asked: &[String]) {
         .collect();
     match peer.send_sockets(&sockets).await {
         Ok(()) => {
-            handoff.metrics.handoff(Direction::ShareSent, Outcome::Ok);
+            handoff
+                .metrics
+                .handoff(HandoffDirection::ShareSent, HandoffOutcome::Ok);
             tracing::info!(
                 peer.pid = pid,
                 sockets = sockets.len(),
@@ -94,7 +96,7 @@ async fn share(handoff: &Handoff, peer: &Peer, state: State, asked: &[String]) {
         Err(e) => {
             handoff
                 .metrics
-                .handoff(Direction::ShareSent, Outcome::Error);
+                .handoff(HandoffDirection::ShareSent, HandoffOutcome::Error);
             tracing::warn!(peer.pid = pid, error = %e, "handoff: sharing failed");
         }
     }
@@ -113,7 +115,7 @@ async fn adopt(
     if state != State::Serving {
         handoff
             .metrics
-            .handoff(Direction::AdoptReceived, Outcome::Refused);
+            .handoff(HandoffDirection::AdoptReceived, HandoffOutcome::Refused);
         return Message::Refuse {
             reason: format!("not serving ({state})"),
         };
@@ -144,14 +146,14 @@ async fn adopt(
     if frozen && cookies.is_empty() {
         handoff
             .metrics
-            .handoff(Direction::AdoptReceived, Outcome::Refused);
+            .handoff(HandoffDirection::AdoptReceived, HandoffOutcome::Refused);
         return Message::Refuse {
             reason: "draining".into(),
         };
     }
     handoff
         .metrics
-        .handoff(Direction::AdoptReceived, Outcome::Ok);
+        .handoff(HandoffDirection::AdoptReceived, HandoffOutcome::Ok);
     tracing::info!(
         peer.pid = pid,
         offered = addrs.len(),
@@ -182,9 +184,10 @@ fn take_connections(
     pid: i32,
 ) -> Result<Taken, String> {
     if state != State::Serving || handoff.listeners.is_frozen() {
-        handoff
-            .metrics
-            .handoff(Direction::ConnectionsReceived, Outcome::Refused);
+        handoff.metrics.handoff(
+            HandoffDirection::ConnectionsReceived,
+            HandoffOutcome::Refused,
+        );
         return Err(format!("not serving ({state})"));
     }
     let mut fds = fds.into_iter();
@@ -268,7 +271,7 @@ fn commit_connections(handoff: &Handoff, peer: Peer, taken: Taken) {
         };
         let written = tokio::time::timeout(super::ACK_WRITE_TIMEOUT, peer.send(&ack, &[])).await;
         if !matches!(written, Ok(Ok(()))) {
-            metrics.handoff(Direction::ConnectionsReceived, Outcome::Error);
+            metrics.handoff(HandoffDirection::ConnectionsReceived, HandoffOutcome::Error);
             tracing::warn!(
                 peer.pid = pid,
                 "handoff: cannot acknowledge connections; left to the predecessor"
@@ -284,7 +287,7 @@ fn commit_connections(handoff: &Handoff, peer: Peer, taken: Taken) {
         for conn in taken.conns {
             listeners.resume_connection(conn);
         }
-        metrics.handoff(Direction::ConnectionsReceived, Outcome::Ok);
+        metrics.handoff(HandoffDirection::ConnectionsReceived, HandoffOutcome::Ok);
         // One line per batch (at most 32 connections), naming what we now own.
         tracing::info!(
             peer.pid = pid,
