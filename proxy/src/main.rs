@@ -62,25 +62,14 @@ fn main() -> ExitCode {
         },
         Some(Command::Migrate(args)) => {
             init_tracing(LogFormat::Text, "info");
-            match migrate::run(&args) {
-                Ok(_) => ExitCode::SUCCESS,
-                Err(e) if e.is_bad_input() => bad_input(format!("error: {e}")),
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    ExitCode::FAILURE
-                }
-            }
+            migrate_exit(migrate::run(&args), migrate::MigrateError::is_bad_input)
         }
         Some(Command::MigrateBack(args)) => {
             init_tracing(LogFormat::Text, "info");
-            match migrate_back::run(&args) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) if e.is_bad_input() => bad_input(format!("error: {e}")),
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    ExitCode::FAILURE
-                }
-            }
+            migrate_exit(
+                migrate_back::run(&args),
+                migrate_back::MigrateBackError::is_bad_input,
+            )
         }
         Some(Command::KubeadmSync(args)) => {
             init_tracing(LogFormat::Text, "info");
@@ -128,6 +117,26 @@ fn transparent_routes(args: &cli::TransparentRoutesArgs) -> ExitCode {
         }
         Err(e) => {
             eprintln!("error: transparent-routes: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `migrate` and `migrate-back`: the error and its causes on one line; exit 2 on bad input
+/// (nothing touched), 1 on a failure.
+fn migrate_exit<T, E>(result: Result<T, E>, is_bad_input: fn(&E) -> bool) -> ExitCode
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    match result {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => {
+            let bad = is_bad_input(&e);
+            let line = format!("error: {:#}", anyhow::Error::from(e));
+            if bad {
+                return bad_input(line);
+            }
+            eprintln!("{line}");
             ExitCode::FAILURE
         }
     }

@@ -83,6 +83,60 @@ impl FailReason {
     }
 }
 
+/// Which handoff exchange a count is for (the `direction` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandoffDirection {
+    /// We sent duplicates of our listening sockets to a starting peer.
+    ShareSent,
+    /// A peer sent us duplicates of its listening sockets.
+    ShareReceived,
+    /// We offered our listening sockets to a ready peer while draining.
+    AdoptSent,
+    /// A draining peer offered us its listening sockets.
+    AdoptReceived,
+    /// We offered established connections to a successor (in-place upgrade).
+    ConnectionsSent,
+    /// A predecessor offered us established connections.
+    ConnectionsReceived,
+}
+
+impl HandoffDirection {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HandoffDirection::ShareSent => "share_sent",
+            HandoffDirection::ShareReceived => "share_received",
+            HandoffDirection::AdoptSent => "adopt_sent",
+            HandoffDirection::AdoptReceived => "adopt_received",
+            HandoffDirection::ConnectionsSent => "connections_sent",
+            HandoffDirection::ConnectionsReceived => "connections_received",
+        }
+    }
+}
+
+/// How a handoff exchange ended (the `result` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandoffOutcome {
+    Ok,
+    Error,
+    /// The peer (or we) declined.
+    Refused,
+    /// No ready peer was found before the drain deadline.
+    NoPeer,
+}
+
+impl HandoffOutcome {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HandoffOutcome::Ok => "ok",
+            HandoffOutcome::Error => "error",
+            HandoffOutcome::Refused => "refused",
+            HandoffOutcome::NoPeer => "no_peer",
+        }
+    }
+}
+
 /// Every metric of the process.
 #[derive(Clone)]
 pub struct Metrics {
@@ -438,13 +492,30 @@ impl Metrics {
                 .with_label_values(&[reason.as_str()]);
         }
         for (direction, results) in [
-            ("share_sent", &["ok", "error"][..]),
-            ("share_received", &["ok", "error"][..]),
-            ("adopt_sent", &["ok", "error", "no_peer"][..]),
-            ("adopt_received", &["ok", "refused"][..]),
+            (
+                HandoffDirection::ShareSent,
+                &[HandoffOutcome::Ok, HandoffOutcome::Error][..],
+            ),
+            (
+                HandoffDirection::ShareReceived,
+                &[HandoffOutcome::Ok, HandoffOutcome::Error][..],
+            ),
+            (
+                HandoffDirection::AdoptSent,
+                &[
+                    HandoffOutcome::Ok,
+                    HandoffOutcome::Error,
+                    HandoffOutcome::NoPeer,
+                ][..],
+            ),
+            (
+                HandoffDirection::AdoptReceived,
+                &[HandoffOutcome::Ok, HandoffOutcome::Refused][..],
+            ),
         ] {
             for result in results {
-                self.handoffs.with_label_values(&[direction, result]);
+                self.handoffs
+                    .with_label_values(&[direction.as_str(), result.as_str()]);
             }
         }
     }
@@ -527,8 +598,10 @@ impl Metrics {
     }
 
     /// Counts a handoff event.
-    pub fn handoff(&self, direction: &str, result: &str) {
-        self.handoffs.with_label_values(&[direction, result]).inc();
+    pub fn handoff(&self, direction: HandoffDirection, result: HandoffOutcome) {
+        self.handoffs
+            .with_label_values(&[direction.as_str(), result.as_str()])
+            .inc();
     }
 }
 

@@ -40,25 +40,30 @@ use std::collections::HashSet;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use nix::unistd::{Gid, Uid};
 use socket2::{Domain, Socket, Type};
-use tokio::net::{UnixListener, UnixStream};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::cli::MigrateArgs;
-use crate::handoff::codec::Message;
-use crate::handoff::{wire, EXCHANGE_TIMEOUT};
+use crate::handoff::codec::{Message, PeerState};
+use crate::handoff::server::{self, DirError, Peer, Reply, Responder};
 use crate::{served, sys};
 
-/// Why `migrate` failed. [`MigrateError::is_bad_input`] tells exit code 2 from 1.
+/// Why `migrate` failed. [`MigrateError::is_bad_input`] tells exit code 2 from 1. The cause is
+/// the source: print with `{:#}`.
 #[derive(Debug, thiserror::Error)]
 pub enum MigrateError {
-    #[error("migrate: {0}")]
-    BadInput(String),
-    #[error("migrate: {0}")]
-    Failed(String),
+    /// Bad input, or an address would be left behind: nothing was bound.
+    #[error("migrate")]
+    BadInput(#[from] InputError),
+    /// It failed while moving the addresses.
+    #[error("migrate")]
+    Failed(#[from] Failure),
 }
 
 impl MigrateError {
@@ -68,12 +73,161 @@ impl MigrateError {
     }
 }
 
-fn bad(msg: impl Into<String>) -> MigrateError {
-    MigrateError::BadInput(msg.into())
+/// Flags `migrate` refuses before it looks at anything, and addresses it would leave behind.
+#[derive(Debug, thiserror::Error)]
+pub enum InputError {
+    #[error("at least one --listen address is needed")]
+    NoListen,
+    #[error("--listen {0}: a wildcard address cannot be moved beside the apiserver's wildcard socket; give the node address and 127.0.0.1")]
+    WildcardListen(SocketAddr),
+    #[error("--listen {addr}: every address must use the same port ({port}), the port the apiserver's wildcard socket holds")]
+    PortsDiffer { addr: SocketAddr, port: u16 },
+    #[error("--listen {0}: port 0")]
+    PortZero(SocketAddr),
+    #[error("--listen {0} given twice")]
+    Twice(SocketAddr),
+    #[error("--uid 0: the sockets go to the proxy's uid (the Deployment's runAsUser, 59443)")]
+    UidZero,
+    #[error("must run as root: it reads the apiserver's socket with pidfd_getfd (CAP_SYS_PTRACE) and binds beside it under its uid")]
+    NotRoot,
+    #[error(transparent)]
+    HandoffDir(#[from] DirError),
+    /// Addresses in use that are neither moved nor dropped: `address (why it is in use)`.
+    #[error("these addresses of this node serve port {port} now and would stop being served when kubeadm's apiserver stops: {}; give each as --listen (and in the Deployment's proxy --listen) or accept losing it with --drop", .uncovered.join(", "))]
+    LeftBehind { port: u16, uncovered: Vec<String> },
 }
 
-fn failed(msg: impl Into<String>) -> MigrateError {
-    MigrateError::Failed(msg.into())
+/// What went wrong while moving the addresses.
+#[derive(Debug, thiserror::Error)]
+pub enum Failure {
+    /// The cause sits inside the sentence, so it is shown there rather than as a source.
+    #[error("no wildcard listener on port {port}, and {addr} cannot be bound ({error}): something else holds it")]
+    AddressHeld {
+        port: u16,
+        addr: SocketAddr,
+        error: io::Error,
+    },
+    #[error(transparent)]
+    NoHolder(#[from] NoHolder),
+    #[error(transparent)]
+    Getfd(#[from] GetfdError),
+    #[error("SO_REUSEPORT on the apiserver's socket")]
+    ReusePort(#[source] io::Error),
+    #[error("the taken descriptor")]
+    TakenAddr(#[source] io::Error),
+    #[error("the taken descriptor")]
+    TakenStat(#[source] nix::errno::Errno),
+    #[error("the taken descriptor is {addr} (inode {found}), not the wildcard listener on port {port} (inode {inode})")]
+    NotTheWildcard {
+        addr: SocketAddr,
+        found: u64,
+        port: u16,
+        inode: u64,
+    },
+    #[error("cannot bind {addr} beside the wildcard socket")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot drop to uid {uid}")]
+    DropPrivileges {
+        uid: u32,
+        #[source]
+        source: io::Error,
+    },
+    #[error("runtime")]
+    Runtime(#[source] io::Error),
+    #[error("--handoff-dir")]
+    HandoffSocket(#[source] io::Error),
+    #[error(transparent)]
+    Signal(io::Error),
+    #[error("no proxy asked for the sockets within {0:?}; nothing was handed over (the apiserver keeps serving)")]
+    Timeout(Duration),
+    #[error("interrupted; nothing was handed over")]
+    Interrupted,
+    #[error("terminated; nothing was handed over")]
+    Terminated,
+}
+
+/// No process was found holding the wildcard listener.
+#[derive(Debug, thiserror::Error)]
+#[error("{}{}", self.what(), self.unread())]
+pub struct NoHolder {
+    /// `--pid`, when given.
+    pid: Option<u32>,
+    port: u16,
+    inodes: Vec<u64>,
+    /// The processes whose descriptors could not be read (the holder may be one of them).
+    denied: Vec<(u32, io::Error)>,
+    /// Why, when some could not be read.
+    ptrace: Option<PtraceContext>,
+}
+
+impl NoHolder {
+    fn what(&self) -> String {
+        let port = self.port;
+        match self.pid {
+            Some(p) => format!("process {p} holds no wildcard listener on port {port}"),
+            None => format!(
+                "no process holds the wildcard listener on port {port} (inodes {:?})",
+                self.inodes
+            ),
+        }
+    }
+
+    fn unread(&self) -> String {
+        match (self.denied.first(), &self.ptrace) {
+            (Some((p, e)), Some(ptrace)) => format!(
+                "; the descriptors of {} process{} could not be read (/proc/{p}/fd: {e}): {}",
+                self.denied.len(),
+                if self.denied.len() == 1 { "" } else { "es" },
+                ptrace.explain()
+            ),
+            _ => String::new(),
+        }
+    }
+}
+
+/// `pidfd_getfd` (or `pidfd_open`) failed on another process's descriptor; says what the
+/// system says about it. The cause sits inside the sentence, before the explanation.
+#[derive(Debug, thiserror::Error)]
+#[error("pidfd_getfd of descriptor {fd} of process {pid}: {error}: {why}")]
+pub struct GetfdError {
+    pid: u32,
+    fd: RawFd,
+    error: io::Error,
+    why: String,
+}
+
+impl GetfdError {
+    pub(crate) fn new(error: io::Error, pid: u32, fd: RawFd) -> Self {
+        let why = match error.raw_os_error() {
+            Some(libc::ENOSYS) => "this kernel has no pidfd_getfd (Linux 5.6+ needed)".to_owned(),
+            Some(libc::ESRCH) => format!("process {pid} exited"),
+            Some(libc::EPERM | libc::EACCES) => PtraceContext::read().explain(),
+            _ => "needs Linux 5.6+ and CAP_SYS_PTRACE".to_owned(),
+        };
+        GetfdError {
+            pid,
+            fd,
+            error,
+            why,
+        }
+    }
+}
+
+/// Why the `kube-public/cluster-info` kubeconfig could not be read.
+#[derive(Debug, thiserror::Error)]
+enum ClusterInfoError {
+    #[error(transparent)]
+    Client(#[from] crate::checkpoint::CheckpointError),
+    #[error(transparent)]
+    Runtime(io::Error),
+    #[error(transparent)]
+    Api(#[from] crate::checkpoint::ApiError),
+    #[error("no data.kubeconfig")]
+    NoKubeconfig,
 }
 
 /// How `migrate` ended without error.
@@ -247,72 +401,35 @@ impl PtraceContext {
     }
 }
 
-/// The error of `pidfd_getfd` (or `pidfd_open`) on `pid`, with what the system says about it.
-pub(crate) fn explain_getfd(e: &io::Error, pid: u32, fd: RawFd) -> String {
-    let why = match e.raw_os_error() {
-        Some(libc::ENOSYS) => "this kernel has no pidfd_getfd (Linux 5.6+ needed)".to_owned(),
-        Some(libc::ESRCH) => format!("process {pid} exited"),
-        Some(libc::EPERM | libc::EACCES) => PtraceContext::read().explain(),
-        _ => "needs Linux 5.6+ and CAP_SYS_PTRACE".to_owned(),
-    };
-    format!("pidfd_getfd of descriptor {fd} of process {pid}: {e}: {why}")
-}
-
 /// Checks the flags before anything is looked at or bound.
-fn validate(args: &MigrateArgs) -> Result<u16, MigrateError> {
+fn validate(args: &MigrateArgs) -> Result<u16, InputError> {
     let Some(first) = args.listen.first() else {
-        return Err(bad("at least one --listen address is needed"));
+        return Err(InputError::NoListen);
     };
     let port = first.port();
     let mut seen = HashSet::new();
     for addr in &args.listen {
         if addr.ip().is_unspecified() {
-            return Err(bad(format!(
-                "--listen {addr}: a wildcard address cannot be moved beside the apiserver's wildcard socket; give the node address and 127.0.0.1"
-            )));
+            return Err(InputError::WildcardListen(*addr));
         }
         if addr.port() != port {
-            return Err(bad(format!(
-                "--listen {addr}: every address must use the same port ({port}), the port the apiserver's wildcard socket holds"
-            )));
+            return Err(InputError::PortsDiffer { addr: *addr, port });
         }
         if port == 0 {
-            return Err(bad(format!("--listen {addr}: port 0")));
+            return Err(InputError::PortZero(*addr));
         }
         if !seen.insert(*addr) {
-            return Err(bad(format!("--listen {addr} given twice")));
+            return Err(InputError::Twice(*addr));
         }
     }
     if args.uid == 0 {
-        return Err(bad(
-            "--uid 0: the sockets go to the proxy's uid (the Deployment's runAsUser, 59443)",
-        ));
+        return Err(InputError::UidZero);
     }
     if !nix::unistd::geteuid().is_root() {
-        return Err(bad(
-            "must run as root: it reads the apiserver's socket with pidfd_getfd (CAP_SYS_PTRACE) and binds beside it under its uid",
-        ));
+        return Err(InputError::NotRoot);
     }
-    check_handoff_dir(&args.handoff_dir, args.uid).map_err(bad)?;
+    server::check_dir_of(&args.handoff_dir, args.uid)?;
     Ok(port)
-}
-
-/// The proxies' handoff directory must be a directory of `uid`, writable by nobody else.
-pub(crate) fn check_handoff_dir(dir: &Path, uid: u32) -> Result<(), String> {
-    let meta = std::fs::symlink_metadata(dir)
-        .map_err(|e| format!("--handoff-dir {}: {e}", dir.display()))?;
-    if !meta.is_dir() || meta.file_type().is_symlink() {
-        return Err(format!("--handoff-dir {}: not a directory", dir.display()));
-    }
-    if meta.uid() != uid || meta.mode() & 0o022 != 0 {
-        return Err(format!(
-            "--handoff-dir {}: must belong to uid {uid} with mode 0700 (it is {}, {:o}); see manifests/node/tmpfiles.d",
-            dir.display(),
-            meta.uid(),
-            meta.mode() & 0o7777
-        ));
-    }
-    Ok(())
 }
 
 /// A socket created under `owner`'s uid (the uid `SO_REUSEPORT` matches against), with
@@ -360,10 +477,10 @@ pub fn run(args: &MigrateArgs) -> Result<Outcome, MigrateError> {
     if wildcards.is_empty() {
         // Nothing to move: fine as long as the proxy can bind its addresses itself.
         for addr in &args.listen {
-            crate::net::bind_reuseport(*addr).map_err(|e| {
-                failed(format!(
-                    "no wildcard listener on port {port}, and {addr} cannot be bound ({e}): something else holds it"
-                ))
+            crate::net::bind_reuseport(*addr).map_err(|error| Failure::AddressHeld {
+                port,
+                addr: *addr,
+                error,
             })?;
         }
         tracing::info!(
@@ -373,33 +490,25 @@ pub fn run(args: &MigrateArgs) -> Result<Outcome, MigrateError> {
         return Ok(Outcome::NothingToMigrate);
     }
     let inodes: Vec<u64> = wildcards.iter().map(|w| w.inode).collect();
-    let (pid, fd, inode) = find_holder(&inodes, args.pid).map_err(|denied| {
-        let unread = match denied.first() {
-            None => String::new(),
-            Some((p, e)) => format!(
-                "; the descriptors of {} process{} could not be read (/proc/{p}/fd: {e}): {}",
-                denied.len(),
-                if denied.len() == 1 { "" } else { "es" },
-                PtraceContext::read().explain()
-            ),
-        };
-        failed(match args.pid {
-            Some(p) => format!("process {p} holds no wildcard listener on port {port}{unread}"),
-            None => format!(
-                "no process holds the wildcard listener on port {port} (inodes {inodes:?}){unread}"
-            ),
+    let (pid, fd, inode) = find_holder(&inodes, args.pid)
+        .map_err(|denied| NoHolder {
+            pid: args.pid,
+            port,
+            inodes: inodes.clone(),
+            ptrace: (!denied.is_empty()).then(PtraceContext::read),
+            denied,
         })
-    })?;
+        .map_err(Failure::from)?;
 
     // 2. Every address in use must be moved or dropped on purpose: the others stop being
     // served when kubeadm's apiserver stops.
     check_served(args, port, pid)?;
 
-    let taken = sys::take_fd_of(pid, fd).map_err(|e| failed(explain_getfd(&e, pid, fd)))?;
+    let taken = sys::take_fd_of(pid, fd).map_err(|e| Failure::from(GetfdError::new(e, pid, fd)))?;
     let owner = check_taken(&taken, port, inode)?;
     socket2::SockRef::from(&taken)
         .set_reuse_port(true)
-        .map_err(|e| failed(format!("SO_REUSEPORT on the apiserver's socket: {e}")))?;
+        .map_err(Failure::ReusePort)?;
     drop(taken);
     tracing::info!(
         pid,
@@ -412,10 +521,9 @@ pub fn run(args: &MigrateArgs) -> Result<Outcome, MigrateError> {
     // 3. Our sockets, bound beside it, not listening yet.
     let mut prepared = Vec::new();
     for addr in &args.listen {
-        let socket = bind_as(owner, *addr).map_err(|e| {
-            failed(format!(
-                "cannot bind {addr} beside the wildcard socket: {e}"
-            ))
+        let socket = bind_as(owner, *addr).map_err(|source| Failure::Bind {
+            addr: *addr,
+            source,
         })?;
         prepared.push(Prepared {
             addr: *addr,
@@ -426,19 +534,23 @@ pub fn run(args: &MigrateArgs) -> Result<Outcome, MigrateError> {
     tracing::info!(addrs = ?args.listen, "migrate: bound (not listening yet)");
 
     // 4. The proxy's uid from here on, and its handoff directory.
-    drop_privileges(args.uid, args.gid.unwrap_or(args.uid))
-        .map_err(|e| failed(format!("cannot drop to uid {}: {e}", args.uid)))?;
+    drop_privileges(args.uid, args.gid.unwrap_or(args.uid)).map_err(|source| {
+        Failure::DropPrivileges {
+            uid: args.uid,
+            source,
+        }
+    })?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| failed(format!("runtime: {e}")))?;
+        .map_err(Failure::Runtime)?;
     runtime.block_on(serve(args, prepared))
 }
 
 /// Refuses (bad input: nothing was touched) while an address of this node that serves `port`
 /// or is used for it is neither a `--listen` address nor given to `--drop`.
-fn check_served(args: &MigrateArgs, port: u16, pid: u32) -> Result<(), MigrateError> {
-    let cluster_info = read_cluster_info(&args.kubernetes_dir);
+fn check_served(args: &MigrateArgs, port: u16, pid: u32) -> Result<(), InputError> {
+    let cluster_info = read_cluster_info(&args.kubernetes_dir).map_err(|e| e.to_string());
     let found = served::find(
         port,
         &served::socket_inodes(pid),
@@ -469,150 +581,121 @@ fn check_served(args: &MigrateArgs, port: u16, pid: u32) -> Result<(), MigrateEr
     if uncovered.is_empty() {
         return Ok(());
     }
-    Err(bad(format!(
-        "these addresses of this node serve port {port} now and would stop being served when kubeadm's apiserver stops: {}; give each as --listen (and in the Deployment's proxy --listen) or accept losing it with --drop",
-        uncovered.join(", ")
-    )))
+    Err(InputError::LeftBehind { port, uncovered })
 }
 
 /// The kubeconfig in `kube-public/cluster-info` (kubeadm's `controlPlaneEndpoint` as joining
 /// nodes see it), read with `admin.conf`.
-fn read_cluster_info(dir: &Path) -> Result<String, String> {
-    let api = crate::checkpoint::ApiClient::from_kubeconfig(&dir.join("admin.conf"))
-        .map_err(|e| e.to_string())?;
+fn read_cluster_info(dir: &Path) -> Result<String, ClusterInfoError> {
+    let api = crate::checkpoint::ApiClient::from_kubeconfig(&dir.join("admin.conf"))?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| e.to_string())?;
-    let cm = runtime
-        .block_on(api.get_json("/api/v1/namespaces/kube-public/configmaps/cluster-info"))
-        .map_err(|e| e.to_string())?;
+        .map_err(ClusterInfoError::Runtime)?;
+    let cm =
+        runtime.block_on(api.get_json("/api/v1/namespaces/kube-public/configmaps/cluster-info"))?;
     cm["data"]["kubeconfig"]
         .as_str()
         .map(str::to_owned)
-        .ok_or_else(|| "no data.kubeconfig".to_owned())
+        .ok_or(ClusterInfoError::NoKubeconfig)
 }
 
 /// The taken descriptor must be the wildcard listener found; returns its owner's uid.
-fn check_taken(taken: &OwnedFd, port: u16, inode: u64) -> Result<u32, MigrateError> {
-    let addr = sys::listening_tcp_addr(taken.as_fd())
-        .map_err(|e| failed(format!("the taken descriptor: {e}")))?;
-    let stat = nix::sys::stat::fstat(taken.as_raw_fd())
-        .map_err(|e| failed(format!("the taken descriptor: {e}")))?;
+fn check_taken(taken: &OwnedFd, port: u16, inode: u64) -> Result<u32, Failure> {
+    let addr = sys::listening_tcp_addr(taken.as_fd()).map_err(Failure::TakenAddr)?;
+    let stat = nix::sys::stat::fstat(taken.as_raw_fd()).map_err(Failure::TakenStat)?;
     if !addr.ip().is_unspecified() || addr.port() != port || stat.st_ino != inode {
-        return Err(failed(format!(
-            "the taken descriptor is {addr} (inode {}), not the wildcard listener on port {port} (inode {inode})",
-            stat.st_ino
-        )));
+        return Err(Failure::NotTheWildcard {
+            addr,
+            found: stat.st_ino,
+            port,
+            inode,
+        });
     }
     Ok(stat.st_uid)
 }
 
 /// Serves the handoff socket until a proxy took the sockets or the timeout passed.
-async fn serve(args: &MigrateArgs, mut prepared: Vec<Prepared>) -> Result<Outcome, MigrateError> {
-    let (listener, path) =
-        bind_handoff(&args.handoff_dir).map_err(|e| failed(format!("--handoff-dir: {e}")))?;
+async fn serve(args: &MigrateArgs, prepared: Vec<Prepared>) -> Result<Outcome, MigrateError> {
+    let (listener, path) = server::bind(&args.handoff_dir).map_err(Failure::HandoffSocket)?;
     tracing::info!(socket = %path.display(), timeout = ?args.timeout, "migrate: waiting for a proxy to ask for the sockets");
     let deadline = tokio::time::Instant::now() + args.timeout;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| failed(e.to_string()))?;
-    let result = loop {
-        let stream = tokio::select! {
-            r = listener.accept() => match r {
-                Ok((s, _)) => s,
-                Err(e) => {
-                    tracing::warn!(error = %e, "migrate: handoff accept failed");
-                    continue;
-                }
-            },
-            _ = tokio::time::sleep_until(deadline) => break Err(failed(format!(
-                "no proxy asked for the sockets within {:?}; nothing was handed over (the apiserver keeps serving)",
-                args.timeout
-            ))),
-            _ = tokio::signal::ctrl_c() => break Err(failed("interrupted; nothing was handed over")),
-            _ = term.recv() => break Err(failed("terminated; nothing was handed over")),
-        };
-        match tokio::time::timeout(EXCHANGE_TIMEOUT, answer(args.uid, stream, &mut prepared)).await
-        {
-            Ok(Some(given)) => break Ok(Outcome::HandedOver(given)),
-            Ok(None) => {}
-            Err(_) => tracing::warn!("migrate: peer too slow; connection closed"),
-        }
+        .map_err(Failure::Signal)?;
+    let migrator = Arc::new(Migrator {
+        uid: args.uid,
+        prepared: tokio::sync::Mutex::new(prepared),
+        given: Mutex::new(Vec::new()),
+        done: CancellationToken::new(),
+    });
+    let stop = migrator.done.child_token();
+    let tasks = TaskTracker::new();
+    tasks.spawn(server::serve(
+        migrator.clone(),
+        listener,
+        stop.clone(),
+        tasks.clone(),
+    ));
+    let result = tokio::select! {
+        _ = migrator.done.cancelled() => Ok(Outcome::HandedOver(
+            migrator.given.lock().expect("given lock").clone(),
+        )),
+        _ = tokio::time::sleep_until(deadline) => Err(Failure::Timeout(args.timeout)),
+        _ = tokio::signal::ctrl_c() => Err(Failure::Interrupted),
+        _ = term.recv() => Err(Failure::Terminated),
     };
+    stop.cancel();
     let _ = std::fs::remove_file(&path);
-    result
+    Ok(result?)
 }
 
-/// Binds `<dir>/kap-<pid>-<n>.sock` (0600) under a temporary name and renames it into place
-/// once listening, as proxy instances do: peers find it like any other instance's.
-fn bind_handoff(dir: &Path) -> io::Result<(UnixListener, PathBuf)> {
-    let name = format!("kap-{}-{}.sock", std::process::id(), rand::random::<u32>());
-    let path = dir.join(&name);
-    let tmp = dir.join(format!(".{name}.tmp"));
-    let _ = std::fs::remove_file(&tmp);
-    let listener = std::os::unix::net::UnixListener::bind(&tmp)?;
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
-    listener.set_nonblocking(true)?;
-    std::fs::rename(&tmp, &path)?;
-    Ok((UnixListener::from_std(listener)?, path))
-}
-
-/// Answers one peer. Returns the addresses handed over when a share request was answered.
-async fn answer(
+/// The handoff server of `migrate`: a peer that is never ready (a draining instance must not
+/// hand its sockets to it) and answers share requests only.
+struct Migrator {
+    /// The proxy's uid: the only peer allowed.
     uid: u32,
-    stream: UnixStream,
-    prepared: &mut [Prepared],
-) -> Option<Vec<SocketAddr>> {
-    let cred = match sys::peer_credentials(stream.as_fd()) {
-        Ok(c) if c.uid() == uid => c,
-        Ok(c) => {
-            tracing::warn!(
-                peer.pid = c.pid(),
-                peer.uid = c.uid(),
-                "migrate: peer uid not allowed; refused"
-            );
-            return None;
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "migrate: cannot read peer credentials; refused");
-            return None;
-        }
-    };
-    let request = match wire::recv(&stream).await {
-        Ok((m, _fds)) => m,
-        Err(e) => {
-            tracing::warn!(peer.pid = cred.pid(), error = %e, "migrate: bad message rejected");
-            return None;
-        }
-    };
-    let reply = match request {
-        // Never "ready": a draining instance must not hand its sockets to us.
-        Message::StatusRequest => Message::Status {
-            pid: std::process::id(),
-            state: "Migrating".into(),
-            ready: false,
-        },
-        Message::ShareRequest { addrs } => {
-            return share(&stream, prepared, &addrs, cred.pid()).await
-        }
-        other => {
-            tracing::info!(peer.pid = cred.pid(), message = ?other, "migrate: refused (only share requests are answered)");
-            Message::Refuse {
-                reason: "migrating: only share requests are answered".into(),
-            }
-        }
-    };
-    let _ = wire::send(&stream, &reply, &[]).await;
-    None
+    prepared: tokio::sync::Mutex<Vec<Prepared>>,
+    /// The addresses handed over, once `done`.
+    given: Mutex<Vec<SocketAddr>>,
+    /// Cancelled once a proxy took sockets.
+    done: CancellationToken,
 }
 
-/// Starts listening on the asked sockets and sends them.
+impl Responder for Migrator {
+    const NAME: &'static str = "migrate";
+
+    fn allows(&self, uid: u32) -> bool {
+        uid == self.uid
+    }
+
+    fn status(&self) -> (PeerState, bool) {
+        (PeerState::Migrating, false)
+    }
+
+    async fn share(&self, peer: &Peer, asked: &[String]) -> Reply {
+        let mut prepared = self.prepared.lock().await;
+        if let Some(given) = share(peer, &mut prepared, asked).await {
+            *self.given.lock().expect("given lock") = given;
+            self.done.cancel();
+        }
+        Reply::Answered
+    }
+
+    fn refuse(&self, pid: i32, request: &Message) -> Message {
+        tracing::info!(peer.pid = pid, message = ?request, "migrate: refused (only share requests are answered)");
+        Message::Refuse {
+            reason: "migrating: only share requests are answered".into(),
+        }
+    }
+}
+
+/// Starts listening on the asked sockets and sends them. Returns the addresses handed over.
 async fn share(
-    stream: &UnixStream,
+    peer: &Peer,
     prepared: &mut [Prepared],
     asked: &[String],
-    pid: i32,
 ) -> Option<Vec<SocketAddr>> {
+    let pid = peer.pid;
     for p in prepared.iter_mut() {
         if p.listening || !asked.iter().any(|a| *a == p.addr.to_string()) {
             continue;
@@ -626,9 +709,11 @@ async fn share(
         .iter()
         .filter(|p| p.listening && asked.iter().any(|a| *a == p.addr.to_string()))
         .collect();
-    let addrs: Vec<String> = give.iter().map(|p| p.addr.to_string()).collect();
-    let fds: Vec<_> = give.iter().map(|p| p.socket.as_fd()).collect();
-    match wire::send(stream, &Message::Sockets { addrs }, &fds).await {
+    let sockets: Vec<_> = give
+        .iter()
+        .map(|p| (p.addr.to_string(), p.socket.as_fd()))
+        .collect();
+    match peer.send_sockets(&sockets).await {
         Ok(()) if !give.is_empty() => {
             let given: Vec<SocketAddr> = give.iter().map(|p| p.addr).collect();
             let missing: Vec<SocketAddr> = prepared
@@ -703,6 +788,57 @@ mod tests {
             "{lsm}"
         );
         assert!(ctx(None, true, None).explain().contains("(not active)"));
+    }
+
+    /// The error line main prints (`{:#}`: each layer, then its cause) reads as it always did,
+    /// and the exit code follows the kind.
+    #[test]
+    fn errors_print_their_causes_on_one_line() {
+        let line = |e: MigrateError| (e.is_bad_input(), format!("{:#}", anyhow::Error::from(e)));
+        let addr: SocketAddr = "127.0.0.1:6443".parse().unwrap();
+        assert_eq!(
+            line(InputError::Twice(addr).into()),
+            (true, "migrate: --listen 127.0.0.1:6443 given twice".into())
+        );
+        let dir = server::check_dir_of(Path::new("/nonexistent/kap"), 1).unwrap_err();
+        assert_eq!(
+            line(InputError::from(dir).into()),
+            (
+                true,
+                "migrate: --handoff-dir /nonexistent/kap: No such file or directory (os error 2)"
+                    .into()
+            )
+        );
+        let bind = Failure::Bind {
+            addr,
+            source: io::Error::from_raw_os_error(libc::EADDRINUSE),
+        };
+        assert_eq!(
+            line(bind.into()),
+            (
+                false,
+                "migrate: cannot bind 127.0.0.1:6443 beside the wildcard socket: Address already in use (os error 98)".into()
+            )
+        );
+        let getfd = GetfdError::new(io::Error::from_raw_os_error(libc::ESRCH), 42, 7);
+        assert_eq!(
+            line(Failure::from(getfd).into()),
+            (
+                false,
+                "migrate: pidfd_getfd of descriptor 7 of process 42: No such process (os error 3): process 42 exited".into()
+            )
+        );
+        let none = NoHolder {
+            pid: None,
+            port: 6443,
+            inodes: vec![11],
+            denied: Vec::new(),
+            ptrace: None,
+        };
+        assert_eq!(
+            line(Failure::from(none).into()).1,
+            "migrate: no process holds the wildcard listener on port 6443 (inodes [11])"
+        );
     }
 
     #[test]

@@ -36,29 +36,145 @@
 //! again if no socket was handed over yet (the Deployment keeps serving; only `SO_REUSEPORT` and
 //! the owner of its sockets were changed).
 
+use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use nix::unistd::{Gid, Uid};
-use tokio::net::{UnixListener, UnixStream};
+use tokio::net::UnixListener;
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::checkpoint::ApiClient;
 use crate::cli::MigrateBackArgs;
-use crate::handoff::codec::Message;
-use crate::handoff::{wire, EXCHANGE_TIMEOUT};
-use crate::migrate::{check_handoff_dir, find_holder, MigrateError, PtraceContext};
+use crate::handoff::codec::{Message, PeerState};
+use crate::handoff::server::{self, DirError, Peer, Reply, Responder};
+use crate::migrate::{find_holder, GetfdError, PtraceContext};
 use crate::{served, sys};
 
-fn bad(msg: impl Into<String>) -> MigrateError {
-    MigrateError::BadInput(format!("migrate-back: {}", msg.into()))
+/// Why `migrate-back` failed. [`MigrateBackError::is_bad_input`] tells exit code 2 from 1.
+/// The cause is the source: print with `{:#}`. The line has always begun
+/// `migrate: migrate-back:` (the command was written as a part of `migrate`), and keeps doing so.
+#[derive(Debug, thiserror::Error)]
+pub enum MigrateBackError {
+    /// Bad input: nothing was touched.
+    #[error("migrate: migrate-back")]
+    BadInput(#[from] BackInput),
+    /// It failed or gave up.
+    #[error("migrate: migrate-back")]
+    Failed(#[from] BackFailure),
 }
 
-fn failed(msg: impl Into<String>) -> MigrateError {
-    MigrateError::Failed(format!("migrate-back: {}", msg.into()))
+impl MigrateBackError {
+    /// Bad input: nothing was touched (exit code 2).
+    pub fn is_bad_input(&self) -> bool {
+        matches!(self, MigrateBackError::BadInput(_))
+    }
+}
+
+/// What `migrate-back` refuses before it changes anything.
+#[derive(Debug, thiserror::Error)]
+pub enum BackInput {
+    #[error("must run as root: it reaches the proxies' sockets with pidfd_getfd (CAP_SYS_PTRACE) and writes the static pod directory")]
+    NotRoot,
+    #[error("--manifest {}", .path.display())]
+    ReadManifest {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("--manifest {}", .path.display())]
+    Manifest {
+        path: PathBuf,
+        #[source]
+        source: ManifestError,
+    },
+    #[error("--static-pod-dir {}: not a directory", .0.display())]
+    StaticPodDir(PathBuf),
+    #[error("{} exists already: kubeadm's apiserver is back, or another way back is under way", .0.display())]
+    ManifestInPlace(PathBuf),
+    #[error(transparent)]
+    HandoffDir(#[from] DirError),
+    #[error("{0} listens already (a wildcard socket: is kubeadm's apiserver running?)")]
+    WildcardListening(SocketAddr),
+    #[error("nothing listens on port {port}: no proxy to take the addresses from; put the manifest into {} yourself", .static_pod_dir.display())]
+    NothingListens { port: u16, static_pod_dir: PathBuf },
+    #[error("the manifest runs {image} but the apiserver serving now is {running}: render kubeadm's manifest from the ClusterConfiguration of the version you run (kubeadm-config's kubernetesVersion), not an older copy; or pass --allow-version-change")]
+    VersionDiffers { image: String, running: String },
+    /// The client's own error is a message only.
+    #[error("--ca-file {}: {error}", .path.display())]
+    CaFile { path: PathBuf, error: String },
+}
+
+/// Why kubeadm's manifest does not give a way back without refusals.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ManifestError {
+    #[error("not kubeadm's kube-apiserver manifest (no `- kube-apiserver` command)")]
+    NotKubeApiserver,
+    #[error("it lacks --permit-port-sharing=true: without SO_REUSEPORT the static apiserver cannot bind its port beside the proxies (render it with the patch of docs/runbooks/going-back.md)")]
+    NoPortSharing,
+    #[error("--bind-address={0}: the way back is kubeadm's wildcard listener")]
+    BindAddress(String),
+    #[error("--secure-port={0}")]
+    SecurePort(String),
+    #[error("no image")]
+    NoImage,
+}
+
+/// What went wrong on the way back.
+#[derive(Debug, thiserror::Error)]
+pub enum BackFailure {
+    #[error("runtime")]
+    Runtime(#[source] io::Error),
+    /// Each address tried, and what it answered.
+    #[error("cannot read the running apiserver's /version: {}", .0.join("; "))]
+    Version(Vec<String>),
+    #[error("no process found holding {local} (inode {inode}){}", .ptrace.as_ref().map_or(String::new(), |p| format!("; the descriptors of {denied} processes could not be read: {}", p.explain())))]
+    NoHolder {
+        local: SocketAddr,
+        inode: u64,
+        denied: usize,
+        ptrace: Option<PtraceContext>,
+    },
+    #[error(transparent)]
+    Getfd(#[from] GetfdError),
+    #[error("the taken descriptor")]
+    TakenStat(#[source] nix::errno::Errno),
+    #[error("descriptor {fd} of process {pid} is not {local} any more")]
+    Replaced {
+        fd: i32,
+        pid: u32,
+        local: SocketAddr,
+    },
+    #[error("SO_REUSEPORT on {local}")]
+    ReusePort {
+        local: SocketAddr,
+        #[source]
+        source: io::Error,
+    },
+    #[error("giving {local} to root")]
+    Chown {
+        local: SocketAddr,
+        #[source]
+        source: nix::errno::Errno,
+    },
+    #[error("no free address in 127.0.0.0/24 to reach the static apiserver")]
+    NoDirectAddress,
+    #[error("--handoff-dir")]
+    HandoffSocket(#[source] io::Error),
+    #[error("cannot write {}", .path.display())]
+    WriteManifest {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error(transparent)]
+    GaveUp(#[from] GaveUp),
 }
 
 /// What the command reads from kubeadm's manifest (YAML as kubeadm writes it).
@@ -85,22 +201,22 @@ fn manifest_flag<'a>(text: &'a str, flag: &str) -> Option<&'a str> {
 }
 
 /// Checks kubeadm's manifest for a way back without refusals. Pure.
-pub fn parse_manifest(text: &str) -> Result<Manifest, String> {
+pub fn parse_manifest(text: &str) -> Result<Manifest, ManifestError> {
     if !text.lines().any(|l| l.trim() == "- kube-apiserver") {
-        return Err("not kubeadm's kube-apiserver manifest (no `- kube-apiserver` command)".into());
+        return Err(ManifestError::NotKubeApiserver);
     }
     if manifest_flag(text, "--permit-port-sharing") != Some("true") {
-        return Err("it lacks --permit-port-sharing=true: without SO_REUSEPORT the static apiserver cannot bind its port beside the proxies (render it with the patch of docs/runbooks/going-back.md)".into());
+        return Err(ManifestError::NoPortSharing);
     }
     if let Some(b) = manifest_flag(text, "--bind-address") {
         if !b.parse::<IpAddr>().is_ok_and(|ip| ip.is_unspecified()) {
-            return Err(format!(
-                "--bind-address={b}: the way back is kubeadm's wildcard listener"
-            ));
+            return Err(ManifestError::BindAddress(b.to_owned()));
         }
     }
     let port = match manifest_flag(text, "--secure-port") {
-        Some(p) => p.parse().map_err(|_| format!("--secure-port={p}"))?,
+        Some(p) => p
+            .parse()
+            .map_err(|_| ManifestError::SecurePort(p.to_owned()))?,
         None => 6443,
     };
     let image = text
@@ -108,7 +224,7 @@ pub fn parse_manifest(text: &str) -> Result<Manifest, String> {
         .find_map(|l| l.trim_start().strip_prefix("image:"))
         .map(|v| v.trim().trim_matches('"').to_owned())
         .filter(|v| !v.is_empty())
-        .ok_or("no image")?;
+        .ok_or(ManifestError::NoImage)?;
     let name = image.split('@').next().unwrap_or(&image);
     let tag = name
         .rfind(':')
@@ -127,97 +243,33 @@ fn listening(port: u16) -> Vec<served::TcpEntry> {
 
 /// Runs the whole way back (see the module documentation). Must be called before any other
 /// thread exists: it changes the process's effective credentials for a moment.
-pub fn run(args: &MigrateBackArgs) -> Result<(), MigrateError> {
-    if !nix::unistd::geteuid().is_root() {
-        return Err(bad("must run as root: it reaches the proxies' sockets with pidfd_getfd (CAP_SYS_PTRACE) and writes the static pod directory"));
-    }
-    let text = std::fs::read_to_string(&args.manifest)
-        .map_err(|e| bad(format!("--manifest {}: {e}", args.manifest.display())))?;
-    let manifest = parse_manifest(&text)
-        .map_err(|e| bad(format!("--manifest {}: {e}", args.manifest.display())))?;
+pub fn run(args: &MigrateBackArgs) -> Result<(), MigrateBackError> {
+    let (text, manifest, target, held) = check_input(args)?;
     let port = manifest.port;
-    if !args.static_pod_dir.is_dir() {
-        return Err(bad(format!(
-            "--static-pod-dir {}: not a directory",
-            args.static_pod_dir.display()
-        )));
-    }
-    let target = args.static_pod_dir.join("kube-apiserver.yaml");
-    if target.exists() {
-        return Err(bad(format!(
-            "{} exists already: kubeadm's apiserver is back, or another way back is under way",
-            target.display()
-        )));
-    }
-    check_handoff_dir(&args.handoff_dir, args.uid).map_err(bad)?;
-    let held = listening(port);
-    if let Some(w) = held.iter().find(|e| e.local.ip().is_unspecified()) {
-        return Err(bad(format!(
-            "{} listens already (a wildcard socket: is kubeadm's apiserver running?)",
-            w.local
-        )));
-    }
-    if held.is_empty() {
-        return Err(bad(format!(
-            "nothing listens on port {port}: no proxy to take the addresses from; put the manifest into {} yourself",
-            args.static_pod_dir.display()
-        )));
-    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| failed(format!("runtime: {e}")))?;
+        .map_err(BackFailure::Runtime)?;
 
     // 1. The version that serves now.
     let running = runtime.block_on(running_version(&held, &args.ca_file))?;
     match &manifest.tag {
         Some(tag) if *tag == running => {}
-        _ if args.allow_version_change => tracing::warn!(image = %manifest.image, running, "migrate-back: the manifest's version differs from the one serving (--allow-version-change)"),
-        _ => return Err(bad(format!(
-            "the manifest runs {} but the apiserver serving now is {running}: render kubeadm's manifest from the ClusterConfiguration of the version you run (kubeadm-config's kubernetesVersion), not an older copy; or pass --allow-version-change",
-            manifest.image
-        ))),
+        _ if args.allow_version_change => {
+            tracing::warn!(image = %manifest.image, running, "migrate-back: the manifest's version differs from the one serving (--allow-version-change)")
+        }
+        _ => {
+            return Err(BackInput::VersionDiffers {
+                image: manifest.image,
+                running,
+            }
+            .into())
+        }
     }
 
     // 2. SO_REUSEPORT and root on every socket of the port, through a duplicate.
     for e in &held {
-        let (pid, fd, inode) = find_holder(&[e.inode], None).map_err(|denied| {
-            failed(format!(
-                "no process found holding {} (inode {}){}",
-                e.local,
-                e.inode,
-                if denied.is_empty() {
-                    String::new()
-                } else {
-                    format!(
-                        "; the descriptors of {} processes could not be read: {}",
-                        denied.len(),
-                        PtraceContext::read().explain()
-                    )
-                }
-            ))
-        })?;
-        let taken = sys::take_fd_of(pid, fd)
-            .map_err(|err| failed(crate::migrate::explain_getfd(&err, pid, fd)))?;
-        let stat = nix::sys::stat::fstat(taken.as_raw_fd())
-            .map_err(|err| failed(format!("the taken descriptor: {err}")))?;
-        if stat.st_ino != inode {
-            return Err(failed(format!(
-                "descriptor {fd} of process {pid} is not {} any more",
-                e.local
-            )));
-        }
-        socket2::SockRef::from(&taken)
-            .set_reuse_port(true)
-            .map_err(|err| failed(format!("SO_REUSEPORT on {}: {err}", e.local)))?;
-        nix::unistd::fchown(
-            taken.as_raw_fd(),
-            Some(Uid::from_raw(0)),
-            Some(Gid::from_raw(0)),
-        )
-        .map_err(|err| failed(format!("giving {} to root: {err}", e.local)))?;
-        drop(taken);
-        tracing::info!(listen.addr = %e.local, pid, fd, was_uid = stat.st_uid, "migrate-back: SO_REUSEPORT set and the socket given to root (it stays with its process)");
+        share_port_with_root(e)?;
     }
 
     // 3. Where the static apiserver alone will answer, and the handoff socket as the proxies'
@@ -229,36 +281,120 @@ pub fn run(args: &MigrateBackArgs) -> Result<(), MigrateError> {
                 .iter()
                 .any(|e| served::canonical(e.local.ip()) == a.ip())
         })
-        .ok_or_else(|| failed("no free address in 127.0.0.0/24 to reach the static apiserver"))?;
+        .ok_or(BackFailure::NoDirectAddress)?;
     let (listener, path) = runtime
         .block_on(async {
             bind_handoff_as(&args.handoff_dir, args.uid, args.gid.unwrap_or(args.uid))
         })
-        .map_err(|e| failed(format!("--handoff-dir: {e}")))?;
-    crate::fsutil::write_atomic(&target, text.as_bytes())
-        .map_err(|e| failed(format!("cannot write {}: {e}", target.display())))?;
+        .map_err(BackFailure::HandoffSocket)?;
+    crate::fsutil::write_atomic(&target, text.as_bytes()).map_err(|source| {
+        BackFailure::WriteManifest {
+            path: target.clone(),
+            source,
+        }
+    })?;
     let _ = std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o600));
     tracing::info!(manifest = %target.display(), image = %manifest.image, "migrate-back: kubeadm's manifest is in place; the kubelet starts the static apiserver beside the proxies");
 
     // 4. Wait for it, then for the proxies' sockets.
     let result = runtime.block_on(serve(args, listener, direct, port));
     let _ = std::fs::remove_file(&path);
-    if let Err(e) = &result {
-        if matches!(e, Gave::Up(0, _)) {
-            let _ = std::fs::remove_file(&target);
-            tracing::warn!(manifest = %target.display(), "migrate-back: no socket was handed over; the manifest is removed again (the Deployment keeps serving)");
-        }
+    if let Err(Gave { taken: 0, .. }) = &result {
+        let _ = std::fs::remove_file(&target);
+        tracing::warn!(manifest = %target.display(), "migrate-back: no socket was handed over; the manifest is removed again (the Deployment keeps serving)");
     }
-    result.map_err(|e| failed(e.to_string()))
+    Ok(result.map_err(|gave| BackFailure::from(gave.why))?)
+}
+
+/// Checks everything before anything is touched: kubeadm's manifest (its text, what it says),
+/// where it goes, the handoff directory, and the sockets listening on its port now.
+fn check_input(
+    args: &MigrateBackArgs,
+) -> Result<(String, Manifest, PathBuf, Vec<served::TcpEntry>), BackInput> {
+    if !nix::unistd::geteuid().is_root() {
+        return Err(BackInput::NotRoot);
+    }
+    let path = || args.manifest.clone();
+    let text =
+        std::fs::read_to_string(&args.manifest).map_err(|source| BackInput::ReadManifest {
+            path: path(),
+            source,
+        })?;
+    let manifest = parse_manifest(&text).map_err(|source| BackInput::Manifest {
+        path: path(),
+        source,
+    })?;
+    let port = manifest.port;
+    if !args.static_pod_dir.is_dir() {
+        return Err(BackInput::StaticPodDir(args.static_pod_dir.clone()));
+    }
+    let target = args.static_pod_dir.join("kube-apiserver.yaml");
+    if target.exists() {
+        return Err(BackInput::ManifestInPlace(target));
+    }
+    server::check_dir_of(&args.handoff_dir, args.uid)?;
+    let held = listening(port);
+    if let Some(w) = held.iter().find(|e| e.local.ip().is_unspecified()) {
+        return Err(BackInput::WildcardListening(w.local));
+    }
+    if held.is_empty() {
+        return Err(BackInput::NothingListens {
+            port,
+            static_pod_dir: args.static_pod_dir.clone(),
+        });
+    }
+    Ok((text, manifest, target, held))
+}
+
+/// Sets `SO_REUSEPORT` on the socket listening at `e` and gives it to root, through a
+/// duplicate taken from the process holding it: it keeps serving there.
+fn share_port_with_root(e: &served::TcpEntry) -> Result<(), BackFailure> {
+    let (pid, fd, inode) =
+        find_holder(&[e.inode], None).map_err(|denied| BackFailure::NoHolder {
+            local: e.local,
+            inode: e.inode,
+            denied: denied.len(),
+            ptrace: (!denied.is_empty()).then(PtraceContext::read),
+        })?;
+    let taken = sys::take_fd_of(pid, fd).map_err(|err| GetfdError::new(err, pid, fd))?;
+    let stat = nix::sys::stat::fstat(taken.as_raw_fd()).map_err(BackFailure::TakenStat)?;
+    if stat.st_ino != inode {
+        return Err(BackFailure::Replaced {
+            fd,
+            pid,
+            local: e.local,
+        });
+    }
+    socket2::SockRef::from(&taken)
+        .set_reuse_port(true)
+        .map_err(|source| BackFailure::ReusePort {
+            local: e.local,
+            source,
+        })?;
+    nix::unistd::fchown(
+        taken.as_raw_fd(),
+        Some(Uid::from_raw(0)),
+        Some(Gid::from_raw(0)),
+    )
+    .map_err(|source| BackFailure::Chown {
+        local: e.local,
+        source,
+    })?;
+    drop(taken);
+    tracing::info!(listen.addr = %e.local, pid, fd, was_uid = stat.st_uid, "migrate-back: SO_REUSEPORT set and the socket given to root (it stays with its process)");
+    Ok(())
 }
 
 /// The `gitVersion` the apiserver behind one of `held` reports.
-async fn running_version(held: &[served::TcpEntry], ca: &Path) -> Result<String, MigrateError> {
+async fn running_version(held: &[served::TcpEntry], ca: &Path) -> Result<String, MigrateBackError> {
     let mut errors = Vec::new();
     for e in held {
         let addr = SocketAddr::new(served::canonical(e.local.ip()), e.local.port());
-        let api = ApiClient::anonymous(addr, ca, "kubernetes")
-            .map_err(|err| bad(format!("--ca-file {}: {err}", ca.display())))?;
+        let api =
+            ApiClient::anonymous(addr, ca, "kubernetes").map_err(|error| BackInput::CaFile {
+                path: ca.to_owned(),
+                error,
+            })?;
         match api.get_json("/version").await {
             Ok(v) => {
                 if let Some(version) = v["gitVersion"].as_str() {
@@ -269,30 +405,17 @@ async fn running_version(held: &[served::TcpEntry], ca: &Path) -> Result<String,
             Err(err) => errors.push(format!("{addr}: {err}")),
         }
     }
-    Err(failed(format!(
-        "cannot read the running apiserver's /version: {}",
-        errors.join("; ")
-    )))
+    Err(BackFailure::Version(errors).into())
 }
 
-/// Binds `<dir>/kap-<pid>-<n>.sock` listening as `uid`/`gid` (renamed into place once
-/// listening, as proxy instances do), then takes root back.
-fn bind_handoff_as(dir: &Path, uid: u32, gid: u32) -> std::io::Result<(UnixListener, PathBuf)> {
-    let name = format!("kap-{}-{}.sock", std::process::id(), rand::random::<u32>());
-    let path = dir.join(&name);
-    let tmp = dir.join(format!(".{name}.tmp"));
-    let _ = std::fs::remove_file(&tmp);
+/// Binds the handoff socket ([`server::bind`]) as `uid`/`gid`, then takes root back.
+fn bind_handoff_as(dir: &Path, uid: u32, gid: u32) -> io::Result<(UnixListener, PathBuf)> {
     nix::unistd::setegid(Gid::from_raw(gid))?;
     nix::unistd::seteuid(Uid::from_raw(uid))?;
-    let bound = std::os::unix::net::UnixListener::bind(&tmp).and_then(|l| {
-        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
-        l.set_nonblocking(true)?;
-        std::fs::rename(&tmp, &path)?;
-        Ok(l)
-    });
+    let bound = server::bind(dir);
     nix::unistd::seteuid(Uid::from_raw(0))?;
     nix::unistd::setegid(Gid::from_raw(0))?;
-    Ok((UnixListener::from_std(bound?)?, path))
+    bound
 }
 
 /// A network device that carries no traffic, for `SO_BINDTODEVICE`: a dummy, else one end of
@@ -330,11 +453,37 @@ impl Drop for Sink {
     }
 }
 
-/// How the wait ended without success: sockets handed over so far, and why.
+/// Why the wait ended without success.
 #[derive(Debug, thiserror::Error)]
-enum Gave {
-    #[error("{1}")]
-    Up(usize, String),
+pub enum GaveUp {
+    /// The client's own error is a message only.
+    #[error("{0}")]
+    Client(String),
+    #[error(transparent)]
+    Signal(io::Error),
+    #[error("gave up after {timeout:?}: {}; still listening: {left:?}", if *.ready { "the Deployment's sockets were not all handed over" } else { "the static apiserver never got ready" })]
+    Timeout {
+        timeout: Duration,
+        ready: bool,
+        left: Vec<SocketAddr>,
+    },
+    #[error("terminated")]
+    Terminated,
+    #[error("interrupted")]
+    Interrupted,
+}
+
+/// How the wait ended without success: sockets handed over so far, and why.
+#[derive(Debug)]
+struct Gave {
+    taken: usize,
+    why: GaveUp,
+}
+
+impl From<GaveUp> for Gave {
+    fn from(why: GaveUp) -> Self {
+        Gave { taken: 0, why }
+    }
 }
 
 /// Serves the handoff socket until nothing but the wildcard socket listens on `port`.
@@ -344,8 +493,7 @@ async fn serve(
     direct: SocketAddr,
     port: u16,
 ) -> Result<(), Gave> {
-    let api =
-        ApiClient::anonymous(direct, &args.ca_file, "kubernetes").map_err(|e| Gave::Up(0, e))?;
+    let api = ApiClient::anonymous(direct, &args.ca_file, "kubernetes").map_err(GaveUp::Client)?;
     let sink = match Sink::create() {
         Ok(s) => {
             tracing::info!(device = %s.0, "migrate-back: a device that carries no traffic, for the taken sockets");
@@ -356,208 +504,221 @@ async fn serve(
             None
         }
     };
-    let deadline = tokio::time::Instant::now() + args.timeout;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| Gave::Up(0, e.to_string()))?;
-    let forwards = TaskTracker::new();
-    let mut ready = false;
-    let mut taken = 0usize;
-    let mut tick = tokio::time::interval(Duration::from_millis(500));
+        .map_err(GaveUp::Signal)?;
+    let back = Arc::new(Back {
+        uid: args.uid,
+        port,
+        direct,
+        forwards: TaskTracker::new(),
+        sink,
+        ready: AtomicBool::new(false),
+        taken: AtomicUsize::new(0),
+    });
+    let (stop, tasks) = (CancellationToken::new(), TaskTracker::new());
+    tasks.spawn(server::serve(
+        back.clone(),
+        listener,
+        stop.clone(),
+        tasks.clone(),
+    ));
     tracing::info!(timeout = ?args.timeout, direct = %direct, "migrate-back: waiting for the static apiserver to be ready");
+    let result = watch(args, &back, &api, &mut term).await;
+    // The server and its exchanges (bounded) end; the sink goes with the last of them.
+    stop.cancel();
+    tasks.close();
+    tasks.wait().await;
+    result
+}
+
+/// Follows the static apiserver's readiness and what listens on the port until only its
+/// wildcard socket does, or `--timeout`, or a signal.
+async fn watch(
+    args: &MigrateBackArgs,
+    back: &Back,
+    api: &ApiClient,
+    term: &mut tokio::signal::unix::Signal,
+) -> Result<(), Gave> {
+    let (direct, port) = (back.direct, back.port);
+    let deadline = tokio::time::Instant::now() + args.timeout;
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    let gave = |why| Gave {
+        taken: back.taken.load(Ordering::SeqCst),
+        why,
+    };
     loop {
         tokio::select! {
-            r = listener.accept() => {
-                let Ok((stream, _)) = r else { continue };
-                let answered = tokio::time::timeout(
-                    EXCHANGE_TIMEOUT,
-                    answer(args.uid, stream, ready, port, direct, &forwards, sink.as_ref()),
-                )
-                .await;
-                match answered {
-                    Ok(n) => taken += n,
-                    Err(_) => tracing::warn!("migrate-back: peer too slow; connection closed"),
-                }
+            _ = tick.tick() => {}
+            _ = term.recv() => return Err(gave(GaveUp::Terminated)),
+            _ = tokio::signal::ctrl_c() => return Err(gave(GaveUp::Interrupted)),
+        }
+        let ready = back.ready.load(Ordering::SeqCst);
+        if !ready && api.get("/readyz").await.is_ok() {
+            back.ready.store(true, Ordering::SeqCst);
+            tracing::info!(direct = %direct, "migrate-back: the static apiserver is ready; delete the Deployment now (kubectl -n kube-system delete deployment kube-apiserver): its proxy hands its sockets over here as it drains");
+        }
+        let ready = back.ready.load(Ordering::SeqCst);
+        let taken = back.taken.load(Ordering::SeqCst);
+        let left: Vec<SocketAddr> = listening(port)
+            .iter()
+            .filter(|e| !e.local.ip().is_unspecified())
+            .map(|e| e.local)
+            .collect();
+        if ready && left.is_empty() && taken > 0 {
+            back.forwards.close();
+            if tokio::time::timeout(args.drain_timeout, back.forwards.wait())
+                .await
+                .is_err()
+            {
+                tracing::warn!(
+                    "migrate-back: forwarded connections still open at --drain-timeout; closed"
+                );
             }
-            _ = tick.tick() => {
-                if !ready && api.get("/readyz").await.is_ok() {
-                    ready = true;
-                    tracing::info!(direct = %direct, "migrate-back: the static apiserver is ready; delete the Deployment now (kubectl -n kube-system delete deployment kube-apiserver): its proxy hands its sockets over here as it drains");
-                }
-                let left: Vec<SocketAddr> = listening(port)
-                    .iter()
-                    .filter(|e| !e.local.ip().is_unspecified())
-                    .map(|e| e.local)
-                    .collect();
-                if ready && left.is_empty() && taken > 0 {
-                    forwards.close();
-                    if tokio::time::timeout(args.drain_timeout, forwards.wait()).await.is_err() {
-                        tracing::warn!("migrate-back: forwarded connections still open at --drain-timeout; closed");
-                    }
-                    tracing::info!(sockets = taken, "migrate-back: done: only kubeadm's apiserver listens on the port");
-                    return Ok(());
-                }
-                if tokio::time::Instant::now() >= deadline {
-                    return Err(Gave::Up(taken, format!(
-                        "gave up after {:?}: {}; still listening: {left:?}",
-                        args.timeout,
-                        if ready { "the Deployment's sockets were not all handed over" } else { "the static apiserver never got ready" }
-                    )));
-                }
-            }
-            _ = term.recv() => return Err(Gave::Up(taken, "terminated".into())),
-            _ = tokio::signal::ctrl_c() => return Err(Gave::Up(taken, "interrupted".into())),
+            tracing::info!(
+                sockets = taken,
+                "migrate-back: done: only kubeadm's apiserver listens on the port"
+            );
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(gave(GaveUp::Timeout {
+                timeout: args.timeout,
+                ready,
+                left,
+            }));
         }
     }
 }
 
-/// Answers one peer; returns the number of listening sockets taken over.
-async fn answer(
+/// The handoff server of `migrate-back`: ready once the static apiserver is; takes a draining
+/// proxy's listening sockets and closes them with nothing refused.
+struct Back {
+    /// The proxies' uid: the only peer allowed.
     uid: u32,
-    stream: UnixStream,
-    ready: bool,
     port: u16,
+    /// Where the static apiserver alone answers, for the connections still queued.
     direct: SocketAddr,
-    forwards: &TaskTracker,
-    sink: Option<&Sink>,
-) -> usize {
-    let cred = match sys::peer_credentials(stream.as_fd()) {
-        Ok(c) if c.uid() == uid => c,
-        Ok(c) => {
-            tracing::warn!(
-                peer.pid = c.pid(),
-                peer.uid = c.uid(),
-                "migrate-back: peer uid not allowed; refused"
-            );
-            return 0;
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "migrate-back: cannot read peer credentials; refused");
-            return 0;
-        }
-    };
-    let (request, fds) = match wire::recv(&stream).await {
-        Ok(m) => m,
-        Err(e) => {
-            tracing::warn!(peer.pid = cred.pid(), error = %e, "migrate-back: bad message rejected");
-            return 0;
-        }
-    };
-    let reply = match request {
-        Message::StatusRequest => Message::Status {
-            pid: std::process::id(),
-            state: "MigratingBack".into(),
-            ready,
-        },
-        Message::Adopt { addrs } if ready => {
-            return adopt(
-                &stream,
-                &addrs,
-                fds,
-                port,
-                direct,
-                forwards,
-                sink,
-                cred.pid(),
-            )
-            .await
-        }
-        Message::Adopt { .. } => Message::Refuse {
-            reason: "the static apiserver is not ready yet".into(),
-        },
-        _ => Message::Refuse {
-            reason: "migrating back: only status requests and adoptions are answered".into(),
-        },
-    };
-    let _ = wire::send(&stream, &reply, &[]).await;
-    0
+    /// The queued connections carried to the static apiserver.
+    forwards: TaskTracker,
+    sink: Option<Sink>,
+    /// The static apiserver answered `/readyz`.
+    ready: AtomicBool,
+    /// Listening sockets taken over so far.
+    taken: AtomicUsize,
 }
 
-/// Takes a draining proxy's listening sockets and closes them with nothing refused or reset:
-/// new connections turned away from them first (bound to `sink`, or else dropped by a filter),
-/// then acknowledged, their queue accepted and forwarded, then closed.
-#[allow(clippy::too_many_arguments)]
-async fn adopt(
-    stream: &UnixStream,
-    addrs: &[String],
-    fds: Vec<OwnedFd>,
-    port: u16,
-    direct: SocketAddr,
-    forwards: &TaskTracker,
-    sink: Option<&Sink>,
-    pid: i32,
-) -> usize {
-    let mut kept = Vec::new();
-    for (fd, addr) in fds.into_iter().zip(addrs) {
-        match sys::listening_tcp_addr(fd.as_fd()) {
-            Ok(a) if a.port() == port && !a.ip().is_unspecified() => {}
-            other => {
-                tracing::warn!(peer.pid = pid, offered = %addr, got = ?other, "migrate-back: not a listening socket of the port; left alone");
+impl Responder for Back {
+    const NAME: &'static str = "migrate-back";
+
+    fn allows(&self, uid: u32) -> bool {
+        uid == self.uid
+    }
+
+    fn status(&self) -> (PeerState, bool) {
+        (PeerState::MigratingBack, self.ready.load(Ordering::SeqCst))
+    }
+
+    async fn adopt(&self, peer: &Peer, addrs: &[String], fds: Vec<OwnedFd>) -> Reply {
+        if !self.ready.load(Ordering::SeqCst) {
+            return Reply::Answer(Message::Refuse {
+                reason: "the static apiserver is not ready yet".into(),
+            });
+        }
+        let n = self.take_and_close(peer, addrs, fds).await;
+        self.taken.fetch_add(n, Ordering::SeqCst);
+        Reply::Answered
+    }
+
+    fn refuse(&self, _pid: i32, _request: &Message) -> Message {
+        Message::Refuse {
+            reason: "migrating back: only status requests and adoptions are answered".into(),
+        }
+    }
+}
+
+impl Back {
+    /// Takes a draining proxy's listening sockets and closes them with nothing refused or reset:
+    /// new connections turned away from them first (bound to the sink, or else dropped by a
+    /// filter), then acknowledged, their queue accepted and forwarded, then closed. Returns how
+    /// many were offered.
+    async fn take_and_close(&self, peer: &Peer, addrs: &[String], fds: Vec<OwnedFd>) -> usize {
+        let (pid, port, direct, forwards) = (peer.pid, self.port, self.direct, &self.forwards);
+        let sink = self.sink.as_ref();
+        let mut kept = Vec::new();
+        for (fd, addr) in fds.into_iter().zip(addrs) {
+            match sys::listening_tcp_addr(fd.as_fd()) {
+                Ok(a) if a.port() == port && !a.ip().is_unspecified() => {}
+                other => {
+                    tracing::warn!(peer.pid = pid, offered = %addr, got = ?other, "migrate-back: not a listening socket of the port; left alone");
+                    continue;
+                }
+            }
+            let turned = match sink {
+                Some(dev) => socket2::SockRef::from(&fd)
+                    .bind_device(Some(dev.0.as_bytes()))
+                    .map_err(|e| format!("SO_BINDTODEVICE {}: {e}", dev.0)),
+                None => sys::drop_new_connections(fd.as_fd()).map_err(|e| format!("filter: {e}")),
+            };
+            if let Err(e) = turned {
+                tracing::warn!(listen.addr = %addr, error = %e, "migrate-back: cannot turn new connections away; left to the proxy");
                 continue;
             }
-        }
-        let turned = match sink {
-            Some(dev) => socket2::SockRef::from(&fd)
-                .bind_device(Some(dev.0.as_bytes()))
-                .map_err(|e| format!("SO_BINDTODEVICE {}: {e}", dev.0)),
-            None => sys::drop_new_connections(fd.as_fd()).map_err(|e| format!("filter: {e}")),
-        };
-        if let Err(e) = turned {
-            tracing::warn!(listen.addr = %addr, error = %e, "migrate-back: cannot turn new connections away; left to the proxy");
-            continue;
-        }
-        match sys::cookie(fd.as_fd()) {
-            Ok(cookie) => kept.push((addr.clone(), cookie, fd)),
-            Err(e) => tracing::warn!(listen.addr = %addr, error = %e, "migrate-back: no SO_COOKIE"),
-        }
-    }
-    if sink.is_none() {
-        // The handshakes under way when the filter went on complete now and the proxy, still
-        // accepting until our answer, takes them.
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let cookies = kept.iter().map(|(_, c, _)| *c).collect();
-    if let Err(e) = wire::send(stream, &Message::Ack { cookies }, &[]).await {
-        tracing::warn!(peer.pid = pid, error = %e, "migrate-back: the acknowledgement failed; the proxy keeps its sockets");
-        return 0;
-    }
-    let listeners: Vec<(String, std::net::TcpListener)> = kept
-        .into_iter()
-        .filter_map(|(addr, _, fd)| {
-            let l = std::net::TcpListener::from(fd);
-            l.set_nonblocking(true).ok()?;
-            Some((addr, l))
-        })
-        .collect();
-    let sweep = || {
-        let mut n = 0;
-        for (_, l) in &listeners {
-            while let Ok((client, peer)) = l.accept() {
-                n += 1;
-                forwards.spawn(forward(client, direct, peer));
+            match sys::cookie(fd.as_fd()) {
+                Ok(cookie) => kept.push((addr.clone(), cookie, fd)),
+                Err(e) => {
+                    tracing::warn!(listen.addr = %addr, error = %e, "migrate-back: no SO_COOKIE")
+                }
             }
         }
-        n
-    };
-    let mut forwarded = sweep();
-    // With the device no new connection reaches these sockets: what may still arrive are the
-    // handshakes that were under way (one round trip).
-    if sink.is_some() {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        forwarded += sweep();
+        if sink.is_none() {
+            // The handshakes under way when the filter went on complete now and the proxy, still
+            // accepting until our answer, takes them.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let cookies = kept.iter().map(|(_, c, _)| *c).collect();
+        if let Err(e) = peer.send(&Message::Ack { cookies }, &[]).await {
+            tracing::warn!(peer.pid = pid, error = %e, "migrate-back: the acknowledgement failed; the proxy keeps its sockets");
+            return 0;
+        }
+        let listeners: Vec<(String, std::net::TcpListener)> = kept
+            .into_iter()
+            .filter_map(|(addr, _, fd)| {
+                let l = std::net::TcpListener::from(fd);
+                l.set_nonblocking(true).ok()?;
+                Some((addr, l))
+            })
+            .collect();
+        let sweep = || {
+            let mut n = 0;
+            for (_, l) in &listeners {
+                while let Ok((client, peer)) = l.accept() {
+                    n += 1;
+                    forwards.spawn(forward(client, direct, peer));
+                }
+            }
+            n
+        };
+        let mut forwarded = sweep();
+        // With the device no new connection reaches these sockets: what may still arrive are the
+        // handshakes that were under way (one round trip).
+        if sink.is_some() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            forwarded += sweep();
+        }
+        for (addr, _) in &listeners {
+            tracing::info!(listen.addr = %addr, "migrate-back: listening socket taken from the draining proxy and closed (new connections go to the static apiserver)");
+        }
+        drop(listeners);
+        let turned_away = if sink.is_some() { "device" } else { "filter" };
+        tracing::info!(
+            peer.pid = pid,
+            sockets = addrs.len(),
+            forwarded,
+            turned_away,
+            "migrate-back: the proxy's listening sockets are closed with nothing reset"
+        );
+        addrs.len()
     }
-    for (addr, _) in &listeners {
-        tracing::info!(listen.addr = %addr, "migrate-back: listening socket taken from the draining proxy and closed (new connections go to the static apiserver)");
-    }
-    drop(listeners);
-    let turned_away = if sink.is_some() { "device" } else { "filter" };
-    tracing::info!(
-        peer.pid = pid,
-        sockets = addrs.len(),
-        forwarded,
-        turned_away,
-        "migrate-back: the proxy's listening sockets are closed with nothing reset"
-    );
-    addrs.len()
 }
 
 /// Carries one connection that was still queued to the static apiserver.
@@ -591,15 +752,58 @@ mod tests {
         let no_sharing = KUBEADM.replace("    - --permit-port-sharing=true\n", "");
         assert!(parse_manifest(&no_sharing)
             .unwrap_err()
+            .to_string()
             .contains("--permit-port-sharing=true"));
         let bound = KUBEADM.replace("--secure-port=6443", "--bind-address=192.0.2.10");
         assert!(parse_manifest(&bound)
             .unwrap_err()
+            .to_string()
             .contains("--bind-address"));
         let port = KUBEADM.replace("--secure-port=6443", "--secure-port=8443");
         assert_eq!(parse_manifest(&port).unwrap().port, 8443);
         let digest = KUBEADM.replace(":v1.37.2", "@sha256:ab");
         assert_eq!(parse_manifest(&digest).unwrap().tag, None);
         assert!(parse_manifest("kind: Pod\n").is_err());
+    }
+
+    /// The error line main prints (`{:#}`) reads as it always did; the exit code follows the kind.
+    #[test]
+    fn errors_print_their_causes_on_one_line() {
+        let line =
+            |e: MigrateBackError| (e.is_bad_input(), format!("{:#}", anyhow::Error::from(e)));
+        assert_eq!(
+            line(BackInput::StaticPodDir("/x".into()).into()),
+            (
+                true,
+                "migrate: migrate-back: --static-pod-dir /x: not a directory".into()
+            )
+        );
+        let manifest = BackInput::Manifest {
+            path: "/m.yaml".into(),
+            source: ManifestError::NoImage,
+        };
+        assert_eq!(
+            line(manifest.into()),
+            (
+                true,
+                "migrate: migrate-back: --manifest /m.yaml: no image".into()
+            )
+        );
+        assert_eq!(
+            line(BackFailure::NoDirectAddress.into()),
+            (
+                false,
+                "migrate: migrate-back: no free address in 127.0.0.0/24 to reach the static apiserver".into()
+            )
+        );
+        let timeout = GaveUp::Timeout {
+            timeout: Duration::from_secs(5),
+            ready: true,
+            left: vec![],
+        };
+        assert_eq!(
+            line(BackFailure::from(timeout).into()).1,
+            "migrate: migrate-back: gave up after 5s: the Deployment's sockets were not all handed over; still listening: []"
+        );
     }
 }

@@ -8,7 +8,11 @@
 //! [`MAX_PENDING`] bytes. Anything else — wrong magic, unknown version, oversize, malformed
 //! JSON — is an error.
 
+use std::fmt;
+
 use serde::{Deserialize, Serialize};
+
+use crate::lifecycle::State;
 
 /// Frame magic.
 pub const MAGIC: &[u8; 4] = b"KAPH";
@@ -35,6 +39,78 @@ pub struct ConnEntry {
     pub down: u32,
 }
 
+/// The state a peer says it is in (`Status`): a proxy instance's lifecycle state, or what the
+/// `migrate` and `migrate-back` commands serving a handoff socket call themselves.
+///
+/// On the wire it is the plain string (`"Serving"`, `"Migrating"`, ...), as it always was. A
+/// string this version does not know (a newer peer's state) decodes as [`PeerState::Other`] and
+/// encodes back unchanged, so instances of different versions still understand each other.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "String", into = "String")]
+pub enum PeerState {
+    /// A proxy instance in this lifecycle state.
+    Instance(State),
+    /// `migrate`, waiting for a proxy to ask for the sockets (never ready).
+    Migrating,
+    /// `migrate-back`, ready once the static apiserver is.
+    MigratingBack,
+    /// A state this version does not know.
+    Other(String),
+}
+
+impl PeerState {
+    /// The wire name.
+    pub fn as_str(&self) -> &str {
+        match self {
+            PeerState::Instance(state) => state.as_str(),
+            PeerState::Migrating => "Migrating",
+            PeerState::MigratingBack => "MigratingBack",
+            PeerState::Other(s) => s,
+        }
+    }
+}
+
+impl From<State> for PeerState {
+    fn from(state: State) -> Self {
+        PeerState::Instance(state)
+    }
+}
+
+impl From<String> for PeerState {
+    fn from(s: String) -> Self {
+        if let Some(state) = State::ALL.into_iter().find(|st| st.as_str() == s) {
+            return PeerState::Instance(state);
+        }
+        match s.as_str() {
+            "Migrating" => PeerState::Migrating,
+            "MigratingBack" => PeerState::MigratingBack,
+            _ => PeerState::Other(s),
+        }
+    }
+}
+
+impl From<PeerState> for String {
+    fn from(state: PeerState) -> Self {
+        match state {
+            PeerState::Other(s) => s,
+            known => known.as_str().to_owned(),
+        }
+    }
+}
+
+impl fmt::Display for PeerState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Compares by wire name (`state == "Serving"`).
+impl PartialEq<&str> for PeerState {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
 /// A handoff message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
@@ -45,7 +121,7 @@ pub enum Message {
     /// (Serving with its own backend healthy; only a ready peer is handed sockets).
     Status {
         pid: u32,
-        state: String,
+        state: PeerState,
         ready: bool,
     },
     /// A starting instance asks for duplicates of the listening sockets bound to `addrs`.
@@ -168,8 +244,13 @@ mod tests {
             Message::StatusRequest,
             Message::Status {
                 pid: 42,
-                state: "Serving".into(),
+                state: State::Serving.into(),
                 ready: true,
+            },
+            Message::Status {
+                pid: 43,
+                state: PeerState::MigratingBack,
+                ready: false,
             },
             Message::ShareRequest {
                 addrs: vec!["127.0.0.1:6443".into(), "[::1]:6443".into()],
@@ -205,6 +286,32 @@ mod tests {
             let mut two = frame.clone();
             two.extend_from_slice(&frame);
             assert_eq!(decode(&two).unwrap().unwrap().1, frame.len());
+        }
+    }
+
+    /// The state travels as the string it always was, both ways, unknown ones included.
+    #[test]
+    fn status_state_is_the_plain_string_on_the_wire() {
+        let cases = [
+            (PeerState::from(State::Serving), "Serving"),
+            (State::WaitingForBackend.into(), "WaitingForBackend"),
+            (PeerState::Migrating, "Migrating"),
+            (PeerState::MigratingBack, "MigratingBack"),
+            (PeerState::Other("Resting".into()), "Resting"),
+        ];
+        for (state, name) in cases {
+            let msg = Message::Status {
+                pid: 7,
+                state: state.clone(),
+                ready: false,
+            };
+            let payload = format!(r#"{{"type":"status","pid":7,"state":"{name}","ready":false}}"#);
+            assert_eq!(&encode(&msg)[HEADER_LEN..], payload.as_bytes());
+            let mut frame = b"KAPH\x02\x00".to_vec();
+            frame.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+            frame.extend_from_slice(payload.as_bytes());
+            assert_eq!(decode(&frame).unwrap().unwrap().0, msg, "{name}");
+            assert_eq!(state.as_str(), name);
         }
     }
 
@@ -318,8 +425,13 @@ mod tests {
         fn message() -> impl Strategy<Value = Message> {
             prop_oneof![
                 Just(Message::StatusRequest),
-                (any::<u32>(), ".{0,20}", any::<bool>())
-                    .prop_map(|(pid, state, ready)| Message::Status { pid, state, ready }),
+                (any::<u32>(), ".{0,20}", any::<bool>()).prop_map(|(pid, state, ready)| {
+                    Message::Status {
+                        pid,
+                        state: PeerState::from(state),
+                        ready,
+                    }
+                }),
                 prop::collection::vec(addr(), 0..8)
                     .prop_map(|addrs| Message::ShareRequest { addrs }),
                 prop::collection::vec(addr(), 0..8).prop_map(|addrs| Message::Sockets { addrs }),

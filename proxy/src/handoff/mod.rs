@@ -13,31 +13,35 @@
 //! Peers are authenticated with `SO_PEERCRED` on both ends (our uid, or `--handoff-allow-uid`).
 //! Received sockets are verified (listening TCP, bound to one of our `--listen` addresses) and
 //! deduplicated by identity. See `docs/handoff.md`.
+//!
+//! Layout: [`codec`] (frames, pure), [`wire`] (frames with descriptors on a stream), `server`
+//! (the serve loop of a handoff socket, also used by `migrate` and `migrate-back`), `peer` (what
+//! an instance answers there).
 
 pub mod codec;
 mod peer;
+pub(crate) mod server;
 pub mod wire;
 
 use std::collections::HashSet;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::net::UnixListener;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::addr::ListenAddr;
 use crate::listener::{HeldSocket, Listeners};
-use crate::metrics::Metrics;
 use crate::readiness::Readiness;
 use crate::sys;
 
-pub use codec::Message;
+use crate::metrics::{HandoffDirection, HandoffOutcome, Metrics};
+pub use codec::{Message, PeerState};
 
 /// Time one exchange with a peer may take.
 pub const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -102,26 +106,14 @@ impl Handoff {
         tasks: TaskTracker,
     ) -> Result<Arc<Self>, HandoffError> {
         let dir = config.dir.clone();
-        let dir_err = |source| HandoffError::Io {
-            dir: dir.display().to_string(),
-            source,
-        };
         prepare_dir(&dir)?;
         let uid = nix::unistd::geteuid().as_raw();
         let mut allowed_uids: HashSet<u32> = config.allow_uids.iter().copied().collect();
         allowed_uids.insert(uid);
-
-        // Bind under a temporary name, restrict, listen, then rename into place: a peer never
-        // sees a socket file that refuses connections (which it would take for stale).
-        let name = format!("kap-{}-{}.sock", std::process::id(), rand::random::<u32>());
-        let path = dir.join(&name);
-        let tmp = dir.join(format!(".{name}.tmp"));
-        let _ = std::fs::remove_file(&tmp);
-        let std_listener = std::os::unix::net::UnixListener::bind(&tmp).map_err(dir_err)?;
-        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600)).map_err(dir_err)?;
-        std_listener.set_nonblocking(true).map_err(dir_err)?;
-        std::fs::rename(&tmp, &path).map_err(dir_err)?;
-        let listener = UnixListener::from_std(std_listener).map_err(dir_err)?;
+        let (listener, path) = server::bind(&dir).map_err(|source| HandoffError::Io {
+            dir: dir.display().to_string(),
+            source,
+        })?;
 
         let handoff = Arc::new(Handoff {
             dir,
@@ -138,7 +130,12 @@ impl Handoff {
             hooks: tests::Hooks::default(),
         });
         tracing::info!(socket = %handoff.path.display(), "handoff socket listening");
-        handoff.tasks.spawn(peer::serve(handoff.clone(), listener));
+        handoff.tasks.spawn(server::serve(
+            handoff.clone(),
+            listener,
+            handoff.stop.clone(),
+            handoff.tasks.clone(),
+        ));
         Ok(handoff)
     }
 
@@ -174,18 +171,21 @@ impl Handoff {
                             got.push((addr, socket));
                         }
                     }
-                    self.metrics.handoff("share_received", "ok");
+                    self.metrics
+                        .handoff(HandoffDirection::ShareReceived, HandoffOutcome::Ok);
                     tracing::info!(peer = %path.display(), sockets = n, "handoff: sockets shared by peer");
                 }
                 Ok((other, _)) => {
-                    self.metrics.handoff("share_received", "error");
+                    self.metrics
+                        .handoff(HandoffDirection::ShareReceived, HandoffOutcome::Error);
                     tracing::warn!(peer = %path.display(), answer = ?other, "handoff: unexpected answer to share request");
                 }
                 Err(wire::WireError::Io(e)) if e.kind() == io::ErrorKind::ConnectionRefused => {
                     // A stale socket of a gone instance; already removed.
                 }
                 Err(e) => {
-                    self.metrics.handoff("share_received", "error");
+                    self.metrics
+                        .handoff(HandoffDirection::ShareReceived, HandoffOutcome::Error);
                     tracing::warn!(peer = %path.display(), error = %e, "handoff: share request failed");
                 }
             }
@@ -211,7 +211,7 @@ impl Handoff {
     /// What the peer process `pid` says of itself (its state and whether it is ready), when it
     /// serves a handoff socket and answers. Used by the in-place upgrade to wait for the
     /// successor it started.
-    pub async fn peer_status(&self, pid: u32) -> Option<(String, bool)> {
+    pub async fn peer_status(&self, pid: u32) -> Option<(PeerState, bool)> {
         let prefix = format!("kap-{pid}-");
         for path in self.peer_paths().await {
             let named = path
@@ -311,16 +311,19 @@ impl Handoff {
         drop(fds);
         let taken = match result {
             Ok((Message::Ack { cookies }, _)) => {
-                self.metrics.handoff("connections_sent", "ok");
+                self.metrics
+                    .handoff(HandoffDirection::ConnectionsSent, HandoffOutcome::Ok);
                 cookies.into_iter().collect()
             }
             Ok((other, _)) => {
-                self.metrics.handoff("connections_sent", "refused");
+                self.metrics
+                    .handoff(HandoffDirection::ConnectionsSent, HandoffOutcome::Refused);
                 tracing::info!(successor.pid = pid, answer = ?other, "handoff: successor did not take connections");
                 HashSet::new()
             }
             Err(e) => {
-                self.metrics.handoff("connections_sent", "error");
+                self.metrics
+                    .handoff(HandoffDirection::ConnectionsSent, HandoffOutcome::Error);
                 tracing::warn!(successor.pid = pid, error = %e, "handoff: sending connections failed; they stay");
                 HashSet::new()
             }
@@ -333,6 +336,16 @@ impl Handoff {
         let stream = tokio::time::timeout(EXCHANGE_TIMEOUT, tokio::net::UnixStream::connect(path))
             .await
             .map_err(|_| wire::WireError::Timeout)??;
+        self.check_peer(path, &stream)?;
+        Ok(stream)
+    }
+
+    /// The credentials of the peer at `path`, if its uid is allowed.
+    fn check_peer(
+        &self,
+        path: &Path,
+        stream: &tokio::net::UnixStream,
+    ) -> Result<nix::sys::socket::UnixCredentials, wire::WireError> {
         let cred = sys::peer_credentials(stream.as_fd())?;
         if !self.allowed_uids.contains(&cred.uid()) {
             self.metrics.handoff_peers_refused.inc();
@@ -341,7 +354,7 @@ impl Handoff {
                 io::Error::new(io::ErrorKind::PermissionDenied, "peer uid not allowed").into(),
             );
         }
-        Ok(stream)
+        Ok(cred)
     }
 
     /// Draining: offers our sockets to a ready peer until peers have acknowledged all of them
@@ -367,7 +380,8 @@ impl Handoff {
                     Ok(acked) if !acked.is_empty() => {
                         remaining.retain(|s| !acked.contains(&s.identity.cookie));
                         self.listeners.release(&acked);
-                        self.metrics.handoff("adopt_sent", "ok");
+                        self.metrics
+                            .handoff(HandoffDirection::AdoptSent, HandoffOutcome::Ok);
                         tracing::info!(peer = %path.display(), sockets = acked.len(), left = remaining.len(), "handoff: listening sockets adopted by peer");
                         if remaining.is_empty() {
                             return true;
@@ -375,7 +389,8 @@ impl Handoff {
                     }
                     Ok(_) => {}
                     Err(e) => {
-                        self.metrics.handoff("adopt_sent", "error");
+                        self.metrics
+                            .handoff(HandoffDirection::AdoptSent, HandoffOutcome::Error);
                         tracing::debug!(peer = %path.display(), error = %e, "handoff: offer failed");
                     }
                 }
@@ -391,7 +406,8 @@ impl Handoff {
             }
             if Instant::now() + RETRY_INTERVAL >= deadline {
                 self.listeners.set_accepting(true);
-                self.metrics.handoff("adopt_sent", "no_peer");
+                self.metrics
+                    .handoff(HandoffDirection::AdoptSent, HandoffOutcome::NoPeer);
                 tracing::warn!(
                     sockets = remaining.len(),
                     "handoff: no ready peer before the drain deadline; closing listeners"
@@ -446,16 +462,7 @@ impl Handoff {
                 }
                 Err(e) => return Err(e.into()),
             };
-            let cred = sys::peer_credentials(stream.as_fd())?;
-            if !self.allowed_uids.contains(&cred.uid()) {
-                self.metrics.handoff_peers_refused.inc();
-                tracing::warn!(peer = %path.display(), uid = cred.uid(), "handoff: peer socket owned by a uid not allowed");
-                return Err(io::Error::new(
-                    io::ErrorKind::PermissionDenied,
-                    "peer uid not allowed",
-                )
-                .into());
-            }
+            let cred = self.check_peer(path, &stream)?;
             wire::send(&stream, msg, fds).await?;
             let answer = wire::recv(&stream).await?;
             self.remember_peer(path, &answer.0, cred.pid());

@@ -1,105 +1,74 @@
-//! The serving side of the handoff socket: one request per connection, answered or refused.
+//! What a proxy instance answers on its handoff socket ([`Responder`] for [`Handoff`]): its
+//! lifecycle state, duplicates of its listening sockets, adoption of a draining peer's sockets,
+//! and the established connections of a predecessor upgrading in place.
 
-use std::os::fd::AsFd;
-use std::sync::Arc;
+use std::os::fd::{AsFd, OwnedFd};
 
-use tokio::net::{UnixListener, UnixStream};
-
-use super::codec::Message;
-use super::{wire, Handoff, EXCHANGE_TIMEOUT};
+use super::codec::{ConnEntry, Message, PeerState};
+use super::server::{Peer, Reply, Responder};
+use super::Handoff;
 use crate::lifecycle::State;
 use crate::listener::{HoldError, TakenConnection};
+use crate::metrics::{HandoffDirection, HandoffOutcome};
 use crate::sys;
 
-/// Accepts peer connections until the handoff is closed.
-pub(super) async fn serve(handoff: Arc<Handoff>, listener: UnixListener) {
-    loop {
-        let stream = tokio::select! {
-            _ = handoff.stop.cancelled() => return,
-            r = listener.accept() => match r {
-                Ok((s, _)) => s,
-                Err(e) => {
-                    tracing::warn!(error = %e, "handoff: accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        let task = handoff.clone();
-        handoff.tasks.spawn(async move {
-            let handoff = task;
-            if tokio::time::timeout(EXCHANGE_TIMEOUT, answer(&handoff, stream))
-                .await
-                .is_err()
-            {
-                handoff.metrics.handoff_messages_rejected.inc();
-                tracing::warn!("handoff: peer too slow; connection closed");
-            }
-        });
-    }
-}
+impl Responder for Handoff {
+    const NAME: &'static str = "handoff";
 
-async fn answer(handoff: &Handoff, stream: UnixStream) {
-    let cred = match sys::peer_credentials(stream.as_fd()) {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::warn!(error = %e, "handoff: cannot read peer credentials; refused");
-            handoff.metrics.handoff_peers_refused.inc();
-            return;
-        }
-    };
-    if !handoff.allowed_uids.contains(&cred.uid()) {
-        handoff.metrics.handoff_peers_refused.inc();
-        tracing::warn!(
-            peer.pid = cred.pid(),
-            peer.uid = cred.uid(),
-            "handoff: peer uid not allowed; refused"
-        );
-        return;
+    fn allows(&self, uid: u32) -> bool {
+        self.allowed_uids.contains(&uid)
     }
-    let (request, fds, tail) = match wire::recv_with_tail(&stream).await {
-        Ok(m) => m,
-        Err(e) => {
-            handoff.metrics.handoff_messages_rejected.inc();
-            tracing::warn!(peer.pid = cred.pid(), error = %e, "handoff: bad message rejected");
-            return;
-        }
-    };
-    let state = handoff.readiness.state();
-    let reply = match request {
-        Message::StatusRequest => Message::Status {
-            pid: std::process::id(),
-            state: state.as_str().to_string(),
-            ready: handoff.readiness.ready(),
-        },
-        Message::ShareRequest { addrs } => {
-            return share(handoff, &stream, state, &addrs, cred.pid()).await;
-        }
-        Message::Adopt { addrs } => adopt(handoff, state, &addrs, fds, cred.pid()).await,
-        Message::Connections { conns } => {
-            match take_connections(handoff, state, &conns, fds, &tail, cred.pid()) {
-                Ok(taken) => {
-                    commit_connections(handoff, stream, taken, cred.pid());
-                    return;
-                }
-                Err(reason) => Message::Refuse { reason },
+
+    fn peer_refused(&self) {
+        self.metrics.handoff_peers_refused.inc();
+    }
+
+    fn message_rejected(&self) {
+        self.metrics.handoff_messages_rejected.inc();
+    }
+
+    fn status(&self) -> (PeerState, bool) {
+        (self.readiness.state().into(), self.readiness.ready())
+    }
+
+    async fn share(&self, peer: &Peer, asked: &[String]) -> Reply {
+        share(self, peer, self.readiness.state(), asked).await;
+        Reply::Answered
+    }
+
+    async fn adopt(&self, peer: &Peer, addrs: &[String], fds: Vec<OwnedFd>) -> Reply {
+        Reply::Answer(adopt(self, self.readiness.state(), addrs, fds, peer.pid).await)
+    }
+
+    fn connections(
+        &self,
+        peer: &Peer,
+        conns: &[ConnEntry],
+        fds: Vec<OwnedFd>,
+        tail: &[u8],
+    ) -> Reply {
+        let state = self.readiness.state();
+        match take_connections(self, state, conns, fds, tail, peer.pid) {
+            Ok(taken) => {
+                commit_connections(self, peer.clone(), taken);
+                Reply::Answered
             }
+            Err(reason) => Reply::Answer(Message::Refuse { reason }),
         }
-        other => {
-            handoff.metrics.handoff_messages_rejected.inc();
-            tracing::warn!(peer.pid = cred.pid(), message = ?other, "handoff: unexpected message rejected");
-            Message::Refuse {
-                reason: "unexpected message".into(),
-            }
+    }
+
+    fn refuse(&self, pid: i32, request: &Message) -> Message {
+        self.metrics.handoff_messages_rejected.inc();
+        tracing::warn!(peer.pid = pid, message = ?request, "handoff: unexpected message rejected");
+        Message::Refuse {
+            reason: "unexpected message".into(),
         }
-    };
-    if let Err(e) = wire::send(&stream, &reply, &[]).await {
-        tracing::debug!(error = %e, "handoff: cannot answer peer");
     }
 }
 
 /// Sends duplicates of our sockets for the asked addresses (while Serving or Draining).
-async fn share(handoff: &Handoff, stream: &UnixStream, state: State, asked: &[String], pid: i32) {
+async fn share(handoff: &Handoff, peer: &Peer, state: State, asked: &[String]) {
+    let pid = peer.pid;
     let held = if matches!(state, State::Serving | State::Draining) {
         handoff.listeners.duplicates().unwrap_or_default()
     } else {
@@ -109,19 +78,25 @@ async fn share(handoff: &Handoff, stream: &UnixStream, state: State, asked: &[St
         .into_iter()
         .filter(|s| asked.iter().any(|a| *a == s.addr.to_string()))
         .collect();
-    let addrs = give.iter().map(|s| s.addr.to_string()).collect();
-    let fds: Vec<_> = give.iter().map(|s| s.fd.as_fd()).collect();
-    match wire::send(stream, &Message::Sockets { addrs }, &fds).await {
+    let sockets: Vec<_> = give
+        .iter()
+        .map(|s| (s.addr.to_string(), s.fd.as_fd()))
+        .collect();
+    match peer.send_sockets(&sockets).await {
         Ok(()) => {
-            handoff.metrics.handoff("share_sent", "ok");
+            handoff
+                .metrics
+                .handoff(HandoffDirection::ShareSent, HandoffOutcome::Ok);
             tracing::info!(
                 peer.pid = pid,
-                sockets = fds.len(),
+                sockets = sockets.len(),
                 "handoff: shared listening sockets with peer"
             );
         }
         Err(e) => {
-            handoff.metrics.handoff("share_sent", "error");
+            handoff
+                .metrics
+                .handoff(HandoffDirection::ShareSent, HandoffOutcome::Error);
             tracing::warn!(peer.pid = pid, error = %e, "handoff: sharing failed");
         }
     }
@@ -134,11 +109,13 @@ async fn adopt(
     handoff: &Handoff,
     state: State,
     addrs: &[String],
-    fds: Vec<std::os::fd::OwnedFd>,
+    fds: Vec<OwnedFd>,
     pid: i32,
 ) -> Message {
     if state != State::Serving {
-        handoff.metrics.handoff("adopt_received", "refused");
+        handoff
+            .metrics
+            .handoff(HandoffDirection::AdoptReceived, HandoffOutcome::Refused);
         return Message::Refuse {
             reason: format!("not serving ({state})"),
         };
@@ -167,12 +144,16 @@ async fn adopt(
         }
     }
     if frozen && cookies.is_empty() {
-        handoff.metrics.handoff("adopt_received", "refused");
+        handoff
+            .metrics
+            .handoff(HandoffDirection::AdoptReceived, HandoffOutcome::Refused);
         return Message::Refuse {
             reason: "draining".into(),
         };
     }
-    handoff.metrics.handoff("adopt_received", "ok");
+    handoff
+        .metrics
+        .handoff(HandoffDirection::AdoptReceived, HandoffOutcome::Ok);
     tracing::info!(
         peer.pid = pid,
         offered = addrs.len(),
@@ -197,13 +178,16 @@ struct Taken {
 fn take_connections(
     handoff: &Handoff,
     state: State,
-    conns: &[super::codec::ConnEntry],
-    fds: Vec<std::os::fd::OwnedFd>,
+    conns: &[ConnEntry],
+    fds: Vec<OwnedFd>,
     tail: &[u8],
     pid: i32,
 ) -> Result<Taken, String> {
     if state != State::Serving || handoff.listeners.is_frozen() {
-        handoff.metrics.handoff("connections_received", "refused");
+        handoff.metrics.handoff(
+            HandoffDirection::ConnectionsReceived,
+            HandoffOutcome::Refused,
+        );
         return Err(format!("not serving ({state})"));
     }
     let mut fds = fds.into_iter();
@@ -277,17 +261,17 @@ fn take_connections(
 /// Runs apart from the exchange's own deadline, bounded by [`super::ACK_WRITE_TIMEOUT`]: when
 /// the answer cannot be written in time everything is dropped (our duplicates closed) and the
 /// predecessor, which sees no `ack`, resumes the connections itself.
-fn commit_connections(handoff: &Handoff, stream: UnixStream, taken: Taken, pid: i32) {
+fn commit_connections(handoff: &Handoff, peer: Peer, taken: Taken) {
+    let pid = peer.pid;
     let listeners = handoff.listeners.clone();
     let metrics = handoff.metrics.clone();
     handoff.tasks.spawn(async move {
         let ack = Message::Ack {
             cookies: taken.cookies,
         };
-        let written =
-            tokio::time::timeout(super::ACK_WRITE_TIMEOUT, wire::send(&stream, &ack, &[])).await;
+        let written = tokio::time::timeout(super::ACK_WRITE_TIMEOUT, peer.send(&ack, &[])).await;
         if !matches!(written, Ok(Ok(()))) {
-            metrics.handoff("connections_received", "error");
+            metrics.handoff(HandoffDirection::ConnectionsReceived, HandoffOutcome::Error);
             tracing::warn!(
                 peer.pid = pid,
                 "handoff: cannot acknowledge connections; left to the predecessor"
@@ -303,7 +287,7 @@ fn commit_connections(handoff: &Handoff, stream: UnixStream, taken: Taken, pid: 
         for conn in taken.conns {
             listeners.resume_connection(conn);
         }
-        metrics.handoff("connections_received", "ok");
+        metrics.handoff(HandoffDirection::ConnectionsReceived, HandoffOutcome::Ok);
         // One line per batch (at most 32 connections), naming what we now own.
         tracing::info!(
             peer.pid = pid,

@@ -19,7 +19,7 @@ use crate::check::{HealthCheck, HealthConfig};
 use crate::forward::ForwardContext;
 use crate::lifecycle::State;
 use crate::listener::Listeners;
-use crate::metrics::Metrics;
+use crate::metrics::{HandoffDirection, HandoffOutcome, Metrics};
 use crate::readiness::Readiness;
 
 /// Fault injection points of the serving side (tests only).
@@ -240,4 +240,37 @@ async fn a_serving_peer_that_is_not_ready_is_not_handed_sockets() {
     assert_eq!(sender.cookies(), vec![c1]);
     let peers = sender.handoff.peers_json().to_string();
     assert!(peers.contains("ready false"), "peer never asked: {peers}");
+}
+
+/// The `handoffs_total` label values are the exported ones.
+#[test]
+fn label_values_are_the_exported_ones() {
+    let directions = [
+        HandoffDirection::ShareSent,
+        HandoffDirection::ShareReceived,
+        HandoffDirection::AdoptSent,
+        HandoffDirection::AdoptReceived,
+        HandoffDirection::ConnectionsSent,
+        HandoffDirection::ConnectionsReceived,
+    ]
+    .map(HandoffDirection::as_str);
+    assert_eq!(
+        directions,
+        [
+            "share_sent",
+            "share_received",
+            "adopt_sent",
+            "adopt_received",
+            "connections_sent",
+            "connections_received"
+        ]
+    );
+    let outcomes = [
+        HandoffOutcome::Ok,
+        HandoffOutcome::Error,
+        HandoffOutcome::Refused,
+        HandoffOutcome::NoPeer,
+    ]
+    .map(HandoffOutcome::as_str);
+    assert_eq!(outcomes, ["ok", "error", "refused", "no_peer"]);
 }
