@@ -13,7 +13,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use crate::backend::{TlsClient, CLOSE_AFTER_REPLY};
-use crate::cli::Timing;
+use crate::options::Timing;
 use crate::outcome::FailureKind;
 
 /// The measured part of a run: load starts at `load_start`, samples count from `start` to

@@ -345,14 +345,14 @@ mod tests {
             run(Target::Direct, 10.0),
             run(Target::Haproxy, 4.0),
             run(Target::Proxy, 5.0),
-            run(Target::ProxySockmap, 8.0),
+            run(Target::Uring, 8.0),
         ];
         let summary = summarise(&[SPEC], &runs);
         let proxy = &summary[0].targets[&Target::Proxy];
         assert_eq!(proxy.ratio_to_direct, Some(0.5));
         assert_eq!(summary[0].proxy_vs_haproxy, Some(1.25));
         assert_eq!(summary[0].targets[&Target::Direct].ratio_to_direct, None);
-        assert_eq!(summary[0].vs_haproxy[&Target::ProxySockmap], 2.0);
+        assert_eq!(summary[0].vs_haproxy[&Target::Uring], 2.0);
         assert!(!summary[0].vs_haproxy.contains_key(&Target::Direct));
     }
 }

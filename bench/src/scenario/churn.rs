@@ -7,34 +7,17 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::Result;
-use clap::Args;
 use hdrhistogram::Histogram;
-use serde::Serialize;
 use serde_json::json;
 use tokio::time::Instant;
 
 use super::{cpu_over, Scenario};
 use crate::backend::{BackendAddrs, BackendProcess, TlsClient};
-use crate::cli::Timing;
 use crate::client::{churn_request, Window};
+use crate::options::{ChurnArgs, Timing};
 use crate::report::{MetricSpec, Metrics};
 use crate::stats::{latency_histogram, record};
 use crate::target::Running;
-
-/// Options of `churn`.
-#[derive(Debug, Clone, Args, Serialize)]
-pub struct ChurnArgs {
-    /// Concurrent clients, each with one connection at a time.
-    #[arg(long, default_value_t = 8)]
-    pub clients: usize,
-    /// Request (and response) size in bytes, 2 to 255.
-    #[arg(long, default_value_t = 16)]
-    pub size: usize,
-    /// Speak TLS end to end (through the target) to the TLS echo backend: one full handshake
-    /// per connection.
-    #[arg(long)]
-    pub tls: bool,
-}
 
 impl Scenario for ChurnArgs {
     const NAME: &'static str = "churn";

@@ -6,8 +6,6 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{ensure, Result};
-use clap::Args;
-use serde::Serialize;
 use serde_json::json;
 use tokio::net::TcpStream;
 use tokio::task::JoinSet;
@@ -15,23 +13,12 @@ use tokio::time::Instant;
 
 use super::Scenario;
 use crate::backend::{BackendAddrs, BackendProcess};
-use crate::cli::Timing;
 use crate::client::{connect, exchange};
+use crate::options::{IdleArgs, Timing};
 use crate::outcome::FailureKind;
 use crate::procstat;
 use crate::report::{MetricSpec, Metrics, Unit};
 use crate::target::Running;
-
-/// Options of `idle`.
-#[derive(Debug, Clone, Args, Serialize)]
-pub struct IdleArgs {
-    /// Idle connections to hold.
-    #[arg(long, default_value_t = 1000)]
-    pub connections: usize,
-    /// Connections being opened at once.
-    #[arg(long, default_value_t = 32)]
-    pub ramp: usize,
-}
 
 impl Scenario for IdleArgs {
     const NAME: &'static str = "idle";

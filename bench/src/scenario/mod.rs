@@ -19,8 +19,8 @@ use serde::Serialize;
 
 use crate::backend::{BackendAddrs, BackendProcess};
 use crate::chart;
-use crate::cli::{defaults, Command, Setup, Timing};
 use crate::client::Window;
+use crate::options::Timing;
 use crate::procstat;
 use crate::report::{self, Machine, MetricSpec, Metrics, RunRecord, ScenarioReport, CPU_METRICS};
 use crate::target::{Env, Running, Target};
@@ -55,80 +55,6 @@ pub trait Scenario {
         backend: &BackendProcess,
         timing: &Timing,
     ) -> Result<Metrics>;
-}
-
-/// Runs a subcommand.
-pub async fn run(command: Command) -> Result<()> {
-    match command {
-        Command::Throughput {
-            setup,
-            timing,
-            args,
-        } => one(&setup, &timing, &args).await,
-        Command::Rr {
-            setup,
-            timing,
-            args,
-        } => one(&setup, &timing, &args).await,
-        Command::Churn {
-            setup,
-            timing,
-            args,
-        } => one(&setup, &timing, &args).await,
-        Command::Idle {
-            setup,
-            timing,
-            args,
-        } => one(&setup, &timing, &args).await,
-        Command::Threads {
-            setup,
-            timing,
-            args,
-        } => {
-            let mut env = Env::new(&setup)?;
-            threads::run(&mut env, &timing, &args).await
-        }
-        Command::Storm {
-            setup,
-            timing,
-            args,
-        } => {
-            let mut env = Env::new(&setup)?;
-            let storm = storm::Storm::new(args).await?;
-            drive(&mut env, &timing, &storm).await.map(drop)
-        }
-        Command::Rollout { setup, args } => {
-            let mut env = Env::new(&setup)?;
-            rollout::run(&mut env, &args).await.map(drop)
-        }
-        Command::Chaos { setup, args } => {
-            // The soak drives proxy instances only.
-            let setup = Setup {
-                targets: vec![Target::Proxy],
-                ..setup
-            };
-            let mut env = Env::new(&setup)?;
-            chaos::run(&mut env, &args).await.map(drop)
-        }
-        Command::All { setup, timing, tls } => {
-            let mut env = Env::new(&setup)?;
-            drive(&mut env, &timing, &defaults::<throughput::ThroughputArgs>()).await?;
-            let rr = rr::RrArgs { tls, ..defaults() };
-            drive(&mut env, &timing, &rr).await?;
-            let churn = churn::ChurnArgs { tls, ..defaults() };
-            drive(&mut env, &timing, &churn).await?;
-            drive(&mut env, &timing, &defaults::<idle::IdleArgs>()).await?;
-            rollout::run(&mut env, &defaults()).await.map(drop)
-        }
-        Command::ServeBackend(_) | Command::StormClients(_) | Command::ServeUring(_) => {
-            unreachable!("handled before the runtime starts")
-        }
-    }
-}
-
-async fn one<S: Scenario>(setup: &Setup, timing: &Timing, scenario: &S) -> Result<()> {
-    let mut env = Env::new(setup)?;
-    drive(&mut env, timing, scenario).await.map(drop)
 }
 
 /// [`Scenario::stem`] of a scenario with a TLS variant.

@@ -7,34 +7,18 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::Result;
-use clap::Args;
 use hdrhistogram::Histogram;
-use serde::Serialize;
 use serde_json::json;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
 
 use super::{cpu_over, Scenario};
 use crate::backend::{BackendAddrs, BackendProcess, TlsClient};
-use crate::cli::Timing;
 use crate::client::{connect, exchange, handshake, Window};
+use crate::options::{RrArgs, Timing};
 use crate::report::{MetricSpec, Metrics};
 use crate::stats::{latency_histogram, record};
 use crate::target::Running;
-
-/// Options of `rr`.
-#[derive(Debug, Clone, Args, Serialize)]
-pub struct RrArgs {
-    /// Persistent connections, each with one request in flight.
-    #[arg(long, default_value_t = 50)]
-    pub connections: usize,
-    /// Request (and response) size in bytes.
-    #[arg(long, default_value_t = 64)]
-    pub size: usize,
-    /// Speak TLS end to end (through the target) to the TLS echo backend.
-    #[arg(long)]
-    pub tls: bool,
-}
 
 impl Scenario for RrArgs {
     const NAME: &'static str = "rr";

@@ -7,27 +7,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use anyhow::Result;
-use clap::Args;
-use serde::Serialize;
 use serde_json::json;
 
 use super::{cpu_over, Scenario};
 use crate::backend::{BackendAddrs, BackendProcess};
-use crate::cli::Timing;
 use crate::client::{bulk, Window};
+use crate::options::{ThroughputArgs, Timing};
 use crate::report::{MetricSpec, Metrics, Unit};
 use crate::target::Running;
-
-/// Options of `throughput`.
-#[derive(Debug, Clone, Args, Serialize)]
-pub struct ThroughputArgs {
-    /// Concurrent connections.
-    #[arg(long, default_value_t = 4)]
-    pub connections: usize,
-    /// Bytes per write.
-    #[arg(long, default_value_t = 64 * 1024)]
-    pub chunk: usize,
-}
 
 impl Scenario for ThroughputArgs {
     const NAME: &'static str = "throughput";

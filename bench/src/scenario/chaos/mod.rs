@@ -22,7 +22,6 @@ pub mod resources;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use clap::Args;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -35,61 +34,11 @@ use self::load::{Load, LoadShape};
 use self::policy::{ActionKind, Policy};
 use self::report::{ChaosReport, Raw};
 use crate::net::free_address;
+use crate::options::ChaosArgs;
 use crate::procstat;
 use crate::proxy::ProxyOptions;
 use crate::target::Env;
 use crate::tempdir::TempDir;
-
-/// Options of `chaos`.
-#[derive(Debug, Clone, Args)]
-pub struct ChaosArgs {
-    /// How long the chaos lasts (after the first instances are ready).
-    #[arg(long, default_value = "3m", value_parser = humantime::parse_duration)]
-    pub duration: Duration,
-    /// Instances the fleet hovers around (started before the chaos begins).
-    #[arg(long, default_value_t = 3)]
-    pub instances: usize,
-    /// Mean time between actions (each gap is uniform in 0.5×–1.5× this).
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
-    pub interval: Duration,
-    /// Chance that the oldest Serving instance may be a victim (others always may).
-    #[arg(long, default_value_t = 0.1)]
-    pub oldest_victim: f64,
-    /// Random seed of the actions [default: random, printed].
-    #[arg(long)]
-    pub seed: Option<u64>,
-    /// Churn clients (each a new connection per request).
-    #[arg(long, default_value_t = 8)]
-    pub clients: usize,
-    /// Churn requests per second, over all clients.
-    #[arg(long, default_value_t = 1000)]
-    pub rate: u32,
-    /// Long-lived streams (each sends a ping and waits for the echo every --stream-interval).
-    #[arg(long, default_value_t = 4)]
-    pub streams: usize,
-    /// Ping interval on each stream.
-    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
-    pub stream_interval: Duration,
-    /// A connect, request or ping without an answer after this long is a timeout.
-    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
-    pub timeout: Duration,
-    /// Proxy `--drain-timeout` (`--drain-close-window` is a quarter of it).
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
-    pub drain_timeout: Duration,
-    /// A reset or early close is blamed on a SIGKILL only if seen within this long after the
-    /// death (and the connection was established before it).
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
-    pub kill_window: Duration,
-    /// RSS and descriptor sampling interval.
-    #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
-    pub sample_interval: Duration,
-    /// Instances living at least this long are checked for growth.
-    #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
-    pub min_lifetime: Duration,
-    /// Timeline bucket width.
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
-    pub bucket: Duration,
-}
 
 impl ChaosArgs {
     fn parameters(&self, seed: u64) -> serde_json::Value {
@@ -141,7 +90,6 @@ pub async fn run(env: &mut Env, args: &ChaosArgs) -> Result<ChaosReport> {
         drain_close_window: args.drain_timeout / 4,
         max_connections: (procstat::nofile_limit().saturating_sub(200) / 4).clamp(1000, 100_000),
         log_level: "info",
-        kernel_path: false,
         worker_threads: None,
         transparent: false,
     };

@@ -35,7 +35,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use clap::Args;
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -43,7 +42,7 @@ use tokio::time::Instant;
 
 use super::Scenario;
 use crate::backend::{BackendAddrs, BackendProcess};
-use crate::cli::Timing;
+use crate::options::{StormArgs, Timing};
 use crate::procstat;
 use crate::report::{MetricSpec, Metrics, Unit};
 use crate::target::Running;
@@ -54,32 +53,6 @@ use remote::Remote;
 pub mod clients;
 pub mod limits;
 pub mod remote;
-
-/// Options of `storm`.
-#[derive(Debug, Clone, Args)]
-pub struct StormArgs {
-    /// Long-lived connections. Each is one descriptor in the load generator and the backend and
-    /// two in the target; beyond one process's descriptor limit every role is spread over
-    /// several processes (`--processes`).
-    #[arg(long, default_value_t = 1000)]
-    pub connections: usize,
-    /// Processes per role (target, backend, load generator) [default: the fewest whose
-    /// descriptor limit holds the connections, 1 up to about 9,900 at a limit of 20,000].
-    #[arg(long)]
-    pub processes: Option<usize>,
-    /// Connections being opened at once before the restart (in all processes together).
-    #[arg(long, default_value_t = 64)]
-    pub ramp: usize,
-    /// Time between the backend's death and its new start.
-    #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
-    pub downtime: Duration,
-    /// A client's first pause after a failed attempt; doubles up to 1 s, with jitter.
-    #[arg(long, default_value = "50ms", value_parser = humantime::parse_duration)]
-    pub retry: Duration,
-    /// A client not back this long after the restart is counted as lost.
-    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
-    pub deadline: Duration,
-}
 
 /// The scenario: its options and its own restartable backends.
 pub struct Storm {

@@ -14,11 +14,12 @@
 //! not as a failure, also when a ping was in flight (`drained_mid_ping`). A churn request cut
 //! before its answer, and any reset, refusal or timeout, is a failure.
 
+pub mod chart;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use clap::{Args, ValueEnum};
 use nix::sys::signal::Signal;
 use serde::Serialize;
 use serde_json::json;
@@ -27,68 +28,17 @@ use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::backend::BackendProcess;
-use crate::chart;
 use crate::client::{bounded, churn_request, connect};
 use crate::haproxy::HaproxyOptions;
 use crate::instance::Instance;
 use crate::net::free_address;
+use crate::options::{HaproxyStop, RolloutArgs};
 use crate::outcome::{FailureCounts, FailureKind};
 use crate::procstat;
 use crate::proxy::ProxyOptions;
 use crate::report::{self, print_rows, Machine, Unit};
 use crate::target::{Env, Skipped, Target};
 use crate::tempdir::TempDir;
-
-/// How an old HAProxy instance is stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum HaproxyStop {
-    /// Hard stop: listeners and connections closed at once.
-    Sigterm,
-    /// Soft stop: listeners closed, connections kept until they end or `hard-stop-after`.
-    Sigusr1,
-}
-
-/// Options of `rollout`.
-#[derive(Debug, Clone, Args)]
-pub struct RolloutArgs {
-    /// Replacements per variant.
-    #[arg(long, default_value_t = 10)]
-    pub handoffs: u32,
-    /// Steady load before the first and after each replacement.
-    #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
-    pub interval: Duration,
-    /// Churn clients (each a new connection per request).
-    #[arg(long, default_value_t = 8)]
-    pub clients: usize,
-    /// Churn requests per second, over all clients.
-    #[arg(long, default_value_t = 1000)]
-    pub rate: u32,
-    /// Long-lived streams (each sends a ping and waits for the echo every --stream-interval).
-    #[arg(long, default_value_t = 4)]
-    pub streams: usize,
-    /// Ping interval on each stream.
-    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
-    pub stream_interval: Duration,
-    /// A request or ping without an answer after this long is a timeout.
-    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
-    pub timeout: Duration,
-    /// Proxy `--drain-timeout` and HAProxy `hard-stop-after`.
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
-    pub drain_timeout: Duration,
-    /// Timeline bucket width.
-    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
-    pub bucket: Duration,
-    /// How old HAProxy instances are stopped; one run per value.
-    #[arg(long, value_delimiter = ',', default_value = "sigterm,sigusr1")]
-    pub haproxy_stop: Vec<HaproxyStop>,
-    /// A pod rollout as a hand-made configuration runs it: each instance gets a backend of its
-    /// own (its pod's apiserver) and knows no other, and the old instance's backend is stopped
-    /// (process killed: listener and connections closed) as the old instance is signalled,
-    /// as kube-apiserver with --shutdown-delay-duration=0 closes its listener at SIGTERM.
-    #[arg(long)]
-    pub own_backends: bool,
-}
 
 impl RolloutArgs {
     fn parameters(&self) -> serde_json::Value {
@@ -242,7 +192,7 @@ pub async fn run(env: &mut Env, args: &RolloutArgs) -> Result<Vec<VariantReport>
     let mut written = vec![json.display().to_string()];
     for report in reports.iter().filter(|r| r.error.is_none()) {
         let svg = env.out.join(format!("rollout-{}.svg", report.variant));
-        chart::rollout_timeline(&svg, report)?;
+        chart::timeline(&svg, report)?;
         written.push(svg.display().to_string());
     }
     println!("   wrote {}", written.join(", "));
@@ -271,7 +221,7 @@ impl Launch<'_> {
         let max_connections =
             (procstat::nofile_limit().saturating_sub(200) / 2).clamp(1000, 100_000);
         let mut instance = match self.variant.target {
-            Target::Proxy | Target::ProxySockmap | Target::ProxyTransparent => self
+            Target::Proxy | Target::ProxyTransparent => self
                 .env
                 .proxy
                 .as_mut()
@@ -284,7 +234,6 @@ impl Launch<'_> {
                     drain_close_window: self.drain_timeout / 4,
                     max_connections,
                     log_level: "info",
-                    kernel_path: self.variant.target == Target::ProxySockmap,
                     worker_threads: None,
                     transparent: self.variant.target == Target::ProxyTransparent,
                 })?,
