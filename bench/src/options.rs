@@ -137,21 +137,8 @@ pub struct RolloutArgs {
     /// Steady load before the first and after each replacement.
     #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
     pub interval: Duration,
-    /// Churn clients (each a new connection per request).
-    #[arg(long, default_value_t = 8)]
-    pub clients: usize,
-    /// Churn requests per second, over all clients.
-    #[arg(long, default_value_t = 1000)]
-    pub rate: u32,
-    /// Long-lived streams (each sends a ping and waits for the echo every --stream-interval).
-    #[arg(long, default_value_t = 4)]
-    pub streams: usize,
-    /// Ping interval on each stream.
-    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
-    pub stream_interval: Duration,
-    /// A request or ping without an answer after this long is a timeout.
-    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
-    pub timeout: Duration,
+    #[command(flatten)]
+    pub load: LoadArgs,
     /// Proxy `--drain-timeout` and HAProxy `hard-stop-after`.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     pub drain_timeout: Duration,
@@ -187,21 +174,8 @@ pub struct ChaosArgs {
     /// Random seed of the actions [default: random, printed].
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Churn clients (each a new connection per request).
-    #[arg(long, default_value_t = 8)]
-    pub clients: usize,
-    /// Churn requests per second, over all clients.
-    #[arg(long, default_value_t = 1000)]
-    pub rate: u32,
-    /// Long-lived streams (each sends a ping and waits for the echo every --stream-interval).
-    #[arg(long, default_value_t = 4)]
-    pub streams: usize,
-    /// Ping interval on each stream.
-    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
-    pub stream_interval: Duration,
-    /// A connect, request or ping without an answer after this long is a timeout.
-    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
-    pub timeout: Duration,
+    #[command(flatten)]
+    pub load: LoadArgs,
     /// Proxy `--drain-timeout` (`--drain-close-window` is a quarter of it).
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     pub drain_timeout: Duration,
@@ -218,6 +192,46 @@ pub struct ChaosArgs {
     /// Timeline bucket width.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     pub bucket: Duration,
+}
+
+/// The steady load of `rollout` and `chaos`: churn clients (a new connection per request,
+/// paced) and long-lived streams (a ping echoed every interval, reconnecting when closed).
+#[derive(Debug, Clone, Copy, Args)]
+pub struct LoadArgs {
+    /// Churn clients (each a new connection per request).
+    #[arg(long, default_value_t = 8)]
+    pub clients: usize,
+    /// Churn requests per second, over all clients.
+    #[arg(long, default_value_t = 1000)]
+    pub rate: u32,
+    /// Long-lived streams (each sends a ping and waits for the echo every --stream-interval).
+    #[arg(long, default_value_t = 4)]
+    pub streams: usize,
+    /// Ping interval on each stream.
+    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
+    pub stream_interval: Duration,
+    /// A connect, request or ping without an answer after this long is a timeout.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+}
+
+impl LoadArgs {
+    /// The load's entries of a scenario's JSON `parameters`.
+    pub fn parameters(&self) -> serde_json::Map<String, serde_json::Value> {
+        [
+            ("clients", self.clients.into()),
+            ("rate", self.rate.into()),
+            ("streams", self.streams.into()),
+            (
+                "stream_interval_s",
+                self.stream_interval.as_secs_f64().into(),
+            ),
+            ("timeout_s", self.timeout.as_secs_f64().into()),
+        ]
+        .into_iter()
+        .map(|(key, value)| (key.to_owned(), value))
+        .collect()
+    }
 }
 
 #[cfg(test)]

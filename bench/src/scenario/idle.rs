@@ -12,7 +12,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::Scenario;
-use crate::backend::{BackendAddrs, BackendProcess};
+use crate::backend::BackendProcess;
 use crate::client::{connect, exchange};
 use crate::options::{IdleArgs, Timing};
 use crate::outcome::FailureKind;
@@ -34,40 +34,21 @@ impl Scenario for IdleArgs {
         json!(self)
     }
 
-    fn backend(&self, addrs: &BackendAddrs) -> SocketAddr {
-        addrs.echo
-    }
-
     fn metrics(&self) -> Vec<MetricSpec> {
         vec![
-            MetricSpec {
-                key: "rss_per_conn_bytes",
-                label: "target RSS per idle connection",
-                unit: Unit::Bytes,
-                higher_is_better: false,
-                chart: true,
-            },
-            MetricSpec {
-                key: "rss_before_bytes",
-                label: "target RSS before",
-                unit: Unit::Bytes,
-                higher_is_better: false,
-                chart: false,
-            },
-            MetricSpec {
-                key: "rss_after_bytes",
-                label: "target RSS with all idle",
-                unit: Unit::Bytes,
-                higher_is_better: false,
-                chart: false,
-            },
-            MetricSpec {
-                key: "open_us_per_conn",
-                label: "time to open, per connection",
-                unit: Unit::Micros,
-                higher_is_better: false,
-                chart: false,
-            },
+            MetricSpec::new(
+                "rss_per_conn_bytes",
+                "target RSS per idle connection",
+                Unit::Bytes,
+            )
+            .charted(),
+            MetricSpec::new("rss_before_bytes", "target RSS before", Unit::Bytes),
+            MetricSpec::new("rss_after_bytes", "target RSS with all idle", Unit::Bytes),
+            MetricSpec::new(
+                "open_us_per_conn",
+                "time to open, per connection",
+                Unit::Micros,
+            ),
         ]
     }
 

@@ -4,6 +4,7 @@
 
 pub mod chaos;
 pub mod churn;
+pub mod closed_loop;
 pub mod idle;
 pub mod rollout;
 pub mod rr;
@@ -40,8 +41,10 @@ pub trait Scenario {
     }
     /// The parameters, for the JSON file.
     fn parameters(&self) -> serde_json::Value;
-    /// Which built-in backend the workload needs.
-    fn backend(&self, addrs: &BackendAddrs) -> SocketAddr;
+    /// Which built-in backend the workload needs: the echo backend unless said otherwise.
+    fn backend(&self, addrs: &BackendAddrs) -> SocketAddr {
+        addrs.echo
+    }
     /// The figures, first one the headline.
     fn metrics(&self) -> Vec<MetricSpec>;
     /// Processes each target runs as, sharing its listen address (see [`start_spread`]).
@@ -55,15 +58,6 @@ pub trait Scenario {
         backend: &BackendProcess,
         timing: &Timing,
     ) -> Result<Metrics>;
-}
-
-/// [`Scenario::stem`] of a scenario with a TLS variant.
-pub fn stem(name: &str, tls: bool) -> String {
-    if tls {
-        format!("{name}-tls")
-    } else {
-        name.to_owned()
-    }
 }
 
 /// A run that failed, kept in the report instead of aborting the others.
@@ -238,92 +232,4 @@ pub async fn cpu_over(
         metrics.insert("target_cpu_s".into(), secs(a, b));
     }
     Ok(metrics)
-}
-
-/// Latency percentiles (closed loop, from send to the last byte of the answer).
-pub const LATENCY_METRICS: [MetricSpec; 4] = [
-    latency_spec("p50_us", "latency p50", false),
-    latency_spec("p90_us", "latency p90", false),
-    latency_spec("p99_us", "latency p99", true),
-    latency_spec("p999_us", "latency p99.9", false),
-];
-
-const fn latency_spec(key: &'static str, label: &'static str, chart: bool) -> MetricSpec {
-    MetricSpec {
-        key,
-        label,
-        unit: report::Unit::Micros,
-        higher_is_better: false,
-        chart,
-    }
-}
-
-/// Failed connections or requests inside the window.
-pub const FAILED_METRIC: MetricSpec = MetricSpec {
-    key: "failed",
-    label: "failed",
-    unit: report::Unit::Count,
-    higher_is_better: false,
-    chart: false,
-};
-
-/// The [`LATENCY_METRICS`] of `histogram` (empty if it is).
-pub fn latency_metrics(histogram: &hdrhistogram::Histogram<u64>) -> Metrics {
-    if histogram.is_empty() {
-        return Metrics::new();
-    }
-    crate::stats::PERCENTILES
-        .iter()
-        .map(|&(key, q)| {
-            (
-                key.to_owned(),
-                histogram.value_at_quantile(q / 100.0) as f64,
-            )
-        })
-        .collect()
-}
-
-/// The echo backend a closed-loop scenario talks to: plain, or TLS with `--tls`.
-pub fn echo_backend(addrs: &crate::backend::BackendAddrs, tls: bool) -> std::net::SocketAddr {
-    if tls {
-        addrs.echo_tls
-    } else {
-        addrs.echo
-    }
-}
-
-/// The figures of a closed-loop scenario: a rate (`rate_key`, per second), the latency
-/// percentiles and the failure count.
-pub fn rate_and_latency_specs(rate_key: &'static str, rate_label: &'static str) -> Vec<MetricSpec> {
-    let mut specs = vec![MetricSpec {
-        key: rate_key,
-        label: rate_label,
-        unit: report::Unit::PerSec,
-        higher_is_better: true,
-        chart: true,
-    }];
-    specs.extend(LATENCY_METRICS);
-    specs.push(FAILED_METRIC);
-    specs
-}
-
-/// Waits for the clients of a closed-loop scenario (each returning its latency histogram and
-/// failure count) and adds the figures of [`rate_and_latency_specs`] to `metrics`.
-pub async fn collect_clients(
-    tasks: Vec<tokio::task::JoinHandle<(hdrhistogram::Histogram<u64>, u64)>>,
-    window: &crate::client::Window,
-    rate_key: &str,
-    metrics: &mut Metrics,
-) -> Result<()> {
-    let mut histogram = crate::stats::latency_histogram();
-    let mut failed = 0u64;
-    for task in tasks {
-        let (h, f) = task.await?;
-        histogram.add(&h)?;
-        failed += f;
-    }
-    metrics.insert(rate_key.into(), histogram.len() as f64 / window.seconds());
-    metrics.extend(latency_metrics(&histogram));
-    metrics.insert("failed".into(), failed as f64);
-    Ok(())
 }

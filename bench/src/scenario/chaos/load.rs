@@ -6,30 +6,15 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio::time::{Instant, MissedTickBehavior};
+use tokio::time::Instant;
 
 use super::attribution::{Attempt, Client, End};
 use crate::backend::CLOSE_AFTER_REPLY;
-use crate::client::{bounded, connect, exchange};
-use crate::outcome::FailureKind;
-
-/// The shape of the load.
-#[derive(Debug, Clone, Copy)]
-pub struct LoadShape {
-    /// Churn clients, each with one connection at a time.
-    pub clients: usize,
-    /// Churn requests per second, over all clients.
-    pub rate: u32,
-    /// Long-lived streams.
-    pub streams: usize,
-    /// Ping interval on each stream.
-    pub stream_interval: Duration,
-    /// A connect, request or ping without an answer after this long is a timeout.
-    pub timeout: Duration,
-}
+use crate::client::{connect, exchange, paced, ping_stream, StreamEnd};
+use crate::options::LoadArgs;
 
 /// The running load; [`Load::stop`] ends it and returns every attempt.
 #[derive(Debug)]
@@ -49,7 +34,7 @@ pub struct Recorded {
 
 impl Load {
     /// Starts the clients against `addr`; times are taken relative to `t0`.
-    pub fn start(addr: SocketAddr, t0: Instant, shape: LoadShape) -> Self {
+    pub fn start(addr: SocketAddr, t0: Instant, shape: LoadArgs) -> Self {
         let (stop, stop_rx) = watch::channel(false);
         let clients = shape.clients.max(1);
         let period = Duration::from_secs_f64(clients as f64 / f64::from(shape.rate.max(1)));
@@ -111,29 +96,15 @@ fn since(t0: Instant) -> f64 {
     t0.elapsed().as_secs_f64()
 }
 
-/// Resolves once the stop flag is set (or its sender is gone).
-async fn stopped(stop: &mut watch::Receiver<bool>) {
-    let _ = stop.wait_for(|&s| s).await;
-}
-
 async fn churn_client(
     addr: SocketAddr,
     t0: Instant,
     first: Instant,
     period: Duration,
     timeout: Duration,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) -> Vec<Attempt> {
-    let mut attempts = Vec::new();
-    let mut ticks = tokio::time::interval_at(first, period);
-    ticks.set_missed_tick_behavior(MissedTickBehavior::Skip);
-    loop {
-        tokio::select! {
-            _ = stopped(&mut stop) => return attempts,
-            _ = ticks.tick() => {}
-        }
-        attempts.push(churn_request(addr, t0, timeout).await);
-    }
+    paced(first, period, stop, || churn_request(addr, t0, timeout)).await
 }
 
 /// One request on a new connection (see [`crate::client::churn_request`]), recording when the
@@ -184,8 +155,6 @@ async fn stream_client(
 ) -> (Vec<Attempt>, u64) {
     let mut attempts = Vec::new();
     let mut pings = 0u64;
-    let ping = [0x46u8; 8];
-    let mut pong = [0u8; 64];
     while !*stop.borrow() {
         let began_s = since(t0);
         let mut attempt = Attempt {
@@ -206,31 +175,11 @@ async fn stream_client(
             }
         };
         attempt.established_s = Some(since(t0));
-        let mut ticks = tokio::time::interval(interval);
-        ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        attempt.end = loop {
-            tokio::select! {
-                _ = stopped(&mut stop) => break End::Ok,
-                read = stream.read(&mut pong) => {
-                    // Nothing is expected while idle: EOF is a close, anything else a failure.
-                    break match read {
-                        Ok(0) => End::Eof,
-                        Ok(_) => End::Failed(FailureKind::Other),
-                        Err(err) => End::Failed(FailureKind::of(&err)),
-                    };
-                }
-                _ = ticks.tick() => {
-                    let exchange = bounded(timeout, async {
-                        stream.write_all(&ping).await?;
-                        stream.read_exact(&mut pong[..ping.len()]).await?;
-                        Ok(())
-                    });
-                    match exchange.await {
-                        Ok(()) => pings += 1,
-                        Err(kind) => break End::Failed(kind),
-                    }
-                }
-            }
+        attempt.end = match ping_stream(&mut stream, interval, timeout, &mut stop, &mut pings).await
+        {
+            StreamEnd::Stopped => End::Ok,
+            StreamEnd::Eof => End::Eof,
+            StreamEnd::Idle(kind) | StreamEnd::Ping(kind) => End::Failed(kind),
         };
         attempt.ended_s = since(t0);
         attempts.push(attempt);

@@ -30,7 +30,7 @@ use tokio::time::Instant;
 
 use self::attribution::Rules;
 use self::fleet::Fleet;
-use self::load::{Load, LoadShape};
+use self::load::Load;
 use self::policy::{ActionKind, Policy};
 use self::report::{ChaosReport, Raw};
 use crate::net::free_address;
@@ -42,23 +42,21 @@ use crate::tempdir::TempDir;
 
 impl ChaosArgs {
     fn parameters(&self, seed: u64) -> serde_json::Value {
-        json!({
+        let mut parameters = json!({
             "duration_s": self.duration.as_secs_f64(),
             "instances": self.instances,
             "interval_s": self.interval.as_secs_f64(),
             "oldest_victim": self.oldest_victim,
             "seed": seed,
-            "clients": self.clients,
-            "rate": self.rate,
-            "streams": self.streams,
-            "stream_interval_s": self.stream_interval.as_secs_f64(),
-            "timeout_s": self.timeout.as_secs_f64(),
             "drain_timeout_s": self.drain_timeout.as_secs_f64(),
             "kill_window_s": self.kill_window.as_secs_f64(),
             "sample_interval_s": self.sample_interval.as_secs_f64(),
             "min_lifetime_s": self.min_lifetime.as_secs_f64(),
             "bucket_s": self.bucket.as_secs_f64(),
-        })
+        });
+        let own = parameters.as_object_mut().expect("a JSON object");
+        own.extend(self.load.parameters());
+        parameters
     }
 }
 
@@ -110,17 +108,7 @@ pub async fn run(env: &mut Env, args: &ChaosArgs) -> Result<ChaosReport> {
         fleet.start_ready().await?;
     }
     let load_start_s = t0.elapsed().as_secs_f64();
-    let load = Load::start(
-        listen,
-        t0,
-        LoadShape {
-            clients: args.clients,
-            rate: args.rate,
-            streams: args.streams,
-            stream_interval: args.stream_interval,
-            timeout: args.timeout,
-        },
-    );
+    let load = Load::start(listen, t0, args.load);
     let gap = |rng: &mut StdRng| args.interval.mul_f64(rng.gen_range(0.5..1.5));
     let end = Instant::now() + args.duration;
     let mut next_action = Instant::now() + gap(&mut rng);

@@ -23,12 +23,11 @@ use anyhow::{Context, Result};
 use nix::sys::signal::Signal;
 use serde::Serialize;
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
-use tokio::time::{Instant, MissedTickBehavior};
+use tokio::time::Instant;
 
 use crate::backend::BackendProcess;
-use crate::client::{bounded, churn_request, connect};
+use crate::client::{churn_request, connect, paced, ping_stream, StreamEnd};
 use crate::haproxy::HaproxyOptions;
 use crate::instance::Instance;
 use crate::net::free_address;
@@ -42,19 +41,17 @@ use crate::tempdir::TempDir;
 
 impl RolloutArgs {
     fn parameters(&self) -> serde_json::Value {
-        json!({
+        let mut parameters = json!({
             "handoffs": self.handoffs,
             "interval_s": self.interval.as_secs_f64(),
-            "clients": self.clients,
-            "rate": self.rate,
-            "streams": self.streams,
-            "stream_interval_s": self.stream_interval.as_secs_f64(),
-            "timeout_s": self.timeout.as_secs_f64(),
             "drain_timeout_s": self.drain_timeout.as_secs_f64(),
             "bucket_s": self.bucket.as_secs_f64(),
             "haproxy_stop": self.haproxy_stop,
             "own_backends": self.own_backends,
-        })
+        });
+        let own = parameters.as_object_mut().expect("a JSON object");
+        own.extend(self.load.parameters());
+        parameters
     }
 }
 
@@ -281,26 +278,27 @@ async fn run_variant(env: &mut Env, args: &RolloutArgs, variant: Variant) -> Res
     let (stop_tx, stop_rx) = watch::channel(false);
     let addr = launch.listen;
 
-    let period = Duration::from_secs_f64(args.clients.max(1) as f64 / args.rate.max(1) as f64);
-    let churn: Vec<_> = (0..args.clients.max(1))
+    let period =
+        Duration::from_secs_f64(args.load.clients.max(1) as f64 / args.load.rate.max(1) as f64);
+    let churn: Vec<_> = (0..args.load.clients.max(1))
         .map(|i| {
-            let offset = period.mul_f64(i as f64 / args.clients.max(1) as f64);
+            let offset = period.mul_f64(i as f64 / args.load.clients.max(1) as f64);
             tokio::spawn(churn_client(
                 addr,
                 t0 + offset,
                 period,
-                args.timeout,
+                args.load.timeout,
                 stop_rx.clone(),
             ))
         })
         .collect();
-    let streams: Vec<_> = (0..args.streams)
+    let streams: Vec<_> = (0..args.load.streams)
         .map(|_| {
             tokio::spawn(stream_client(
                 addr,
                 t0,
-                args.stream_interval,
-                args.timeout,
+                args.load.stream_interval,
+                args.load.timeout,
                 stop_rx.clone(),
             ))
         })
@@ -379,11 +377,6 @@ async fn run_variant(env: &mut Env, args: &RolloutArgs, variant: Variant) -> Res
     Ok(report)
 }
 
-/// Resolves once the stop flag is set (or its sender is gone).
-async fn stopped(stop: &mut watch::Receiver<bool>) {
-    let _ = stop.wait_for(|&s| s).await;
-}
-
 /// One churn request's result: start (since t0), latency, failure.
 #[derive(Debug, Clone, Copy)]
 struct Sample {
@@ -397,25 +390,19 @@ async fn churn_client(
     start: Instant,
     period: Duration,
     timeout: Duration,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) -> Vec<Sample> {
     let t0 = start;
-    let mut samples = Vec::new();
-    let mut ticks = tokio::time::interval_at(start, period);
-    ticks.set_missed_tick_behavior(MissedTickBehavior::Skip);
-    loop {
-        tokio::select! {
-            _ = stopped(&mut stop) => return samples,
-            _ = ticks.tick() => {}
-        }
+    paced(start, period, stop, || async move {
         let began = Instant::now();
         let result = churn_request(addr, 16, timeout, None).await;
-        samples.push(Sample {
+        Sample {
             at: began.saturating_duration_since(t0),
             latency: began.elapsed(),
             failure: result.err(),
-        });
-    }
+        }
+    })
+    .await
 }
 
 async fn stream_client(
@@ -431,9 +418,7 @@ async fn stream_client(
         figures.failed.add(kind);
         failures.push((t0.elapsed(), kind));
     };
-    let ping = [0x46u8; 8];
-    let mut pong = [0u8; 64];
-    'connect: while !*stop.borrow() {
+    while !*stop.borrow() {
         let mut stream = match connect(addr, timeout).await {
             Ok(stream) => stream,
             Err(kind) => {
@@ -442,40 +427,17 @@ async fn stream_client(
                 continue;
             }
         };
-        let mut ticks = tokio::time::interval(interval);
-        ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = stopped(&mut stop) => break 'connect,
-                read = stream.read(&mut pong) => {
-                    // Nothing is expected while idle: EOF is a drain, anything else a failure.
-                    match read {
-                        Ok(0) => figures.drained += 1,
-                        Ok(_) => fail(FailureKind::Other, &mut figures),
-                        Err(err) => fail(FailureKind::of(&err), &mut figures),
-                    }
-                    continue 'connect;
-                }
-                _ = ticks.tick() => {
-                    let exchange = bounded(timeout, async {
-                        stream.write_all(&ping).await?;
-                        stream.read_exact(&mut pong[..ping.len()]).await?;
-                        Ok(())
-                    });
-                    match exchange.await {
-                        Ok(()) => figures.pings += 1,
-                        Err(FailureKind::Closed) => {
-                            figures.drained += 1;
-                            figures.drained_mid_ping += 1;
-                            continue 'connect;
-                        }
-                        Err(kind) => {
-                            fail(kind, &mut figures);
-                            continue 'connect;
-                        }
-                    }
-                }
+        let mut pings = 0;
+        let end = ping_stream(&mut stream, interval, timeout, &mut stop, &mut pings).await;
+        figures.pings += pings;
+        match end {
+            StreamEnd::Stopped => break,
+            StreamEnd::Eof => figures.drained += 1,
+            StreamEnd::Ping(FailureKind::Closed) => {
+                figures.drained += 1;
+                figures.drained_mid_ping += 1;
             }
+            StreamEnd::Idle(kind) | StreamEnd::Ping(kind) => fail(kind, &mut figures),
         }
     }
     (figures, failures)
@@ -586,7 +548,7 @@ fn print_summary(env: &Env, args: &RolloutArgs, reports: &[VariantReport]) {
     println!();
     println!(
         "== rollout: {} replacements under load ({} churn clients at {} req/s total, {} streams) ==",
-        args.handoffs, args.clients, args.rate, args.streams
+        args.handoffs, args.load.clients, args.load.rate, args.load.streams
     );
     for skipped in &env.skipped {
         println!("   ({} skipped: {})", skipped.target.name(), skipped.reason);

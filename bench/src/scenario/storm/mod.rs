@@ -183,16 +183,6 @@ impl Clients {
     }
 }
 
-fn spec(key: &'static str, label: &'static str, unit: Unit) -> MetricSpec {
-    MetricSpec {
-        key,
-        label,
-        unit,
-        higher_is_better: false,
-        chart: false,
-    }
-}
-
 /// The figures of the comebacks: time until all back, p50, p99, failed attempts (also by
 /// kind, as `failed_KIND`) and lost clients.
 fn summarise(comebacks: &[Comeback]) -> Metrics {
@@ -260,16 +250,13 @@ impl Scenario for Storm {
 
     fn metrics(&self) -> Vec<MetricSpec> {
         vec![
-            MetricSpec {
-                chart: true,
-                ..spec("all_back_us", "time until all reconnected", Unit::Micros)
-            },
-            spec("back_p50_us", "reconnect p50", Unit::Micros),
-            spec("back_p99_us", "reconnect p99", Unit::Micros),
-            spec("failed", "failed attempts", Unit::Count),
-            spec("lost", "clients not back", Unit::Count),
-            spec("rss_before_bytes", "target RSS, all connected", Unit::Bytes),
-            spec(
+            MetricSpec::new("all_back_us", "time until all reconnected", Unit::Micros).charted(),
+            MetricSpec::new("back_p50_us", "reconnect p50", Unit::Micros),
+            MetricSpec::new("back_p99_us", "reconnect p99", Unit::Micros),
+            MetricSpec::new("failed", "failed attempts", Unit::Count),
+            MetricSpec::new("lost", "clients not back", Unit::Count),
+            MetricSpec::new("rss_before_bytes", "target RSS, all connected", Unit::Bytes),
+            MetricSpec::new(
                 "rss_peak_bytes",
                 "target RSS peak in the storm",
                 Unit::Bytes,
