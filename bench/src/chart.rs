@@ -9,7 +9,7 @@ use plotters::coord::ranged1d::SegmentValue;
 use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
-use crate::report::{ScenarioReport, Unit};
+use crate::report::{MetricSummary, ScenarioReport, Unit};
 use crate::target::Target;
 
 /// Font family of every chart.
@@ -45,91 +45,97 @@ pub fn ratio_bars(path: &Path, report: &ScenarioReport) -> Result<()> {
     }
     let panels = root.split_evenly((1, metrics.len()));
     for (panel, metric) in panels.iter().zip(metrics) {
-        let ratios = metric.targets.values().any(|f| f.ratio_to_direct.is_some());
-        let bars: Vec<(Target, f64, String)> = metric
-            .targets
-            .iter()
-            .map(|(&target, figure)| {
-                let value = if ratios {
-                    figure.ratio_to_direct.unwrap_or(1.0)
-                } else {
-                    figure.summary.median
-                };
-                let label = if ratios {
-                    format!("×{value:.2}")
-                } else {
-                    metric.spec.unit.format(value)
-                };
-                (target, value, label)
-            })
-            .collect();
-        let top = bars.iter().map(|b| b.1).fold(0.0f64, f64::max).max(0.001) * 1.25;
-        let top = if ratios { top.max(1.25) } else { top };
-        let better = if metric.spec.higher_is_better {
-            "higher is better"
-        } else {
-            "lower is better"
-        };
-        let caption = format!("{} ({better})", metric.spec.label);
-        let y_desc = if ratios {
-            "ratio to direct".to_owned()
-        } else {
-            unit_desc(metric.spec.unit).to_owned()
-        };
-        let names: Vec<&str> = bars.iter().map(|b| b.0.name()).collect();
-        let mut chart = ChartBuilder::on(panel)
-            .caption(caption, (FONT, 13))
-            .margin(12)
-            .x_label_area_size(28)
-            .y_label_area_size(60)
-            .build_cartesian_2d((0..bars.len() as i32 - 1).into_segmented(), 0f64..top)
-            .map_err(plot_err)?;
-        let unit = metric.spec.unit;
-        let y_fmt = move |v: &f64| {
-            if ratios {
-                format!("{v:.1}")
-            } else {
-                unit.format(*v)
-            }
-        };
-        chart
-            .configure_mesh()
-            .disable_x_mesh()
-            .light_line_style(WHITE)
-            .y_labels(6)
-            .y_desc(y_desc)
-            .y_label_formatter(&y_fmt)
-            .x_label_formatter(&|v| match v {
-                SegmentValue::CenterOf(i) => names.get(*i as usize).copied().unwrap_or("").into(),
-                _ => String::new(),
-            })
-            .draw()
-            .map_err(plot_err)?;
-        chart
-            .draw_series(
-                Histogram::vertical(&chart)
-                    .margin(14)
-                    .style_func(|x, _| {
-                        let i = match x {
-                            SegmentValue::Exact(i) | SegmentValue::CenterOf(i) => *i as usize,
-                            SegmentValue::Last => 0,
-                        };
-                        color(bars[i].0).filled()
-                    })
-                    .data(bars.iter().enumerate().map(|(i, b)| (i as i32, b.1))),
-            )
-            .map_err(plot_err)?;
-        chart
-            .draw_series(bars.iter().enumerate().map(|(i, b)| {
-                Text::new(
-                    b.2.clone(),
-                    (SegmentValue::CenterOf(i as i32), b.1 + top * 0.05),
-                    TextStyle::from((FONT, 12).into_font()).pos(text_center()),
-                )
-            }))
-            .map_err(plot_err)?;
+        bar_panel(panel, metric)?;
     }
     root.present().map_err(plot_err)?;
+    Ok(())
+}
+
+/// One figure's panel of [`ratio_bars`].
+fn bar_panel(panel: &Area, metric: &MetricSummary) -> Result<()> {
+    let ratios = metric.targets.values().any(|f| f.ratio_to_direct.is_some());
+    let bars: Vec<(Target, f64, String)> = metric
+        .targets
+        .iter()
+        .map(|(&target, figure)| {
+            let value = if ratios {
+                figure.ratio_to_direct.unwrap_or(1.0)
+            } else {
+                figure.summary.median
+            };
+            let label = if ratios {
+                format!("×{value:.2}")
+            } else {
+                metric.spec.unit.format(value)
+            };
+            (target, value, label)
+        })
+        .collect();
+    let top = bars.iter().map(|b| b.1).fold(0.0f64, f64::max).max(0.001) * 1.25;
+    let top = if ratios { top.max(1.25) } else { top };
+    let better = if metric.spec.higher_is_better {
+        "higher is better"
+    } else {
+        "lower is better"
+    };
+    let caption = format!("{} ({better})", metric.spec.label);
+    let y_desc = if ratios {
+        "ratio to direct".to_owned()
+    } else {
+        unit_desc(metric.spec.unit).to_owned()
+    };
+    let names: Vec<&str> = bars.iter().map(|b| b.0.name()).collect();
+    let mut chart = ChartBuilder::on(panel)
+        .caption(caption, (FONT, 13))
+        .margin(12)
+        .x_label_area_size(28)
+        .y_label_area_size(60)
+        .build_cartesian_2d((0..bars.len() as i32 - 1).into_segmented(), 0f64..top)
+        .map_err(plot_err)?;
+    let unit = metric.spec.unit;
+    let y_fmt = move |v: &f64| {
+        if ratios {
+            format!("{v:.1}")
+        } else {
+            unit.format(*v)
+        }
+    };
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .light_line_style(WHITE)
+        .y_labels(6)
+        .y_desc(y_desc)
+        .y_label_formatter(&y_fmt)
+        .x_label_formatter(&|v| match v {
+            SegmentValue::CenterOf(i) => names.get(*i as usize).copied().unwrap_or("").into(),
+            _ => String::new(),
+        })
+        .draw()
+        .map_err(plot_err)?;
+    chart
+        .draw_series(
+            Histogram::vertical(&chart)
+                .margin(14)
+                .style_func(|x, _| {
+                    let i = match x {
+                        SegmentValue::Exact(i) | SegmentValue::CenterOf(i) => *i as usize,
+                        SegmentValue::Last => 0,
+                    };
+                    color(bars[i].0).filled()
+                })
+                .data(bars.iter().enumerate().map(|(i, b)| (i as i32, b.1))),
+        )
+        .map_err(plot_err)?;
+    chart
+        .draw_series(bars.iter().enumerate().map(|(i, b)| {
+            Text::new(
+                b.2.clone(),
+                (SegmentValue::CenterOf(i as i32), b.1 + top * 0.05),
+                TextStyle::from((FONT, 12).into_font()).pos(text_center()),
+            )
+        }))
+        .map_err(plot_err)?;
     Ok(())
 }
 

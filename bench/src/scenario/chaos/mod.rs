@@ -19,6 +19,7 @@ pub mod policy;
 pub mod report;
 pub mod resources;
 
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -122,38 +123,8 @@ pub async fn run(env: &mut Env, args: &ChaosArgs) -> Result<ChaosReport> {
             next_sample = (next_sample + args.sample_interval).max(Instant::now());
         }
         if Instant::now() >= next_action {
-            let phases = fleet.phases();
-            let live_before = phases
-                .iter()
-                .filter(|&&p| p != policy::Phase::Draining)
-                .count();
-            let serving_before = phases
-                .iter()
-                .filter(|&&p| p == policy::Phase::Serving)
-                .count();
-            let at_s = t0.elapsed().as_secs_f64();
-            let chosen = policy.choose(&phases, &mut rng);
-            let done = match chosen {
-                None => None,
-                Some((ActionKind::Start, _)) => Some((ActionKind::Start, fleet.start()?)),
-                Some((kind, victim)) => {
-                    let name = fleet.name(victim).to_owned();
-                    if kind == ActionKind::Sigterm {
-                        fleet.sigterm(victim)?;
-                    } else {
-                        fleet.sigkill(victim).await?;
-                    }
-                    Some((kind, name))
-                }
-            };
-            match done {
-                Some((kind, instance)) => actions.push(Action {
-                    at_s,
-                    kind,
-                    instance,
-                    live_before,
-                    serving_before,
-                }),
+            match act(&mut fleet, &policy, &mut rng, t0).await? {
+                Some(action) => actions.push(action),
                 None => skipped += 1,
             }
             next_action = Instant::now() + gap(&mut rng);
@@ -172,9 +143,7 @@ pub async fn run(env: &mut Env, args: &ChaosArgs) -> Result<ChaosReport> {
     }
     let quiescent = fleet.snapshot().await;
     let (lives, kills, drains, anomalies) = fleet.finish().await;
-    let stale_socket_files = std::fs::read_dir(handoff_dir.path())
-        .map(|dir| dir.count())
-        .unwrap_or(0);
+    let stale_socket_files = std::fs::read_dir(handoff_dir.path()).map_or(0, |dir| dir.count());
 
     let rules = Rules {
         kills,
@@ -198,11 +167,56 @@ pub async fn run(env: &mut Env, args: &ChaosArgs) -> Result<ChaosReport> {
         min_lifetime_s: args.min_lifetime.as_secs_f64(),
         bucket_s: args.bucket.as_secs_f64(),
     });
+    write(&report, &out)?;
+    Ok(report)
+}
+
+/// Prints the report's tables and writes `out/chaos.json` and `out/chaos.svg`.
+fn write(report: &ChaosReport, out: &Path) -> Result<()> {
     report.print();
     let json = out.join("chaos.json");
-    crate::report::write_json(&json, &report)?;
+    crate::report::write_json(&json, report)?;
     let svg = out.join("chaos.svg");
-    chart::timeline(&svg, &report)?;
+    chart::timeline(&svg, report)?;
     println!("   wrote {} and {}", json.display(), svg.display());
-    Ok(report)
+    Ok(())
+}
+
+/// Takes the action `policy` chooses now, if any: the action, or `None` when it skips.
+async fn act(
+    fleet: &mut Fleet<'_>,
+    policy: &Policy,
+    rng: &mut StdRng,
+    t0: Instant,
+) -> Result<Option<Action>> {
+    let phases = fleet.phases();
+    let live_before = phases
+        .iter()
+        .filter(|&&p| p != policy::Phase::Draining)
+        .count();
+    let serving_before = phases
+        .iter()
+        .filter(|&&p| p == policy::Phase::Serving)
+        .count();
+    let at_s = t0.elapsed().as_secs_f64();
+    let (kind, instance) = match policy.choose(&phases, rng) {
+        None => return Ok(None),
+        Some((ActionKind::Start, _)) => (ActionKind::Start, fleet.start()?),
+        Some((kind, victim)) => {
+            let name = fleet.name(victim).to_owned();
+            if kind == ActionKind::Sigterm {
+                fleet.sigterm(victim)?;
+            } else {
+                fleet.sigkill(victim).await?;
+            }
+            (kind, name)
+        }
+    };
+    Ok(Some(Action {
+        at_s,
+        kind,
+        instance,
+        live_before,
+        serving_before,
+    }))
 }

@@ -24,6 +24,7 @@ use nix::sys::signal::Signal;
 use serde::Serialize;
 use serde_json::json;
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::backend::BackendProcess;
@@ -31,7 +32,7 @@ use crate::client::{churn_request, connect, paced, ping_stream, StreamEnd};
 use crate::haproxy::HaproxyOptions;
 use crate::instance::Instance;
 use crate::net::free_address;
-use crate::options::{HaproxyStop, RolloutArgs};
+use crate::options::{HaproxyStop, LoadArgs, RolloutArgs};
 use crate::outcome::{FailureCounts, FailureKind};
 use crate::procstat;
 use crate::proxy::ProxyOptions;
@@ -258,6 +259,18 @@ impl Launch<'_> {
     }
 }
 
+impl Launch<'_> {
+    /// The next instance, with its own backend when `own_backends` is set.
+    async fn next(&mut self, own_backends: bool) -> Result<(Instance, Option<BackendProcess>)> {
+        if own_backends {
+            let (instance, own) = self.start_with_own_backend().await?;
+            Ok((instance, Some(own)))
+        } else {
+            Ok((self.start().await?, None))
+        }
+    }
+}
+
 async fn run_variant(env: &mut Env, args: &RolloutArgs, variant: Variant) -> Result<VariantReport> {
     let backend = env.backend.addrs().echo;
     let mut launch = Launch {
@@ -268,57 +281,16 @@ async fn run_variant(env: &mut Env, args: &RolloutArgs, variant: Variant) -> Res
         handoff_dir: TempDir::new("handoff")?,
         drain_timeout: args.drain_timeout,
     };
-    let (mut current, mut current_backend) = if args.own_backends {
-        let (instance, own) = launch.start_with_own_backend().await?;
-        (instance, Some(own))
-    } else {
-        (launch.start().await?, None)
-    };
+    let (mut current, mut current_backend) = launch.next(args.own_backends).await?;
     let t0 = Instant::now();
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let addr = launch.listen;
-
-    let period =
-        Duration::from_secs_f64(args.load.clients.max(1) as f64 / args.load.rate.max(1) as f64);
-    let churn: Vec<_> = (0..args.load.clients.max(1))
-        .map(|i| {
-            let offset = period.mul_f64(i as f64 / args.load.clients.max(1) as f64);
-            tokio::spawn(churn_client(
-                addr,
-                t0 + offset,
-                period,
-                args.load.timeout,
-                stop_rx.clone(),
-            ))
-        })
-        .collect();
-    let streams: Vec<_> = (0..args.load.streams)
-        .map(|_| {
-            tokio::spawn(stream_client(
-                addr,
-                t0,
-                args.load.stream_interval,
-                args.load.timeout,
-                stop_rx.clone(),
-            ))
-        })
-        .collect();
-
+    let load = RolloutLoad::start(launch.listen, t0, &args.load);
     tokio::time::sleep(args.interval).await;
     let mut handoffs = Vec::new();
     let mut error = None;
     let exit_limit = args.drain_timeout * 2 + Duration::from_secs(5);
     for index in 1..=args.handoffs {
         let spawn_s = t0.elapsed().as_secs_f64();
-        let started = if args.own_backends {
-            launch
-                .start_with_own_backend()
-                .await
-                .map(|(next, own)| (next, Some(own)))
-        } else {
-            launch.start().await.map(|next| (next, None))
-        };
-        let (next, next_backend) = match started {
+        let (next, next_backend) = match launch.next(args.own_backends).await {
             Ok(next) => next,
             Err(err) => {
                 error = Some(format!("replacement {index}: {err:#}"));
@@ -334,34 +306,19 @@ async fn run_variant(env: &mut Env, args: &RolloutArgs, variant: Variant) -> Res
             Some(status) => status.to_string(),
             None => format!("killed after {exit_limit:?}"),
         };
-        let exit_s = t0.elapsed().as_secs_f64();
         handoffs.push(Handoff {
             index,
             spawn_s,
             ready_s,
             signal_s,
-            exit_s,
+            exit_s: t0.elapsed().as_secs_f64(),
             old_exit,
         });
         current = next;
         tokio::time::sleep(args.interval).await;
     }
-    let _ = stop_tx.send(true);
     let duration_s = t0.elapsed().as_secs_f64();
-    let mut samples = Vec::new();
-    for task in churn {
-        samples.extend(task.await?);
-    }
-    let mut stream_figures = StreamFigures::default();
-    let mut stream_failures = Vec::new();
-    for task in streams {
-        let (figures, failures) = task.await?;
-        stream_figures.pings += figures.pings;
-        stream_figures.drained += figures.drained;
-        stream_figures.drained_mid_ping += figures.drained_mid_ping;
-        stream_figures.failed.merge(&figures.failed);
-        stream_failures.extend(failures);
-    }
+    let (samples, stream_figures, stream_failures) = load.stop().await?;
     current.signal(Signal::SIGTERM)?;
     current.wait_exit(exit_limit).await?;
     let mut report = VariantReport::from_samples(
@@ -375,6 +332,69 @@ async fn run_variant(env: &mut Env, args: &RolloutArgs, variant: Variant) -> Res
     report.handoffs = handoffs;
     report.error = error;
     Ok(report)
+}
+
+/// Stream failures: when (since t0) and of which kind.
+type StreamFailures = Vec<(Duration, FailureKind)>;
+
+/// The load of one variant: paced churn clients and pinged streams against the public address.
+struct RolloutLoad {
+    stop: watch::Sender<bool>,
+    churn: Vec<JoinHandle<Vec<Sample>>>,
+    streams: Vec<JoinHandle<(StreamFigures, StreamFailures)>>,
+}
+
+impl RolloutLoad {
+    /// Starts the clients against `addr`; times are taken relative to `t0`.
+    fn start(addr: SocketAddr, t0: Instant, load: &LoadArgs) -> Self {
+        let (stop, stop_rx) = watch::channel(false);
+        let clients = load.clients.max(1);
+        let period = Duration::from_secs_f64(clients as f64 / load.rate.max(1) as f64);
+        let churn = (0..clients)
+            .map(|i| {
+                let offset = period.mul_f64(i as f64 / clients as f64);
+                let stop = stop_rx.clone();
+                tokio::spawn(churn_client(addr, t0 + offset, period, load.timeout, stop))
+            })
+            .collect();
+        let streams = (0..load.streams)
+            .map(|_| {
+                tokio::spawn(stream_client(
+                    addr,
+                    t0,
+                    load.stream_interval,
+                    load.timeout,
+                    stop_rx.clone(),
+                ))
+            })
+            .collect();
+        Self {
+            stop,
+            churn,
+            streams,
+        }
+    }
+
+    /// Stops the clients; returns the churn samples, the stream figures and the stream
+    /// failures.
+    async fn stop(self) -> Result<(Vec<Sample>, StreamFigures, StreamFailures)> {
+        let _ = self.stop.send(true);
+        let mut samples = Vec::new();
+        for task in self.churn {
+            samples.extend(task.await?);
+        }
+        let mut figures = StreamFigures::default();
+        let mut failures = Vec::new();
+        for task in self.streams {
+            let (one, its_failures) = task.await?;
+            figures.pings += one.pings;
+            figures.drained += one.drained;
+            figures.drained_mid_ping += one.drained_mid_ping;
+            figures.failed.merge(&one.failed);
+            failures.extend(its_failures);
+        }
+        Ok((samples, figures, failures))
+    }
 }
 
 /// One churn request's result: start (since t0), latency, failure.
@@ -411,7 +431,7 @@ async fn stream_client(
     interval: Duration,
     timeout: Duration,
     mut stop: watch::Receiver<bool>,
-) -> (StreamFigures, Vec<(Duration, FailureKind)>) {
+) -> (StreamFigures, StreamFailures) {
     let mut figures = StreamFigures::default();
     let mut failures = Vec::new();
     let mut fail = |kind: FailureKind, figures: &mut StreamFigures| {
