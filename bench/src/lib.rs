@@ -32,9 +32,12 @@
 //! - [`net`]: random loopback addresses, free ports, a tiny HTTP GET for readiness.
 //! - [`stats`]: medians, ranges, percentiles.
 //! - [`report`]: result types, the stdout table and the JSON file.
-//! - [`chart`]: SVG charts (ratio bars, rollout timeline).
+//! - [`chart`]: SVG charts: ratio bars, and the panel frame and legend of the timelines.
 //! - [`tempdir`]: a self-removing temporary directory.
-//! - [`scenario`]: the scenarios themselves.
+//! - [`scenario`]: the scenarios themselves; [`run`] dispatches a subcommand to one.
+//!
+//! The modules import each other without a cycle (`tests/module_graph.rs`): [`options`] names
+//! nothing else of the crate, and the command line only assembles option groups.
 
 #![deny(unsafe_code)]
 

@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -96,6 +97,35 @@ fn since(t0: Instant) -> f64 {
     t0.elapsed().as_secs_f64()
 }
 
+/// Begins an attempt of `client` now and connects it: the attempt with its connect time and
+/// the stream, or the attempt ended by the failure.
+async fn connect_attempt(
+    addr: SocketAddr,
+    t0: Instant,
+    timeout: Duration,
+    client: Client,
+) -> Result<(Attempt, TcpStream), Attempt> {
+    let began_s = since(t0);
+    let mut attempt = Attempt {
+        client,
+        began_s,
+        established_s: None,
+        ended_s: began_s,
+        end: End::Ok,
+    };
+    match connect(addr, timeout).await {
+        Ok(stream) => {
+            attempt.established_s = Some(since(t0));
+            Ok((attempt, stream))
+        }
+        Err(kind) => {
+            attempt.ended_s = since(t0);
+            attempt.end = End::Failed(kind);
+            Err(attempt)
+        }
+    }
+}
+
 async fn churn_client(
     addr: SocketAddr,
     t0: Instant,
@@ -110,25 +140,11 @@ async fn churn_client(
 /// One request on a new connection (see [`crate::client::churn_request`]), recording when the
 /// connect completed.
 async fn churn_request(addr: SocketAddr, t0: Instant, timeout: Duration) -> Attempt {
-    let began = Instant::now();
-    let began_s = since(t0);
-    let deadline = began + timeout;
-    let mut attempt = Attempt {
-        client: Client::Churn,
-        began_s,
-        established_s: None,
-        ended_s: began_s,
-        end: End::Ok,
+    let deadline = Instant::now() + timeout;
+    let (mut attempt, mut stream) = match connect_attempt(addr, t0, timeout, Client::Churn).await {
+        Ok(connected) => connected,
+        Err(failed) => return failed,
     };
-    let mut stream = match connect(addr, timeout).await {
-        Ok(stream) => stream,
-        Err(kind) => {
-            attempt.ended_s = since(t0);
-            attempt.end = End::Failed(kind);
-            return attempt;
-        }
-    };
-    attempt.established_s = Some(since(t0));
     let mut request = [0x43u8; 16];
     request[0] = CLOSE_AFTER_REPLY;
     request[1] = request.len() as u8;
@@ -156,25 +172,15 @@ async fn stream_client(
     let mut attempts = Vec::new();
     let mut pings = 0u64;
     while !*stop.borrow() {
-        let began_s = since(t0);
-        let mut attempt = Attempt {
-            client: Client::Stream,
-            began_s,
-            established_s: None,
-            ended_s: began_s,
-            end: End::Ok,
-        };
-        let mut stream = match connect(addr, timeout).await {
-            Ok(stream) => stream,
-            Err(kind) => {
-                attempt.ended_s = since(t0);
-                attempt.end = End::Failed(kind);
-                attempts.push(attempt);
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        attempt.established_s = Some(since(t0));
+        let (mut attempt, mut stream) =
+            match connect_attempt(addr, t0, timeout, Client::Stream).await {
+                Ok(connected) => connected,
+                Err(failed) => {
+                    attempts.push(failed);
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
         attempt.end = match ping_stream(&mut stream, interval, timeout, &mut stop, &mut pings).await
         {
             StreamEnd::Stopped => End::Ok,
