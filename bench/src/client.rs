@@ -13,10 +13,11 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
+use tokio::task::{JoinError, JoinHandle};
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::backend::{TlsClient, CLOSE_AFTER_REPLY};
-use crate::options::Timing;
+use crate::options::{LoadArgs, Timing};
 use crate::outcome::FailureKind;
 
 /// The measured part of a run: load starts at `load_start`, samples count from `start` to
@@ -291,5 +292,64 @@ pub async fn ping_stream(
                 }
             }
         }
+    }
+}
+
+/// The steady load of `rollout` and `chaos` while it runs: paced churn clients and long-lived
+/// streams, stopped together. `C` is what a churn client returns, `S` what a stream returns.
+#[derive(Debug)]
+pub struct Steady<C, S> {
+    stop: watch::Sender<bool>,
+    churn: Vec<JoinHandle<C>>,
+    streams: Vec<JoinHandle<S>>,
+}
+
+impl<C: Send + 'static, S: Send + 'static> Steady<C, S> {
+    /// Spawns `load.clients` churn clients (at least one) and `load.streams` streams. Each
+    /// churn client is given its first tick and its period: together they send `load.rate`
+    /// requests per second, the i-th starting i/clients of a period after `first`. Each client
+    /// is given the stop flag.
+    pub fn start<FC, FS>(
+        load: &LoadArgs,
+        first: Instant,
+        churn: impl Fn(Instant, Duration, watch::Receiver<bool>) -> FC,
+        stream: impl Fn(watch::Receiver<bool>) -> FS,
+    ) -> Self
+    where
+        FC: Future<Output = C> + Send + 'static,
+        FS: Future<Output = S> + Send + 'static,
+    {
+        let (stop, stop_rx) = watch::channel(false);
+        let clients = load.clients.max(1);
+        let period = Duration::from_secs_f64(clients as f64 / f64::from(load.rate.max(1)));
+        let churn = (0..clients)
+            .map(|i| {
+                let offset = period.mul_f64(i as f64 / clients as f64);
+                tokio::spawn(churn(first + offset, period, stop_rx.clone()))
+            })
+            .collect();
+        let streams = (0..load.streams)
+            .map(|_| tokio::spawn(stream(stop_rx.clone())))
+            .collect();
+        Self {
+            stop,
+            churn,
+            streams,
+        }
+    }
+
+    /// Stops the clients (each finishes its operation in progress) and returns what each
+    /// churn client and each stream returned, or how its task failed.
+    pub async fn stop(self) -> (Vec<Result<C, JoinError>>, Vec<Result<S, JoinError>>) {
+        let _ = self.stop.send(true);
+        let mut churn = Vec::new();
+        for task in self.churn {
+            churn.push(task.await);
+        }
+        let mut streams = Vec::new();
+        for task in self.streams {
+            streams.push(task.await);
+        }
+        (churn, streams)
     }
 }

@@ -9,21 +9,16 @@ use std::time::Duration;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::attribution::{Attempt, Client, End};
 use crate::backend::CLOSE_AFTER_REPLY;
-use crate::client::{connect, exchange, paced, ping_stream, StreamEnd};
+use crate::client::{connect, exchange, paced, ping_stream, Steady, StreamEnd};
 use crate::options::LoadArgs;
 
 /// The running load; [`Load::stop`] ends it and returns every attempt.
 #[derive(Debug)]
-pub struct Load {
-    stop: watch::Sender<bool>,
-    churn: Vec<JoinHandle<Vec<Attempt>>>,
-    streams: Vec<JoinHandle<(Vec<Attempt>, u64)>>,
-}
+pub struct Load(Steady<Vec<Attempt>, (Vec<Attempt>, u64)>);
 
 /// Everything the load recorded.
 #[derive(Debug, Default)]
@@ -35,56 +30,26 @@ pub struct Recorded {
 
 impl Load {
     /// Starts the clients against `addr`; times are taken relative to `t0`.
-    pub fn start(addr: SocketAddr, t0: Instant, shape: LoadArgs) -> Self {
-        let (stop, stop_rx) = watch::channel(false);
-        let clients = shape.clients.max(1);
-        let period = Duration::from_secs_f64(clients as f64 / f64::from(shape.rate.max(1)));
-        let now = Instant::now();
-        let churn = (0..clients)
-            .map(|i| {
-                let first = now + period.mul_f64(i as f64 / clients as f64);
-                tokio::spawn(churn_client(
-                    addr,
-                    t0,
-                    first,
-                    period,
-                    shape.timeout,
-                    stop_rx.clone(),
-                ))
-            })
-            .collect();
-        let streams = (0..shape.streams)
-            .map(|_| {
-                tokio::spawn(stream_client(
-                    addr,
-                    t0,
-                    shape.stream_interval,
-                    shape.timeout,
-                    stop_rx.clone(),
-                ))
-            })
-            .collect();
-        Self {
-            stop,
-            churn,
-            streams,
-        }
+    pub fn start(addr: SocketAddr, t0: Instant, load: LoadArgs) -> Self {
+        let timeout = load.timeout;
+        Self(Steady::start(
+            &load,
+            Instant::now(),
+            |first, period, stop| churn_client(addr, t0, first, period, timeout, stop),
+            |stop| stream_client(addr, t0, load.stream_interval, timeout, stop),
+        ))
     }
 
     /// Stops the clients (each finishes its operation in progress, bounded by the timeout).
     pub async fn stop(self) -> Recorded {
-        let _ = self.stop.send(true);
+        let (churn, streams) = self.0.stop().await;
         let mut recorded = Recorded::default();
-        for task in self.churn {
-            if let Ok(attempts) = task.await {
-                recorded.attempts.extend(attempts);
-            }
+        for attempts in churn.into_iter().flatten() {
+            recorded.attempts.extend(attempts);
         }
-        for task in self.streams {
-            if let Ok((attempts, pings)) = task.await {
-                recorded.attempts.extend(attempts);
-                recorded.pings += pings;
-            }
+        for (attempts, pings) in streams.into_iter().flatten() {
+            recorded.attempts.extend(attempts);
+            recorded.pings += pings;
         }
         recorded
             .attempts

@@ -24,11 +24,10 @@ use nix::sys::signal::Signal;
 use serde::Serialize;
 use serde_json::json;
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::backend::BackendProcess;
-use crate::client::{churn_request, connect, paced, ping_stream, StreamEnd};
+use crate::client::{churn_request, connect, paced, ping_stream, Steady, StreamEnd};
 use crate::haproxy::HaproxyOptions;
 use crate::instance::Instance;
 use crate::net::free_address;
@@ -338,55 +337,32 @@ async fn run_variant(env: &mut Env, args: &RolloutArgs, variant: Variant) -> Res
 type StreamFailures = Vec<(Duration, FailureKind)>;
 
 /// The load of one variant: paced churn clients and pinged streams against the public address.
-struct RolloutLoad {
-    stop: watch::Sender<bool>,
-    churn: Vec<JoinHandle<Vec<Sample>>>,
-    streams: Vec<JoinHandle<(StreamFigures, StreamFailures)>>,
-}
+struct RolloutLoad(Steady<Vec<Sample>, (StreamFigures, StreamFailures)>);
 
 impl RolloutLoad {
     /// Starts the clients against `addr`; times are taken relative to `t0`.
     fn start(addr: SocketAddr, t0: Instant, load: &LoadArgs) -> Self {
-        let (stop, stop_rx) = watch::channel(false);
-        let clients = load.clients.max(1);
-        let period = Duration::from_secs_f64(clients as f64 / load.rate.max(1) as f64);
-        let churn = (0..clients)
-            .map(|i| {
-                let offset = period.mul_f64(i as f64 / clients as f64);
-                let stop = stop_rx.clone();
-                tokio::spawn(churn_client(addr, t0 + offset, period, load.timeout, stop))
-            })
-            .collect();
-        let streams = (0..load.streams)
-            .map(|_| {
-                tokio::spawn(stream_client(
-                    addr,
-                    t0,
-                    load.stream_interval,
-                    load.timeout,
-                    stop_rx.clone(),
-                ))
-            })
-            .collect();
-        Self {
-            stop,
-            churn,
-            streams,
-        }
+        let timeout = load.timeout;
+        Self(Steady::start(
+            load,
+            t0,
+            |first, period, stop| churn_client(addr, first, period, timeout, stop),
+            |stop| stream_client(addr, t0, load.stream_interval, timeout, stop),
+        ))
     }
 
     /// Stops the clients; returns the churn samples, the stream figures and the stream
     /// failures.
     async fn stop(self) -> Result<(Vec<Sample>, StreamFigures, StreamFailures)> {
-        let _ = self.stop.send(true);
+        let (churn, streams) = self.0.stop().await;
         let mut samples = Vec::new();
-        for task in self.churn {
-            samples.extend(task.await?);
+        for task in churn {
+            samples.extend(task?);
         }
         let mut figures = StreamFigures::default();
         let mut failures = Vec::new();
-        for task in self.streams {
-            let (one, its_failures) = task.await?;
+        for task in streams {
+            let (one, its_failures) = task?;
             figures.pings += one.pings;
             figures.drained += one.drained;
             figures.drained_mid_ping += one.drained_mid_ping;
