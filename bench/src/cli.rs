@@ -1,22 +1,16 @@
 //! Command line: one subcommand per scenario, each with small defaults that finish in seconds.
+//! The option groups it flattens are declared where their users read them: [`Setup`] with the
+//! targets, [`Timing`] and each scenario's options in [`crate::options`].
 
-use std::path::PathBuf;
-use std::time::Duration;
-
-use clap::{Args, FromArgMatches, Parser, Subcommand};
+use clap::{Parser, Subcommand};
 
 use crate::backend::ServeBackendArgs;
-use crate::scenario::{
-    chaos::ChaosArgs,
-    churn::ChurnArgs,
-    idle::IdleArgs,
-    rollout::RolloutArgs,
-    rr::RrArgs,
-    storm::{remote::StormClientsArgs, StormArgs},
-    threads::ThreadsArgs,
-    throughput::ThroughputArgs,
+use crate::options::{
+    ChaosArgs, ChurnArgs, IdleArgs, RolloutArgs, RrArgs, StormArgs, ThreadsArgs, ThroughputArgs,
+    Timing,
 };
-use crate::target::Target;
+use crate::scenario::storm::remote::StormClientsArgs;
+use crate::target::Setup;
 use crate::uring::ServeUringArgs;
 
 /// Benchmarks kube-apiserver-proxy against the direct path and HAProxy, and demonstrates a
@@ -122,63 +116,6 @@ pub enum Command {
     ServeUring(ServeUringArgs),
 }
 
-/// Where the targets come from and where results go.
-#[derive(Debug, Clone, Args)]
-pub struct Setup {
-    /// Targets to measure, in the order they run each round (missing HAProxy is skipped).
-    #[arg(long, value_delimiter = ',', default_value = "direct,haproxy,proxy")]
-    pub targets: Vec<Target>,
-    /// Output directory for JSON and SVG files [default: <target dir>/bench].
-    #[arg(long)]
-    pub out: Option<PathBuf>,
-    /// The kube-apiserver-proxy binary [default: next to this binary, built with cargo].
-    #[arg(long)]
-    pub proxy_bin: Option<PathBuf>,
-    /// Extra argument for every proxy instance (repeatable), e.g. `--proxy-arg=--log-level=debug`.
-    #[arg(long = "proxy-arg", allow_hyphen_values = true)]
-    pub proxy_args: Vec<String>,
-    /// Do not run `cargo build` for the proxy; use the binary next to this one as it is.
-    #[arg(long)]
-    pub no_build: bool,
-    /// The HAProxy binary [default: `haproxy` on PATH].
-    #[arg(long)]
-    pub haproxy_bin: Option<PathBuf>,
-    /// HAProxy `nbthread` [default: available CPUs, like HAProxy itself and the proxy's runtime].
-    #[arg(long)]
-    pub haproxy_nbthread: Option<usize>,
-    /// Extra argument for every `uring` instance (repeatable), e.g. `--uring-arg=--buffers=128`.
-    #[arg(long = "uring-arg", allow_hyphen_values = true)]
-    pub uring_args: Vec<String>,
-    /// The address every client connects from (bound with port 0): one of this host's that is
-    /// neither loopback nor a target's, so that the `-transparent` targets take their
-    /// transparent path (docs/benchmarks-history.md, "The client address").
-    #[arg(long, value_name = "IP")]
-    pub client_source: Option<std::net::IpAddr>,
-}
-
-/// How long and how often each target is measured.
-#[derive(Debug, Clone, Args)]
-pub struct Timing {
-    /// Rounds; each round runs every target once, alternately.
-    #[arg(long, default_value_t = 3)]
-    pub rounds: u32,
-    /// Measured time per run.
-    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
-    pub duration: Duration,
-    /// Load before the measured window starts (discarded).
-    #[arg(long, default_value = "300ms", value_parser = humantime::parse_duration)]
-    pub warmup: Duration,
-}
-
-/// The defaults of an argument group, as if given on the command line with no flags.
-pub fn defaults<T: Args + FromArgMatches>() -> T {
-    let command = T::augment_args(clap::Command::new("defaults"));
-    let matches = command
-        .try_get_matches_from(["defaults"])
-        .expect("defaults parse");
-    T::from_arg_matches(&matches).expect("defaults are valid")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,14 +124,5 @@ mod tests {
     fn cli_is_consistent() {
         use clap::CommandFactory;
         Cli::command().debug_assert();
-    }
-
-    #[test]
-    fn defaults_parse() {
-        let timing: Timing = defaults();
-        assert_eq!(timing.rounds, 3);
-        let _: RolloutArgs = defaults();
-        let chaos: ChaosArgs = defaults();
-        assert_eq!(chaos.duration, Duration::from_secs(180));
     }
 }

@@ -1,8 +1,10 @@
 //! Load generator primitives: connect (plain TCP, or TLS to the TLS echo backend), one
-//! request/response exchange, a churn request (new connection per request), bulk transfer, and
-//! the measurement window every scenario shares.
+//! request/response exchange, a churn request (new connection per request), bulk transfer, the
+//! measurement window every scenario shares, and the two loops of the steady load of `rollout`
+//! and `chaos`: paced requests and a pinged long-lived stream, both until told to stop.
 //! Every operation is bounded by a timeout and every failure is classified ([`FailureKind`]).
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -10,10 +12,12 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::time::Instant;
+use tokio::sync::watch;
+use tokio::task::{JoinError, JoinHandle};
+use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::backend::{TlsClient, CLOSE_AFTER_REPLY};
-use crate::cli::Timing;
+use crate::options::{LoadArgs, Timing};
 use crate::outcome::FailureKind;
 
 /// The measured part of a run: load starts at `load_start`, samples count from `start` to
@@ -212,4 +216,140 @@ pub async fn bulk(
     let write_result = write.await.map_err(|_| FailureKind::Other)?;
     read_result?;
     write_result.map_err(|err| FailureKind::of(&err))
+}
+
+/// Resolves once the stop flag is set (or its sender is gone).
+pub async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|&s| s).await;
+}
+
+/// Runs `request` every `period` from `first` (a tick missed while a request ran is skipped)
+/// until `stop` is set; returns the results in order.
+pub async fn paced<T, F: Future<Output = T>>(
+    first: Instant,
+    period: Duration,
+    mut stop: watch::Receiver<bool>,
+    mut request: impl FnMut() -> F,
+) -> Vec<T> {
+    let mut results = Vec::new();
+    let mut ticks = tokio::time::interval_at(first, period);
+    ticks.set_missed_tick_behavior(MissedTickBehavior::Skip);
+    loop {
+        tokio::select! {
+            _ = stopped(&mut stop) => return results,
+            _ = ticks.tick() => {}
+        }
+        results.push(request().await);
+    }
+}
+
+/// How a pinged stream ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamEnd {
+    /// The stop flag was set.
+    Stopped,
+    /// Closed cleanly (EOF) while idle.
+    Eof,
+    /// Data or an error while idle, where nothing was expected.
+    Idle(FailureKind),
+    /// A ping failed: no complete echo within the timeout.
+    Ping(FailureKind),
+}
+
+/// Sends an 8-byte ping on `stream` every `interval` and waits for its echo (within
+/// `timeout`), until the stream ends or `stop` is set; counts answered pings in `pings`.
+pub async fn ping_stream(
+    stream: &mut TcpStream,
+    interval: Duration,
+    timeout: Duration,
+    stop: &mut watch::Receiver<bool>,
+    pings: &mut u64,
+) -> StreamEnd {
+    let ping = [0x46u8; 8];
+    let mut pong = [0u8; 64];
+    let mut ticks = tokio::time::interval(interval);
+    ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = stopped(stop) => return StreamEnd::Stopped,
+            read = stream.read(&mut pong) => {
+                // Nothing is expected while idle: EOF is a close, anything else a failure.
+                return match read {
+                    Ok(0) => StreamEnd::Eof,
+                    Ok(_) => StreamEnd::Idle(FailureKind::Other),
+                    Err(err) => StreamEnd::Idle(FailureKind::of(&err)),
+                };
+            }
+            _ = ticks.tick() => {
+                let exchange = bounded(timeout, async {
+                    stream.write_all(&ping).await?;
+                    stream.read_exact(&mut pong[..ping.len()]).await?;
+                    Ok(())
+                });
+                match exchange.await {
+                    Ok(()) => *pings += 1,
+                    Err(kind) => return StreamEnd::Ping(kind),
+                }
+            }
+        }
+    }
+}
+
+/// The steady load of `rollout` and `chaos` while it runs: paced churn clients and long-lived
+/// streams, stopped together. `C` is what a churn client returns, `S` what a stream returns.
+#[derive(Debug)]
+pub struct Steady<C, S> {
+    stop: watch::Sender<bool>,
+    churn: Vec<JoinHandle<C>>,
+    streams: Vec<JoinHandle<S>>,
+}
+
+impl<C: Send + 'static, S: Send + 'static> Steady<C, S> {
+    /// Spawns `load.clients` churn clients (at least one) and `load.streams` streams. Each
+    /// churn client is given its first tick and its period: together they send `load.rate`
+    /// requests per second, the i-th starting i/clients of a period after `first`. Each client
+    /// is given the stop flag.
+    pub fn start<FC, FS>(
+        load: &LoadArgs,
+        first: Instant,
+        churn: impl Fn(Instant, Duration, watch::Receiver<bool>) -> FC,
+        stream: impl Fn(watch::Receiver<bool>) -> FS,
+    ) -> Self
+    where
+        FC: Future<Output = C> + Send + 'static,
+        FS: Future<Output = S> + Send + 'static,
+    {
+        let (stop, stop_rx) = watch::channel(false);
+        let clients = load.clients.max(1);
+        let period = Duration::from_secs_f64(clients as f64 / f64::from(load.rate.max(1)));
+        let churn = (0..clients)
+            .map(|i| {
+                let offset = period.mul_f64(i as f64 / clients as f64);
+                tokio::spawn(churn(first + offset, period, stop_rx.clone()))
+            })
+            .collect();
+        let streams = (0..load.streams)
+            .map(|_| tokio::spawn(stream(stop_rx.clone())))
+            .collect();
+        Self {
+            stop,
+            churn,
+            streams,
+        }
+    }
+
+    /// Stops the clients (each finishes its operation in progress) and returns what each
+    /// churn client and each stream returned, or how its task failed.
+    pub async fn stop(self) -> (Vec<Result<C, JoinError>>, Vec<Result<S, JoinError>>) {
+        let _ = self.stop.send(true);
+        let mut churn = Vec::new();
+        for task in self.churn {
+            churn.push(task.await);
+        }
+        let mut streams = Vec::new();
+        for task in self.streams {
+            streams.push(task.await);
+        }
+        (churn, streams)
+    }
 }

@@ -16,13 +16,14 @@
 //!
 //! Layout:
 //! - [`cli`]: command line (clap derive), one subcommand per scenario.
+//! - [`options`]: the scenarios' option groups, which the command line flattens.
 //! - [`backend`]: built-in echo / sink / stream / TLS echo servers and the child process that
 //!   runs them; the TLS client that trusts them.
 //! - [`instance`]: one child process (proxy or HAProxy): readiness, signals, exit, CPU and RSS.
 //! - [`proxy`]: locating (or building) the `kube-apiserver-proxy` binary and starting instances.
 //! - [`haproxy`]: locating HAProxy, writing its TCP-mode config and starting instances.
-//! - [`target`]: the targets (`direct`, `proxy`, `haproxy`, `uring`) and starting one for a
-//!   scenario.
+//! - [`target`]: the targets (`direct`, `proxy`, `haproxy`, `uring`), the options that choose
+//!   them, and starting one for a scenario.
 //! - [`uring`]: the `uring` target, an io_uring forwarder (`bench serve-uring`); its
 //!   [`uring::forward`] is the crate's one module with `unsafe`, and says why.
 //! - [`client`]: the load generator's connection primitives (request, stream, bulk).
@@ -31,9 +32,12 @@
 //! - [`net`]: random loopback addresses, free ports, a tiny HTTP GET for readiness.
 //! - [`stats`]: medians, ranges, percentiles.
 //! - [`report`]: result types, the stdout table and the JSON file.
-//! - [`chart`]: SVG charts (ratio bars, rollout timeline).
+//! - [`chart`]: SVG charts: ratio bars, and the panel frame and legend of the timelines.
 //! - [`tempdir`]: a self-removing temporary directory.
-//! - [`scenario`]: the scenarios themselves.
+//! - [`scenario`]: the scenarios themselves; [`run`] dispatches a subcommand to one.
+//!
+//! The modules import each other without a cycle (`tests/module_graph.rs`): [`options`] names
+//! nothing else of the crate, and the command line only assembles option groups.
 
 #![deny(unsafe_code)]
 
@@ -44,6 +48,7 @@ pub mod client;
 pub mod haproxy;
 pub mod instance;
 pub mod net;
+pub mod options;
 pub mod outcome;
 pub mod procstat;
 pub mod proxy;
@@ -57,6 +62,9 @@ pub mod uring;
 use anyhow::Result;
 
 use crate::cli::{Cli, Command};
+use crate::options::{defaults, ChurnArgs, IdleArgs, RrArgs, ThroughputArgs, Timing};
+use crate::scenario::{chaos, drive, rollout, storm, threads, Scenario};
+use crate::target::{Env, Setup, Target};
 
 /// Runs one invocation of the harness.
 pub fn run(cli: Cli) -> Result<()> {
@@ -72,7 +80,76 @@ pub fn run(cli: Cli) -> Result<()> {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
-            runtime.block_on(scenario::run(command))
+            runtime.block_on(run_scenario(command))
         }
     }
+}
+
+/// Runs a scenario's subcommand (on the current-thread runtime).
+async fn run_scenario(command: Command) -> Result<()> {
+    match command {
+        Command::Throughput {
+            setup,
+            timing,
+            args,
+        } => one(&setup, &timing, &args).await,
+        Command::Rr {
+            setup,
+            timing,
+            args,
+        } => one(&setup, &timing, &args).await,
+        Command::Churn {
+            setup,
+            timing,
+            args,
+        } => one(&setup, &timing, &args).await,
+        Command::Idle {
+            setup,
+            timing,
+            args,
+        } => one(&setup, &timing, &args).await,
+        Command::Threads {
+            setup,
+            timing,
+            args,
+        } => threads::run(&mut Env::new(&setup)?, &timing, &args).await,
+        Command::Storm {
+            setup,
+            timing,
+            args,
+        } => {
+            let mut env = Env::new(&setup)?;
+            let storm = storm::Storm::new(args).await?;
+            drive(&mut env, &timing, &storm).await.map(drop)
+        }
+        Command::Rollout { setup, args } => {
+            rollout::run(&mut Env::new(&setup)?, &args).await.map(drop)
+        }
+        Command::Chaos { setup, args } => {
+            // The soak drives proxy instances only.
+            let setup = Setup {
+                targets: vec![Target::Proxy],
+                ..setup
+            };
+            chaos::run(&mut Env::new(&setup)?, &args).await.map(drop)
+        }
+        Command::All { setup, timing, tls } => {
+            let mut env = Env::new(&setup)?;
+            drive(&mut env, &timing, &defaults::<ThroughputArgs>()).await?;
+            drive(&mut env, &timing, &RrArgs { tls, ..defaults() }).await?;
+            drive(&mut env, &timing, &ChurnArgs { tls, ..defaults() }).await?;
+            drive(&mut env, &timing, &defaults::<IdleArgs>()).await?;
+            rollout::run(&mut env, &defaults()).await.map(drop)
+        }
+        Command::ServeBackend(_) | Command::StormClients(_) | Command::ServeUring(_) => {
+            unreachable!("handled before the runtime starts")
+        }
+    }
+}
+
+/// One scenario driven over every target and round.
+async fn one<S: Scenario>(setup: &Setup, timing: &Timing, scenario: &S) -> Result<()> {
+    drive(&mut Env::new(setup)?, timing, scenario)
+        .await
+        .map(drop)
 }

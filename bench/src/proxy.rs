@@ -96,8 +96,6 @@ pub struct ProxyOptions {
     pub max_connections: u64,
     /// `--log-level`.
     pub log_level: &'static str,
-    /// `--data-path=sockmap` instead of the default user-space copy.
-    pub kernel_path: bool,
     /// `--worker-threads` (unset: the proxy's default, the CPUs available).
     pub worker_threads: Option<usize>,
     /// `--client-address transparent`.
@@ -177,9 +175,6 @@ impl ProxyLauncher {
         if let Some(dir) = &options.handoff_dir {
             command.arg(format!("--handoff-dir={}", dir.display()));
         }
-        if options.kernel_path {
-            command.arg("--data-path=sockmap");
-        }
         if options.transparent {
             command.arg("--client-address=transparent");
         }
@@ -228,24 +223,4 @@ pub async fn ensure_transparent(instance: &Instance, backend: SocketAddr) -> Res
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-/// Fails unless `instance` (started with `--data-path=sockmap`) set the kernel path up: its
-/// `sockmap_active` gauge is 1. A silent fallback would measure the user-space path twice.
-pub async fn ensure_kernel_path(instance: &Instance) -> Result<()> {
-    let addr = instance
-        .admin_addr()
-        .context("the proxy has no admin address")?;
-    let (status, body) = crate::net::http_get(addr, "/metrics", Duration::from_secs(2)).await?;
-    let active = body
-        .lines()
-        .any(|l| l.trim() == "kube_apiserver_proxy_sockmap_active 1");
-    if status != 200 || !active {
-        bail!(
-            "{}: --data-path=sockmap could not be set up (needs root: CAP_BPF and CAP_NET_ADMIN); its log:\n{}",
-            instance.name(),
-            instance.log_tail()
-        );
-    }
-    Ok(())
 }

@@ -60,29 +60,40 @@ pub struct MetricSpec {
     pub chart: bool,
 }
 
+impl MetricSpec {
+    /// A figure where lower is better, not charted.
+    pub const fn new(key: &'static str, label: &'static str, unit: Unit) -> Self {
+        Self {
+            key,
+            label,
+            unit,
+            higher_is_better: false,
+            chart: false,
+        }
+    }
+
+    /// The same figure, where higher is better.
+    pub const fn higher_is_better(self) -> Self {
+        Self {
+            higher_is_better: true,
+            ..self
+        }
+    }
+
+    /// The same figure, drawn in the scenario's chart.
+    pub const fn charted(self) -> Self {
+        Self {
+            chart: true,
+            ..self
+        }
+    }
+}
+
 /// The figures every scenario adds: CPU used by each process during the measured window.
 pub const CPU_METRICS: [MetricSpec; 3] = [
-    MetricSpec {
-        key: "target_cpu_s",
-        label: "target CPU",
-        unit: Unit::CpuSeconds,
-        higher_is_better: false,
-        chart: false,
-    },
-    MetricSpec {
-        key: "loadgen_cpu_s",
-        label: "load generator CPU",
-        unit: Unit::CpuSeconds,
-        higher_is_better: false,
-        chart: false,
-    },
-    MetricSpec {
-        key: "backend_cpu_s",
-        label: "backend CPU",
-        unit: Unit::CpuSeconds,
-        higher_is_better: false,
-        chart: false,
-    },
+    MetricSpec::new("target_cpu_s", "target CPU", Unit::CpuSeconds),
+    MetricSpec::new("loadgen_cpu_s", "load generator CPU", Unit::CpuSeconds),
+    MetricSpec::new("backend_cpu_s", "backend CPU", Unit::CpuSeconds),
 ];
 
 /// Figures of one run, by key.
@@ -345,14 +356,14 @@ mod tests {
             run(Target::Direct, 10.0),
             run(Target::Haproxy, 4.0),
             run(Target::Proxy, 5.0),
-            run(Target::ProxySockmap, 8.0),
+            run(Target::Uring, 8.0),
         ];
         let summary = summarise(&[SPEC], &runs);
         let proxy = &summary[0].targets[&Target::Proxy];
         assert_eq!(proxy.ratio_to_direct, Some(0.5));
         assert_eq!(summary[0].proxy_vs_haproxy, Some(1.25));
         assert_eq!(summary[0].targets[&Target::Direct].ratio_to_direct, None);
-        assert_eq!(summary[0].vs_haproxy[&Target::ProxySockmap], 2.0);
+        assert_eq!(summary[0].vs_haproxy[&Target::Uring], 2.0);
         assert!(!summary[0].vs_haproxy.contains_key(&Target::Direct));
     }
 }

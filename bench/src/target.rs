@@ -1,5 +1,6 @@
-//! The targets a workload is sent to (`direct`, `haproxy`, `proxy`, `proxy-sockmap`, `uring`)
-//! and the environment that starts them: the built-in backends, the proxy, HAProxy and io_uring
+//! The targets a workload is sent to (`direct`, `haproxy`, `proxy`, `uring` and the
+//! `-transparent` variants), where they come from ([`Setup`], the command line's options), and
+//! the environment that starts them: the built-in backends, the proxy, HAProxy and io_uring
 //! forwarder launchers, and the log directory.
 
 use std::net::SocketAddr;
@@ -7,11 +8,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use clap::ValueEnum;
+use clap::{Args, ValueEnum};
 use serde::Serialize;
 
 use crate::backend::BackendProcess;
-use crate::cli::Setup;
 use crate::haproxy::{self, HaproxyLauncher, HaproxyOptions};
 use crate::instance::Instance;
 use crate::net::free_address;
@@ -28,9 +28,6 @@ pub enum Target {
     Haproxy,
     /// Through kube-apiserver-proxy.
     Proxy,
-    /// Through kube-apiserver-proxy with `--data-path=sockmap`: the kernel redirects the bytes of
-    /// paired connections (needs root; fails rather than measure the user-space fallback).
-    ProxySockmap,
     /// Through the io_uring forwarder (`bench serve-uring`): an upper bound, not a proxy.
     Uring,
     /// Through kube-apiserver-proxy with `--client-address transparent`: the backend
@@ -48,7 +45,6 @@ impl Target {
             Target::Direct => "direct",
             Target::Haproxy => "haproxy",
             Target::Proxy => "proxy",
-            Target::ProxySockmap => "proxy-sockmap",
             Target::Uring => "uring",
             Target::ProxyTransparent => "proxy-transparent",
             Target::HaproxyTransparent => "haproxy-transparent",
@@ -109,7 +105,7 @@ impl Env {
             }
             match target {
                 Target::Direct | Target::Uring => {}
-                Target::Proxy | Target::ProxySockmap | Target::ProxyTransparent => {
+                Target::Proxy | Target::ProxyTransparent => {
                     if proxy.is_none() {
                         let bin = proxy::locate(setup.proxy_bin.as_deref(), setup.no_build)?;
                         proxy = Some(ProxyLauncher::new(
@@ -182,7 +178,7 @@ impl Env {
                     peers: Vec::new(),
                 })
             }
-            Target::Proxy | Target::ProxySockmap | Target::ProxyTransparent => {
+            Target::Proxy | Target::ProxyTransparent => {
                 let launcher = self.proxy.as_mut().expect("proxy target has a launcher");
                 launcher.spawn(&ProxyOptions {
                     listen,
@@ -192,7 +188,6 @@ impl Env {
                     drain_close_window: Duration::from_millis(100),
                     max_connections,
                     log_level: "warn",
-                    kernel_path: target == Target::ProxySockmap,
                     worker_threads: threads,
                     transparent: target == Target::ProxyTransparent,
                 })?
@@ -224,9 +219,6 @@ impl Env {
         };
         let mut instance = instance;
         instance.wait_ready(Duration::from_secs(20)).await?;
-        if target == Target::ProxySockmap {
-            proxy::ensure_kernel_path(&instance).await?;
-        }
         if target == Target::ProxyTransparent {
             proxy::ensure_transparent(&instance, backend).await?;
         }
@@ -294,4 +286,38 @@ pub fn default_out() -> PathBuf {
         .ok()
         .and_then(|exe| Some(exe.parent()?.parent()?.join("bench")))
         .unwrap_or_else(|| PathBuf::from("target/bench"))
+}
+
+/// Where the targets come from and where results go.
+#[derive(Debug, Clone, Args)]
+pub struct Setup {
+    /// Targets to measure, in the order they run each round (missing HAProxy is skipped).
+    #[arg(long, value_delimiter = ',', default_value = "direct,haproxy,proxy")]
+    pub targets: Vec<Target>,
+    /// Output directory for JSON and SVG files [default: <target dir>/bench].
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// The kube-apiserver-proxy binary [default: next to this binary, built with cargo].
+    #[arg(long)]
+    pub proxy_bin: Option<PathBuf>,
+    /// Extra argument for every proxy instance (repeatable), e.g. `--proxy-arg=--log-level=debug`.
+    #[arg(long = "proxy-arg", allow_hyphen_values = true)]
+    pub proxy_args: Vec<String>,
+    /// Do not run `cargo build` for the proxy; use the binary next to this one as it is.
+    #[arg(long)]
+    pub no_build: bool,
+    /// The HAProxy binary [default: `haproxy` on PATH].
+    #[arg(long)]
+    pub haproxy_bin: Option<PathBuf>,
+    /// HAProxy `nbthread` [default: available CPUs, like HAProxy itself and the proxy's runtime].
+    #[arg(long)]
+    pub haproxy_nbthread: Option<usize>,
+    /// Extra argument for every `uring` instance (repeatable), e.g. `--uring-arg=--buffers=128`.
+    #[arg(long = "uring-arg", allow_hyphen_values = true)]
+    pub uring_args: Vec<String>,
+    /// The address every client connects from (bound with port 0): one of this host's that is
+    /// neither loopback nor a target's, so that the `-transparent` targets take their
+    /// transparent path (docs/benchmarks-history.md, "The client address").
+    #[arg(long, value_name = "IP")]
+    pub client_source: Option<std::net::IpAddr>,
 }

@@ -78,47 +78,6 @@ fn churn() {
     assert_ran(&bench("churn", &args, "churn.json"));
 }
 
-/// The `proxy-sockmap` target runs the proxy with the kernel data path, and fails rather than
-/// measure the user-space fallback: loading the BPF program needs root here. Every run moved
-/// bytes (requests answered, bytes echoed).
-#[test]
-fn kernel_path_target() {
-    if !nix::unistd::Uid::effective().is_root() {
-        assert!(
-            !in_ci(),
-            "kernel_path_target needs root (CAP_BPF, CAP_NET_ADMIN) and CI is set"
-        );
-        eprintln!("SKIPPED kernel_path_target: needs root (CAP_BPF, CAP_NET_ADMIN)");
-        return;
-    }
-    for (scenario, extra, figure) in [
-        ("rr", ["--connections", "4"], "requests_per_s"),
-        ("throughput", ["--connections", "2"], "bytes_per_s"),
-    ] {
-        let args = [
-            &[scenario][..],
-            &extra,
-            &["--targets", "proxy-sockmap"],
-            &TINY,
-        ]
-        .concat();
-        let report = bench(
-            &format!("kernel-{scenario}"),
-            &args,
-            &format!("{scenario}.json"),
-        );
-        assert_ran(&report);
-        for run in report["runs"].as_array().expect("runs") {
-            assert_eq!(run["target"], "proxy-sockmap");
-            let value = run["metrics"][figure].as_f64().unwrap_or(0.0);
-            assert!(
-                value > 0.0,
-                "{scenario}: no {figure} through the kernel path: {run:#}"
-            );
-        }
-    }
-}
-
 /// A TLS run did real work: every run answered at least one request (a broken handshake
 /// would fail every request without failing the run). Not a timing figure.
 fn assert_tls(report: &Value, headline: &str) {

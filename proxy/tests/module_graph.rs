@@ -1,17 +1,22 @@
 //! No import cycles between the modules of `src/`.
 //!
+//! The file checks the crate it is compiled into (`CARGO_MANIFEST_DIR`): the proxy's test
+//! target, and the bench crate's `tests/module_graph.rs`, which includes this file with
+//! `#[path]`; [`this_crate`] holds what differs between them.
+//!
 //! Every `.rs` file under `src/` belongs to a top-level module: `foo.rs` and `foo/mod.rs` are
 //! `foo`, `foo/bar.rs` is `foo::bar` and counts as `foo`. A module depends on another when its
 //! code names it: `crate::name`, an entry of a `use crate::{a, b::c}` group, a `super::` chain
 //! that climbs out of it, and in `main.rs` (the binary, a crate root of its own that sees the
-//! library as `kube_apiserver_proxy`) `kube_apiserver_proxy::name`. Test code does not count:
+//! library by its name, e.g. `kube_apiserver_proxy`) `library::name`. Test code does not count:
 //! items under `#[cfg(test)]` (the `mod tests { … }` at the bottom of a file) and files declared
 //! by a `#[cfg(test)] mod name;` are left out. Comments (doc links included), string and
 //! character literals are blanked before the scan.
 //!
 //! The graph of those dependencies must have no cycle; the test names every strongly connected
 //! component of more than one module, with one reference (file:line) for each edge inside it.
-//! And `sys` (the `unsafe` module) must name no other module at all.
+//! And the crate's self-contained modules (the proxy's `sys`, the `unsafe` module) must name no
+//! other module at all.
 //!
 //! The scan is deliberately small: it reads tokens, not Rust. Inline modules other than
 //! `#[cfg(test)]` ones are not tracked (a `super::` inside one is read as if it were at the
@@ -21,8 +26,32 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-/// How the library's crate root is named from `main.rs`.
-const LIBRARY: &str = "kube_apiserver_proxy";
+/// What the test expects of one crate that runs it.
+struct Crate {
+    /// How `main.rs` names the library's crate root.
+    library: &'static str,
+    /// Fewer top-level modules than this means the scan read the wrong directory.
+    min_modules: usize,
+    /// Modules that must name no other module of the crate.
+    self_contained: &'static [&'static str],
+}
+
+/// The crate this file is compiled into, by its package name.
+fn this_crate() -> Crate {
+    match env!("CARGO_PKG_NAME") {
+        "kube-apiserver-proxy" => Crate {
+            library: "kube_apiserver_proxy",
+            min_modules: 21,
+            self_contained: &["sys"],
+        },
+        "kube-apiserver-proxy-bench" => Crate {
+            library: "kube_apiserver_proxy_bench",
+            min_modules: 15,
+            self_contained: &["options"],
+        },
+        other => panic!("module_graph.rs does not know the crate {other}: add it to this_crate"),
+    }
+}
 
 /// One place where a module names another.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,31 +68,38 @@ type Graph = BTreeMap<String, BTreeMap<String, (String, usize)>>;
 #[test]
 fn modules_import_each_other_without_cycles() {
     let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let graph = graph_of(crate_dir, &crate_dir.join("src"));
+    let krate = this_crate();
+    let graph = graph_of(crate_dir, &crate_dir.join("src"), krate.library);
     assert!(
-        graph.len() > 20,
+        graph.len() >= krate.min_modules,
         "the scan found only {} modules under src/: is it reading the right directory?",
         graph.len()
     );
     let cycles = cycles(&graph);
-    assert!(cycles.is_empty(), "{}", report(&graph, &cycles));
+    assert!(cycles.is_empty(), "{}", report(crate_dir, &graph, &cycles));
 }
 
-/// `sys`, the one module with `unsafe`, names nothing else of the crate: what it needs (the
-/// kernel's value layouts, `Plain`) it owns.
+/// The self-contained modules name nothing else of the crate: the proxy's `sys`, the one
+/// module with `unsafe`, owns what it needs (the kernel's value layouts, `Plain`).
 #[test]
-fn sys_depends_on_nothing_of_the_crate() {
+fn self_contained_modules_depend_on_nothing_of_the_crate() {
     let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let graph = graph_of(crate_dir, &crate_dir.join("src"));
-    let named: Vec<String> = graph["sys"]
-        .iter()
-        .map(|(to, (file, line))| format!("sys -> {to} ({file}:{line})"))
-        .collect();
-    assert!(
-        named.is_empty(),
-        "sys names other modules:\n{}",
-        named.join("\n")
-    );
+    let krate = this_crate();
+    let graph = graph_of(crate_dir, &crate_dir.join("src"), krate.library);
+    for module in krate.self_contained {
+        let edges = graph
+            .get(*module)
+            .unwrap_or_else(|| panic!("no module {module} under src/"));
+        let named: Vec<String> = edges
+            .iter()
+            .map(|(to, (file, line))| format!("{module} -> {to} ({file}:{line})"))
+            .collect();
+        assert!(
+            named.is_empty(),
+            "{module} names other modules:\n{}",
+            named.join("\n")
+        );
+    }
 }
 
 #[test]
@@ -83,7 +119,7 @@ fn cycle_finder_names_a_planted_cycle() {
     }
     let found = cycles(&graph);
     assert_eq!(found, [vec!["a", "b", "c"], vec!["d", "e"]]);
-    let text = report(&graph, &found);
+    let text = report(Path::new("/x/proxy"), &graph, &found);
     assert!(text.contains("cycle 1: a, b, c"), "{text}");
     assert!(text.contains("c -> a (src/planted.rs:1)"), "{text}");
     assert!(
@@ -168,8 +204,9 @@ use crate::sixth;
     assert!(scan("#![cfg(test)]\nuse crate::x;", "crate", &[]).test_only);
 }
 
-/// The dependency graph of the top-level modules under `src`, every module a key.
-fn graph_of(crate_dir: &Path, src: &Path) -> Graph {
+/// The dependency graph of the top-level modules under `src`, every module a key; `library` is
+/// how `main.rs` names the library's crate root.
+fn graph_of(crate_dir: &Path, src: &Path, library: &str) -> Graph {
     let mut files = Vec::new();
     rust_files(src, &mut files);
     files.sort();
@@ -201,7 +238,7 @@ fn graph_of(crate_dir: &Path, src: &Path) -> Graph {
     for (file, path) in &modules {
         let text = std::fs::read_to_string(file)
             .unwrap_or_else(|e| panic!("reading {}: {e}", file.display()));
-        let root = if path == &["main"] { LIBRARY } else { "crate" };
+        let root = if path == &["main"] { library } else { "crate" };
         let path_refs: Vec<&str> = path.iter().map(String::as_str).collect();
         let scan = scan(&text, root, &path_refs);
         for name in &scan.test_modules {
@@ -637,10 +674,11 @@ fn cycles(graph: &Graph) -> Vec<Vec<String>> {
     found
 }
 
-/// Every cycle with the edges inside it, one reference each.
-fn report(graph: &Graph, cycles: &[Vec<String>]) -> String {
+/// Every cycle with the edges inside it, one reference each; `crate_dir` names the crate.
+fn report(crate_dir: &Path, graph: &Graph, cycles: &[Vec<String>]) -> String {
+    let name = crate_dir.file_name().unwrap_or_default().to_string_lossy();
     let mut text = format!(
-        "{} import cycle(s) between the modules of proxy/src; each group below reaches itself \
+        "{} import cycle(s) between the modules of {name}/src; each group below reaches itself \
          through the others (test code not counted):\n",
         cycles.len()
     );

@@ -6,38 +6,18 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use anyhow::Result;
-use clap::Args;
 use hdrhistogram::Histogram;
-use serde::Serialize;
-use serde_json::json;
 use tokio::time::Instant;
 
-use super::{cpu_over, Scenario};
-use crate::backend::{BackendAddrs, BackendProcess, TlsClient};
-use crate::cli::Timing;
+use super::closed_loop::{ClosedLoop, Loop};
+use crate::backend::TlsClient;
 use crate::client::{churn_request, Window};
-use crate::report::{MetricSpec, Metrics};
+use crate::options::ChurnArgs;
 use crate::stats::{latency_histogram, record};
-use crate::target::Running;
 
-/// Options of `churn`.
-#[derive(Debug, Clone, Args, Serialize)]
-pub struct ChurnArgs {
-    /// Concurrent clients, each with one connection at a time.
-    #[arg(long, default_value_t = 8)]
-    pub clients: usize,
-    /// Request (and response) size in bytes, 2 to 255.
-    #[arg(long, default_value_t = 16)]
-    pub size: usize,
-    /// Speak TLS end to end (through the target) to the TLS echo backend: one full handshake
-    /// per connection.
-    #[arg(long)]
-    pub tls: bool,
-}
-
-impl Scenario for ChurnArgs {
+impl ClosedLoop for ChurnArgs {
     const NAME: &'static str = "churn";
+    const RATE: (&'static str, &'static str) = ("connections_per_s", "connections/s");
 
     fn description(&self) -> String {
         format!(
@@ -48,37 +28,12 @@ impl Scenario for ChurnArgs {
         )
     }
 
-    fn stem(&self) -> String {
-        super::stem(Self::NAME, self.tls)
+    fn clients(&self) -> (usize, bool) {
+        (self.clients, self.tls)
     }
 
-    fn parameters(&self) -> serde_json::Value {
-        json!(self)
-    }
-
-    fn backend(&self, addrs: &BackendAddrs) -> SocketAddr {
-        super::echo_backend(addrs, self.tls)
-    }
-
-    fn metrics(&self) -> Vec<MetricSpec> {
-        super::rate_and_latency_specs("connections_per_s", "connections/s")
-    }
-
-    async fn measure(
-        &self,
-        target: &Running,
-        backend: &BackendProcess,
-        timing: &Timing,
-    ) -> Result<Metrics> {
-        let window = Window::from_now(timing);
-        let size = self.size.clamp(2, 255);
-        let tls = self.tls.then(|| backend.tls_client());
-        let tasks: Vec<_> = (0..self.clients.max(1))
-            .map(|_| tokio::spawn(client(target.addr, size, tls.clone(), window)))
-            .collect();
-        let mut metrics = cpu_over(&window, target, backend).await?;
-        super::collect_clients(tasks, &window, "connections_per_s", &mut metrics).await?;
-        Ok(metrics)
+    fn client(&self, addr: SocketAddr, tls: Option<TlsClient>, window: Window) -> Loop {
+        Box::pin(client(addr, self.size.clamp(2, 255), tls, window))
     }
 }
 

@@ -6,32 +6,19 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{ensure, Result};
-use clap::Args;
-use serde::Serialize;
 use serde_json::json;
 use tokio::net::TcpStream;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::Scenario;
-use crate::backend::{BackendAddrs, BackendProcess};
-use crate::cli::Timing;
+use crate::backend::BackendProcess;
 use crate::client::{connect, exchange};
+use crate::options::{IdleArgs, Timing};
 use crate::outcome::FailureKind;
 use crate::procstat;
 use crate::report::{MetricSpec, Metrics, Unit};
 use crate::target::Running;
-
-/// Options of `idle`.
-#[derive(Debug, Clone, Args, Serialize)]
-pub struct IdleArgs {
-    /// Idle connections to hold.
-    #[arg(long, default_value_t = 1000)]
-    pub connections: usize,
-    /// Connections being opened at once.
-    #[arg(long, default_value_t = 32)]
-    pub ramp: usize,
-}
 
 impl Scenario for IdleArgs {
     const NAME: &'static str = "idle";
@@ -47,40 +34,21 @@ impl Scenario for IdleArgs {
         json!(self)
     }
 
-    fn backend(&self, addrs: &BackendAddrs) -> SocketAddr {
-        addrs.echo
-    }
-
     fn metrics(&self) -> Vec<MetricSpec> {
         vec![
-            MetricSpec {
-                key: "rss_per_conn_bytes",
-                label: "target RSS per idle connection",
-                unit: Unit::Bytes,
-                higher_is_better: false,
-                chart: true,
-            },
-            MetricSpec {
-                key: "rss_before_bytes",
-                label: "target RSS before",
-                unit: Unit::Bytes,
-                higher_is_better: false,
-                chart: false,
-            },
-            MetricSpec {
-                key: "rss_after_bytes",
-                label: "target RSS with all idle",
-                unit: Unit::Bytes,
-                higher_is_better: false,
-                chart: false,
-            },
-            MetricSpec {
-                key: "open_us_per_conn",
-                label: "time to open, per connection",
-                unit: Unit::Micros,
-                higher_is_better: false,
-                chart: false,
-            },
+            MetricSpec::new(
+                "rss_per_conn_bytes",
+                "target RSS per idle connection",
+                Unit::Bytes,
+            )
+            .charted(),
+            MetricSpec::new("rss_before_bytes", "target RSS before", Unit::Bytes),
+            MetricSpec::new("rss_after_bytes", "target RSS with all idle", Unit::Bytes),
+            MetricSpec::new(
+                "open_us_per_conn",
+                "time to open, per connection",
+                Unit::Micros,
+            ),
         ]
     }
 

@@ -4,6 +4,7 @@
 
 pub mod chaos;
 pub mod churn;
+pub mod closed_loop;
 pub mod idle;
 pub mod rollout;
 pub mod rr;
@@ -19,8 +20,8 @@ use serde::Serialize;
 
 use crate::backend::{BackendAddrs, BackendProcess};
 use crate::chart;
-use crate::cli::{defaults, Command, Setup, Timing};
 use crate::client::Window;
+use crate::options::Timing;
 use crate::procstat;
 use crate::report::{self, Machine, MetricSpec, Metrics, RunRecord, ScenarioReport, CPU_METRICS};
 use crate::target::{Env, Running, Target};
@@ -40,8 +41,10 @@ pub trait Scenario {
     }
     /// The parameters, for the JSON file.
     fn parameters(&self) -> serde_json::Value;
-    /// Which built-in backend the workload needs.
-    fn backend(&self, addrs: &BackendAddrs) -> SocketAddr;
+    /// Which built-in backend the workload needs: the echo backend unless said otherwise.
+    fn backend(&self, addrs: &BackendAddrs) -> SocketAddr {
+        addrs.echo
+    }
     /// The figures, first one the headline.
     fn metrics(&self) -> Vec<MetricSpec>;
     /// Processes each target runs as, sharing its listen address (see [`start_spread`]).
@@ -55,89 +58,6 @@ pub trait Scenario {
         backend: &BackendProcess,
         timing: &Timing,
     ) -> Result<Metrics>;
-}
-
-/// Runs a subcommand.
-pub async fn run(command: Command) -> Result<()> {
-    match command {
-        Command::Throughput {
-            setup,
-            timing,
-            args,
-        } => one(&setup, &timing, &args).await,
-        Command::Rr {
-            setup,
-            timing,
-            args,
-        } => one(&setup, &timing, &args).await,
-        Command::Churn {
-            setup,
-            timing,
-            args,
-        } => one(&setup, &timing, &args).await,
-        Command::Idle {
-            setup,
-            timing,
-            args,
-        } => one(&setup, &timing, &args).await,
-        Command::Threads {
-            setup,
-            timing,
-            args,
-        } => {
-            let mut env = Env::new(&setup)?;
-            threads::run(&mut env, &timing, &args).await
-        }
-        Command::Storm {
-            setup,
-            timing,
-            args,
-        } => {
-            let mut env = Env::new(&setup)?;
-            let storm = storm::Storm::new(args).await?;
-            drive(&mut env, &timing, &storm).await.map(drop)
-        }
-        Command::Rollout { setup, args } => {
-            let mut env = Env::new(&setup)?;
-            rollout::run(&mut env, &args).await.map(drop)
-        }
-        Command::Chaos { setup, args } => {
-            // The soak drives proxy instances only.
-            let setup = Setup {
-                targets: vec![Target::Proxy],
-                ..setup
-            };
-            let mut env = Env::new(&setup)?;
-            chaos::run(&mut env, &args).await.map(drop)
-        }
-        Command::All { setup, timing, tls } => {
-            let mut env = Env::new(&setup)?;
-            drive(&mut env, &timing, &defaults::<throughput::ThroughputArgs>()).await?;
-            let rr = rr::RrArgs { tls, ..defaults() };
-            drive(&mut env, &timing, &rr).await?;
-            let churn = churn::ChurnArgs { tls, ..defaults() };
-            drive(&mut env, &timing, &churn).await?;
-            drive(&mut env, &timing, &defaults::<idle::IdleArgs>()).await?;
-            rollout::run(&mut env, &defaults()).await.map(drop)
-        }
-        Command::ServeBackend(_) | Command::StormClients(_) | Command::ServeUring(_) => {
-            unreachable!("handled before the runtime starts")
-        }
-    }
-}
-
-async fn one<S: Scenario>(setup: &Setup, timing: &Timing, scenario: &S) -> Result<()> {
-    let mut env = Env::new(setup)?;
-    drive(&mut env, timing, scenario).await.map(drop)
-}
-
-/// [`Scenario::stem`] of a scenario with a TLS variant.
-pub fn stem(name: &str, tls: bool) -> String {
-    if tls {
-        format!("{name}-tls")
-    } else {
-        name.to_owned()
-    }
 }
 
 /// A run that failed, kept in the report instead of aborting the others.
@@ -312,92 +232,4 @@ pub async fn cpu_over(
         metrics.insert("target_cpu_s".into(), secs(a, b));
     }
     Ok(metrics)
-}
-
-/// Latency percentiles (closed loop, from send to the last byte of the answer).
-pub const LATENCY_METRICS: [MetricSpec; 4] = [
-    latency_spec("p50_us", "latency p50", false),
-    latency_spec("p90_us", "latency p90", false),
-    latency_spec("p99_us", "latency p99", true),
-    latency_spec("p999_us", "latency p99.9", false),
-];
-
-const fn latency_spec(key: &'static str, label: &'static str, chart: bool) -> MetricSpec {
-    MetricSpec {
-        key,
-        label,
-        unit: report::Unit::Micros,
-        higher_is_better: false,
-        chart,
-    }
-}
-
-/// Failed connections or requests inside the window.
-pub const FAILED_METRIC: MetricSpec = MetricSpec {
-    key: "failed",
-    label: "failed",
-    unit: report::Unit::Count,
-    higher_is_better: false,
-    chart: false,
-};
-
-/// The [`LATENCY_METRICS`] of `histogram` (empty if it is).
-pub fn latency_metrics(histogram: &hdrhistogram::Histogram<u64>) -> Metrics {
-    if histogram.is_empty() {
-        return Metrics::new();
-    }
-    crate::stats::PERCENTILES
-        .iter()
-        .map(|&(key, q)| {
-            (
-                key.to_owned(),
-                histogram.value_at_quantile(q / 100.0) as f64,
-            )
-        })
-        .collect()
-}
-
-/// The echo backend a closed-loop scenario talks to: plain, or TLS with `--tls`.
-pub fn echo_backend(addrs: &crate::backend::BackendAddrs, tls: bool) -> std::net::SocketAddr {
-    if tls {
-        addrs.echo_tls
-    } else {
-        addrs.echo
-    }
-}
-
-/// The figures of a closed-loop scenario: a rate (`rate_key`, per second), the latency
-/// percentiles and the failure count.
-pub fn rate_and_latency_specs(rate_key: &'static str, rate_label: &'static str) -> Vec<MetricSpec> {
-    let mut specs = vec![MetricSpec {
-        key: rate_key,
-        label: rate_label,
-        unit: report::Unit::PerSec,
-        higher_is_better: true,
-        chart: true,
-    }];
-    specs.extend(LATENCY_METRICS);
-    specs.push(FAILED_METRIC);
-    specs
-}
-
-/// Waits for the clients of a closed-loop scenario (each returning its latency histogram and
-/// failure count) and adds the figures of [`rate_and_latency_specs`] to `metrics`.
-pub async fn collect_clients(
-    tasks: Vec<tokio::task::JoinHandle<(hdrhistogram::Histogram<u64>, u64)>>,
-    window: &crate::client::Window,
-    rate_key: &str,
-    metrics: &mut Metrics,
-) -> Result<()> {
-    let mut histogram = crate::stats::latency_histogram();
-    let mut failed = 0u64;
-    for task in tasks {
-        let (h, f) = task.await?;
-        histogram.add(&h)?;
-        failed += f;
-    }
-    metrics.insert(rate_key.into(), histogram.len() as f64 / window.seconds());
-    metrics.extend(latency_metrics(&histogram));
-    metrics.insert("failed".into(), failed as f64);
-    Ok(())
 }

@@ -7,37 +7,19 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::Result;
-use clap::Args;
 use hdrhistogram::Histogram;
-use serde::Serialize;
-use serde_json::json;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::Instant;
 
-use super::{cpu_over, Scenario};
-use crate::backend::{BackendAddrs, BackendProcess, TlsClient};
-use crate::cli::Timing;
+use super::closed_loop::{ClosedLoop, Loop};
+use crate::backend::TlsClient;
 use crate::client::{connect, exchange, handshake, Window};
-use crate::report::{MetricSpec, Metrics};
+use crate::options::RrArgs;
 use crate::stats::{latency_histogram, record};
-use crate::target::Running;
 
-/// Options of `rr`.
-#[derive(Debug, Clone, Args, Serialize)]
-pub struct RrArgs {
-    /// Persistent connections, each with one request in flight.
-    #[arg(long, default_value_t = 50)]
-    pub connections: usize,
-    /// Request (and response) size in bytes.
-    #[arg(long, default_value_t = 64)]
-    pub size: usize,
-    /// Speak TLS end to end (through the target) to the TLS echo backend.
-    #[arg(long)]
-    pub tls: bool,
-}
-
-impl Scenario for RrArgs {
+impl ClosedLoop for RrArgs {
     const NAME: &'static str = "rr";
+    const RATE: (&'static str, &'static str) = ("requests_per_s", "requests/s");
 
     fn description(&self) -> String {
         format!(
@@ -48,37 +30,12 @@ impl Scenario for RrArgs {
         )
     }
 
-    fn stem(&self) -> String {
-        super::stem(Self::NAME, self.tls)
+    fn clients(&self) -> (usize, bool) {
+        (self.connections, self.tls)
     }
 
-    fn parameters(&self) -> serde_json::Value {
-        json!(self)
-    }
-
-    fn backend(&self, addrs: &BackendAddrs) -> SocketAddr {
-        super::echo_backend(addrs, self.tls)
-    }
-
-    fn metrics(&self) -> Vec<MetricSpec> {
-        super::rate_and_latency_specs("requests_per_s", "requests/s")
-    }
-
-    async fn measure(
-        &self,
-        target: &Running,
-        backend: &BackendProcess,
-        timing: &Timing,
-    ) -> Result<Metrics> {
-        let window = Window::from_now(timing);
-        let size = self.size.clamp(1, 256);
-        let tls = self.tls.then(|| backend.tls_client());
-        let tasks: Vec<_> = (0..self.connections.max(1))
-            .map(|_| tokio::spawn(client(target.addr, size, tls.clone(), window)))
-            .collect();
-        let mut metrics = cpu_over(&window, target, backend).await?;
-        super::collect_clients(tasks, &window, "requests_per_s", &mut metrics).await?;
-        Ok(metrics)
+    fn client(&self, addr: SocketAddr, tls: Option<TlsClient>, window: Window) -> Loop {
+        Box::pin(client(addr, self.size.clamp(1, 256), tls, window))
     }
 }
 

@@ -5,23 +5,11 @@
 //! `OUT/threads.json`.
 
 use anyhow::{Context, Result};
-use clap::Args;
 use serde::Serialize;
 
-use super::rr::RrArgs;
-use crate::cli::Timing;
+use crate::options::{ThreadsArgs, Timing};
 use crate::report::{self, Unit};
 use crate::target::{Env, Target};
-
-/// Options of `threads`.
-#[derive(Debug, Clone, Args)]
-pub struct ThreadsArgs {
-    /// Worker-thread counts, one `rr` run set each.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
-    pub threads: Vec<usize>,
-    #[command(flatten)]
-    pub rr: RrArgs,
-}
 
 /// The medians of one thread count.
 #[derive(Debug, Clone, Serialize)]

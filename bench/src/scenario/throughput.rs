@@ -2,32 +2,18 @@
 //! echoed bytes per second (each byte crosses the target twice, once each way) and the target's
 //! CPU seconds per GiB echoed.
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use anyhow::Result;
-use clap::Args;
-use serde::Serialize;
 use serde_json::json;
 
 use super::{cpu_over, Scenario};
-use crate::backend::{BackendAddrs, BackendProcess};
-use crate::cli::Timing;
+use crate::backend::BackendProcess;
 use crate::client::{bulk, Window};
+use crate::options::{ThroughputArgs, Timing};
 use crate::report::{MetricSpec, Metrics, Unit};
 use crate::target::Running;
-
-/// Options of `throughput`.
-#[derive(Debug, Clone, Args, Serialize)]
-pub struct ThroughputArgs {
-    /// Concurrent connections.
-    #[arg(long, default_value_t = 4)]
-    pub connections: usize,
-    /// Bytes per write.
-    #[arg(long, default_value_t = 64 * 1024)]
-    pub chunk: usize,
-}
 
 impl Scenario for ThroughputArgs {
     const NAME: &'static str = "throughput";
@@ -44,33 +30,17 @@ impl Scenario for ThroughputArgs {
         json!(self)
     }
 
-    fn backend(&self, addrs: &BackendAddrs) -> SocketAddr {
-        addrs.echo
-    }
-
     fn metrics(&self) -> Vec<MetricSpec> {
         vec![
-            MetricSpec {
-                key: "bytes_per_s",
-                label: "echoed bytes/s",
-                unit: Unit::BytesPerSec,
-                higher_is_better: true,
-                chart: true,
-            },
-            MetricSpec {
-                key: "target_cpu_s_per_gib",
-                label: "target CPU per GiB",
-                unit: Unit::CpuSecondsPerGib,
-                higher_is_better: false,
-                chart: false,
-            },
-            MetricSpec {
-                key: "failed",
-                label: "failed connections",
-                unit: Unit::Count,
-                higher_is_better: false,
-                chart: false,
-            },
+            MetricSpec::new("bytes_per_s", "echoed bytes/s", Unit::BytesPerSec)
+                .higher_is_better()
+                .charted(),
+            MetricSpec::new(
+                "target_cpu_s_per_gib",
+                "target CPU per GiB",
+                Unit::CpuSecondsPerGib,
+            ),
+            MetricSpec::new("failed", "failed connections", Unit::Count),
         ]
     }
 

@@ -10,7 +10,7 @@ use plotters::prelude::*;
 use super::fleet::Life;
 use super::policy::ActionKind;
 use super::report::ChaosReport;
-use crate::chart::{plot_err, FONT};
+use crate::chart::{legend, legend_line, plot_err, Area, Panel, FONT};
 
 const KILLED: RGBColor = RGBColor(214, 39, 40);
 const UNEXPLAINED: RGBColor = RGBColor(0, 0, 0);
@@ -61,8 +61,6 @@ pub fn timeline(path: &Path, report: &ChaosReport) -> Result<()> {
     Ok(())
 }
 
-type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
-
 fn failures_panel(area: &Area, report: &ChaosReport, x_max: f64) -> Result<()> {
     let bucket_s = report.parameters["bucket_s"].as_f64().unwrap_or(1.0);
     let y_max = report
@@ -73,19 +71,16 @@ fn failures_panel(area: &Area, report: &ChaosReport, x_max: f64) -> Result<()> {
         .unwrap_or(0)
         .max(1) as f64
         * 1.2;
-    let mut chart = ChartBuilder::on(area)
-        .margin(10)
-        .x_label_area_size(24)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0f64..x_max, 0f64..y_max)
-        .map_err(plot_err)?;
-    chart
-        .configure_mesh()
-        .light_line_style(WHITE)
-        .y_labels(5)
-        .y_desc(format!("failed per {bucket_s}s"))
-        .draw()
-        .map_err(plot_err)?;
+    let mut chart = Panel {
+        margin: 10,
+        x_label_area: 24,
+        x_max,
+        y_max,
+        y_labels: 5,
+        y_desc: &format!("failed per {bucket_s}s"),
+        x_desc: None,
+    }
+    .draw(area)?;
     chart
         .draw_series(report.kills.iter().map(|k| {
             PathElement::new(
@@ -95,7 +90,7 @@ fn failures_panel(area: &Area, report: &ChaosReport, x_max: f64) -> Result<()> {
         }))
         .map_err(plot_err)?
         .label("SIGKILL")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], KILLED.mix(0.5)));
+        .legend(legend_line(KILLED.mix(0.5)));
     chart
         .draw_series(report.buckets.iter().filter(|b| b.killed > 0).map(|b| {
             Rectangle::new(
@@ -140,31 +135,28 @@ fn instances_panel(area: &Area, report: &ChaosReport, x_max: f64) -> Result<()> 
         Some((ready, until))
     });
     let y_max = running.iter().map(|p| p.1).fold(1.0, f64::max) + 1.5;
-    let mut chart = ChartBuilder::on(area)
-        .margin(10)
-        .x_label_area_size(24)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0f64..x_max, 0f64..y_max)
-        .map_err(plot_err)?;
-    chart
-        .configure_mesh()
-        .light_line_style(WHITE)
-        .y_labels(6)
-        .y_desc("instances")
-        .draw()
-        .map_err(plot_err)?;
+    let mut chart = Panel {
+        margin: 10,
+        x_label_area: 24,
+        x_max,
+        y_max,
+        y_labels: 6,
+        y_desc: "instances",
+        x_desc: None,
+    }
+    .draw(area)?;
     let grey = RGBColor(150, 150, 150);
     chart
         .draw_series(LineSeries::new(running, grey.stroke_width(2)))
         .map_err(plot_err)?
         .label("running")
-        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], grey.stroke_width(2)));
+        .legend(legend_line(grey.stroke_width(2)));
     let blue = PALETTE[0];
     chart
         .draw_series(LineSeries::new(serving, blue.stroke_width(2)))
         .map_err(plot_err)?
         .label("Serving")
-        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], blue.stroke_width(2)));
+        .legend(legend_line(blue.stroke_width(2)));
     let top = y_max - 0.6;
     for (kind, color, label) in [
         (ActionKind::Start, START, "start"),
@@ -204,20 +196,16 @@ fn resource_panel(
         .flat_map(|l| l.samples.iter().map(value))
         .fold(1.0, f64::max)
         * 1.15;
-    let mut chart = ChartBuilder::on(area)
-        .margin(10)
-        .x_label_area_size(30)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0f64..x_max, 0f64..y_max)
-        .map_err(plot_err)?;
-    chart
-        .configure_mesh()
-        .light_line_style(WHITE)
-        .y_labels(5)
-        .y_desc(desc)
-        .x_desc("seconds (one line per instance)")
-        .draw()
-        .map_err(plot_err)?;
+    let mut chart = Panel {
+        margin: 10,
+        x_label_area: 30,
+        x_max,
+        y_max,
+        y_labels: 5,
+        y_desc: desc,
+        x_desc: Some("seconds (one line per instance)"),
+    }
+    .draw(area)?;
     for (i, life) in report.instances.iter().enumerate() {
         let color = PALETTE[i % PALETTE.len()];
         let points: Vec<(f64, f64)> = life.samples.iter().map(|s| (s.t_s, value(s))).collect();
@@ -248,21 +236,4 @@ fn steps(lives: &[Life], span: impl Fn(&Life) -> Option<(f64, Option<f64>)>) -> 
         points.push((t, f64::from(count)));
     }
     points
-}
-
-fn legend<'a, DB: DrawingBackend + 'a>(
-    chart: &mut ChartContext<
-        'a,
-        DB,
-        Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
-    >,
-) -> Result<()> {
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()
-        .map_err(plot_err)?;
-    Ok(())
 }

@@ -6,38 +6,19 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
-use tokio::time::{Instant, MissedTickBehavior};
+use tokio::time::Instant;
 
 use super::attribution::{Attempt, Client, End};
 use crate::backend::CLOSE_AFTER_REPLY;
-use crate::client::{bounded, connect, exchange};
-use crate::outcome::FailureKind;
-
-/// The shape of the load.
-#[derive(Debug, Clone, Copy)]
-pub struct LoadShape {
-    /// Churn clients, each with one connection at a time.
-    pub clients: usize,
-    /// Churn requests per second, over all clients.
-    pub rate: u32,
-    /// Long-lived streams.
-    pub streams: usize,
-    /// Ping interval on each stream.
-    pub stream_interval: Duration,
-    /// A connect, request or ping without an answer after this long is a timeout.
-    pub timeout: Duration,
-}
+use crate::client::{connect, exchange, paced, ping_stream, Steady, StreamEnd};
+use crate::options::LoadArgs;
 
 /// The running load; [`Load::stop`] ends it and returns every attempt.
 #[derive(Debug)]
-pub struct Load {
-    stop: watch::Sender<bool>,
-    churn: Vec<JoinHandle<Vec<Attempt>>>,
-    streams: Vec<JoinHandle<(Vec<Attempt>, u64)>>,
-}
+pub struct Load(Steady<Vec<Attempt>, (Vec<Attempt>, u64)>);
 
 /// Everything the load recorded.
 #[derive(Debug, Default)]
@@ -49,56 +30,26 @@ pub struct Recorded {
 
 impl Load {
     /// Starts the clients against `addr`; times are taken relative to `t0`.
-    pub fn start(addr: SocketAddr, t0: Instant, shape: LoadShape) -> Self {
-        let (stop, stop_rx) = watch::channel(false);
-        let clients = shape.clients.max(1);
-        let period = Duration::from_secs_f64(clients as f64 / f64::from(shape.rate.max(1)));
-        let now = Instant::now();
-        let churn = (0..clients)
-            .map(|i| {
-                let first = now + period.mul_f64(i as f64 / clients as f64);
-                tokio::spawn(churn_client(
-                    addr,
-                    t0,
-                    first,
-                    period,
-                    shape.timeout,
-                    stop_rx.clone(),
-                ))
-            })
-            .collect();
-        let streams = (0..shape.streams)
-            .map(|_| {
-                tokio::spawn(stream_client(
-                    addr,
-                    t0,
-                    shape.stream_interval,
-                    shape.timeout,
-                    stop_rx.clone(),
-                ))
-            })
-            .collect();
-        Self {
-            stop,
-            churn,
-            streams,
-        }
+    pub fn start(addr: SocketAddr, t0: Instant, load: LoadArgs) -> Self {
+        let timeout = load.timeout;
+        Self(Steady::start(
+            &load,
+            Instant::now(),
+            |first, period, stop| churn_client(addr, t0, first, period, timeout, stop),
+            |stop| stream_client(addr, t0, load.stream_interval, timeout, stop),
+        ))
     }
 
     /// Stops the clients (each finishes its operation in progress, bounded by the timeout).
     pub async fn stop(self) -> Recorded {
-        let _ = self.stop.send(true);
+        let (churn, streams) = self.0.stop().await;
         let mut recorded = Recorded::default();
-        for task in self.churn {
-            if let Ok(attempts) = task.await {
-                recorded.attempts.extend(attempts);
-            }
+        for attempts in churn.into_iter().flatten() {
+            recorded.attempts.extend(attempts);
         }
-        for task in self.streams {
-            if let Ok((attempts, pings)) = task.await {
-                recorded.attempts.extend(attempts);
-                recorded.pings += pings;
-            }
+        for (attempts, pings) in streams.into_iter().flatten() {
+            recorded.attempts.extend(attempts);
+            recorded.pings += pings;
         }
         recorded
             .attempts
@@ -111,9 +62,33 @@ fn since(t0: Instant) -> f64 {
     t0.elapsed().as_secs_f64()
 }
 
-/// Resolves once the stop flag is set (or its sender is gone).
-async fn stopped(stop: &mut watch::Receiver<bool>) {
-    let _ = stop.wait_for(|&s| s).await;
+/// Begins an attempt of `client` now and connects it: the attempt with its connect time and
+/// the stream, or the attempt ended by the failure.
+async fn connect_attempt(
+    addr: SocketAddr,
+    t0: Instant,
+    timeout: Duration,
+    client: Client,
+) -> Result<(Attempt, TcpStream), Attempt> {
+    let began_s = since(t0);
+    let mut attempt = Attempt {
+        client,
+        began_s,
+        established_s: None,
+        ended_s: began_s,
+        end: End::Ok,
+    };
+    match connect(addr, timeout).await {
+        Ok(stream) => {
+            attempt.established_s = Some(since(t0));
+            Ok((attempt, stream))
+        }
+        Err(kind) => {
+            attempt.ended_s = since(t0);
+            attempt.end = End::Failed(kind);
+            Err(attempt)
+        }
+    }
 }
 
 async fn churn_client(
@@ -122,42 +97,19 @@ async fn churn_client(
     first: Instant,
     period: Duration,
     timeout: Duration,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) -> Vec<Attempt> {
-    let mut attempts = Vec::new();
-    let mut ticks = tokio::time::interval_at(first, period);
-    ticks.set_missed_tick_behavior(MissedTickBehavior::Skip);
-    loop {
-        tokio::select! {
-            _ = stopped(&mut stop) => return attempts,
-            _ = ticks.tick() => {}
-        }
-        attempts.push(churn_request(addr, t0, timeout).await);
-    }
+    paced(first, period, stop, || churn_request(addr, t0, timeout)).await
 }
 
 /// One request on a new connection (see [`crate::client::churn_request`]), recording when the
 /// connect completed.
 async fn churn_request(addr: SocketAddr, t0: Instant, timeout: Duration) -> Attempt {
-    let began = Instant::now();
-    let began_s = since(t0);
-    let deadline = began + timeout;
-    let mut attempt = Attempt {
-        client: Client::Churn,
-        began_s,
-        established_s: None,
-        ended_s: began_s,
-        end: End::Ok,
+    let deadline = Instant::now() + timeout;
+    let (mut attempt, mut stream) = match connect_attempt(addr, t0, timeout, Client::Churn).await {
+        Ok(connected) => connected,
+        Err(failed) => return failed,
     };
-    let mut stream = match connect(addr, timeout).await {
-        Ok(stream) => stream,
-        Err(kind) => {
-            attempt.ended_s = since(t0);
-            attempt.end = End::Failed(kind);
-            return attempt;
-        }
-    };
-    attempt.established_s = Some(since(t0));
     let mut request = [0x43u8; 16];
     request[0] = CLOSE_AFTER_REPLY;
     request[1] = request.len() as u8;
@@ -184,53 +136,21 @@ async fn stream_client(
 ) -> (Vec<Attempt>, u64) {
     let mut attempts = Vec::new();
     let mut pings = 0u64;
-    let ping = [0x46u8; 8];
-    let mut pong = [0u8; 64];
     while !*stop.borrow() {
-        let began_s = since(t0);
-        let mut attempt = Attempt {
-            client: Client::Stream,
-            began_s,
-            established_s: None,
-            ended_s: began_s,
-            end: End::Ok,
-        };
-        let mut stream = match connect(addr, timeout).await {
-            Ok(stream) => stream,
-            Err(kind) => {
-                attempt.ended_s = since(t0);
-                attempt.end = End::Failed(kind);
-                attempts.push(attempt);
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        attempt.established_s = Some(since(t0));
-        let mut ticks = tokio::time::interval(interval);
-        ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        attempt.end = loop {
-            tokio::select! {
-                _ = stopped(&mut stop) => break End::Ok,
-                read = stream.read(&mut pong) => {
-                    // Nothing is expected while idle: EOF is a close, anything else a failure.
-                    break match read {
-                        Ok(0) => End::Eof,
-                        Ok(_) => End::Failed(FailureKind::Other),
-                        Err(err) => End::Failed(FailureKind::of(&err)),
-                    };
+        let (mut attempt, mut stream) =
+            match connect_attempt(addr, t0, timeout, Client::Stream).await {
+                Ok(connected) => connected,
+                Err(failed) => {
+                    attempts.push(failed);
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
                 }
-                _ = ticks.tick() => {
-                    let exchange = bounded(timeout, async {
-                        stream.write_all(&ping).await?;
-                        stream.read_exact(&mut pong[..ping.len()]).await?;
-                        Ok(())
-                    });
-                    match exchange.await {
-                        Ok(()) => pings += 1,
-                        Err(kind) => break End::Failed(kind),
-                    }
-                }
-            }
+            };
+        attempt.end = match ping_stream(&mut stream, interval, timeout, &mut stop, &mut pings).await
+        {
+            StreamEnd::Stopped => End::Ok,
+            StreamEnd::Eof => End::Eof,
+            StreamEnd::Idle(kind) | StreamEnd::Ping(kind) => End::Failed(kind),
         };
         attempt.ended_s = since(t0);
         attempts.push(attempt);

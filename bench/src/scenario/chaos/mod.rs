@@ -19,10 +19,10 @@ pub mod policy;
 pub mod report;
 pub mod resources;
 
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use clap::Args;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -31,85 +31,33 @@ use tokio::time::Instant;
 
 use self::attribution::Rules;
 use self::fleet::Fleet;
-use self::load::{Load, LoadShape};
+use self::load::Load;
 use self::policy::{ActionKind, Policy};
 use self::report::{ChaosReport, Raw};
 use crate::net::free_address;
+use crate::options::ChaosArgs;
 use crate::procstat;
 use crate::proxy::ProxyOptions;
 use crate::target::Env;
 use crate::tempdir::TempDir;
 
-/// Options of `chaos`.
-#[derive(Debug, Clone, Args)]
-pub struct ChaosArgs {
-    /// How long the chaos lasts (after the first instances are ready).
-    #[arg(long, default_value = "3m", value_parser = humantime::parse_duration)]
-    pub duration: Duration,
-    /// Instances the fleet hovers around (started before the chaos begins).
-    #[arg(long, default_value_t = 3)]
-    pub instances: usize,
-    /// Mean time between actions (each gap is uniform in 0.5×–1.5× this).
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
-    pub interval: Duration,
-    /// Chance that the oldest Serving instance may be a victim (others always may).
-    #[arg(long, default_value_t = 0.1)]
-    pub oldest_victim: f64,
-    /// Random seed of the actions [default: random, printed].
-    #[arg(long)]
-    pub seed: Option<u64>,
-    /// Churn clients (each a new connection per request).
-    #[arg(long, default_value_t = 8)]
-    pub clients: usize,
-    /// Churn requests per second, over all clients.
-    #[arg(long, default_value_t = 1000)]
-    pub rate: u32,
-    /// Long-lived streams (each sends a ping and waits for the echo every --stream-interval).
-    #[arg(long, default_value_t = 4)]
-    pub streams: usize,
-    /// Ping interval on each stream.
-    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
-    pub stream_interval: Duration,
-    /// A connect, request or ping without an answer after this long is a timeout.
-    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
-    pub timeout: Duration,
-    /// Proxy `--drain-timeout` (`--drain-close-window` is a quarter of it).
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
-    pub drain_timeout: Duration,
-    /// A reset or early close is blamed on a SIGKILL only if seen within this long after the
-    /// death (and the connection was established before it).
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
-    pub kill_window: Duration,
-    /// RSS and descriptor sampling interval.
-    #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
-    pub sample_interval: Duration,
-    /// Instances living at least this long are checked for growth.
-    #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
-    pub min_lifetime: Duration,
-    /// Timeline bucket width.
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
-    pub bucket: Duration,
-}
-
 impl ChaosArgs {
     fn parameters(&self, seed: u64) -> serde_json::Value {
-        json!({
+        let mut parameters = json!({
             "duration_s": self.duration.as_secs_f64(),
             "instances": self.instances,
             "interval_s": self.interval.as_secs_f64(),
             "oldest_victim": self.oldest_victim,
             "seed": seed,
-            "clients": self.clients,
-            "rate": self.rate,
-            "streams": self.streams,
-            "stream_interval_s": self.stream_interval.as_secs_f64(),
-            "timeout_s": self.timeout.as_secs_f64(),
             "drain_timeout_s": self.drain_timeout.as_secs_f64(),
             "kill_window_s": self.kill_window.as_secs_f64(),
             "sample_interval_s": self.sample_interval.as_secs_f64(),
             "min_lifetime_s": self.min_lifetime.as_secs_f64(),
             "bucket_s": self.bucket.as_secs_f64(),
-        })
+        });
+        let own = parameters.as_object_mut().expect("a JSON object");
+        own.extend(self.load.parameters());
+        parameters
     }
 }
 
@@ -141,7 +89,6 @@ pub async fn run(env: &mut Env, args: &ChaosArgs) -> Result<ChaosReport> {
         drain_close_window: args.drain_timeout / 4,
         max_connections: (procstat::nofile_limit().saturating_sub(200) / 4).clamp(1000, 100_000),
         log_level: "info",
-        kernel_path: false,
         worker_threads: None,
         transparent: false,
     };
@@ -162,17 +109,7 @@ pub async fn run(env: &mut Env, args: &ChaosArgs) -> Result<ChaosReport> {
         fleet.start_ready().await?;
     }
     let load_start_s = t0.elapsed().as_secs_f64();
-    let load = Load::start(
-        listen,
-        t0,
-        LoadShape {
-            clients: args.clients,
-            rate: args.rate,
-            streams: args.streams,
-            stream_interval: args.stream_interval,
-            timeout: args.timeout,
-        },
-    );
+    let load = Load::start(listen, t0, args.load);
     let gap = |rng: &mut StdRng| args.interval.mul_f64(rng.gen_range(0.5..1.5));
     let end = Instant::now() + args.duration;
     let mut next_action = Instant::now() + gap(&mut rng);
@@ -186,38 +123,8 @@ pub async fn run(env: &mut Env, args: &ChaosArgs) -> Result<ChaosReport> {
             next_sample = (next_sample + args.sample_interval).max(Instant::now());
         }
         if Instant::now() >= next_action {
-            let phases = fleet.phases();
-            let live_before = phases
-                .iter()
-                .filter(|&&p| p != policy::Phase::Draining)
-                .count();
-            let serving_before = phases
-                .iter()
-                .filter(|&&p| p == policy::Phase::Serving)
-                .count();
-            let at_s = t0.elapsed().as_secs_f64();
-            let chosen = policy.choose(&phases, &mut rng);
-            let done = match chosen {
-                None => None,
-                Some((ActionKind::Start, _)) => Some((ActionKind::Start, fleet.start()?)),
-                Some((kind, victim)) => {
-                    let name = fleet.name(victim).to_owned();
-                    if kind == ActionKind::Sigterm {
-                        fleet.sigterm(victim)?;
-                    } else {
-                        fleet.sigkill(victim).await?;
-                    }
-                    Some((kind, name))
-                }
-            };
-            match done {
-                Some((kind, instance)) => actions.push(Action {
-                    at_s,
-                    kind,
-                    instance,
-                    live_before,
-                    serving_before,
-                }),
+            match act(&mut fleet, &policy, &mut rng, t0).await? {
+                Some(action) => actions.push(action),
                 None => skipped += 1,
             }
             next_action = Instant::now() + gap(&mut rng);
@@ -236,9 +143,7 @@ pub async fn run(env: &mut Env, args: &ChaosArgs) -> Result<ChaosReport> {
     }
     let quiescent = fleet.snapshot().await;
     let (lives, kills, drains, anomalies) = fleet.finish().await;
-    let stale_socket_files = std::fs::read_dir(handoff_dir.path())
-        .map(|dir| dir.count())
-        .unwrap_or(0);
+    let stale_socket_files = std::fs::read_dir(handoff_dir.path()).map_or(0, |dir| dir.count());
 
     let rules = Rules {
         kills,
@@ -262,11 +167,56 @@ pub async fn run(env: &mut Env, args: &ChaosArgs) -> Result<ChaosReport> {
         min_lifetime_s: args.min_lifetime.as_secs_f64(),
         bucket_s: args.bucket.as_secs_f64(),
     });
+    write(&report, &out)?;
+    Ok(report)
+}
+
+/// Prints the report's tables and writes `out/chaos.json` and `out/chaos.svg`.
+fn write(report: &ChaosReport, out: &Path) -> Result<()> {
     report.print();
     let json = out.join("chaos.json");
-    crate::report::write_json(&json, &report)?;
+    crate::report::write_json(&json, report)?;
     let svg = out.join("chaos.svg");
-    chart::timeline(&svg, &report)?;
+    chart::timeline(&svg, report)?;
     println!("   wrote {} and {}", json.display(), svg.display());
-    Ok(report)
+    Ok(())
+}
+
+/// Takes the action `policy` chooses now, if any: the action, or `None` when it skips.
+async fn act(
+    fleet: &mut Fleet<'_>,
+    policy: &Policy,
+    rng: &mut StdRng,
+    t0: Instant,
+) -> Result<Option<Action>> {
+    let phases = fleet.phases();
+    let live_before = phases
+        .iter()
+        .filter(|&&p| p != policy::Phase::Draining)
+        .count();
+    let serving_before = phases
+        .iter()
+        .filter(|&&p| p == policy::Phase::Serving)
+        .count();
+    let at_s = t0.elapsed().as_secs_f64();
+    let (kind, instance) = match policy.choose(&phases, rng) {
+        None => return Ok(None),
+        Some((ActionKind::Start, _)) => (ActionKind::Start, fleet.start()?),
+        Some((kind, victim)) => {
+            let name = fleet.name(victim).to_owned();
+            if kind == ActionKind::Sigterm {
+                fleet.sigterm(victim)?;
+            } else {
+                fleet.sigkill(victim).await?;
+            }
+            (kind, name)
+        }
+    };
+    Ok(Some(Action {
+        at_s,
+        kind,
+        instance,
+        live_before,
+        serving_before,
+    }))
 }

@@ -149,9 +149,18 @@ pub struct ChaosReport {
     pub instances: Vec<Life>,
 }
 
-impl ChaosReport {
-    /// Judges every connection and summarises.
-    pub fn build(raw: Raw) -> Self {
+/// Every connection judged: the counts, the failures in time order, the timeline buckets.
+struct Judgement {
+    all: Connections,
+    churn: Connections,
+    streams: Connections,
+    failures: Vec<Judged>,
+    killed_seen_after_death_max_s: Option<f64>,
+    buckets: Vec<Bucket>,
+}
+
+impl Judgement {
+    fn of(raw: &Raw) -> Self {
         let rules = &raw.rules;
         let mut all = Connections::default();
         let mut churn = Connections::default();
@@ -204,17 +213,41 @@ impl ChaosReport {
             }
         }
         failures.sort_by(|a, b| a.attempt.ended_s.total_cmp(&b.attempt.ended_s));
-        let mut action_counts = ActionCounts {
-            skipped: raw.skipped,
+        Self {
+            all,
+            churn,
+            streams,
+            failures,
+            killed_seen_after_death_max_s,
+            buckets,
+        }
+    }
+}
+
+impl ActionCounts {
+    /// The counts of `actions` by kind, and the turns `skipped`.
+    fn of(actions: &[Action], skipped: u32) -> Self {
+        let mut counts = ActionCounts {
+            skipped,
             ..ActionCounts::default()
         };
-        for action in &raw.actions {
+        for action in actions {
             match action.kind {
-                ActionKind::Start => action_counts.start += 1,
-                ActionKind::Sigterm => action_counts.sigterm += 1,
-                ActionKind::Sigkill => action_counts.sigkill += 1,
+                ActionKind::Start => counts.start += 1,
+                ActionKind::Sigterm => counts.sigterm += 1,
+                ActionKind::Sigkill => counts.sigkill += 1,
             }
         }
+        counts
+    }
+}
+
+impl ChaosReport {
+    /// Judges every connection and summarises.
+    pub fn build(raw: Raw) -> Self {
+        let rules = &raw.rules;
+        let judged = Judgement::of(&raw);
+        let action_counts = ActionCounts::of(&raw.actions, raw.skipped);
         let growth: Vec<Growth> = raw
             .lives
             .iter()
@@ -241,12 +274,12 @@ impl ChaosReport {
             action_counts,
             instances_started: raw.lives.len(),
             longest_life_s,
-            connections: all,
-            churn,
-            streams,
+            connections: judged.all,
+            churn: judged.churn,
+            streams: judged.streams,
             pings: raw.recorded.pings,
             kill_window_s: rules.window_s,
-            killed_seen_after_death_max_s,
+            killed_seen_after_death_max_s: judged.killed_seen_after_death_max_s,
             growth_seen: growth.iter().any(Growth::grows),
             growth,
             same_age,
@@ -257,8 +290,8 @@ impl ChaosReport {
                 .collect(),
             stale_socket_files: raw.stale_socket_files,
             anomalies: raw.anomalies,
-            failures,
-            buckets,
+            failures: judged.failures,
+            buckets: judged.buckets,
             kills: rules.kills.clone(),
             drains: rules.drains.clone(),
             actions: raw.actions,
@@ -274,7 +307,6 @@ impl ChaosReport {
     /// Prints the summary table.
     pub fn print(&self) {
         let c = &self.action_counts;
-        let mib = |b: f64| Unit::Bytes.format(b);
         println!();
         println!(
             "== chaos: {:.0}s of random start / SIGTERM / SIGKILL on {} ==",
@@ -286,6 +318,29 @@ impl ChaosReport {
              {} instances in all, longest life {:.1}s",
             c.start, c.sigterm, c.sigkill, c.skipped, self.instances_started, self.longest_life_s
         );
+        self.print_connections();
+        self.print_resources();
+        println!();
+        println!(
+            "chaos: {} connections, {} failed: {} in flight in a SIGKILLed instance, {} not \
+             explained; RSS/fds growth: {}; anomalies: {}",
+            self.connections.attempted,
+            self.connections.failed.total(),
+            self.connections.killed.total(),
+            self.unexplained(),
+            if self.growth.is_empty() {
+                "not checked (no long-lived instance)"
+            } else if self.growth_seen {
+                "YES"
+            } else {
+                "none"
+            },
+            self.anomalies.len()
+        );
+    }
+
+    /// The connections table, and every failure nothing explains.
+    fn print_connections(&self) {
         let mut rows = vec![vec![
             "connections".to_owned(),
             "attempted".to_owned(),
@@ -343,7 +398,11 @@ impl ChaosReport {
                 self.actions_near(a.ended_s)
             );
         }
+    }
 
+    /// The instances' resources: growth, same-age comparison, after the load, anomalies.
+    fn print_resources(&self) {
+        let mib = |b: f64| Unit::Bytes.format(b);
         println!();
         println!(
             "   resources of instances living ≥{:.0}s (median of the first third → last third \
@@ -416,23 +475,6 @@ impl ChaosReport {
                 anomaly.instance, anomaly.at_s, anomaly.what
             );
         }
-        println!();
-        println!(
-            "chaos: {} connections, {} failed: {} in flight in a SIGKILLed instance, {} not \
-             explained; RSS/fds growth: {}; anomalies: {}",
-            self.connections.attempted,
-            self.connections.failed.total(),
-            self.connections.killed.total(),
-            self.unexplained(),
-            if self.growth.is_empty() {
-                "not checked (no long-lived instance)"
-            } else if self.growth_seen {
-                "YES"
-            } else {
-                "none"
-            },
-            self.anomalies.len()
-        );
     }
 
     /// The actions within 3 s before and 1 s after `t`, for the unexplained failures.

@@ -35,7 +35,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use clap::Args;
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -43,7 +42,7 @@ use tokio::time::Instant;
 
 use super::Scenario;
 use crate::backend::{BackendAddrs, BackendProcess};
-use crate::cli::Timing;
+use crate::options::{StormArgs, Timing};
 use crate::procstat;
 use crate::report::{MetricSpec, Metrics, Unit};
 use crate::target::Running;
@@ -54,32 +53,6 @@ use remote::Remote;
 pub mod clients;
 pub mod limits;
 pub mod remote;
-
-/// Options of `storm`.
-#[derive(Debug, Clone, Args)]
-pub struct StormArgs {
-    /// Long-lived connections. Each is one descriptor in the load generator and the backend and
-    /// two in the target; beyond one process's descriptor limit every role is spread over
-    /// several processes (`--processes`).
-    #[arg(long, default_value_t = 1000)]
-    pub connections: usize,
-    /// Processes per role (target, backend, load generator) [default: the fewest whose
-    /// descriptor limit holds the connections, 1 up to about 9,900 at a limit of 20,000].
-    #[arg(long)]
-    pub processes: Option<usize>,
-    /// Connections being opened at once before the restart (in all processes together).
-    #[arg(long, default_value_t = 64)]
-    pub ramp: usize,
-    /// Time between the backend's death and its new start.
-    #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
-    pub downtime: Duration,
-    /// A client's first pause after a failed attempt; doubles up to 1 s, with jitter.
-    #[arg(long, default_value = "50ms", value_parser = humantime::parse_duration)]
-    pub retry: Duration,
-    /// A client not back this long after the restart is counted as lost.
-    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
-    pub deadline: Duration,
-}
 
 /// The scenario: its options and its own restartable backends.
 pub struct Storm {
@@ -210,16 +183,6 @@ impl Clients {
     }
 }
 
-fn spec(key: &'static str, label: &'static str, unit: Unit) -> MetricSpec {
-    MetricSpec {
-        key,
-        label,
-        unit,
-        higher_is_better: false,
-        chart: false,
-    }
-}
-
 /// The figures of the comebacks: time until all back, p50, p99, failed attempts (also by
 /// kind, as `failed_KIND`) and lost clients.
 fn summarise(comebacks: &[Comeback]) -> Metrics {
@@ -287,16 +250,13 @@ impl Scenario for Storm {
 
     fn metrics(&self) -> Vec<MetricSpec> {
         vec![
-            MetricSpec {
-                chart: true,
-                ..spec("all_back_us", "time until all reconnected", Unit::Micros)
-            },
-            spec("back_p50_us", "reconnect p50", Unit::Micros),
-            spec("back_p99_us", "reconnect p99", Unit::Micros),
-            spec("failed", "failed attempts", Unit::Count),
-            spec("lost", "clients not back", Unit::Count),
-            spec("rss_before_bytes", "target RSS, all connected", Unit::Bytes),
-            spec(
+            MetricSpec::new("all_back_us", "time until all reconnected", Unit::Micros).charted(),
+            MetricSpec::new("back_p50_us", "reconnect p50", Unit::Micros),
+            MetricSpec::new("back_p99_us", "reconnect p99", Unit::Micros),
+            MetricSpec::new("failed", "failed attempts", Unit::Count),
+            MetricSpec::new("lost", "clients not back", Unit::Count),
+            MetricSpec::new("rss_before_bytes", "target RSS, all connected", Unit::Bytes),
+            MetricSpec::new(
                 "rss_peak_bytes",
                 "target RSS peak in the storm",
                 Unit::Bytes,

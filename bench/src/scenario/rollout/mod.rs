@@ -14,24 +14,24 @@
 //! not as a failure, also when a ping was in flight (`drained_mid_ping`). A churn request cut
 //! before its answer, and any reset, refusal or timeout, is a failure.
 
+pub mod chart;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use clap::{Args, ValueEnum};
 use nix::sys::signal::Signal;
 use serde::Serialize;
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
-use tokio::time::{Instant, MissedTickBehavior};
+use tokio::time::Instant;
 
 use crate::backend::BackendProcess;
-use crate::chart;
-use crate::client::{bounded, churn_request, connect};
+use crate::client::{churn_request, connect, paced, ping_stream, Steady, StreamEnd};
 use crate::haproxy::HaproxyOptions;
 use crate::instance::Instance;
 use crate::net::free_address;
+use crate::options::{HaproxyStop, LoadArgs, RolloutArgs};
 use crate::outcome::{FailureCounts, FailureKind};
 use crate::procstat;
 use crate::proxy::ProxyOptions;
@@ -39,72 +39,19 @@ use crate::report::{self, print_rows, Machine, Unit};
 use crate::target::{Env, Skipped, Target};
 use crate::tempdir::TempDir;
 
-/// How an old HAProxy instance is stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum HaproxyStop {
-    /// Hard stop: listeners and connections closed at once.
-    Sigterm,
-    /// Soft stop: listeners closed, connections kept until they end or `hard-stop-after`.
-    Sigusr1,
-}
-
-/// Options of `rollout`.
-#[derive(Debug, Clone, Args)]
-pub struct RolloutArgs {
-    /// Replacements per variant.
-    #[arg(long, default_value_t = 10)]
-    pub handoffs: u32,
-    /// Steady load before the first and after each replacement.
-    #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
-    pub interval: Duration,
-    /// Churn clients (each a new connection per request).
-    #[arg(long, default_value_t = 8)]
-    pub clients: usize,
-    /// Churn requests per second, over all clients.
-    #[arg(long, default_value_t = 1000)]
-    pub rate: u32,
-    /// Long-lived streams (each sends a ping and waits for the echo every --stream-interval).
-    #[arg(long, default_value_t = 4)]
-    pub streams: usize,
-    /// Ping interval on each stream.
-    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
-    pub stream_interval: Duration,
-    /// A request or ping without an answer after this long is a timeout.
-    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
-    pub timeout: Duration,
-    /// Proxy `--drain-timeout` and HAProxy `hard-stop-after`.
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
-    pub drain_timeout: Duration,
-    /// Timeline bucket width.
-    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
-    pub bucket: Duration,
-    /// How old HAProxy instances are stopped; one run per value.
-    #[arg(long, value_delimiter = ',', default_value = "sigterm,sigusr1")]
-    pub haproxy_stop: Vec<HaproxyStop>,
-    /// A pod rollout as a hand-made configuration runs it: each instance gets a backend of its
-    /// own (its pod's apiserver) and knows no other, and the old instance's backend is stopped
-    /// (process killed: listener and connections closed) as the old instance is signalled,
-    /// as kube-apiserver with --shutdown-delay-duration=0 closes its listener at SIGTERM.
-    #[arg(long)]
-    pub own_backends: bool,
-}
-
 impl RolloutArgs {
     fn parameters(&self) -> serde_json::Value {
-        json!({
+        let mut parameters = json!({
             "handoffs": self.handoffs,
             "interval_s": self.interval.as_secs_f64(),
-            "clients": self.clients,
-            "rate": self.rate,
-            "streams": self.streams,
-            "stream_interval_s": self.stream_interval.as_secs_f64(),
-            "timeout_s": self.timeout.as_secs_f64(),
             "drain_timeout_s": self.drain_timeout.as_secs_f64(),
             "bucket_s": self.bucket.as_secs_f64(),
             "haproxy_stop": self.haproxy_stop,
             "own_backends": self.own_backends,
-        })
+        });
+        let own = parameters.as_object_mut().expect("a JSON object");
+        own.extend(self.load.parameters());
+        parameters
     }
 }
 
@@ -242,7 +189,7 @@ pub async fn run(env: &mut Env, args: &RolloutArgs) -> Result<Vec<VariantReport>
     let mut written = vec![json.display().to_string()];
     for report in reports.iter().filter(|r| r.error.is_none()) {
         let svg = env.out.join(format!("rollout-{}.svg", report.variant));
-        chart::rollout_timeline(&svg, report)?;
+        chart::timeline(&svg, report)?;
         written.push(svg.display().to_string());
     }
     println!("   wrote {}", written.join(", "));
@@ -271,7 +218,7 @@ impl Launch<'_> {
         let max_connections =
             (procstat::nofile_limit().saturating_sub(200) / 2).clamp(1000, 100_000);
         let mut instance = match self.variant.target {
-            Target::Proxy | Target::ProxySockmap | Target::ProxyTransparent => self
+            Target::Proxy | Target::ProxyTransparent => self
                 .env
                 .proxy
                 .as_mut()
@@ -284,7 +231,6 @@ impl Launch<'_> {
                     drain_close_window: self.drain_timeout / 4,
                     max_connections,
                     log_level: "info",
-                    kernel_path: self.variant.target == Target::ProxySockmap,
                     worker_threads: None,
                     transparent: self.variant.target == Target::ProxyTransparent,
                 })?,
@@ -312,6 +258,18 @@ impl Launch<'_> {
     }
 }
 
+impl Launch<'_> {
+    /// The next instance, with its own backend when `own_backends` is set.
+    async fn next(&mut self, own_backends: bool) -> Result<(Instance, Option<BackendProcess>)> {
+        if own_backends {
+            let (instance, own) = self.start_with_own_backend().await?;
+            Ok((instance, Some(own)))
+        } else {
+            Ok((self.start().await?, None))
+        }
+    }
+}
+
 async fn run_variant(env: &mut Env, args: &RolloutArgs, variant: Variant) -> Result<VariantReport> {
     let backend = env.backend.addrs().echo;
     let mut launch = Launch {
@@ -322,56 +280,16 @@ async fn run_variant(env: &mut Env, args: &RolloutArgs, variant: Variant) -> Res
         handoff_dir: TempDir::new("handoff")?,
         drain_timeout: args.drain_timeout,
     };
-    let (mut current, mut current_backend) = if args.own_backends {
-        let (instance, own) = launch.start_with_own_backend().await?;
-        (instance, Some(own))
-    } else {
-        (launch.start().await?, None)
-    };
+    let (mut current, mut current_backend) = launch.next(args.own_backends).await?;
     let t0 = Instant::now();
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let addr = launch.listen;
-
-    let period = Duration::from_secs_f64(args.clients.max(1) as f64 / args.rate.max(1) as f64);
-    let churn: Vec<_> = (0..args.clients.max(1))
-        .map(|i| {
-            let offset = period.mul_f64(i as f64 / args.clients.max(1) as f64);
-            tokio::spawn(churn_client(
-                addr,
-                t0 + offset,
-                period,
-                args.timeout,
-                stop_rx.clone(),
-            ))
-        })
-        .collect();
-    let streams: Vec<_> = (0..args.streams)
-        .map(|_| {
-            tokio::spawn(stream_client(
-                addr,
-                t0,
-                args.stream_interval,
-                args.timeout,
-                stop_rx.clone(),
-            ))
-        })
-        .collect();
-
+    let load = RolloutLoad::start(launch.listen, t0, &args.load);
     tokio::time::sleep(args.interval).await;
     let mut handoffs = Vec::new();
     let mut error = None;
     let exit_limit = args.drain_timeout * 2 + Duration::from_secs(5);
     for index in 1..=args.handoffs {
         let spawn_s = t0.elapsed().as_secs_f64();
-        let started = if args.own_backends {
-            launch
-                .start_with_own_backend()
-                .await
-                .map(|(next, own)| (next, Some(own)))
-        } else {
-            launch.start().await.map(|next| (next, None))
-        };
-        let (next, next_backend) = match started {
+        let (next, next_backend) = match launch.next(args.own_backends).await {
             Ok(next) => next,
             Err(err) => {
                 error = Some(format!("replacement {index}: {err:#}"));
@@ -387,34 +305,19 @@ async fn run_variant(env: &mut Env, args: &RolloutArgs, variant: Variant) -> Res
             Some(status) => status.to_string(),
             None => format!("killed after {exit_limit:?}"),
         };
-        let exit_s = t0.elapsed().as_secs_f64();
         handoffs.push(Handoff {
             index,
             spawn_s,
             ready_s,
             signal_s,
-            exit_s,
+            exit_s: t0.elapsed().as_secs_f64(),
             old_exit,
         });
         current = next;
         tokio::time::sleep(args.interval).await;
     }
-    let _ = stop_tx.send(true);
     let duration_s = t0.elapsed().as_secs_f64();
-    let mut samples = Vec::new();
-    for task in churn {
-        samples.extend(task.await?);
-    }
-    let mut stream_figures = StreamFigures::default();
-    let mut stream_failures = Vec::new();
-    for task in streams {
-        let (figures, failures) = task.await?;
-        stream_figures.pings += figures.pings;
-        stream_figures.drained += figures.drained;
-        stream_figures.drained_mid_ping += figures.drained_mid_ping;
-        stream_figures.failed.merge(&figures.failed);
-        stream_failures.extend(failures);
-    }
+    let (samples, stream_figures, stream_failures) = load.stop().await?;
     current.signal(Signal::SIGTERM)?;
     current.wait_exit(exit_limit).await?;
     let mut report = VariantReport::from_samples(
@@ -430,9 +333,44 @@ async fn run_variant(env: &mut Env, args: &RolloutArgs, variant: Variant) -> Res
     Ok(report)
 }
 
-/// Resolves once the stop flag is set (or its sender is gone).
-async fn stopped(stop: &mut watch::Receiver<bool>) {
-    let _ = stop.wait_for(|&s| s).await;
+/// Stream failures: when (since t0) and of which kind.
+type StreamFailures = Vec<(Duration, FailureKind)>;
+
+/// The load of one variant: paced churn clients and pinged streams against the public address.
+struct RolloutLoad(Steady<Vec<Sample>, (StreamFigures, StreamFailures)>);
+
+impl RolloutLoad {
+    /// Starts the clients against `addr`; times are taken relative to `t0`.
+    fn start(addr: SocketAddr, t0: Instant, load: &LoadArgs) -> Self {
+        let timeout = load.timeout;
+        Self(Steady::start(
+            load,
+            t0,
+            |first, period, stop| churn_client(addr, first, period, timeout, stop),
+            |stop| stream_client(addr, t0, load.stream_interval, timeout, stop),
+        ))
+    }
+
+    /// Stops the clients; returns the churn samples, the stream figures and the stream
+    /// failures.
+    async fn stop(self) -> Result<(Vec<Sample>, StreamFigures, StreamFailures)> {
+        let (churn, streams) = self.0.stop().await;
+        let mut samples = Vec::new();
+        for task in churn {
+            samples.extend(task?);
+        }
+        let mut figures = StreamFigures::default();
+        let mut failures = Vec::new();
+        for task in streams {
+            let (one, its_failures) = task?;
+            figures.pings += one.pings;
+            figures.drained += one.drained;
+            figures.drained_mid_ping += one.drained_mid_ping;
+            figures.failed.merge(&one.failed);
+            failures.extend(its_failures);
+        }
+        Ok((samples, figures, failures))
+    }
 }
 
 /// One churn request's result: start (since t0), latency, failure.
@@ -448,25 +386,19 @@ async fn churn_client(
     start: Instant,
     period: Duration,
     timeout: Duration,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) -> Vec<Sample> {
     let t0 = start;
-    let mut samples = Vec::new();
-    let mut ticks = tokio::time::interval_at(start, period);
-    ticks.set_missed_tick_behavior(MissedTickBehavior::Skip);
-    loop {
-        tokio::select! {
-            _ = stopped(&mut stop) => return samples,
-            _ = ticks.tick() => {}
-        }
+    paced(start, period, stop, || async move {
         let began = Instant::now();
         let result = churn_request(addr, 16, timeout, None).await;
-        samples.push(Sample {
+        Sample {
             at: began.saturating_duration_since(t0),
             latency: began.elapsed(),
             failure: result.err(),
-        });
-    }
+        }
+    })
+    .await
 }
 
 async fn stream_client(
@@ -475,16 +407,14 @@ async fn stream_client(
     interval: Duration,
     timeout: Duration,
     mut stop: watch::Receiver<bool>,
-) -> (StreamFigures, Vec<(Duration, FailureKind)>) {
+) -> (StreamFigures, StreamFailures) {
     let mut figures = StreamFigures::default();
     let mut failures = Vec::new();
     let mut fail = |kind: FailureKind, figures: &mut StreamFigures| {
         figures.failed.add(kind);
         failures.push((t0.elapsed(), kind));
     };
-    let ping = [0x46u8; 8];
-    let mut pong = [0u8; 64];
-    'connect: while !*stop.borrow() {
+    while !*stop.borrow() {
         let mut stream = match connect(addr, timeout).await {
             Ok(stream) => stream,
             Err(kind) => {
@@ -493,40 +423,17 @@ async fn stream_client(
                 continue;
             }
         };
-        let mut ticks = tokio::time::interval(interval);
-        ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = stopped(&mut stop) => break 'connect,
-                read = stream.read(&mut pong) => {
-                    // Nothing is expected while idle: EOF is a drain, anything else a failure.
-                    match read {
-                        Ok(0) => figures.drained += 1,
-                        Ok(_) => fail(FailureKind::Other, &mut figures),
-                        Err(err) => fail(FailureKind::of(&err), &mut figures),
-                    }
-                    continue 'connect;
-                }
-                _ = ticks.tick() => {
-                    let exchange = bounded(timeout, async {
-                        stream.write_all(&ping).await?;
-                        stream.read_exact(&mut pong[..ping.len()]).await?;
-                        Ok(())
-                    });
-                    match exchange.await {
-                        Ok(()) => figures.pings += 1,
-                        Err(FailureKind::Closed) => {
-                            figures.drained += 1;
-                            figures.drained_mid_ping += 1;
-                            continue 'connect;
-                        }
-                        Err(kind) => {
-                            fail(kind, &mut figures);
-                            continue 'connect;
-                        }
-                    }
-                }
+        let mut pings = 0;
+        let end = ping_stream(&mut stream, interval, timeout, &mut stop, &mut pings).await;
+        figures.pings += pings;
+        match end {
+            StreamEnd::Stopped => break,
+            StreamEnd::Eof => figures.drained += 1,
+            StreamEnd::Ping(FailureKind::Closed) => {
+                figures.drained += 1;
+                figures.drained_mid_ping += 1;
             }
+            StreamEnd::Idle(kind) | StreamEnd::Ping(kind) => fail(kind, &mut figures),
         }
     }
     (figures, failures)
@@ -637,7 +544,7 @@ fn print_summary(env: &Env, args: &RolloutArgs, reports: &[VariantReport]) {
     println!();
     println!(
         "== rollout: {} replacements under load ({} churn clients at {} req/s total, {} streams) ==",
-        args.handoffs, args.clients, args.rate, args.streams
+        args.handoffs, args.load.clients, args.load.rate, args.load.streams
     );
     for skipped in &env.skipped {
         println!("   ({} skipped: {})", skipped.target.name(), skipped.reason);
