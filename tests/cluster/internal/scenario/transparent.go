@@ -76,7 +76,7 @@ func startRemoteLoad(ctx context.Context, work string, net *cluster.ClientNet, k
 		logFile.Close()
 		close(l.done)
 	}()
-	ok := cluster.Eventually(3*time.Minute, 200*time.Millisecond, func() bool {
+	ok := cluster.Poll(ctx, 200*time.Millisecond, 3*time.Minute, func() bool {
 		select {
 		case <-l.done:
 			return true
