@@ -104,16 +104,7 @@ lc_endpoints() {
 # lc_pods: "name ready restarts deleting node" of every kube-apiserver pod that is not
 # kubeadm's mirror pod (the previous release's pods, the Deployment's and the DaemonSet's).
 lc_pods() {
-  kcs get pods -l component=kube-apiserver -o json 2>/dev/null | python3 -c '
-import json, sys
-for p in json.load(sys.stdin)["items"]:
-    if any(o.get("kind") == "Node" for o in p["metadata"].get("ownerReferences") or []):
-        continue
-    cs = p["status"].get("containerStatuses") or []
-    ready = all(c.get("ready") for c in cs) and len(cs) == 2
-    print(p["metadata"]["name"], "ready" if ready else "notready",
-          sum(c.get("restartCount", 0) for c in cs),
-          "deleting" if p["metadata"].get("deletionTimestamp") else "-", p["spec"].get("nodeName", "-"))'
+  kcs get pods -l component=kube-apiserver -o json 2>/dev/null | "$NODECHECK" apiserver-pods
 }
 lc_pod_names() { lc_pods | awk '{ print $1 }' | sort | tr '\n' ' '; }
 lc_one_ready_pod() { [ "$(lc_pods | grep -c .)" = 1 ] && lc_pods | grep -q ' ready 0 - '; }
@@ -137,19 +128,13 @@ lc_end() {
 
 # step_most_pods NAME: the most kube-apiserver pods the step's pod watch saw at once.
 step_most_pods() {
-  python3 -c 'import json,sys; print(max([w["most_at_once"] for w in json.load(open(sys.argv[1])).get("pods") or [] if "kube-apiserver" in w["selector"]] or [0]))' "$S/step-$1.json"
+  "$NODECHECK" most-pods "$S/step-$1.json" kube-apiserver
 }
 
 # lc_events REASON: "count message" of the events of that reason on kube-apiserver pods
 # (probe failures are reason Unhealthy, preStop failures FailedPreStopHook).
 lc_events() {
-  kcs get events --field-selector "reason=$1" -o json 2>/dev/null | python3 -c '
-import collections, json, re, sys
-c = collections.Counter()
-for e in json.load(sys.stdin)["items"]:
-    if e["involvedObject"].get("name", "").startswith("kube-apiserver-"):
-        c[re.sub(r"[0-9]+", "N", e.get("message", ""))[:140]] += e.get("count", 1)
-print("; ".join("%d x %s" % (n, m) for m, n in c.most_common(6)) or "none")'
+  kcs get events --field-selector "reason=$1" -o json 2>/dev/null | "$NODECHECK" events kube-apiserver-
 }
 
 lc_deploy_ready() {
@@ -448,36 +433,8 @@ lc_prometheus_start() {
     fail "prometheus: kubectl kustomize manifests/monitoring failed: $(head -c 300 "$S/kustomize-monitoring.err")"
     return 1
   fi
-  python3 - "$S/monitoring.yaml" "$S" 2>"$S/prometheus-config.err" <<'EOF' || { fail "prometheus: its configuration could not be made from manifests/monitoring (PyYAML?): $(tail -n 2 "$S/prometheus-config.err" | tr '\n' ' ')"; return 1; }
-import json, sys, yaml
-docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
-state = sys.argv[2]
-pm = next(d for d in docs if d["kind"] == "PodMonitor")
-rule = next(d for d in docs if d["kind"] == "PrometheusRule")
-yaml.safe_dump(rule["spec"], open(state + "/rules.yaml", "w"))
-ep = pm["spec"]["podMetricsEndpoints"][0]
-snake = {"sourceLabels": "source_labels", "targetLabel": "target_label"}
-relabel = [
-    # What prometheus-operator puts first for a PodMonitor (pkg/prometheus/promcfg.go).
-    {"source_labels": ["__meta_kubernetes_pod_phase"], "regex": "(Failed|Succeeded)", "action": "drop"},
-    {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
-    {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
-    {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
-    {"target_label": "job", "replacement": "%s/%s" % (pm["metadata"]["namespace"], pm["metadata"]["name"])},
-] + [{snake.get(k, k): v for k, v in r.items()} for r in ep.get("relabelings", [])]
-cfg = {
-    "global": {"scrape_interval": "5s", "scrape_timeout": "5s", "evaluation_interval": "5s"},
-    "rule_files": [state + "/rules.yaml"],
-    "scrape_configs": [{
-        "job_name": "podMonitor/kube-system/kube-apiserver-proxy/0",
-        "metrics_path": ep.get("path", "/metrics"),
-        "file_sd_configs": [{"files": [state + "/sd.json"], "refresh_interval": "2s"}],
-        "relabel_configs": relabel,
-    }],
-}
-yaml.safe_dump(cfg, open(state + "/prometheus.yaml", "w"), sort_keys=False)
-json.dump(pm["spec"]["selector"]["matchLabels"], open(state + "/sd-selector.json", "w"))
-EOF
+  "$NODECHECK" prom-config "$S/monitoring.yaml" "$S" 2>"$S/prometheus-config.err" \
+    || { fail "prometheus: its configuration could not be made from manifests/monitoring: $(tail -n 2 "$S/prometheus-config.err" | tr '\n' ' ')"; return 1; }
   echo '[]' >"$S/sd.json"
   lc_prom_sd &
   PROMSD_PID=$!
@@ -485,7 +442,7 @@ EOF
     --web.listen-address=127.0.0.1:9090 >"$S/prometheus.log" 2>&1 &
   PROMETHEUS_PID=$!
   if wait_for 90 lc_prom_targets_up; then
-    pass "prometheus (the PodMonitor's job): one target for the node, up: $(lc_prom '/api/v1/targets?state=active' | python3 -c 'import json,sys; print(" ".join(json.dumps(t["labels"]) + " " + t["health"] for t in json.load(sys.stdin)["data"]["activeTargets"]))')"
+    pass "prometheus (the PodMonitor's job): one target for the node, up: $(lc_prom '/api/v1/targets?state=active' | "$NODECHECK" prom targets)"
   else
     fail "prometheus: no single healthy target within 90 s: $(lc_prom '/api/v1/targets?state=active' 2>&1 | head -c 600) $(tail -n 3 "$S/prometheus.log" | tr '\n' ' ')"
     return 1
@@ -495,70 +452,24 @@ EOF
 # lc_prom_sd: every 2s, the pods the PodMonitor selects, as Kubernetes pod discovery would
 # give them, into $S/sd.json (written atomically).
 lc_prom_sd() {
-  python3 - "$NODE_IP" "$S" <<'EOF'
-import http.client, json, os, ssl, sys, time, urllib.parse
-host, state = sys.argv[1], sys.argv[2]
-ctx = ssl.create_default_context(cafile="/etc/kubernetes/pki/ca.crt")
-ctx.load_cert_chain(state + "/admin-client-certificate-data", state + "/admin-client-key-data")
-sel = json.load(open(state + "/sd-selector.json"))
-path = "/api/v1/namespaces/kube-system/pods?labelSelector=" + urllib.parse.quote(",".join("%s=%s" % kv for kv in sel.items()))
-while True:
-    try:
-        c = http.client.HTTPSConnection(host, 6443, context=ctx, timeout=5)
-        c.request("GET", path)
-        pods = json.loads(c.getresponse().read())["items"]
-        c.close()
-        groups = []
-        for p in pods:
-            ip = p["status"].get("podIP")
-            if not ip:
-                continue
-            for init, cs in ((True, p["spec"].get("initContainers") or []), (False, p["spec"]["containers"])):
-                for ct in cs:
-                    groups.append({"targets": [ip], "labels": {
-                        "__meta_kubernetes_namespace": p["metadata"]["namespace"],
-                        "__meta_kubernetes_pod_name": p["metadata"]["name"],
-                        "__meta_kubernetes_pod_ip": ip,
-                        "__meta_kubernetes_pod_node_name": p["spec"].get("nodeName", ""),
-                        "__meta_kubernetes_pod_phase": p["status"].get("phase", ""),
-                        "__meta_kubernetes_pod_container_name": ct["name"],
-                        "__meta_kubernetes_pod_container_init": "true" if init else "false"}})
-        with open(state + "/sd.json.tmp", "w") as f:
-            json.dump(groups, f)
-        os.rename(state + "/sd.json.tmp", state + "/sd.json")
-    except Exception:
-        pass
-    time.sleep(2)
-EOF
+  exec "$NODECHECK" prom-sd "$NODE_IP" "$S"
 }
 lc_prom() { curl -fsS --max-time 5 "http://127.0.0.1:9090$1"; }
 # lc_prom_query EXPR: the values of an instant query, space-separated ("none" if empty).
 lc_prom_query() {
-  curl -fsS --max-time 10 --get --data-urlencode "query=$1" http://127.0.0.1:9090/api/v1/query | python3 -c '
-import json, sys
-r = json.load(sys.stdin)["data"]["result"]
-print(" ".join(str(x["value"][1]) for x in r) if r else "none")'
+  curl -fsS --max-time 10 --get --data-urlencode "query=$1" http://127.0.0.1:9090/api/v1/query | "$NODECHECK" prom values
 }
 # lc_prom_names EXPR: the alertname labels of an instant query's result ("none" if empty).
 lc_prom_names() {
-  curl -fsS --max-time 10 --get --data-urlencode "query=$1" http://127.0.0.1:9090/api/v1/query | python3 -c '
-import json, sys
-r = json.load(sys.stdin)["data"]["result"]
-print(" ".join(sorted(x["metric"].get("alertname", "?") for x in r)) if r else "none")'
+  curl -fsS --max-time 10 --get --data-urlencode "query=$1" http://127.0.0.1:9090/api/v1/query | "$NODECHECK" prom alerts
 }
 # lc_prom_down_at JOB RANGE: the times (UTC) at which up{JOB} was 0 within RANGE.
 lc_prom_down_at() {
-  curl -fsS --max-time 10 --get --data-urlencode "query=(up{$1} == 0)[$2:5s]" http://127.0.0.1:9090/api/v1/query | python3 -c '
-import json, sys, time
-r = json.load(sys.stdin)["data"]["result"]
-ts = [v[0] for x in r for v in x.get("values", [])]
-print(" ".join(time.strftime("%H:%M:%S", time.gmtime(t)) for t in ts) or "none")'
+  curl -fsS --max-time 10 --get --data-urlencode "query=(up{$1} == 0)[$2:5s]" http://127.0.0.1:9090/api/v1/query \
+    | "$NODECHECK" prom times
 }
 lc_prom_targets_up() {
-  lc_prom '/api/v1/targets?state=active' | python3 -c '
-import json, sys
-t = json.load(sys.stdin)["data"]["activeTargets"]
-sys.exit(0 if len(t) == 1 and t[0]["health"] == "up" else 1)'
+  lc_prom '/api/v1/targets?state=active' | "$NODECHECK" prom targets-up
 }
 # lc_prometheus_check: over the run so far, one target for the node, never down; both pods of
 # a rollout in one scrape; no alert firing (the ones seen pending are listed).
@@ -571,7 +482,7 @@ lc_prometheus_check() {
   if [ "$targets" = 1 ] && [ "$down" = 1 ]; then
     pass "prometheus: one scrape target for the node all along, never down"
   else
-    fail "prometheus: targets at most $targets, up at least $down (want 1 and 1); down at $(lc_prom_down_at "$job" "$w"); longest scrape $(lc_prom_query "max_over_time(scrape_duration_seconds{$job}[$w])") s; last error: $(lc_prom '/api/v1/targets?state=active' | python3 -c 'import json,sys; print([t.get("lastError") for t in json.load(sys.stdin)["data"]["activeTargets"]])')"
+    fail "prometheus: targets at most $targets, up at least $down (want 1 and 1); down at $(lc_prom_down_at "$job" "$w"); longest scrape $(lc_prom_query "max_over_time(scrape_duration_seconds{$job}[$w])") s; last error: $(lc_prom '/api/v1/targets?state=active' | "$NODECHECK" prom errors)"
   fi
   if [ "$pods" = 2 ]; then
     pass "prometheus: one scrape of the node showed both pods of a rollout"

@@ -73,7 +73,7 @@ step_end() {
 
 # step_refused NAME: the refused connects of the step's probers, all addresses together.
 step_refused() {
-  python3 -c 'import json,sys; print(sum(p["refused"] for p in json.load(open(sys.argv[1])).get("probes") or []))' "$S/step-$1.json"
+  "$NODECHECK" refused "$S/step-$1.json"
 }
 
 # log_mark NAME: remember how long each control-plane log is; log_errors NAME: the klog
@@ -118,14 +118,7 @@ log_error_summary() {
 
 # deploy_ready: what `kubectl rollout status` checks, through the API.
 deploy_ready() {
-  api /apis/apps/v1/namespaces/kube-system/deployments/kube-apiserver 2>/dev/null | python3 -c '
-import json, sys
-d = json.load(sys.stdin)
-st, want = d.get("status") or {}, d["spec"]["replicas"]
-ok = (st.get("observedGeneration", 0) >= d["metadata"]["generation"]
-      and st.get("updatedReplicas") == want and st.get("replicas") == want
-      and st.get("availableReplicas") == want and st.get("readyReplicas") == want)
-sys.exit(0 if ok else 1)'
+  api /apis/apps/v1/namespaces/kube-system/deployments/kube-apiserver 2>/dev/null | "$NODECHECK" rollout-done
 }
 
 # deploy_pods: "name phase ready restarts" of the Deployment's pods (mirror pods excluded).
@@ -278,12 +271,7 @@ pod_scheduled() {
 # static_apiserver_gone: the kubelet runs no static pod kube-apiserver-NODE any more.
 static_apiserver_gone() {
   # The kubelet's own view: no running static pod named kube-apiserver-NODE.
-  ! curl -fsS --max-time 2 "http://$NODE_IP:10255/pods" | python3 -c '
-import json, sys
-for p in json.load(sys.stdin).get("items") or []:
-    if p["metadata"]["name"] == sys.argv[1]:
-        sys.exit(0)
-sys.exit(1)' "kube-apiserver-$NODE_NAME"
+  ! curl -fsS --max-time 2 "http://$NODE_IP:10255/pods" | "$NODECHECK" pod-listed "kube-apiserver-$NODE_NAME"
 }
 
 # rollout NAME COMMAND...: run the change, then `kubectl rollout status`; timed.
@@ -345,10 +333,7 @@ broken_rollout() {
   before="$(deploy_pods | awk '{ print $1 }')"
   t0="$(now_ms)"
   local idx
-  idx="$(kcs get deployment/kube-apiserver -o json | python3 -c '
-import json, sys
-c = json.load(sys.stdin)["spec"]["template"]["spec"]["containers"][0]
-print([i for i, a in enumerate(c["args"]) if a.startswith("--etcd-servers=")][0])')"
+  idx="$(kcs get deployment/kube-apiserver -o json | "$NODECHECK" arg-index --etcd-servers=)"
   kcs patch deployment/kube-apiserver --type=json -p \
     '[{"op": "replace", "path": "/spec/template/spec/containers/0/args/'"$idx"'", "value": "--etcd-servers=https://127.0.0.1:2"}]' >/dev/null
   if kcs rollout status deployment/kube-apiserver --timeout=120s >"$S/rollout-broken.log" 2>&1; then

@@ -37,25 +37,13 @@ REBOOT_BOUND="${REBOOT_BOUND:-180}"
 
 # checkpoint_of: "namespace/name" of the pod the checkpoint is a copy of (empty if none).
 checkpoint_of() {
-  python3 -c '
-import json, sys
-try:
-    print(json.load(open(sys.argv[1]))["metadata"]["annotations"]["kube-apiserver-proxy/checkpoint-of"])
-except Exception:
-    pass' "${1:-$CHECKPOINT_FILE}"
+  "$NODECHECK" annotation "${1:-$CHECKPOINT_FILE}" kube-apiserver-proxy/checkpoint-of
 }
 checkpoint_is() { [ "$(checkpoint_of)" = "kube-system/$1" ]; }
 
 # checkpoint_flag FILE CONTAINER FLAG: the value of --FLAG=… in CONTAINER's args of the checkpoint.
 checkpoint_flag() {
-  python3 -c '
-import json, sys
-p = json.load(open(sys.argv[1]))
-for c in p["spec"]["containers"]:
-    if c["name"] == sys.argv[2]:
-        for a in (c.get("command") or []) + (c.get("args") or []):
-            if a.startswith(sys.argv[3] + "="):
-                print(a.split("=", 1)[1])' "$1" "$2" "$3"
+  "$NODECHECK" flag "$1" "$2" "$3"
 }
 
 # good_pod: the Deployment's single pod (when exactly one).
@@ -63,17 +51,10 @@ the_pod() { deploy_pods | awk 'NR == 1 { print $1 }'; }
 
 # kubelet_runs NAME: the kubelet's /pods lists a running pod NAME.
 kubelet_runs() {
-  pod_json | python3 -c '
-import json, sys
-for p in json.load(sys.stdin).get("items") or []:
-    if p["metadata"]["name"] == sys.argv[1] and (p.get("status") or {}).get("phase") == "Running":
-        sys.exit(0)
-sys.exit(1)' "$1"
+  pod_json | "$NODECHECK" pod-running "$1"
 }
 kubelet_knows() {
-  pod_json | python3 -c '
-import json, sys
-sys.exit(0 if any(p["metadata"]["name"] == sys.argv[1] for p in json.load(sys.stdin).get("items") or []) else 1)' "$1"
+  pod_json | "$NODECHECK" pod-listed "$1"
 }
 checkpoint_inactive() { [ ! -e "$MANIFESTS/$ACTIVE_MANIFEST_NAME" ]; }
 recovery_pod_gone() { ! kubelet_knows "kube-apiserver-checkpoint-$NODE_NAME" && [ -z "$(checkpoint_tasks)" ]; }
@@ -278,23 +259,7 @@ wait_checkpoint() {
 
 check_checkpoint_content() {
   local f="$CHECKPOINT_FILE" problems
-  problems="$(python3 - "$f" <<'EOF'
-import json, sys
-p = json.load(open(sys.argv[1]))
-bad = []
-if p["metadata"]["name"] != "kube-apiserver-checkpoint": bad.append("name")
-if p["metadata"].get("labels", {}).get("component") == "kube-apiserver": bad.append("Deployment labels kept")
-s = p["spec"]
-for k in ("nodeName", "serviceAccountName", "priority"):
-    if k in s: bad.append(k + " kept")
-for v in s.get("volumes", []):
-    if "projected" in v or "secret" in v: bad.append("volume " + v["name"] + " kept")
-proxy = [c for c in s["containers"] if c["name"] == "proxy"][0]
-args = (proxy.get("command") or []) + (proxy.get("args") or [])
-if not any(a.startswith("--retire-file=") for a in args): bad.append("no --retire-file")
-print("; ".join(bad))
-EOF
-)"
+  problems="$("$NODECHECK" checkpoint-problems "$f" 2>&1)"
   if [ -z "$problems" ]; then
     pass "the checkpoint is a static pod of its own: name kube-apiserver-checkpoint, own labels, no service account or token volume, the proxy a recovery instance (--retire-file); $(stat -c '%n %a %U' "$CHECKPOINT_DIR" "$f" | tr '\n' ' ')"
   else
@@ -310,10 +275,7 @@ broken_running() {
 reboot_broken_rollout() {
   local good="$1" idx t0 before_mtime
   before_mtime="$(stat -c %Y "$CHECKPOINT_FILE")"
-  idx="$(kcs get deployment/kube-apiserver -o json | python3 -c '
-import json, sys
-c = json.load(sys.stdin)["spec"]["template"]["spec"]["containers"][0]
-print([i for i, a in enumerate(c["args"]) if a.startswith("--etcd-servers=")][0])')"
+  idx="$(kcs get deployment/kube-apiserver -o json | "$NODECHECK" arg-index --etcd-servers=)"
   kcs patch deployment/kube-apiserver --type=json -p \
     '[{"op": "replace", "path": "/spec/template/spec/containers/0/args/'"$idx"'", "value": "--etcd-servers=https://127.0.0.1:2"}]' >/dev/null
   t0="$(now_ms)"
@@ -641,7 +603,7 @@ reboot_go_back() {
   step_end goback "going back: client-go load on NODE_IP:6443, connects to both addresses, default/kubernetes, no controller restart (the Deployment deleted at +$(((t1 - t0) / 1000)) s)"
   step_end goback-local "going back: client-go load on 127.0.0.1:6443"
   local version
-  version="$(curl -fsS --max-time 5 --cacert /etc/kubernetes/pki/ca.crt "https://$NODE_IP:6443/version" 2>&1 | python3 -c 'import json,sys; print(json.load(sys.stdin)["gitVersion"])' 2>&1)" || true
+  version="$(curl -fsS --max-time 5 --cacert /etc/kubernetes/pki/ca.crt "https://$NODE_IP:6443/version" 2>&1 | "$NODECHECK" git-version 2>&1)" || true
   if [ "$version" = "$OLD_APISERVER_VERSION" ] && wait_for 120 mirror_ready kube-system "kube-apiserver-$NODE_NAME"; then
     pass "kubeadm's static apiserver serves $version (not the saved copy's $APISERVER_VERSION); its mirror pod kube-apiserver-$NODE_NAME is Ready"
   else

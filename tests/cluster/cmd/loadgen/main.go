@@ -28,6 +28,7 @@ import (
 
 	"kube-apiserver-proxy/tests/cluster/internal/cluster"
 	"kube-apiserver-proxy/tests/cluster/internal/load"
+	"kube-apiserver-proxy/tests/cluster/internal/step"
 )
 
 type list []string
@@ -40,24 +41,6 @@ type options struct {
 	duration, startTimeout      time.Duration
 	probes, watchPods, restarts list
 	endpoints, load, reportOnly bool
-}
-
-// Report is what one step saw.
-type Report struct {
-	Load      *load.Report        `json:"load,omitempty"`
-	Probes    []load.ProbeCount   `json:"probes,omitempty"`
-	Endpoints *EndpointsRecord    `json:"endpoints,omitempty"`
-	Pods      []cluster.PodWatch  `json:"pods,omitempty"`
-	TCP       cluster.TCPCounters `json:"tcp"`
-	Problems  []string            `json:"problems"`
-	Notes     []string            `json:"notes,omitempty"`
-}
-
-// EndpointsRecord: every interval default/kubernetes had no ready address, and the watcher's
-// own failures.
-type EndpointsRecord struct {
-	Gaps   []cluster.Gap `json:"gaps"`
-	Errors []string      `json:"watch_errors,omitempty"`
 }
 
 func main() {
@@ -150,7 +133,7 @@ func (obs *observers) watchPods(ctx context.Context, kubeconfig, sel string, mir
 }
 
 // stop ends every observer and judges what it saw.
-func (obs *observers) stop(rep *Report) {
+func (obs *observers) stop(rep *step.Report) {
 	if obs.prober != nil {
 		rep.Probes = obs.prober.Stop()
 		for _, p := range rep.Probes {
@@ -164,7 +147,7 @@ func (obs *observers) stop(rep *Report) {
 		}
 	}
 	if obs.endpoints != nil {
-		rec := &EndpointsRecord{Gaps: obs.endpoints.Take(), Errors: obs.endpoints.TakeErrors()}
+		rec := &step.EndpointsRecord{Gaps: obs.endpoints.Take(), Errors: obs.endpoints.TakeErrors()}
 		obs.endpoints.Stop()
 		rep.Endpoints = rec
 		fmt.Fprintf(os.Stderr, "loadgen: default/kubernetes: %d gaps, %d watch errors\n", len(rec.Gaps), len(rec.Errors))
@@ -183,7 +166,7 @@ func (obs *observers) stop(rep *Report) {
 	}
 }
 
-func run(o options) (*Report, error) {
+func run(o options) (*step.Report, error) {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
@@ -201,7 +184,7 @@ func run(o options) (*Report, error) {
 		if l != nil {
 			l.Stop()
 		}
-		obs.stop(&Report{})
+		obs.stop(&step.Report{})
 		return nil, err
 	}
 	before := cluster.ReadTCPCounters()
@@ -220,7 +203,7 @@ func run(o options) (*Report, error) {
 	} else {
 		<-ctx.Done()
 	}
-	rep := &Report{Problems: []string{}}
+	rep := &step.Report{Problems: []string{}}
 	if l != nil {
 		lr := l.Stop()
 		rep.Load = &lr

@@ -79,7 +79,7 @@ controlPlaneEndpoint: %[1]s:6443
 
 // StartEtcd runs a single-member etcd with kubeadm's etcd certificates on 127.0.0.1:2379, as
 // kubeadm's etcd static pod does.
-func (n *Node) StartEtcd(etcd string) error {
+func (n *Node) StartEtcd(ctx context.Context, etcd string) error {
 	pki := filepath.Join(n.PKI, "etcd")
 	p, err := Start("etcd", filepath.Join(n.Dir, "logs", "etcd.log"), -1, etcd,
 		"--name=controller",
@@ -100,7 +100,7 @@ func (n *Node) StartEtcd(etcd string) error {
 		return err
 	}
 	n.etcd = p
-	ok := Eventually(60*time.Second, 200*time.Millisecond, func() bool {
+	ok := Poll(ctx, 200*time.Millisecond, 60*time.Second, func() bool {
 		resp, err := http.Get("http://127.0.0.1:2381/health")
 		if err != nil {
 			return false

@@ -196,7 +196,7 @@ func (p *Pod) apiserverReadyz() []string {
 // (its `nc -z` loop), then haproxy in TCP mode with its timeouts, in front of that one server.
 func (p *Pod) startHAProxy(ctx context.Context) error {
 	var backend string
-	ok := Eventually(3*time.Minute, 200*time.Millisecond, func() bool {
+	ok := Poll(ctx, 200*time.Millisecond, 3*time.Minute, func() bool {
 		if p.apiserver.Exited() {
 			return true
 		}

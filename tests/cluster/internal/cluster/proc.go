@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // Proc is one child process (a container's main process, etcd) with its output in a log file.
@@ -108,18 +110,12 @@ func Run(ctx context.Context, timeout time.Duration, argv ...string) ([]byte, er
 	return out, nil
 }
 
-// Eventually polls cond every interval until it is true or timeout passes.
-func Eventually(timeout, interval time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(timeout)
-	for {
-		if cond() {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(interval)
-	}
+// Poll checks cond at once and then every interval until it is true (true), or until timeout
+// passes or ctx is done (false): wait.PollUntilContextTimeout for a condition that cannot fail.
+func Poll(ctx context.Context, interval, timeout time.Duration, cond func() bool) bool {
+	return wait.PollUntilContextTimeout(ctx, interval, timeout, true, func(context.Context) (bool, error) {
+		return cond(), nil
+	}) == nil
 }
 
 func lastLines(b []byte, n int) string {

@@ -155,7 +155,7 @@ func (e *env) setup(ctx context.Context) error {
 	if e.node, err = cluster.NewNode(ctx, e.o.Kubeadm, filepath.Join(e.o.Work, "node"), e.o.NodeIP, e.o.Version, e.o.ProxyUID); err != nil {
 		return fmt.Errorf("kubeadm: %w", err)
 	}
-	if err := e.node.StartEtcd(e.o.Etcd); err != nil {
+	if err := e.node.StartEtcd(ctx, e.o.Etcd); err != nil {
 		return err
 	}
 	// The first pod runs the older version: the upgrade scenario rolls it to the newer one.

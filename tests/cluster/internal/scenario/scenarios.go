@@ -205,7 +205,7 @@ func brokenRolloutStalls(ctx context.Context, e *env, r *Result) {
 			filepath.Join(e.node.PKI, "apiserver-kubelet-client.key"))
 		if err != nil {
 			r.fail("%v", err)
-		} else if !cluster.Eventually(3*time.Minute, time.Second, func() bool {
+		} else if !cluster.Poll(ctx, time.Second, 3*time.Minute, func() bool {
 			return broken.Crashed() != nil || broken.APIServerReadyz(client)
 		}) || broken.Crashed() != nil {
 			r.fail("broken pod's apiserver never became ready: %v", broken.Crashed())

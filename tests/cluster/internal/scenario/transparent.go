@@ -20,7 +20,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"kube-apiserver-proxy/tests/cluster/internal/cluster"
-	"kube-apiserver-proxy/tests/cluster/internal/load"
+	steprep "kube-apiserver-proxy/tests/cluster/internal/step"
 )
 
 // auditPolicy is the apiservers' audit policy in this scenario: every request of the two
@@ -42,12 +42,6 @@ type remoteLoad struct {
 	out, log  string
 	done      chan struct{}
 	waitError error
-}
-
-// loadgenReport is what this scenario reads of loadgen's report.
-type loadgenReport struct {
-	Load     *load.Report `json:"load"`
-	Problems []string     `json:"problems"`
 }
 
 // startRemoteLoad runs loadgen (built beside the rehearse binary by tests/cluster/run) in net
@@ -76,7 +70,7 @@ func startRemoteLoad(ctx context.Context, work string, net *cluster.ClientNet, k
 		logFile.Close()
 		close(l.done)
 	}()
-	ok := cluster.Eventually(3*time.Minute, 200*time.Millisecond, func() bool {
+	ok := cluster.Poll(ctx, 200*time.Millisecond, 3*time.Minute, func() bool {
 		select {
 		case <-l.done:
 			return true
@@ -98,7 +92,7 @@ func startRemoteLoad(ctx context.Context, work string, net *cluster.ClientNet, k
 }
 
 // stop ends the load (SIGTERM) and reads its report.
-func (l *remoteLoad) stop() (*loadgenReport, error) {
+func (l *remoteLoad) stop() (*steprep.Report, error) {
 	_ = l.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-l.done:
@@ -110,7 +104,7 @@ func (l *remoteLoad) stop() (*loadgenReport, error) {
 	if err != nil {
 		return nil, fmt.Errorf("no report (%v): %s", l.waitError, cluster.Tail(l.log, 5))
 	}
-	var rep loadgenReport
+	var rep steprep.Report
 	if err := json.Unmarshal(raw, &rep); err != nil {
 		return nil, fmt.Errorf("%s: %w", l.out, err)
 	}
