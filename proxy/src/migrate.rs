@@ -221,7 +221,7 @@ impl GetfdError {
 #[derive(Debug, thiserror::Error)]
 enum ClusterInfoError {
     #[error(transparent)]
-    Client(#[from] crate::checkpoint::CheckpointError),
+    Client(#[from] crate::kubeconfig::KubeconfigError),
     #[error(transparent)]
     Runtime(io::Error),
     #[error(transparent)]
