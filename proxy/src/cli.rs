@@ -377,12 +377,12 @@ pub struct RecoverArgs {
 pub struct TransparentRoutesArgs {
     /// The routing table of the local routes (not 253-255: default, main and local, where a
     /// local default route would take every packet of the node).
-    #[arg(long, value_name = "ID", default_value_t = crate::routes::DEFAULT_TABLE, value_parser = parse_table)]
+    #[arg(long, value_name = "ID", default_value_t = crate::backends::routes::DEFAULT_TABLE, value_parser = parse_table)]
     pub table: u32,
 
     /// The priority of the rule for loopback sources (the 127.0.0.0/24 exception takes the one
     /// before it).
-    #[arg(long, value_name = "N", default_value_t = crate::routes::DEFAULT_PRIORITY, value_parser = clap::value_parser!(u32).range(2..32766))]
+    #[arg(long, value_name = "N", default_value_t = crate::backends::routes::DEFAULT_PRIORITY, value_parser = clap::value_parser!(u32).range(2..32766))]
     pub priority: u32,
 
     /// Remove them instead.

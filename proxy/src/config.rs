@@ -10,14 +10,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::addr::{AdminAddr, BackendAddr, ListenAddr};
-use crate::check::{HealthCheck, HealthConfig};
+use crate::backends::check::{HealthCheck, HealthConfig};
+use crate::backends::discovery::DiscoveryConfig;
+use crate::backends::tls::{self, TlsError};
+use crate::base::addr::{AdminAddr, BackendAddr, ListenAddr};
 use crate::cli::{
     parse_socket_addr, ClientAddress, CopyMode, HealthCheckKind, LogFormat, RunArgs, RuntimeShape,
 };
-use crate::discovery::DiscoveryConfig;
 use crate::handoff::HandoffConfig;
-use crate::tls::{self, TlsError};
 
 /// A configuration error: which flag, and what is wrong with it.
 #[derive(Debug, thiserror::Error)]
@@ -78,7 +78,7 @@ pub struct Config {
     /// runtime.
     pub runtime: RuntimeShape,
     /// How bytes are moved (default auto: buffered for small bursts, splice for bulk).
-    pub copy_mode: crate::copy::Mode,
+    pub copy_mode: crate::data::copy::Mode,
     /// Which address the apiservers see for a client (default `proxy`: the proxy's own).
     pub client_address: ClientAddress,
     /// `--user`: the uid and gid to switch to at start (`None`: stay).
@@ -145,9 +145,9 @@ impl TryFrom<RunArgs> for Config {
             worker_threads: worker_threads(args.worker_threads)?,
             runtime: args.runtime,
             copy_mode: match args.copy_mode {
-                CopyMode::Auto => crate::copy::Mode::Auto,
-                CopyMode::Splice => crate::copy::Mode::Splice,
-                CopyMode::Buffered => crate::copy::Mode::Buffered,
+                CopyMode::Auto => crate::data::copy::Mode::Auto,
+                CopyMode::Splice => crate::data::copy::Mode::Splice,
+                CopyMode::Buffered => crate::data::copy::Mode::Buffered,
             },
             client_address: args.client_address,
             user,
@@ -322,7 +322,7 @@ fn health_config(
 fn user(args: &RunArgs) -> Result<Option<(u32, u32)>, ConfigError> {
     args.user
         .as_deref()
-        .map(crate::privileges::parse_user)
+        .map(crate::instance::privileges::parse_user)
         .transpose()
         .map_err(|m| invalid("--user", m))
 }

@@ -12,8 +12,9 @@ use clap::Parser;
 use kube_apiserver_proxy::cli::{self, Cli, Command, LogFormat, RunArgs, RuntimeShape};
 use kube_apiserver_proxy::config::Config;
 use kube_apiserver_proxy::{
-    install, kubeadm_sync, kubernetes_endpoints, launch, migrate, migrate_back, privileges, probe,
-    recover, render, routes, server, signal,
+    backends::routes, instance::privileges, instance::signal, node::install, node::kubeadm_sync,
+    node::kubernetes_endpoints, node::launch, node::migrate, node::migrate_back, node::probe,
+    node::recover, node::render, server,
 };
 
 fn main() -> ExitCode {

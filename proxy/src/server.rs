@@ -8,7 +8,7 @@
 //! peer or closed; connections finish until the drain deadline, then are closed spread over a
 //! window) → Stopped.
 //!
-//! SIGUSR2 while Serving is an in-place upgrade ([`crate::upgrade`]): once the successor is
+//! SIGUSR2 while Serving is an in-place upgrade ([`crate::instance::upgrade`]): once the successor is
 //! ready, this instance hands it the listening sockets and the established connections while
 //! still Serving (it answers the admin socket until then), then drains what is left as on
 //! SIGTERM; if the successor fails, it goes on serving.
@@ -23,23 +23,23 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::addr::ListenAddr;
-use crate::admin::{self, AdminView};
-use crate::backend::{Backends, Tier};
+use crate::backends::backend::{Backends, Tier};
+use crate::backends::discovery;
+use crate::backends::readiness::Readiness;
+use crate::base::addr::ListenAddr;
+use crate::base::lifecycle::{Lifecycle, State};
+use crate::base::metrics::Metrics;
+use crate::base::net;
 use crate::cli::{ClientAddress, RuntimeShape};
 use crate::config::Config;
-use crate::discovery;
-use crate::forward::ForwardContext;
+use crate::data::forward::ForwardContext;
+use crate::data::listener::{HoldError, Listeners};
+use crate::data::workers::{Placement, Workers};
 use crate::handoff::{Handoff, HandoffError};
-use crate::lifecycle::{Lifecycle, State};
-use crate::listener::{HoldError, Listeners};
-use crate::metrics::Metrics;
-use crate::net;
-use crate::readiness::Readiness;
-use crate::signal::Intent;
+use crate::instance::signal::Intent;
+use crate::instance::upgrade::{self, StartCommand};
+use crate::observe::admin::{self, AdminView};
 use crate::sys;
-use crate::upgrade::{self, StartCommand};
-use crate::workers::{Placement, Workers};
 
 /// Why the instance could not run.
 #[derive(Debug, thiserror::Error)]
@@ -67,7 +67,7 @@ const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 /// Runs one instance until a shutdown intent arrives (or an upgrade succeeds) and the drain is
 /// done: [`Instance::start`], [`Instance::serve`], [`Instance::drain`]. `intents` is the one
-/// shutdown mechanism: the binary feeds it from the signal handlers ([`crate::signal`]), a test
+/// shutdown mechanism: the binary feeds it from the signal handlers ([`crate::instance::signal`]), a test
 /// from its own channel.
 pub async fn run(
     config: Config,
@@ -164,9 +164,9 @@ impl Instance {
         #[cfg(feature = "planted-faults")]
         crate::fault::plant(config.planted_fault);
         let metrics = Metrics::new(&registry);
-        metrics.read_pipes_pooled_from(crate::copy::pooled_pipes);
+        metrics.read_pipes_pooled_from(crate::data::copy::pooled_pipes);
         let lifecycle = Lifecycle::new(metrics.clone());
-        crate::limits::raise_and_report(config.max_connections.get());
+        crate::instance::limits::raise_and_report(config.max_connections.get());
         report_tcp_migrate_req(&metrics);
 
         let root = CancellationToken::new();
@@ -208,7 +208,7 @@ impl Instance {
         lifecycle.advance(State::WaitingForBackend);
         // Started (configuration valid, admin endpoint up): what systemd's `Type=notify` waits
         // for. Not Serving: a start must not fail because every apiserver is down at that moment.
-        crate::notify::notify("READY=1");
+        crate::instance::notify::notify("READY=1");
         Ok(Instance {
             config,
             lifecycle,
@@ -273,7 +273,7 @@ impl Instance {
 
     /// Hands over and drains as `stop` says, then stops every task and waits for them:
     /// Draining → Stopped. Intents that arrive meanwhile are not read (a second SIGTERM during
-    /// the drain is ignored, [`crate::signal`]).
+    /// the drain is ignored, [`crate::instance::signal`]).
     pub async fn drain(self, stop: Stop) {
         match stop {
             Stop::BeforeServing(signal) => tracing::info!(signal, "shutdown before serving"),
@@ -321,7 +321,7 @@ impl Instance {
                 self.admin.stop.cancel();
                 tracing::info!(signal, successor.pid = pid, drain_timeout = ?config.drain_timeout, "in-place upgrade: handed over; the successor answers on the admin socket; draining");
                 self.lifecycle.advance(State::Draining);
-                crate::notify::notify(&format!("MAINPID={pid}"));
+                crate::instance::notify::notify(&format!("MAINPID={pid}"));
             }
             _ => {
                 tracing::info!(signal, drain_timeout = ?config.drain_timeout, "shutdown requested: draining");
@@ -383,7 +383,7 @@ fn forward_context(
     });
     if ctx.transparent {
         let list = backends.clone();
-        tasks.spawn(crate::transparent::run(
+        tasks.spawn(crate::backends::transparent::run(
             move || {
                 let now = list.snapshot();
                 now.iter()
@@ -394,7 +394,7 @@ fn forward_context(
             root.child_token(),
         ));
     }
-    tasks.spawn(crate::forward::cut_on_cancel(ctx.clone()));
+    tasks.spawn(crate::data::forward::cut_on_cancel(ctx.clone()));
     ctx
 }
 
@@ -407,7 +407,7 @@ fn placement(config: &Config, root: &CancellationToken) -> Result<Placement, Run
             Workers::start(
                 config.worker_threads.get(),
                 root.child_token(),
-                crate::workers::tick_for(config.connect_timeout),
+                crate::data::workers::tick_for(config.connect_timeout),
             )
             .map_err(RunError::Workers)?,
         ),
@@ -437,7 +437,7 @@ fn start_handoff(
         tasks.clone(),
     )?;
     if let Some(file) = &config.retire_file {
-        tasks.spawn(crate::retire::run(
+        tasks.spawn(crate::node::retire::run(
             file.clone(),
             handoff.clone(),
             readiness.clone(),
@@ -511,22 +511,22 @@ async fn serve_node_metrics(
             return;
         }
     };
-    let peers = crate::scrape::Peers::new(handoff_dir.to_path_buf());
+    let peers = crate::observe::scrape::Peers::new(handoff_dir.to_path_buf());
     if let Ok(peer_addr) = peer_listener.local_addr() {
-        tasks.spawn(crate::scrape::publish(
+        tasks.spawn(crate::observe::scrape::publish(
             peers.clone(),
             peer_addr,
             root.child_token(),
         ));
     }
-    tasks.spawn(crate::scrape::serve_peer(
+    tasks.spawn(crate::observe::scrape::serve_peer(
         peer_listener,
         view.clone(),
         root.child_token(),
         tasks.clone(),
     ));
-    tasks.spawn(crate::scrape::serve(
-        crate::scrape::NodeScrape {
+    tasks.spawn(crate::observe::scrape::serve(
+        crate::observe::scrape::NodeScrape {
             addr,
             peers,
             cache_for: config.metrics_cache,
@@ -614,9 +614,10 @@ async fn hand_over_connections(handoff: &Handoff, ctx: &ForwardContext, pid: u32
         return;
     }
     let started = Instant::now();
-    let summary =
-        crate::transfer::hand_over(&ctx.carried, |parked| handoff.send_connections(pid, parked))
-            .await;
+    let summary = crate::data::transfer::hand_over(&ctx.carried, |parked| {
+        handoff.send_connections(pid, parked)
+    })
+    .await;
     tracing::info!(
         successor.pid = pid,
         carried,

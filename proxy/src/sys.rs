@@ -29,7 +29,6 @@ use nix::sys::socket::{
     getsockopt, sendmsg, sockopt, ControlMessage, MsgFlags, SockType, UnixCredentials,
 };
 
-
 /// Most descriptors one handoff message may carry.
 pub const MAX_FDS: usize = 64;
 
@@ -444,7 +443,7 @@ mod tests {
 
     #[test]
     fn fds_travel_with_cloexec_and_keep_identity() {
-        let listener = crate::net::bind_reuseport("127.0.0.1:0".parse().unwrap()).unwrap();
+        let listener = crate::base::net::bind_reuseport("127.0.0.1:0".parse().unwrap()).unwrap();
         let addr = listener.local_addr().unwrap();
         let (a, b) = UnixStream::pair().unwrap();
         send_with_fds(a.as_fd(), b"x", &[listener.as_fd()]).unwrap();
@@ -467,7 +466,7 @@ mod tests {
     fn truncated_descriptors_are_closed_not_leaked() {
         // Room for one descriptor is room for two after alignment: send three.
         let listeners: Vec<_> = (0..3)
-            .map(|_| crate::net::bind_reuseport("127.0.0.1:0".parse().unwrap()).unwrap())
+            .map(|_| crate::base::net::bind_reuseport("127.0.0.1:0".parse().unwrap()).unwrap())
             .collect();
         let addrs: Vec<_> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
         let (a, b) = UnixStream::pair().unwrap();
@@ -489,7 +488,7 @@ mod tests {
 
     #[test]
     fn inherited_listener_is_taken_only_when_it_is_one() {
-        let listener = crate::net::bind_reuseport("127.0.0.1:0".parse().unwrap()).unwrap();
+        let listener = crate::base::net::bind_reuseport("127.0.0.1:0".parse().unwrap()).unwrap();
         let addr = listener.local_addr().unwrap();
         let dup = listener.as_fd().try_clone_to_owned().unwrap();
         let raw = std::os::fd::IntoRawFd::into_raw_fd(dup);

@@ -1,22 +1,25 @@
-//! No import cycles between the modules of `src/`.
+//! No import cycles between the modules of `src/`, and the layers named in order.
 //!
 //! The file checks the crate it is compiled into (`CARGO_MANIFEST_DIR`): the proxy's test
 //! target, and the bench crate's `tests/module_graph.rs`, which includes this file with
 //! `#[path]`; [`this_crate`] holds what differs between them.
 //!
-//! Every `.rs` file under `src/` belongs to a top-level module: `foo.rs` and `foo/mod.rs` are
-//! `foo`, `foo/bar.rs` is `foo::bar` and counts as `foo`. A module depends on another when its
-//! code names it: `crate::name`, an entry of a `use crate::{a, b::c}` group, a `super::` chain
-//! that climbs out of it, and in `main.rs` (the binary, a crate root of its own that sees the
-//! library by its name, e.g. `kube_apiserver_proxy`) `library::name`. Test code does not count:
-//! items under `#[cfg(test)]` (the `mod tests { … }` at the bottom of a file) and files declared
-//! by a `#[cfg(test)] mod name;` are left out. Comments (doc links included), string and
-//! character literals are blanked before the scan.
+//! Every `.rs` file under `src/` belongs to a module: `foo.rs` and `foo/mod.rs` are `foo`, and
+//! `foo/bar.rs` is `foo::bar` and counts as `foo` — unless `foo/` is a folder of modules (its
+//! `mod.rs` declares modules and nothing else): then `foo/bar.rs` and everything below it is the
+//! module `foo::bar`. A module depends on another when its code names it: `crate::name` (or
+//! `crate::folder::name`), an entry of a `use crate::{a, b::c}` group, a `super::` chain that
+//! climbs out of it, and in `main.rs` (the binary, a crate root of its own that sees the library
+//! by its name, e.g. `kube_apiserver_proxy`) `library::name`. Test code does not count: items
+//! under `#[cfg(test)]` (the `mod tests { … }` at the bottom of a file) and files declared by a
+//! `#[cfg(test)] mod name;` are left out. Comments (doc links included), string and character
+//! literals are blanked before the scan.
 //!
 //! The graph of those dependencies must have no cycle; the test names every strongly connected
 //! component of more than one module, with one reference (file:line) for each edge inside it.
-//! And the crate's self-contained modules (the proxy's `sys`, the `unsafe` module) must name no
-//! other module at all.
+//! The crate's self-contained modules (the proxy's `sys`, the `unsafe` module) must name no
+//! other module at all. And where the crate has layers (the proxy's [`LAYERS`]), every module
+//! belongs to one and names nothing in a layer above its own.
 //!
 //! The scan is deliberately small: it reads tokens, not Rust. Inline modules other than
 //! `#[cfg(test)]` ones are not tracked (a `super::` inside one is read as if it were at the
@@ -30,10 +33,12 @@ use std::path::{Path, PathBuf};
 struct Crate {
     /// How `main.rs` names the library's crate root.
     library: &'static str,
-    /// Fewer top-level modules than this means the scan read the wrong directory.
+    /// Fewer modules than this means the scan read the wrong directory.
     min_modules: usize,
     /// Modules that must name no other module of the crate.
     self_contained: &'static [&'static str],
+    /// The crate's layers, lowest first (none: no layer rule).
+    layers: &'static [&'static [&'static str]],
 }
 
 /// The crate this file is compiled into, by its package name.
@@ -43,11 +48,13 @@ fn this_crate() -> Crate {
             library: "kube_apiserver_proxy",
             min_modules: 21,
             self_contained: &["sys"],
+            layers: LAYERS,
         },
         "kube-apiserver-proxy-bench" => Crate {
             library: "kube_apiserver_proxy_bench",
             min_modules: 15,
             self_contained: &["options"],
+            layers: &[],
         },
         other => panic!("module_graph.rs does not know the crate {other}: add it to this_crate"),
     }
@@ -100,6 +107,94 @@ fn self_contained_modules_depend_on_nothing_of_the_crate() {
             named.join("\n")
         );
     }
+}
+
+/// The layers, lowest first: a module names modules of its own layer or of layers below it,
+/// never above. A module is placed by its folder (`data::copy` is in `data`) or, at the top
+/// level, by its name. docs/architecture.md draws the same order.
+const LAYERS: &[&[&str]] = &[
+    // The only `unsafe`: raw descriptor work.
+    &["sys"],
+    // What every layer shares; faults planted for the tier's self-test (feature only).
+    &["base", "fault"],
+    // Backends, their health, how a connection to one is made.
+    &["backends"],
+    // Accepting, forwarding, carrying bytes, handing connections over.
+    &["data"],
+    // Listener handoff between instances.
+    &["handoff"],
+    // One process's life: signals, notifications, limits, privileges, in-place upgrade.
+    &["instance"],
+    // The flags (clap): the node commands and the admin endpoints read their own.
+    &["cli"],
+    // The admin endpoints and the node's scrape target.
+    &["observe"],
+    // The node commands and agents.
+    &["node"],
+    // The roots: typed configuration, one instance's start/serve/drain, the binary.
+    &["config", "server", "main"],
+];
+
+#[test]
+fn layers_name_only_layers_below_them() {
+    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let krate = this_crate();
+    if krate.layers.is_empty() {
+        return; // a crate without layers (the bench) has only the cycle rule
+    }
+    let graph = graph_of(crate_dir, &crate_dir.join("src"), krate.library);
+    let problems = layering_problems(&graph, krate.layers);
+    assert!(
+        problems.is_empty(),
+        "modules of src/ name a layer above their own (the order: LAYERS, \
+         docs/architecture.md):\n{}",
+        problems.join("\n")
+    );
+}
+
+#[test]
+fn layering_names_a_planted_upward_reference() {
+    let mut graph = Graph::new();
+    add_edge(&mut graph, "high::a", "low::b", "src/high/a.rs", 3);
+    add_edge(&mut graph, "low::b", "low::c", "src/low/b.rs", 4);
+    add_edge(&mut graph, "root", "high::a", "src/root.rs", 5);
+    let layers: &[&[&str]] = &[&["low"], &["high"], &["root"]];
+    assert!(layering_problems(&graph, layers).is_empty());
+
+    add_edge(&mut graph, "low::c", "high::a", "src/low/c.rs", 7);
+    add_edge(&mut graph, "stray", "low::b", "src/stray.rs", 1);
+    assert_eq!(
+        layering_problems(&graph, layers),
+        [
+            "low::c (layer low) names high::a (layer high): src/low/c.rs:7",
+            "stray is in no layer: add it to LAYERS",
+        ]
+    );
+}
+
+/// Every reference from a module to one in a higher layer, and every module in no layer.
+fn layering_problems(graph: &Graph, layers: &[&[&str]]) -> Vec<String> {
+    let layer_of = |module: &str| {
+        let head = module.split("::").next().unwrap_or(module);
+        layers.iter().position(|layer| layer.contains(&head))
+    };
+    let mut problems = Vec::new();
+    for (from, edges) in graph {
+        let Some(own) = layer_of(from) else {
+            problems.push(format!("{from} is in no layer: add it to LAYERS"));
+            continue;
+        };
+        for (to, (file, line)) in edges {
+            match layer_of(to) {
+                Some(theirs) if theirs > own => problems.push(format!(
+                    "{from} (layer {}) names {to} (layer {}): {file}:{line}",
+                    layers[own][0], layers[theirs][0]
+                )),
+                _ => {}
+            }
+        }
+    }
+    problems
 }
 
 #[test]
@@ -173,7 +268,7 @@ mod test_file;
 #[cfg(feature = "x")]
 use crate::sixth;
 "####;
-    let planted = scan(source, "crate", &[]);
+    let planted = scan(source, "crate", &[], &BTreeSet::new());
     let named: Vec<(&str, usize)> = planted
         .references
         .iter()
@@ -197,19 +292,59 @@ use crate::sixth;
         "use super::super::up; use super::near;",
         "crate",
         &["a", "b"],
+        &BTreeSet::new(),
     );
     let named: Vec<&str> = climbing.references.iter().map(|r| r.to.as_str()).collect();
     assert_eq!(named, ["up"]);
 
-    assert!(scan("#![cfg(test)]\nuse crate::x;", "crate", &[]).test_only);
+    assert!(
+        scan(
+            "#![cfg(test)]\nuse crate::x;",
+            "crate",
+            &[],
+            &BTreeSet::new()
+        )
+        .test_only
+    );
 }
 
-/// The dependency graph of the top-level modules under `src`, every module a key; `library` is
-/// how `main.rs` names the library's crate root.
+#[test]
+fn scan_follows_folders_of_modules() {
+    let groups: BTreeSet<String> = ["data", "base"].map(String::from).into();
+    let source = "use crate::data::{copy, control::Control};\n\
+                  use crate::{base::addr, sys};\n\
+                  fn f() { crate::base::metrics::get(); }\n\
+                  use crate::data;\n\
+                  use super::sibling;\n";
+    let scanned = scan(source, "crate", &["data", "forward"], &groups);
+    let named: Vec<&str> = scanned.references.iter().map(|r| r.to.as_str()).collect();
+    assert_eq!(
+        named,
+        [
+            "data::copy",
+            "data::control",
+            "base::addr",
+            "sys",
+            "base::metrics",
+            "data",
+            "data::sibling"
+        ]
+    );
+    assert!(only_declares_modules(
+        "//! Doc.\n#[cfg(feature = \"x\")]\npub mod a;\nmod b;\n"
+    ));
+    assert!(!only_declares_modules("pub mod a;\npub fn f() {}\n"));
+}
+
+/// The dependency graph of the modules under `src`, every module a key: a top-level module
+/// (`foo.rs`, `foo/mod.rs` and everything below it), or a module of a folder of modules
+/// (`data/copy.rs` and everything below it is `data::copy`; see [`groups_of`]).
+/// `library` is how `main.rs` names the library's crate root.
 fn graph_of(crate_dir: &Path, src: &Path, library: &str) -> Graph {
     let mut files = Vec::new();
     rust_files(src, &mut files);
     files.sort();
+    let groups = groups_of(src);
 
     // Module path of each file, and the files whose code is read.
     let mut modules: Vec<(PathBuf, Vec<String>)> = Vec::new();
@@ -221,16 +356,21 @@ fn graph_of(crate_dir: &Path, src: &Path, library: &str) -> Graph {
             .collect();
         let last = path.pop().expect("a file name");
         let stem = last.strip_suffix(".rs").expect("a .rs file");
-        // lib.rs is the crate root: it declares the modules and is none of them.
-        if path.is_empty() && stem == "lib" {
-            continue;
-        }
         if stem != "mod" {
             path.push(stem.to_string());
         }
+        // lib.rs is the crate root and a folder's mod.rs only declares its modules: neither is
+        // a module of its own.
+        if path == ["lib"] || (path.len() == 1 && groups.contains(&path[0])) {
+            continue;
+        }
         modules.push((file, path));
     }
-    let top: BTreeSet<String> = modules.iter().map(|(_, path)| path[0].clone()).collect();
+    let key = |path: &[String]| match path {
+        [group, module, ..] if groups.contains(group) => format!("{group}::{module}"),
+        _ => path[0].clone(),
+    };
+    let known: BTreeSet<String> = modules.iter().map(|(_, path)| key(path)).collect();
 
     let mut graph = Graph::new();
     let mut test_paths: Vec<Vec<String>> = Vec::new();
@@ -240,7 +380,7 @@ fn graph_of(crate_dir: &Path, src: &Path, library: &str) -> Graph {
             .unwrap_or_else(|e| panic!("reading {}: {e}", file.display()));
         let root = if path == &["main"] { library } else { "crate" };
         let path_refs: Vec<&str> = path.iter().map(String::as_str).collect();
-        let scan = scan(&text, root, &path_refs);
+        let scan = scan(&text, root, &path_refs, &groups);
         for name in &scan.test_modules {
             let mut test_path = path.clone();
             test_path.push(name.clone());
@@ -249,7 +389,8 @@ fn graph_of(crate_dir: &Path, src: &Path, library: &str) -> Graph {
         scans.push((file, path, scan));
     }
     for (file, path, scan) in scans {
-        graph.entry(path[0].clone()).or_default();
+        let from = key(path);
+        graph.entry(from.clone()).or_default();
         let test_only = scan.test_only || test_paths.iter().any(|t| path.starts_with(t));
         if test_only {
             continue;
@@ -260,12 +401,53 @@ fn graph_of(crate_dir: &Path, src: &Path, library: &str) -> Graph {
             .display()
             .to_string();
         for reference in scan.references {
-            if reference.to != path[0] && top.contains(&reference.to) {
-                add_edge(&mut graph, &path[0], &reference.to, &shown, reference.line);
+            if reference.to != from && known.contains(&reference.to) {
+                add_edge(&mut graph, &from, &reference.to, &shown, reference.line);
             }
         }
     }
     graph
+}
+
+/// The folders of modules under `src`: a folder whose `mod.rs` declares modules and holds
+/// nothing else (comments and attributes aside). Its modules are modules of their own in the
+/// graph; a folder with code in its `mod.rs` (`handoff/`) is one module with its parts.
+fn groups_of(src: &Path) -> BTreeSet<String> {
+    let mut groups = BTreeSet::new();
+    for entry in std::fs::read_dir(src).expect("reading src") {
+        let dir = entry.expect("directory entry").path();
+        let Ok(text) = std::fs::read_to_string(dir.join("mod.rs")) else {
+            continue;
+        };
+        if only_declares_modules(&text) {
+            let name = dir.file_name().expect("a name").to_string_lossy();
+            groups.insert(name.into_owned());
+        }
+    }
+    groups
+}
+
+/// The text's code is nothing but `[pub] mod name;` items, each with its attributes.
+fn only_declares_modules(text: &str) -> bool {
+    let tokens = tokens(&blank(text));
+    let mut i = 0;
+    while i < tokens.len() {
+        let end = item_end(&tokens, i);
+        let item: Vec<&str> = tokens[i..end].iter().map(|t| t.text.as_str()).collect();
+        let mut rest = item.as_slice();
+        while let ["#", "[", ..] = rest {
+            let close = rest
+                .iter()
+                .position(|t| *t == "]")
+                .expect("an attribute's end");
+            rest = &rest[close + 1..];
+        }
+        if !matches!(rest, ["pub", "mod", _, ";"] | ["mod", _, ";"]) {
+            return false;
+        }
+        i = end;
+    }
+    true
 }
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -303,7 +485,7 @@ struct Scan {
 
 /// Scans one file's text. `root` is how the crate root is spelled (`crate`, or the library's
 /// name in `main.rs`); `path` is the file's module path, for `super::` chains.
-fn scan(text: &str, root: &str, path: &[&str]) -> Scan {
+fn scan(text: &str, root: &str, path: &[&str], groups: &BTreeSet<String>) -> Scan {
     let tokens = tokens(&blank(text));
     let mut references = Vec::new();
     let mut test_modules = Vec::new();
@@ -325,7 +507,7 @@ fn scan(text: &str, root: &str, path: &[&str]) -> Scan {
         }
         let token = &tokens[i];
         if token.text == root && next_is(&tokens, i, "::") {
-            i = read_path_tail(&tokens, i + 2, &mut references);
+            i = read_path_tail(&tokens, i + 2, groups, &mut references);
             continue;
         }
         if token.text == "super" && next_is(&tokens, i, "::") {
@@ -335,9 +517,22 @@ fn scan(text: &str, root: &str, path: &[&str]) -> Scan {
                 climbed += 1;
                 j += 2;
             }
-            // A chain that climbs to the crate root names a top-level module next.
-            if !path.is_empty() && climbed >= path.len() {
-                i = read_path_tail(&tokens, j, &mut references);
+            // A chain that climbs to the crate root names a top-level module next; one that
+            // climbs to a folder of modules names a module of that folder.
+            let reached = &path[..path.len().saturating_sub(climbed)];
+            if !path.is_empty() && reached.is_empty() {
+                i = read_path_tail(&tokens, j, groups, &mut references);
+            } else if let [group] = reached {
+                if groups.contains(*group) {
+                    let mut inside = Vec::new();
+                    i = read_path_tail(&tokens, j, &BTreeSet::new(), &mut inside);
+                    references.extend(inside.into_iter().map(|r| Reference {
+                        to: format!("{group}::{}", r.to),
+                        line: r.line,
+                    }));
+                } else {
+                    i = j;
+                }
             } else {
                 i = j;
             }
@@ -352,20 +547,63 @@ fn scan(text: &str, root: &str, path: &[&str]) -> Scan {
     }
 }
 
-/// After `crate::`: one name, or the heads of a `{…}` group's entries. Returns the index after.
-fn read_path_tail(tokens: &[Token], start: usize, out: &mut Vec<Reference>) -> usize {
-    let Some(first) = tokens.get(start) else {
-        return start;
-    };
-    if first.text != "{" {
-        if is_ident(&first.text) {
-            out.push(Reference {
-                to: first.text.clone(),
-                line: first.line,
-            });
+/// After `crate::`: one module, or the modules of a `{…}` group's entries. A name that is a
+/// folder of modules (one of `groups`) is read with the module after it (`data::copy`, or each
+/// of `data::{copy, control}`). Returns the index after.
+fn read_path_tail(
+    tokens: &[Token],
+    start: usize,
+    groups: &BTreeSet<String>,
+    out: &mut Vec<Reference>,
+) -> usize {
+    if tokens.get(start).is_some_and(|t| t.text == "{") {
+        let (heads, after) = braced_heads(tokens, start);
+        for head in heads {
+            read_name(tokens, head, groups, out);
         }
-        return start + 1;
+        return after;
     }
+    read_name(tokens, start, groups, out)
+}
+
+/// The name at `i`; a group's name is followed into its module, or each module of a `{…}`.
+/// Returns the index after what was read.
+fn read_name(
+    tokens: &[Token],
+    i: usize,
+    groups: &BTreeSet<String>,
+    out: &mut Vec<Reference>,
+) -> usize {
+    let Some(token) = tokens.get(i) else {
+        return i;
+    };
+    if !is_ident(&token.text) {
+        return i + 1;
+    }
+    let mut named = |to: String, line: usize| out.push(Reference { to, line });
+    if !groups.contains(&token.text) || !next_is(tokens, i, "::") {
+        named(token.text.clone(), token.line);
+        return i + 1;
+    }
+    let group = &token.text;
+    let after = i + 2;
+    let (heads, end) = if tokens.get(after).is_some_and(|t| t.text == "{") {
+        braced_heads(tokens, after)
+    } else {
+        (vec![after], after + 1)
+    };
+    for head in heads {
+        if let Some(module) = tokens.get(head).filter(|t| is_ident(&t.text)) {
+            named(format!("{group}::{}", module.text), module.line);
+        }
+    }
+    end
+}
+
+/// The `{…}` starting at `start`: the index of each entry's first token, and the index after
+/// the closing brace.
+fn braced_heads(tokens: &[Token], start: usize) -> (Vec<usize>, usize) {
+    let mut heads = Vec::new();
     let mut depth = 0;
     let mut expect_head = false;
     let mut i = start;
@@ -378,16 +616,13 @@ fn read_path_tail(tokens: &[Token], start: usize, out: &mut Vec<Reference>) -> u
             "}" => {
                 depth -= 1;
                 if depth == 0 {
-                    return i + 1;
+                    return (heads, i + 1);
                 }
             }
             "," if depth == 1 => expect_head = true,
             text if expect_head => {
                 if is_ident(text) {
-                    out.push(Reference {
-                        to: text.to_string(),
-                        line: token.line,
-                    });
+                    heads.push(i);
                 }
                 expect_head = false;
             }
@@ -395,7 +630,7 @@ fn read_path_tail(tokens: &[Token], start: usize, out: &mut Vec<Reference>) -> u
         }
         i += 1;
     }
-    i
+    (heads, i)
 }
 
 /// `#[cfg(test)]` or `#![cfg(test)]` at `i`: the index after it.

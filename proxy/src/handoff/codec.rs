@@ -12,7 +12,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::lifecycle::State;
+use crate::base::lifecycle::State;
 
 /// Frame magic.
 pub const MAGIC: &[u8; 4] = b"KAPH";

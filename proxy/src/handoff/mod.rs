@@ -35,12 +35,12 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::addr::ListenAddr;
-use crate::listener::{HeldSocket, Listeners};
-use crate::readiness::Readiness;
+use crate::backends::readiness::Readiness;
+use crate::base::addr::ListenAddr;
+use crate::data::listener::{HeldSocket, Listeners};
 use crate::sys;
 
-use crate::metrics::{HandoffDirection, HandoffOutcome, Metrics};
+use crate::base::metrics::{HandoffDirection, HandoffOutcome, Metrics};
 pub use codec::{Message, PeerState};
 
 /// Time one exchange with a peer may take.
@@ -263,8 +263,8 @@ impl Handoff {
     pub async fn send_connections(
         &self,
         pid: u32,
-        parked: Vec<crate::transfer::Parked>,
-    ) -> (Vec<crate::transfer::Parked>, HashSet<u64>) {
+        parked: Vec<crate::data::transfer::Parked>,
+    ) -> (Vec<crate::data::transfer::Parked>, HashSet<u64>) {
         let prefix = format!("kap-{pid}-");
         let Some(path) = self.peer_paths().await.into_iter().find(|p| {
             p.file_name()

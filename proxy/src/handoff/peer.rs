@@ -7,9 +7,9 @@ use std::os::fd::{AsFd, OwnedFd};
 use super::codec::{ConnEntry, Message, PeerState};
 use super::server::{Peer, Reply, Responder};
 use super::Handoff;
-use crate::lifecycle::State;
-use crate::listener::{HoldError, TakenConnection};
-use crate::metrics::{HandoffDirection, HandoffOutcome};
+use crate::base::lifecycle::State;
+use crate::base::metrics::{HandoffDirection, HandoffOutcome};
+use crate::data::listener::{HoldError, TakenConnection};
 use crate::sys;
 
 impl Responder for Handoff {
@@ -103,7 +103,7 @@ async fn share(handoff: &Handoff, peer: &Peer, state: State, asked: &[String]) {
 }
 
 /// Takes over a draining peer's sockets (only while Serving, and only until our own drain
-/// starts: [`crate::listener::Listeners::hold`] refuses once the set is frozen, so an adoption
+/// starts: [`crate::data::listener::Listeners::hold`] refuses once the set is frozen, so an adoption
 /// racing our drain is refused rather than acknowledged and then closed).
 async fn adopt(
     handoff: &Handoff,
@@ -248,8 +248,8 @@ fn take_connections(
         taken.conns.push(TakenConnection {
             client,
             upstream,
-            client_addr: crate::addr::ClientAddr(peer),
-            pending: crate::copy::Pending { up, down },
+            client_addr: crate::base::addr::ClientAddr(peer),
+            pending: crate::data::copy::Pending { up, down },
             slot,
             runtime,
         });

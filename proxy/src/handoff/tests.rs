@@ -13,14 +13,14 @@ use tokio_util::sync::CancellationToken;
 
 use super::Handoff;
 use super::HandoffConfig;
-use crate::addr::ListenAddr;
-use crate::backend::Backends;
-use crate::check::{HealthCheck, HealthConfig};
-use crate::forward::ForwardContext;
-use crate::lifecycle::State;
-use crate::listener::Listeners;
-use crate::metrics::{HandoffDirection, HandoffOutcome, Metrics};
-use crate::readiness::Readiness;
+use crate::backends::backend::Backends;
+use crate::backends::check::{HealthCheck, HealthConfig};
+use crate::backends::readiness::Readiness;
+use crate::base::addr::ListenAddr;
+use crate::base::lifecycle::State;
+use crate::base::metrics::{HandoffDirection, HandoffOutcome, Metrics};
+use crate::data::forward::ForwardContext;
+use crate::data::listener::Listeners;
 
 /// Fault injection points of the serving side (tests only).
 #[derive(Default)]
@@ -77,14 +77,14 @@ impl Instance {
             connect_timeout: Duration::from_secs(1),
             cut: CancellationToken::new(),
             close_window: Duration::ZERO,
-            copy_mode: crate::copy::Mode::Auto,
+            copy_mode: crate::data::copy::Mode::Auto,
             carried: Arc::default(),
             successor_serves: Default::default(),
         });
         let listeners = Arc::new(Listeners::new(
             ctx,
             100,
-            crate::workers::Placement::Shared,
+            crate::data::workers::Placement::Shared,
             stop.child_token(),
         ));
         let (state, rx) = watch::channel(state);
@@ -129,9 +129,9 @@ fn handoff_dir() -> Dir {
 
 /// Two distinct listening sockets on one address (as after a failed share).
 fn two_sockets() -> (ListenAddr, std::net::TcpListener, std::net::TcpListener) {
-    let first = crate::net::bind_reuseport("127.0.0.1:0".parse().unwrap()).unwrap();
+    let first = crate::base::net::bind_reuseport("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = first.local_addr().unwrap();
-    let second = crate::net::bind_reuseport(addr).unwrap();
+    let second = crate::base::net::bind_reuseport(addr).unwrap();
     (ListenAddr(addr), first, second)
 }
 

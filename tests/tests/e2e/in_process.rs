@@ -12,12 +12,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
 use clap::Parser;
-use kube_apiserver_proxy::addr::ListenAddr;
+use kube_apiserver_proxy::base::addr::ListenAddr;
+use kube_apiserver_proxy::base::lifecycle::State;
 use kube_apiserver_proxy::cli::Cli;
 use kube_apiserver_proxy::config::Config;
-use kube_apiserver_proxy::lifecycle::State;
+use kube_apiserver_proxy::instance::signal::Intent;
 use kube_apiserver_proxy::server::{Instance, Observer, Stop};
-use kube_apiserver_proxy::signal::Intent;
 use kube_apiserver_proxy_tests::client::TcpClient;
 use kube_apiserver_proxy_tests::util::{connection_refused, eventually};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -1,0 +1,11 @@
+//! What every layer shares: addresses, lifecycle states, metrics, socket options, files, YAML, HTTP GETs.
+
+pub mod addr;
+pub mod fsutil;
+pub mod http_client;
+pub mod lifecycle;
+pub mod lograte;
+pub mod metrics;
+pub mod net;
+pub mod shard;
+pub mod yaml;

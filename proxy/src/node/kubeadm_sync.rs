@@ -1,0 +1,728 @@
+//! `kube-apiserver-proxy kubeadm-sync`: the node agent that keeps kubeadm the source of truth
+//! of a migrated controller, so that `kubeadm upgrade apply/node` and `kubeadm certs renew`
+//! work unpatched.
+//!
+//! kubeadm writes its static pods to `/etc/kubernetes/manifests` (a constant of kubeadm's) and
+//! checks and waits on them (kubeadm v1.37.2): `upgrade apply` needs exactly one kube-system pod
+//! on the node labelled `component=kube-apiserver,tier=control-plane` with the advertise
+//! endpoint annotation (`util/config/cluster.go` 333–350), the three manifests on disk
+//! (`phases/upgrade/health.go` 241–258), the pod `kube-apiserver-<node>` (its
+//! `kubernetes.io/config.hash`, `util/apiclient/wait.go` 422–446), and after writing a new
+//! manifest it waits for that hash to change and for every `component=kube-apiserver` pod to
+//! be Running (`phases/upgrade/staticpods.go` 263–276, `wait.go` 328–357). A kubelet that runs
+//! that directory would start kubeadm's apiserver beside the proxy.
+//!
+//! So on a migrated node the kubelet runs another directory (`--static-pod-dir`, the kubelet's
+//! `--pod-manifest-path`), and this agent keeps it in step with kubeadm's, every `--interval`:
+//!
+//! - every manifest but `kube-apiserver.yaml` is copied as it is (etcd, controller-manager,
+//!   scheduler, anything else), and a copy whose source is gone is removed: kubeadm's upgrade
+//!   of them, its waits and its rollbacks behave as on any kubeadm node;
+//! - `kube-apiserver.yaml` becomes the Deployment ([`crate::node::render`]): when kubeadm's manifest
+//!   or a file its flags name changes (a new version, a flag, `kubeadm certs renew`) and has
+//!   been stable for `--settle`, the Deployment is rendered again and replaced, and the agent
+//!   waits for the surge rollout to complete;
+//! - in its place the kubelet runs this agent itself as the static pod `kube-apiserver` (the
+//!   *stand-in*, [`standin`]): the mirror pod `kube-system/kube-apiserver-<node>` that kubeadm
+//!   and Cluster API look up, with kubeadm's labels and annotations, kubeadm's image in its
+//!   first container (`kubeadm upgrade plan` reads versions there) and kubeadm's readiness
+//!   probe, which goes through the node address to whichever apiserver serves it. The stand-in
+//!   carries the digests it stands for; it is rewritten only once the rollout is complete, so
+//!   the hash kubeadm waits on changes exactly when the new apiserver serves.
+//!
+//! The first pass at the migration (`--once`) adopts the running static pods: each copy gets the
+//! running pod's UID (its mirror pod's `kubernetes.io/config.hash`), so the kubelet, restarted
+//! on the new directory, keeps etcd, the controller-manager and the scheduler running. It sets
+//! kubeadm's apiserver manifest aside as `.kube-apiserver.yaml` (the kubelet ignores dot files)
+//! and waits until kubeadm's apiserver has stopped, gracefully, within its grace period: a
+//! kubelet restarted while it still ran would kill it as an orphan, cutting its requests. The
+//! agent, once it runs from the new directory, puts the manifest back.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::node::checkpoint::ApiClient;
+use crate::node::render::{self, StaticPod};
+
+/// kubeadm's apiserver manifest, in both directories.
+pub const APISERVER: &str = "kube-apiserver.yaml";
+/// kubeadm's apiserver manifest set aside by `--once` (a dot file: the kubelet ignores it, so it
+/// stops kubeadm's apiserver gracefully); the running agent puts it back.
+pub const SET_ASIDE: &str = ".kube-apiserver.yaml";
+/// The names of the copies this agent made (a dot file: the kubelet ignores it).
+const MANAGED: &str = ".kubeadm-sync";
+/// Where the stand-in's container finds this binary (copied by its init container).
+const BIN: &str = "/proxy-bin/kube-apiserver-proxy";
+
+/// Why `kubeadm-sync` cannot start, or a pass failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    #[error("{what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Manifest { path: String, message: String },
+    #[error("--kubeconfig: {0}")]
+    Kubeconfig(String),
+    #[error("{0}")]
+    Api(String),
+    #[error("--kubeadm-dir and --static-pod-dir must differ (the kubelet would run kubeadm's apiserver)")]
+    SameDir,
+}
+
+impl SyncError {
+    /// Bad input (exit 2) rather than a runtime failure.
+    pub fn is_bad_input(&self) -> bool {
+        matches!(self, SyncError::Kubeconfig(_) | SyncError::SameDir)
+    }
+}
+
+fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> SyncError + 'a {
+    move |source| SyncError::Io {
+        what,
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// The stand-in: the static pod `kube-apiserver` that runs this agent (module documentation).
+/// `command` is the agent's own command line after the binary.
+pub fn standin(
+    pod: &StaticPod,
+    files: Option<&str>,
+    proxy_image: &str,
+    command: &[String],
+) -> Value {
+    let meta = &pod.pod["metadata"];
+    let mut annotations = render::kubeadm_annotations(pod);
+    annotations.insert(render::MANIFEST_DIGEST.into(), json!(pod.digest));
+    if let Some(f) = files {
+        annotations.insert(render::FILES_DIGEST.into(), json!(f));
+    }
+    let mut labels = meta["labels"].as_object().cloned().unwrap_or_default();
+    labels.insert(
+        "app.kubernetes.io/part-of".into(),
+        json!("kube-apiserver-proxy"),
+    );
+    let kubeadm = pod.container().cloned().unwrap_or(Value::Null);
+    let mut container = json!({
+        "name": render::CONTAINER,
+        "image": pod.image(),
+        "imagePullPolicy": kubeadm.get("imagePullPolicy").cloned().unwrap_or(json!("IfNotPresent")),
+        "command": std::iter::once(BIN.to_owned()).chain(command.iter().cloned()).collect::<Vec<_>>(),
+        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}},
+        "volumeMounts": [
+            {"name": "proxy-bin", "mountPath": "/proxy-bin", "readOnly": true},
+            {"name": "etc-kubernetes", "mountPath": "/etc/kubernetes"},
+        ],
+    });
+    // kubeadm's readiness probe (through the node address) and the port it names.
+    for key in ["readinessProbe", "ports"] {
+        if let Some(v) = kubeadm.get(key) {
+            container[key] = v.clone();
+        }
+    }
+    let mut spec = json!({
+        "hostNetwork": true,
+        "priorityClassName": pod.pod["spec"]["priorityClassName"].as_str().unwrap_or("system-node-critical"),
+        "terminationGracePeriodSeconds": 5,
+        "initContainers": [{
+            "name": "install-proxy",
+            "image": proxy_image,
+            "imagePullPolicy": "IfNotPresent",
+            "command": ["/kube-apiserver-proxy", "install", BIN],
+            "volumeMounts": [{"name": "proxy-bin", "mountPath": "/proxy-bin"}],
+        }],
+        "containers": [container],
+        "volumes": [
+            {"name": "proxy-bin", "emptyDir": {"sizeLimit": "64Mi"}},
+            {"name": "etc-kubernetes", "hostPath": {"path": "/etc/kubernetes", "type": "Directory"}},
+        ],
+    });
+    if let Some(sc) = pod.pod["spec"].get("securityContext") {
+        spec["securityContext"] = sc.clone();
+    }
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": meta["name"].as_str().unwrap_or("kube-apiserver"),
+            "namespace": meta["namespace"].as_str().unwrap_or("kube-system"),
+            "labels": labels,
+            "annotations": annotations,
+        },
+        "spec": spec,
+    })
+}
+
+/// The digests a stand-in or a pod template stands for: (manifest, files).
+pub fn digests(meta: &Value) -> (Option<&str>, Option<&str>) {
+    let a = &meta["annotations"];
+    (
+        a[render::MANIFEST_DIGEST].as_str(),
+        a[render::FILES_DIGEST].as_str(),
+    )
+}
+
+/// The UID a copy or the stand-in carries when no running pod is adopted: derived from the
+/// node, the file's name and its content, as the kubelet derives one for a static pod without
+/// a UID, but with nothing of the kubelet's own: the kubelet hashes the pod as its version
+/// decodes it (`pkg/kubelet/config/common.go`), so a kubelet of another minor gives the same
+/// file another UID and replaces every static pod (etcd among them) at its upgrade. With the
+/// UID in the file, the kubelet's upgrade keeps them; a changed file still gets a new UID, and
+/// the mirror pod's `kubernetes.io/config.hash` that kubeadm waits on changes with it.
+pub fn static_uid(node: &str, name: &str, pod: &Value) -> String {
+    let mut p = pod.clone();
+    if let Some(m) = p["metadata"].as_object_mut() {
+        m.remove("uid");
+    }
+    let text = format!("{node}\n{name}\n{}", crate::base::yaml::to_yaml(&p));
+    render::sha256_hex(text.as_bytes())[..32].to_owned()
+}
+
+/// Whether a copy holds the same pod as its source (`metadata.uid`, set at adoption, aside).
+pub fn same_pod(source: &Value, copy: &Value) -> bool {
+    let strip = |v: &Value| {
+        let mut v = v.clone();
+        if let Some(m) = v["metadata"].as_object_mut() {
+            m.remove("uid");
+        }
+        v
+    };
+    strip(source) == strip(copy)
+}
+
+/// What `kubectl rollout status` waits for: the controller saw the latest generation, every
+/// replica is updated and available, and no old one is left.
+pub fn rollout_done(d: &Value) -> bool {
+    let st = &d["status"];
+    let want = d["spec"]["replicas"].as_i64().unwrap_or(1);
+    st["observedGeneration"].as_i64().unwrap_or(0)
+        >= d["metadata"]["generation"].as_i64().unwrap_or(1)
+        && st["updatedReplicas"].as_i64().unwrap_or(0) == want
+        && st["availableReplicas"].as_i64().unwrap_or(0) == want
+        && st["replicas"].as_i64().unwrap_or(0) == want
+        && st["unavailableReplicas"].as_i64().unwrap_or(0) == 0
+}
+
+/// The live Deployment with the rendered spec and labels (everything else, its
+/// resourceVersion included, kept for a replace).
+pub fn replaced(live: &Value, rendered: &Value) -> Value {
+    let mut d = live.clone();
+    d["spec"] = rendered["spec"].clone();
+    if let Some(l) = rendered["metadata"]["labels"].as_object() {
+        let labels = d["metadata"]["labels"].as_object_mut();
+        match labels {
+            Some(m) => m.extend(l.clone()),
+            None => d["metadata"]["labels"] = Value::Object(l.clone()),
+        }
+    }
+    if let Some(m) = d.as_object_mut() {
+        m.remove("status");
+    }
+    d
+}
+
+/// The proxy image of a live Deployment (its first container that is not the apiserver).
+pub fn proxy_image(d: &Value) -> Option<String> {
+    d["spec"]["template"]["spec"]["containers"]
+        .as_array()?
+        .iter()
+        .find(|c| c["name"] != render::CONTAINER)?["image"]
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// Whether a live Deployment's proxy runs with `--client-address transparent` (the mode is
+/// the operator's choice, kept across kubeadm's changes like the proxy image).
+pub fn client_address_transparent(d: &Value) -> bool {
+    d["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["name"] != render::CONTAINER)
+        .flat_map(|c| c["args"].as_array().into_iter().flatten())
+        .filter_map(Value::as_str)
+        .any(|a| a == "--client-address=transparent")
+}
+
+/// The checked configuration.
+#[derive(Debug)]
+pub struct Sync {
+    pub kubeadm_dir: PathBuf,
+    pub static_pod_dir: PathBuf,
+    pub node: String,
+    pub namespace: String,
+    pub deployment: String,
+    pub proxy_image: String,
+    pub interval: Duration,
+    pub settle: Duration,
+    pub rollout_timeout: Duration,
+    pub api: ApiClient,
+    /// The agent's own arguments (after the binary), for the stand-in's command.
+    pub command: Vec<String>,
+}
+
+impl TryFrom<&crate::cli::KubeadmSyncArgs> for Sync {
+    type Error = SyncError;
+
+    fn try_from(a: &crate::cli::KubeadmSyncArgs) -> Result<Self, SyncError> {
+        if a.kubeadm_dir == a.static_pod_dir {
+            return Err(SyncError::SameDir);
+        }
+        let api = ApiClient::from_kubeconfig(&a.kubeconfig)
+            .map_err(|e| SyncError::Kubeconfig(e.to_string()))?;
+        let command = vec![
+            "kubeadm-sync".to_owned(),
+            format!("--kubeadm-dir={}", a.kubeadm_dir.display()),
+            format!("--static-pod-dir={}", a.static_pod_dir.display()),
+            format!("--kubeconfig={}", a.kubeconfig.display()),
+            format!("--node-name={}", a.node_name),
+            format!("--namespace={}", a.namespace),
+            format!("--deployment={}", a.deployment),
+            format!("--proxy-image={}", a.proxy_image),
+            format!("--interval={}", humantime::format_duration(a.interval)),
+            format!("--settle={}", humantime::format_duration(a.settle)),
+            format!(
+                "--rollout-timeout={}",
+                humantime::format_duration(a.rollout_timeout)
+            ),
+        ];
+        Ok(Sync {
+            kubeadm_dir: a.kubeadm_dir.clone(),
+            static_pod_dir: a.static_pod_dir.clone(),
+            node: a.node_name.clone(),
+            namespace: a.namespace.clone(),
+            deployment: a.deployment.clone(),
+            proxy_image: a.proxy_image.clone(),
+            interval: a.interval,
+            settle: a.settle,
+            rollout_timeout: a.rollout_timeout,
+            api,
+            command,
+        })
+    }
+}
+
+/// Non-dot regular files of `dir`, by name.
+fn manifests(dir: &Path) -> Result<BTreeSet<String>, SyncError> {
+    let mut names = BTreeSet::new();
+    for entry in std::fs::read_dir(dir).map_err(io("read", dir))? {
+        let entry = entry.map_err(io("read", dir))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with('.') && entry.path().is_file() {
+            names.insert(name);
+        }
+    }
+    Ok(names)
+}
+
+fn read_pod(path: &Path) -> Result<Value, SyncError> {
+    let bytes = std::fs::read(path).map_err(io("read", path))?;
+    let text = String::from_utf8_lossy(&bytes);
+    let mut docs = crate::base::yaml::parse_documents(&text).map_err(|e| SyncError::Manifest {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    })?;
+    if docs.len() != 1 {
+        return Err(SyncError::Manifest {
+            path: path.display().to_string(),
+            message: format!("{} documents, one pod expected", docs.len()),
+        });
+    }
+    Ok(docs.remove(0))
+}
+
+/// The state a running agent keeps between passes.
+#[derive(Debug, Default)]
+pub struct State {
+    /// The apiserver inputs last seen, and since when.
+    seen: Option<((String, Option<String>), Instant)>,
+}
+
+impl Sync {
+    fn block_on<T>(&self, f: impl std::future::Future<Output = T>) -> T {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("tokio runtime")
+            .block_on(f)
+    }
+
+    /// The running static pod's UID (its mirror pod's config hash), for adoption.
+    fn running_uid(&self, pod: &Value) -> Option<String> {
+        let name = pod["metadata"]["name"].as_str()?;
+        let ns = pod["metadata"]["namespace"].as_str().unwrap_or("default");
+        let path = format!("/api/v1/namespaces/{ns}/pods/{name}-{}", self.node);
+        let mirror = self.block_on(self.api.get_json(&path)).ok()?;
+        mirror["metadata"]["annotations"]["kubernetes.io/config.hash"]
+            .as_str()
+            .map(str::to_owned)
+    }
+
+    /// Copies every manifest but the apiserver's; removes the copies whose source is gone.
+    /// With `adopt`, a new copy gets the UID of the pod the kubelet runs now.
+    pub fn copy_manifests(&self, adopt: bool) -> Result<Vec<String>, SyncError> {
+        let mut changed = Vec::new();
+        let managed_path = self.static_pod_dir.join(MANAGED);
+        let before: BTreeSet<String> = std::fs::read_to_string(&managed_path)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        let mut now = BTreeSet::new();
+        for name in manifests(&self.kubeadm_dir)? {
+            if name == APISERVER {
+                continue;
+            }
+            let src = self.kubeadm_dir.join(&name);
+            let dst = self.static_pod_dir.join(&name);
+            let pod = match read_pod(&src) {
+                Ok(p) => p,
+                Err(e) => {
+                    // Half-written or not a pod: the kubelet would not run it either.
+                    tracing::warn!(error = %e, "kubeadm-sync: manifest not copied");
+                    continue;
+                }
+            };
+            now.insert(name.clone());
+            let uid = match read_pod(&dst) {
+                Ok(copy) if same_pod(&pod, &copy) => {
+                    // The same pod with its UID: nothing to do. Without one (written by an
+                    // earlier release of this agent): the UID the kubelet gave it, so that
+                    // nothing restarts; left as it is when the mirror pod cannot be read now.
+                    if copy["metadata"]["uid"].is_string() {
+                        continue;
+                    }
+                    match self.running_uid(&pod) {
+                        Some(uid) => uid,
+                        None => continue,
+                    }
+                }
+                // A new copy at the migration: the running pod's UID, which the kubelet,
+                // restarted on this directory, keeps running.
+                Err(_) if adopt => self
+                    .running_uid(&pod)
+                    .unwrap_or_else(|| static_uid(&self.node, &name, &pod)),
+                // kubeadm changed it: a new pod.
+                _ => static_uid(&self.node, &name, &pod),
+            };
+            let mut p = pod.clone();
+            p["metadata"]["uid"] = json!(uid);
+            crate::base::fsutil::write_atomic(&dst, crate::base::yaml::to_yaml(&p).as_bytes())
+                .map_err(io("write", &dst))?;
+            changed.push(name);
+        }
+        for gone in before.difference(&now) {
+            let dst = self.static_pod_dir.join(gone);
+            match std::fs::remove_file(&dst) {
+                Ok(()) => changed.push(format!("-{gone}")),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io("remove", &dst)(e)),
+            }
+        }
+        if before != now {
+            let list: String = now.iter().map(|n| format!("{n}\n")).collect();
+            crate::base::fsutil::write_atomic(&managed_path, list.as_bytes())
+                .map_err(io("write", &managed_path))?;
+        }
+        Ok(changed)
+    }
+
+    fn deployment_path(&self) -> String {
+        format!(
+            "/apis/apps/v1/namespaces/{}/deployments/{}",
+            self.namespace, self.deployment
+        )
+    }
+
+    /// Brings the Deployment to kubeadm's manifest and waits for the rollout; then writes the
+    /// stand-in. Returns whether the stand-in was (re)written.
+    pub fn apiserver(&self, state: &mut State, settle: bool) -> Result<bool, SyncError> {
+        let src = self.kubeadm_dir.join(APISERVER);
+        if !src.exists() {
+            return Ok(false);
+        }
+        let text = std::fs::read_to_string(&src).map_err(io("read", &src))?;
+        let pod = StaticPod::parse(&text).map_err(|e| SyncError::Manifest {
+            path: src.display().to_string(),
+            message: e.to_string(),
+        })?;
+        let files = render::files_digest(&pod.files());
+        let inputs = (pod.digest.clone(), files.clone());
+        let dst = self.static_pod_dir.join(APISERVER);
+        let current = read_pod(&dst).ok();
+        let stands_for = current
+            .as_ref()
+            .map(|p| digests(&p["metadata"]))
+            .map(|(m, f)| (m.map(str::to_owned), f.map(str::to_owned)));
+        if stands_for == Some((Some(inputs.0.clone()), inputs.1.clone())) {
+            state.seen = None;
+            return Ok(false);
+        }
+        if settle {
+            match &state.seen {
+                Some((seen, since)) if *seen == inputs && since.elapsed() >= self.settle => {}
+                Some((seen, _)) if *seen == inputs => return Ok(false),
+                _ => {
+                    state.seen = Some((inputs, Instant::now()));
+                    return Ok(false);
+                }
+            }
+        }
+        let live = self
+            .block_on(self.api.get_json(&self.deployment_path()))
+            .map_err(|e| SyncError::Api(format!("GET {}: {e}", self.deployment_path())))?;
+        let (base, _) = render::base().map_err(|e| SyncError::Api(e.to_string()))?;
+        let options = render::Options {
+            image: None,
+            allow_downgrade: false,
+            proxy_image: proxy_image(&live).or_else(|| Some(self.proxy_image.clone())),
+            client_address_transparent: client_address_transparent(&live),
+        };
+        let rendered =
+            render::deployment(&base, &pod, files.as_deref(), &options).map_err(|e| {
+                SyncError::Manifest {
+                    path: src.display().to_string(),
+                    message: e.to_string(),
+                }
+            })?;
+        let template = &live["spec"]["template"]["metadata"];
+        if digests(template) != digests(&rendered["spec"]["template"]["metadata"]) {
+            tracing::info!(
+                manifest = %pod.digest,
+                image = %pod.image(),
+                "kubeadm-sync: kubeadm's apiserver changed; replacing the Deployment (surge rollout)"
+            );
+            self.block_on(self.api.send_json(
+                "PUT",
+                &self.deployment_path(),
+                &replaced(&live, &rendered),
+            ))
+            .map_err(|e| SyncError::Api(format!("PUT {}: {e}", self.deployment_path())))?;
+        }
+        let started = Instant::now();
+        loop {
+            let d = self
+                .block_on(self.api.get_json(&self.deployment_path()))
+                .map_err(|e| SyncError::Api(format!("GET {}: {e}", self.deployment_path())));
+            if let Ok(d) = &d {
+                if digests(&d["spec"]["template"]["metadata"])
+                    == digests(&rendered["spec"]["template"]["metadata"])
+                    && rollout_done(d)
+                {
+                    break;
+                }
+            }
+            if started.elapsed() > self.rollout_timeout {
+                return Err(SyncError::Api(format!(
+                    "the rollout of {} did not complete within {:?}; the stand-in is left as it was (kubeadm's wait fails and it rolls back)",
+                    self.deployment_path(),
+                    self.rollout_timeout
+                )));
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        let mut stand = standin(&pod, files.as_deref(), &self.proxy_image, &self.command);
+        stand["metadata"]["uid"] = json!(static_uid(&self.node, APISERVER, &stand));
+        crate::base::fsutil::write_atomic(&dst, crate::base::yaml::to_yaml(&stand).as_bytes())
+            .map_err(io("write", &dst))?;
+        tracing::info!(
+            manifest = %pod.digest,
+            "kubeadm-sync: rollout complete; stand-in kube-apiserver written (the kubelet restarts this agent)"
+        );
+        Ok(true)
+    }
+}
+
+/// Whether a kube-apiserver process other than a Deployment's (which binds a `127.` address,
+/// `launch`'s) runs: kubeadm's static apiserver.
+fn static_apiserver_running() -> bool {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    entries.flatten().any(|e| {
+        let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else {
+            return false;
+        };
+        let mut args = cmdline.split(|b| *b == 0).filter(|a| !a.is_empty());
+        let is_apiserver = args
+            .next()
+            .is_some_and(|a0| a0.rsplit(|b| *b == b'/').next() == Some(b"kube-apiserver"));
+        is_apiserver && !args.any(|a| a.starts_with(b"--bind-address=127."))
+    })
+}
+
+/// `--once`, at the migration: the copies (with the running pods' UIDs) and the stand-in, then
+/// kubeadm's manifest set aside so that the kubelet, still on kubeadm's directory, stops
+/// kubeadm's apiserver gracefully (its grace period, as when the manifest is moved away by
+/// hand); returns once that apiserver has exited. The kubelet is then restarted on
+/// `--static-pod-dir`, where the agent runs and puts kubeadm's manifest back.
+fn once(sync: &Sync, wait: Duration) -> Result<(), SyncError> {
+    let copied = sync.copy_manifests(true)?;
+    tracing::info!(copied = ?copied, "kubeadm-sync: manifests copied");
+    sync.apiserver(&mut State::default(), false)?;
+    let manifest = sync.kubeadm_dir.join(APISERVER);
+    if manifest.exists() {
+        let aside = sync.kubeadm_dir.join(SET_ASIDE);
+        std::fs::rename(&manifest, &aside).map_err(io("rename", &manifest))?;
+        tracing::info!(
+            aside = %aside.display(),
+            "kubeadm-sync: kubeadm's manifest set aside; waiting for kubeadm's static apiserver to exit"
+        );
+    }
+    let started = Instant::now();
+    while static_apiserver_running() {
+        if started.elapsed() > wait {
+            tracing::warn!(
+                "kubeadm-sync: kubeadm's static apiserver still runs; restart the kubelet anyway"
+            );
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    tracing::info!(
+        static_pod_dir = %sync.static_pod_dir.display(),
+        "kubeadm-sync: ready: restart the kubelet with --pod-manifest-path={}",
+        sync.static_pod_dir.display()
+    );
+    Ok(())
+}
+
+/// Puts back kubeadm's manifest that `--once` set aside (the agent runs: the kubelet runs
+/// `--static-pod-dir`, not kubeadm's directory).
+fn restore(sync: &Sync) -> Result<(), SyncError> {
+    let aside = sync.kubeadm_dir.join(SET_ASIDE);
+    let manifest = sync.kubeadm_dir.join(APISERVER);
+    if aside.exists() && !manifest.exists() {
+        std::fs::rename(&aside, &manifest).map_err(io("rename", &aside))?;
+        tracing::info!(manifest = %manifest.display(), "kubeadm-sync: kubeadm's manifest put back");
+    }
+    Ok(())
+}
+
+/// `kubeadm-sync`: one pass with `--once` (the migration), else passes every `--interval`.
+pub fn run(args: &crate::cli::KubeadmSyncArgs) -> Result<(), SyncError> {
+    let sync = Sync::try_from(args)?;
+    std::fs::create_dir_all(&sync.static_pod_dir).map_err(io("create", &sync.static_pod_dir))?;
+    if args.once {
+        return once(&sync, Duration::from_secs(120));
+    }
+    if let Err(e) = restore(&sync) {
+        tracing::warn!(error = %e, "kubeadm-sync: kubeadm's manifest not put back");
+    }
+    tracing::info!(
+        kubeadm_dir = %sync.kubeadm_dir.display(),
+        static_pod_dir = %sync.static_pod_dir.display(),
+        "kubeadm-sync: following kubeadm's manifests"
+    );
+    let mut state = State::default();
+    loop {
+        match sync.copy_manifests(false) {
+            Ok(changed) if !changed.is_empty() => {
+                tracing::info!(changed = ?changed, "kubeadm-sync: static pods updated")
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "kubeadm-sync: copying manifests failed"),
+        }
+        if let Err(e) = sync.apiserver(&mut state, true) {
+            tracing::warn!(error = %e, "kubeadm-sync: apiserver not brought to kubeadm's manifest");
+        }
+        std::thread::sleep(sync.interval);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KUBEADM: &str = "apiVersion: v1\nkind: Pod\nmetadata:\n  annotations:\n    kubeadm.kubernetes.io/kube-apiserver.advertise-address.endpoint: 192.0.2.10:6443\n  labels:\n    component: kube-apiserver\n    tier: control-plane\n  name: kube-apiserver\n  namespace: kube-system\nspec:\n  containers:\n  - command: [kube-apiserver, --advertise-address=192.0.2.10, --secure-port=6443]\n    image: registry.k8s.io/kube-apiserver:v1.37.2\n    name: kube-apiserver\n    ports: [{containerPort: 6443, name: probe-port, protocol: TCP}]\n    readinessProbe: {httpGet: {host: 192.0.2.10, path: /readyz, port: probe-port, scheme: HTTPS}, periodSeconds: 1}\n    livenessProbe: {httpGet: {host: 192.0.2.10, path: /livez, port: probe-port, scheme: HTTPS}}\n  hostNetwork: true\n  priorityClassName: system-node-critical\n";
+
+    #[test]
+    fn the_standin_is_what_kubeadm_and_cluster_api_look_for() {
+        let pod = StaticPod::parse(KUBEADM).unwrap();
+        let s = standin(&pod, Some("f"), "kap:v1", &["kubeadm-sync".into()]);
+        let meta = &s["metadata"];
+        assert_eq!(meta["name"], "kube-apiserver");
+        assert_eq!(meta["namespace"], "kube-system");
+        assert_eq!(meta["labels"]["component"], "kube-apiserver");
+        assert_eq!(meta["labels"]["tier"], "control-plane");
+        assert_eq!(
+            meta["annotations"]["kubeadm.kubernetes.io/kube-apiserver.advertise-address.endpoint"],
+            "192.0.2.10:6443"
+        );
+        assert_eq!(digests(meta), (Some(pod.digest.as_str()), Some("f")));
+        let c = &s["spec"]["containers"][0];
+        // `kubeadm upgrade plan` reads the version from the first container's image.
+        assert_eq!(c["image"], "registry.k8s.io/kube-apiserver:v1.37.2");
+        assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+        assert!(
+            c.get("livenessProbe").is_none(),
+            "an API outage must not restart the agent"
+        );
+        assert_eq!(c["command"][0], BIN);
+        assert_eq!(s["spec"]["initContainers"][0]["image"], "kap:v1");
+        assert_eq!(s["spec"]["hostNetwork"], true);
+    }
+
+    #[test]
+    fn a_static_uid_follows_the_content_not_the_kubelet() {
+        let pod = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "etcd", "namespace": "kube-system"},
+            "spec": {"containers": [{"name": "etcd", "image": "etcd:v3.6.16"}]}});
+        let uid = static_uid("node-1", "etcd.yaml", &pod);
+        assert_eq!(uid.len(), 32);
+        assert!(uid.bytes().all(|b| b.is_ascii_hexdigit()));
+        // The same file again, with the UID it got: the same UID.
+        let mut with_uid = pod.clone();
+        with_uid["metadata"]["uid"] = json!(uid.clone());
+        assert_eq!(static_uid("node-1", "etcd.yaml", &with_uid), uid);
+        // Another image, file or node: another pod.
+        let mut newer = pod.clone();
+        newer["spec"]["containers"][0]["image"] = json!("etcd:v3.7.0");
+        assert_ne!(static_uid("node-1", "etcd.yaml", &newer), uid);
+        assert_ne!(static_uid("node-1", "etcd2.yaml", &pod), uid);
+        assert_ne!(static_uid("node-2", "etcd.yaml", &pod), uid);
+    }
+
+    #[test]
+    fn copies_compare_without_the_adopted_uid() {
+        let a = json!({"metadata": {"name": "etcd"}, "spec": {"x": 1}});
+        let mut b = a.clone();
+        b["metadata"]["uid"] = json!("abc");
+        assert!(same_pod(&a, &b));
+        b["spec"]["x"] = json!(2);
+        assert!(!same_pod(&a, &b));
+    }
+
+    #[test]
+    fn rollout_done_as_kubectl_rollout_status() {
+        let mut d = json!({"metadata": {"generation": 3}, "spec": {"replicas": 1},
+            "status": {"observedGeneration": 3, "updatedReplicas": 1, "availableReplicas": 1, "replicas": 1}});
+        assert!(rollout_done(&d));
+        d["status"]["replicas"] = json!(2); // the old pod is still there
+        assert!(!rollout_done(&d));
+        d["status"]["replicas"] = json!(1);
+        d["status"]["observedGeneration"] = json!(2);
+        assert!(!rollout_done(&d));
+    }
+
+    #[test]
+    fn replace_keeps_the_live_metadata() {
+        let live = json!({"metadata": {"name": "kube-apiserver", "resourceVersion": "7", "labels": {"x": "y"}},
+            "spec": {"old": true}, "status": {"replicas": 1}});
+        let rendered = json!({"metadata": {"labels": {"a": "b"}}, "spec": {"new": true}});
+        let r = replaced(&live, &rendered);
+        assert_eq!(r["metadata"]["resourceVersion"], "7");
+        assert_eq!(r["metadata"]["labels"], json!({"x": "y", "a": "b"}));
+        assert_eq!(r["spec"], json!({"new": true}));
+        assert!(r.get("status").is_none());
+    }
+}

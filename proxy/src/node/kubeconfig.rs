@@ -1,0 +1,439 @@
+//! Reading a kubeconfig, as YAML: the current context's server and credentials (the API
+//! clients of `recover`, `kubeadm-sync` and `migrate`), and every server it names (`served`).
+//!
+//! `current-context` names a context; the context names a cluster (`server`,
+//! `certificate-authority[-data]`) and a user (`client-certificate[-data]`,
+//! `client-key[-data]`, `token`). Material is inline (`…-data`, base64) or a file path,
+//! relative to the kubeconfig's directory. A kubeconfig without `current-context` is read
+//! only if it has one cluster and at most one user (the layout kubeadm writes).
+
+use std::path::Path;
+
+use base64::Engine as _;
+use serde_json::Value;
+
+/// Why a kubeconfig cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[error("kubeconfig {path}: {problem}")]
+pub struct KubeconfigError {
+    pub path: String,
+    #[source]
+    pub problem: Problem,
+}
+
+/// What is wrong with a kubeconfig.
+#[derive(Debug, thiserror::Error)]
+pub enum Problem {
+    #[error("cannot read: {0}")]
+    Read(#[source] std::io::Error),
+    #[error("not YAML: {0}")]
+    Yaml(#[source] crate::base::yaml::YamlError),
+    /// A key, or an entry a name refers to, is not there.
+    #[error("no {0}")]
+    Missing(String),
+    #[error("server {0} is not https://HOST[:PORT]")]
+    Server(String),
+    #[error("{key}: {source}")]
+    Base64 {
+        key: String,
+        #[source]
+        source: base64::DecodeError,
+    },
+    #[error("{key} {file}: {source}")]
+    File {
+        key: String,
+        file: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{key}: {source}")]
+    Pem {
+        key: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}: no PEM key")]
+    NoPemKey(&'static str),
+    #[error("certificate-authority: {0}")]
+    Root(#[source] rustls::Error),
+    #[error("server {server}: {source}")]
+    ServerName {
+        server: String,
+        #[source]
+        source: rustls::pki_types::InvalidDnsNameError,
+    },
+    #[error("{0}")]
+    Tls(#[source] crate::backends::tls::TlsError),
+}
+
+/// The server and credentials of a kubeconfig's current context.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Kubeconfig {
+    /// `server`'s host (an IPv6 address without brackets) and port (443 when not given).
+    pub host: String,
+    pub port: u16,
+    /// `server` as written.
+    pub server: String,
+    /// The CA bundle (PEM).
+    pub ca: Vec<u8>,
+    /// The client certificate and key (PEM), if the user has them.
+    pub client: Option<(Vec<u8>, Vec<u8>)>,
+    /// The user's bearer token, if it has one.
+    pub token: Option<String>,
+}
+
+/// Reads the kubeconfig at `path`.
+pub fn read(path: &Path) -> Result<Kubeconfig, KubeconfigError> {
+    let err = |problem| KubeconfigError {
+        path: path.display().to_string(),
+        problem,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| err(Problem::Read(e)))?;
+    parse(&text, path.parent().unwrap_or(Path::new("/"))).map_err(err)
+}
+
+/// The current context of the kubeconfig `text`; relative file paths are below `base`.
+pub fn parse(text: &str, base: &Path) -> Result<Kubeconfig, Problem> {
+    let doc = document(text)?;
+    let (cluster, user) = current(&doc)?;
+    let server = string_at(&cluster["cluster"], "server")
+        .ok_or_else(|| Problem::Missing(format!("server in {}", describe(cluster, "cluster"))))?;
+    let (host, port) = host_port(server).ok_or_else(|| Problem::Server(server.to_owned()))?;
+    let cluster_entry = &cluster["cluster"];
+    let ca = material(cluster_entry, "certificate-authority", base)?.ok_or_else(|| {
+        Problem::Missing(format!(
+            "certificate-authority[-data] in {}",
+            describe(cluster, "cluster")
+        ))
+    })?;
+    let user_entry = user.map(|u| &u["user"]).unwrap_or(&Value::Null);
+    let cert = material(user_entry, "client-certificate", base)?;
+    let key = material(user_entry, "client-key", base)?;
+    let token = string_at(user_entry, "token").map(str::to_owned);
+    let client = match (cert, key) {
+        (Some(c), Some(k)) => Some((c, k)),
+        (Some(_), None) => {
+            return Err(Problem::Missing(format!(
+                "client-key[-data] beside client-certificate in {}",
+                user_name(user)
+            )))
+        }
+        (None, Some(_)) => {
+            return Err(Problem::Missing(format!(
+                "client-certificate[-data] beside client-key in {}",
+                user_name(user)
+            )))
+        }
+        (None, None) if token.is_none() => {
+            return Err(Problem::Missing(format!(
+                "client-certificate[-data] and client-key[-data], or token, in {}",
+                user_name(user)
+            )))
+        }
+        (None, None) => None,
+    };
+    Ok(Kubeconfig {
+        host,
+        port,
+        server: server.to_owned(),
+        ca,
+        client,
+        token,
+    })
+}
+
+/// The `https://HOST[:PORT]` servers of every cluster of the kubeconfig `text`, as (host,
+/// port); other schemes are left out.
+pub fn servers(text: &str) -> Result<Vec<(String, u16)>, crate::base::yaml::YamlError> {
+    let doc = match crate::base::yaml::parse_documents(text)?.into_iter().next() {
+        Some(doc) => doc,
+        None => return Ok(Vec::new()),
+    };
+    Ok(doc["clusters"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| host_port(c["cluster"]["server"].as_str()?))
+        .collect())
+}
+
+/// `https://HOST[:PORT][/…]` as (host, port): an IPv6 host without its brackets, 443 when no
+/// port is given.
+pub fn host_port(server: &str) -> Option<(String, u16)> {
+    let hostport = server.strip_prefix("https://")?.split('/').next()?;
+    let (host, port) = if let Some(rest) = hostport.strip_prefix('[') {
+        let (host, after) = rest.split_once(']')?;
+        match after {
+            "" => (host, 443),
+            p => (host, p.strip_prefix(':')?.parse().ok()?),
+        }
+    } else {
+        match hostport.split_once(':') {
+            Some((h, p)) => (h, p.parse().ok()?),
+            None => (hostport, 443),
+        }
+    };
+    (!host.is_empty()).then(|| (host.to_owned(), port))
+}
+
+fn document(text: &str) -> Result<Value, Problem> {
+    let mut docs = crate::base::yaml::parse_documents(text).map_err(Problem::Yaml)?;
+    Ok(if docs.is_empty() {
+        Value::Null
+    } else {
+        docs.swap_remove(0)
+    })
+}
+
+/// The named cluster and user of the current context (the user may be absent: a cluster that
+/// takes anonymous requests has none).
+fn current(doc: &Value) -> Result<(&Value, Option<&Value>), Problem> {
+    let Some(name) = string_at(doc, "current-context") else {
+        return only(doc);
+    };
+    let context = named(doc, "contexts", name)
+        .ok_or_else(|| Problem::Missing(format!("context {name:?} (the current-context)")))?;
+    let cluster_name = string_at(&context["context"], "cluster")
+        .ok_or_else(|| Problem::Missing(format!("cluster in context {name:?}")))?;
+    let cluster = named(doc, "clusters", cluster_name).ok_or_else(|| {
+        Problem::Missing(format!("cluster {cluster_name:?} (of context {name:?})"))
+    })?;
+    let user = match string_at(&context["context"], "user") {
+        Some(u) => Some(
+            named(doc, "users", u)
+                .ok_or_else(|| Problem::Missing(format!("user {u:?} (of context {name:?})")))?,
+        ),
+        None => None,
+    };
+    Ok((cluster, user))
+}
+
+/// Without `current-context`: the one cluster and the one user, if there are.
+fn only(doc: &Value) -> Result<(&Value, Option<&Value>), Problem> {
+    let list = |key: &str| doc[key].as_array().map(Vec::as_slice).unwrap_or_default();
+    match (list("clusters"), list("users")) {
+        ([cluster], []) => Ok((cluster, None)),
+        ([cluster], [user]) => Ok((cluster, Some(user))),
+        (clusters, users) => Err(Problem::Missing(format!(
+            "server: no current-context, and {} clusters and {} users (without it, one of each)",
+            clusters.len(),
+            users.len()
+        ))),
+    }
+}
+
+/// The entry of `list` whose `name` is `name`.
+fn named<'a>(doc: &'a Value, list: &str, name: &str) -> Option<&'a Value> {
+    doc[list]
+        .as_array()?
+        .iter()
+        .find(|e| e["name"].as_str() == Some(name))
+}
+
+/// `v`'s `key`, a non-empty string.
+fn string_at<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
+    v[key].as_str().filter(|s| !s.is_empty())
+}
+
+fn describe(entry: &Value, kind: &str) -> String {
+    match entry["name"].as_str() {
+        Some(n) => format!("{kind} {n:?}"),
+        None => format!("the {kind}"),
+    }
+}
+
+fn user_name(user: Option<&Value>) -> String {
+    user.map_or_else(
+        || "the context (no user)".to_owned(),
+        |u| describe(u, "user"),
+    )
+}
+
+/// `key-data` (base64) or the file `key` names, if either is there.
+fn material(entry: &Value, key: &str, base: &Path) -> Result<Option<Vec<u8>>, Problem> {
+    let data_key = format!("{key}-data");
+    if let Some(data) = string_at(entry, &data_key) {
+        return base64::engine::general_purpose::STANDARD
+            .decode(data.trim())
+            .map(Some)
+            .map_err(|source| Problem::Base64 {
+                key: data_key,
+                source,
+            });
+    }
+    let Some(file) = string_at(entry, key) else {
+        return Ok(None);
+    };
+    std::fs::read(base.join(file))
+        .map(Some)
+        .map_err(|source| Problem::File {
+            key: key.to_owned(),
+            file: file.to_owned(),
+            source,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Three contexts; the current one is the second, whose cluster and user come last.
+    const MANY: &str = r#"
+apiVersion: v1
+kind: Config
+clusters:
+- name: first
+  cluster:
+    server: https://192.0.2.1:6443
+    certificate-authority-data: Rmlyc3Q=
+- name: other
+  cluster:
+    server: "https://[2001:db8::1]:7443/"
+    certificate-authority: ca.crt
+- name: target
+  cluster:
+    server: https://cp.example
+    certificate-authority-data: Q0E=
+contexts:
+- name: a
+  context: {cluster: first, user: alice}
+- name: b
+  context:
+    cluster: target
+    user: bob
+- name: c
+  context: {cluster: other, user: carol}
+current-context: b
+users:
+- name: alice
+  user: {token: alice-token}
+- name: carol
+  user:
+    client-certificate: client.crt
+    client-key: client.key
+- name: bob
+  user:
+    client-certificate-data: Q0VSVA==
+    client-key-data: S0VZ
+    token: bob-token
+"#;
+
+    fn dir() -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("kap-kubeconfig-{}", rand::random::<u64>()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn the_current_context_is_followed_to_its_cluster_and_user() {
+        let k = parse(MANY, Path::new("/nonexistent")).unwrap();
+        assert_eq!((k.host.as_str(), k.port), ("cp.example", 443));
+        assert_eq!(k.ca, b"CA");
+        assert_eq!(k.client, Some((b"CERT".to_vec(), b"KEY".to_vec())));
+        assert_eq!(k.token.as_deref(), Some("bob-token"));
+    }
+
+    #[test]
+    fn material_from_files_is_read_relative_to_the_kubeconfig() {
+        let dir = dir();
+        std::fs::write(dir.join("ca.crt"), "CA FILE").unwrap();
+        std::fs::write(dir.join("client.crt"), "CERT FILE").unwrap();
+        std::fs::write(dir.join("client.key"), "KEY FILE").unwrap();
+        let text = MANY.replace("current-context: b", "current-context: c");
+        std::fs::write(dir.join("c.conf"), &text).unwrap();
+        let k = read(&dir.join("c.conf")).unwrap();
+        assert_eq!((k.host.as_str(), k.port), ("2001:db8::1", 7443));
+        assert_eq!(k.ca, b"CA FILE");
+        assert_eq!(
+            k.client,
+            Some((b"CERT FILE".to_vec(), b"KEY FILE".to_vec()))
+        );
+        assert_eq!(k.token, None);
+        // A token alone is a user too.
+        let text = MANY.replace("current-context: b", "current-context: a");
+        let k = parse(&text, &dir).unwrap();
+        assert_eq!((k.client, k.token.as_deref()), (None, Some("alice-token")));
+        // A file that is not there names the key, the file and the kubeconfig.
+        std::fs::remove_file(dir.join("client.key")).unwrap();
+        let e = read(&dir.join("c.conf")).unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!(
+                "kubeconfig {}: client-key client.key: ",
+                dir.join("c.conf").display()
+            )),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn what_is_missing_is_named() {
+        let base = Path::new("/");
+        let cases = [
+            (
+                "current-context: b",
+                "current-context: z",
+                "no context \"z\" (the current-context)",
+            ),
+            (
+                "cluster: target",
+                "cluster: gone",
+                "no cluster \"gone\" (of context \"b\")",
+            ),
+            (
+                "    user: bob",
+                "    user: nobody",
+                "no user \"nobody\" (of context \"b\")",
+            ),
+            (
+                "    server: https://cp.example\n",
+                "",
+                "no server in cluster \"target\"",
+            ),
+            (
+                "    server: https://cp.example",
+                "    server: http://cp.example",
+                "server http://cp.example is not https://HOST[:PORT]",
+            ),
+            (
+                "    client-key-data: S0VZ\n",
+                "",
+                "no client-key[-data] beside client-certificate in user \"bob\"",
+            ),
+            (
+                "    certificate-authority-data: Q0E=\n",
+                "",
+                "no certificate-authority[-data] in cluster \"target\"",
+            ),
+            (
+                "    client-key-data: S0VZ",
+                "    client-key-data: '*'",
+                "client-key-data: ",
+            ),
+        ];
+        for (from, to, want) in cases {
+            let text = MANY.replacen(from, to, 1);
+            assert_ne!(text, MANY, "{from}");
+            let e = parse(&text, base).unwrap_err().to_string();
+            assert!(e.starts_with(want), "{from} -> {to}: {e}");
+        }
+        let e = parse("clusters: []\n", base).unwrap_err().to_string();
+        assert!(e.contains("no server"), "{e}");
+        assert!(matches!(parse("a: [1\n", base), Err(Problem::Yaml(_))));
+    }
+
+    #[test]
+    fn servers_of_every_cluster() {
+        assert_eq!(
+            servers(MANY).unwrap(),
+            [
+                ("192.0.2.1".to_owned(), 6443),
+                ("2001:db8::1".to_owned(), 7443),
+                ("cp.example".to_owned(), 443)
+            ]
+        );
+        assert_eq!(host_port("https://[::1]"), Some(("::1".to_owned(), 443)));
+        assert_eq!(host_port("https://h:x"), None);
+        assert_eq!(host_port("https://2001:db8::1:6443"), None);
+    }
+}

@@ -1,0 +1,16 @@
+//! The node commands and agents: migration to and from kubeadm's static pod, recovery, rendering, probes.
+
+pub mod checkpoint;
+pub mod install;
+pub mod kubeadm_sync;
+pub mod kubeconfig;
+pub mod kubernetes_endpoints;
+pub mod launch;
+pub mod migrate;
+pub mod migrate_back;
+pub mod probe;
+pub mod recover;
+pub mod render;
+pub mod retire;
+pub mod served;
+pub mod staticpod;

@@ -1,0 +1,203 @@
+//! `kube-apiserver-proxy probe`: an HTTP(S) GET for exec probes (the images have no curl).
+//!
+//! Exit 0 when the URL answers 200, 1 otherwise. Plain HTTP serves the proxy's own admin
+//! endpoint (`--admin-address-file`); HTTPS serves the apiserver on its random loopback address
+//! (`--address-file` written by `launch`), verified against the cluster CA with the server name
+//! `kubernetes` (the serving certificate has no SAN for 127.a.b.c).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http_body_util::Empty;
+use hyper::body::Bytes;
+
+use crate::backends::tls;
+use crate::base::http_client::{self, HttpError};
+use crate::cli::ProbeArgs;
+
+/// Why a probe failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error("{0}: not an http(s)://host:port/path URL")]
+    BadUrl(String),
+    #[error("cannot read address file {path}: {source}")]
+    AddressFile {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("https needs --ca-file or --insecure-skip-verify")]
+    NoTrust,
+    #[error("{flag} {path}: {source}")]
+    Tls {
+        flag: &'static str,
+        path: String,
+        #[source]
+        source: tls::TlsError,
+    },
+    #[error("{url}: TLS: {source}")]
+    Handshake {
+        url: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{url}: {source}")]
+    Failed {
+        url: String,
+        #[source]
+        source: HttpError,
+    },
+}
+
+impl ProbeError {
+    /// Bad flags or files (exit 2) rather than a failed probe (exit 1).
+    pub fn is_bad_input(&self) -> bool {
+        matches!(
+            self,
+            ProbeError::NoTrust | ProbeError::Tls { .. } | ProbeError::BadUrl(_)
+        )
+    }
+}
+
+/// Time between attempts of `probe --wait`.
+pub const WAIT_RETRY: Duration = Duration::from_secs(1);
+
+/// Runs the probe the flags describe, on a small runtime of its own; with `--wait`, again
+/// every [`WAIT_RETRY`] until it passes or the wait is over (the address file is read anew
+/// each time: the instance behind it may have restarted).
+pub fn run(args: &ProbeArgs) -> Result<(), ProbeError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let deadline = std::time::Instant::now() + args.wait;
+    runtime.block_on(async {
+        loop {
+            let result = match target(args) {
+                Ok(target) => probe(&target, args.timeout).await,
+                Err(e) => Err(e),
+            };
+            match result {
+                Err(e) if !e.is_bad_input() && std::time::Instant::now() < deadline => {
+                    tokio::time::sleep(WAIT_RETRY).await;
+                }
+                other => return other,
+            }
+        }
+    })
+}
+
+/// A probe target: the URL and, for https, the TLS settings.
+pub struct Target {
+    pub url: String,
+    tls: Option<(
+        Arc<rustls::ClientConfig>,
+        rustls::pki_types::ServerName<'static>,
+    )>,
+}
+
+fn read_address(path: &Path) -> Result<String, ProbeError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ProbeError::AddressFile {
+        path: path.display().to_string(),
+        source,
+    })?;
+    Ok(text.trim().to_string())
+}
+
+/// The target a probe's flags describe.
+pub fn target(args: &ProbeArgs) -> Result<Target, ProbeError> {
+    let url = if let Some(url) = &args.url {
+        url.clone()
+    } else if let Some(file) = &args.admin_address_file {
+        format!("http://{}{}", read_address(file)?, args.path)
+    } else {
+        let file = args.address_file.as_ref().expect("clap requires a target");
+        format!("https://{}{}", read_address(file)?, args.path)
+    };
+    if !url.starts_with("https://") {
+        return Ok(Target { url, tls: None });
+    }
+    let tls_err = |flag: &'static str, path: &Path| {
+        let path = path.display().to_string();
+        move |source| ProbeError::Tls { flag, path, source }
+    };
+    let roots = match (&args.ca_file, args.insecure_skip_verify) {
+        (Some(ca), _) => Some(tls::load_roots(ca).map_err(tls_err("--ca-file", ca))?),
+        (None, true) => None,
+        (None, false) => return Err(ProbeError::NoTrust),
+    };
+    let client = match (&args.client_cert, &args.client_key) {
+        (Some(cert), Some(key)) => Some((
+            tls::load_certs(cert).map_err(tls_err("--client-cert", cert))?,
+            tls::load_key(key).map_err(tls_err("--client-key", key))?,
+        )),
+        _ => None,
+    };
+    let config = tls::client_config(roots, client).map_err(|source| ProbeError::Tls {
+        flag: "--client-key",
+        path: String::new(),
+        source,
+    })?;
+    let name = rustls::pki_types::ServerName::try_from(args.server_name.clone())
+        .map_err(|_| ProbeError::BadUrl(format!("--server-name {}", args.server_name)))?;
+    Ok(Target {
+        url,
+        tls: Some((config, name)),
+    })
+}
+
+/// Largest answer a probe reads.
+const MAX_BODY: usize = 1 << 20;
+
+/// GETs the target; `Ok` when it answered 200.
+pub async fn probe(target: &Target, timeout: Duration) -> Result<(), ProbeError> {
+    let url = target.url.as_str();
+    let bad_url = || ProbeError::BadUrl(url.to_string());
+    let uri: hyper::Uri = url.parse().map_err(|_| bad_url())?;
+    let https = match uri.scheme_str() {
+        Some("http") => false,
+        Some("https") => true,
+        _ => return Err(bad_url()),
+    };
+    let authority = uri.authority().ok_or_else(bad_url)?.clone();
+    let tls = match (&target.tls, https) {
+        (Some(tls), true) => Some(tls),
+        (None, false) => None,
+        _ => return Err(ProbeError::NoTrust),
+    };
+    let path = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+    let port = authority.port_u16().unwrap_or(if https { 443 } else { 80 });
+    let host = authority
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    let req = hyper::Request::get(path)
+        .header(hyper::header::HOST, authority.as_str())
+        .body(Empty::<Bytes>::new());
+    let work = async {
+        let req = req?;
+        let tcp = http_client::connect(http_client::resolve(host, port).await?).await?;
+        let answer = match tls {
+            Some((config, name)) => {
+                let stream = http_client::tls(config.clone(), name.clone(), tcp).await?;
+                http_client::request(stream, req, MAX_BODY).await?
+            }
+            None => http_client::request(tcp, req, MAX_BODY).await?,
+        };
+        answer.accept(|s| s == hyper::StatusCode::OK, 0)
+    };
+    http_client::within(timeout, work)
+        .await
+        .map(drop)
+        .map_err(|e| match e {
+            HttpError::Tls(source) => ProbeError::Handshake {
+                url: url.to_string(),
+                source,
+            },
+            source => ProbeError::Failed {
+                url: url.to_string(),
+                source,
+            },
+        })
+}
