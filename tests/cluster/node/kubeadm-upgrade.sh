@@ -204,10 +204,7 @@ ku_etcd_value() {
   local pki=/etc/kubernetes/pki
   curl -fsS --max-time 5 --cacert "$pki/etcd/ca.crt" --cert "$pki/apiserver-etcd-client.crt" \
     --key "$pki/apiserver-etcd-client.key" -X POST "https://127.0.0.1:2379/v3/kv/range" \
-    -d "{\"key\": \"$(printf '%s' "$1" | base64 -w0)\"}" | python3 -c '
-import base64, json, sys
-kvs = json.load(sys.stdin).get("kvs") or []
-print(base64.b64decode(kvs[0]["value"])[:24] if kvs else "none")'
+    -d "{\"key\": \"$(printf '%s' "$1" | base64 -w0)\"}" | "$NODECHECK" etcd-value
 }
 
 # ku_secret_check WHEN: the Secret written after init reads back, and etcd holds it encrypted
@@ -440,21 +437,7 @@ ku_apply() {
 ku_static_settled() {
   local kubelet mirrors
   kubelet="$(pod_json)" && mirrors="$(kcs get pods -o json)" || return 1
-  python3 -c '
-import json, sys
-kubelet = json.loads(sys.argv[1])["items"]
-api = json.loads(sys.argv[2])["items"]
-static = [p for p in kubelet if (p["metadata"].get("annotations") or {}).get("kubernetes.io/config.source") == "file"]
-names = [p["metadata"]["name"] for p in static]
-if not static or len(names) != len(set(names)):
-    sys.exit(1)
-mirror = {p["metadata"]["name"]: p for p in api if "kubernetes.io/config.mirror" in (p["metadata"].get("annotations") or {})}
-for p in static:
-    m = mirror.get(p["metadata"]["name"])
-    if m is None or m["metadata"]["annotations"]["kubernetes.io/config.mirror"] != p["metadata"]["uid"]:
-        sys.exit(1)
-    if not any(c["type"] == "Ready" and c["status"] == "True" for c in m["status"].get("conditions") or []):
-        sys.exit(1)' "$kubelet" "$mirrors"
+  "$NODECHECK" static-settled "$kubelet" "$mirrors"
 }
 
 # ku_etcd_down NAME: from the kubelet's log since log_mark NAME, how long etcd was down: from
@@ -463,64 +446,20 @@ for p in static:
 ku_etcd_down() {
   local from
   from="$(awk -v f="$S/kubelet.log" '$1 == f { print $2 }' "$S/logmark-$1")"
-  tail -n +"$((${from:-0} + 1))" "$S/kubelet.log" | python3 -c '
-import re, sys
-from datetime import datetime
-def t(line):
-    m = re.match(r"[IWE]\d{4} (\d\d:\d\d:\d\d\.\d+)", line)
-    return datetime.strptime(m.group(1), "%H:%M:%S.%f") if m else None
-kill = start = ready = None
-for line in sys.stdin:
-    if "pod=\"kube-system/etcd-" not in line:
-        continue
-    if kill is None and "Killing container with a grace period" in line:
-        kill = t(line)
-    elif kill is not None and start is None and "ContainerStarted" in line:
-        start = t(line)
-    elif kill is not None and "probe=\"readiness\" status=\"ready\"" in line:
-        ready = t(line)
-        break
-if kill is None:
-    print("etcd not restarted")
-elif ready is None:
-    print("etcd killed, not Ready again in the log")
-else:
-    print("etcd down %.1f s (the new container started %.1f s after the kill)" % ((ready - kill).total_seconds(), ((start or ready) - kill).total_seconds()))'
+  tail -n +"$((${from:-0} + 1))" "$S/kubelet.log" | "$NODECHECK" etcd-down
 }
 
 # ku_audited NAME SINCE: the audit log (rotated files too) has a request for an object NAME
 # received at or after SINCE (UTC, seconds).
 ku_audited() {
-  cat /var/log/kubernetes/audit/*.log 2>/dev/null | python3 -c '
-import json, sys
-for line in sys.stdin:
-    try:
-        e = json.loads(line)
-    except ValueError:
-        continue
-    if (e.get("objectRef") or {}).get("name") == sys.argv[1] and e.get("requestReceivedTimestamp", "")[:19] >= sys.argv[2]:
-        sys.exit(0)
-sys.exit(1)' "$1" "$2"
+  cat /var/log/kubernetes/audit/*.log 2>/dev/null | "$NODECHECK" audited "$1" "$2"
 }
 
 # ku_report FILE: what a loadgen report says, on one line: seconds, requests, failed requests,
 # refused connects, failed connects of any kind, relists, cut watches, then its problems ("none"
 # when it has none). Fails when FILE is not a report.
 ku_report() {
-  python3 -c '
-import json, sys
-r = json.load(open(sys.argv[1]))
-load = r["load"]
-counts = load["requests"].values()
-probes = r.get("probes") or []
-print("%.1f" % (load["duration_ns"] / 1e9),
-      sum(c["ok"] + c["failed"] for c in counts),
-      sum(c["failed"] for c in counts),
-      sum(p["refused"] for p in probes),
-      sum(p["refused"] + p["timeouts"] + sum((p.get("other") or {}).values()) for p in probes),
-      sum(i.get("relists", 0) for i in (load.get("informers") or {}).values()),
-      sum((load.get("streams") or {}).get("cut", {}).values()),
-      "; ".join(r.get("problems") or []) or "none")' "$1" 2>/dev/null
+  "$NODECHECK" report "$1" 2>/dev/null
 }
 
 # ku_step_table NAME...: one line per step and client (node address, 127.0.0.1, the pod):
@@ -615,11 +554,8 @@ run_kubeadm_upgrade() {
   # 3. etcd: a pinned imageTag is the operator's to move (docs/runbooks/upgrade-kubernetes.md).
   local etcd_id
   etcd_id="$(ku_container_ids)"
-  if kcs get cm kubeadm-config -o json | python3 -c '
-import json, sys
-cm = json.load(sys.stdin)
-cm["data"]["ClusterConfiguration"] = cm["data"]["ClusterConfiguration"].replace("imageTag: " + sys.argv[1], "imageTag: " + sys.argv[2])
-json.dump(cm, sys.stdout)' "$ETCD_VERSION" "$KU_ETCD_VERSION" | kc replace -f - >/dev/null 2>"$S/etcd-tag.err"; then
+  if kcs get cm kubeadm-config -o json | "$NODECHECK" replace-image-tag "$ETCD_VERSION" "$KU_ETCD_VERSION" \
+    | kc replace -f - >/dev/null 2>"$S/etcd-tag.err"; then
     note "kubeadm-config: etcd imageTag $ETCD_VERSION -> $KU_ETCD_VERSION"
   else
     fail "kubeadm-config's etcd imageTag not changed: $(cat "$S/etcd-tag.err")"
@@ -684,7 +620,7 @@ json.dump(cm, sys.stdout)' "$ETCD_VERSION" "$KU_ETCD_VERSION" | kc replace -f - 
 
   # What the upgrade must have kept.
   local server since
-  server="$(kc version -o json 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["serverVersion"]["gitVersion"])' 2>&1)"
+  server="$(kc version -o json 2>/dev/null | "$NODECHECK" git-version 2>&1)"
   if [ "$server" = "$APISERVER_VERSION" ]; then
     pass "kubectl version: server $server"
   else
