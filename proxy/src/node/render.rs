@@ -397,7 +397,45 @@ pub fn deployment(
         .ok_or_else(|| base_err("no kube-apiserver container"))?
         .clone();
 
-    // Flags: the Deployment's own, then kubeadm's in kubeadm's order (minus those replaced),
+    let args = apiserver_args(&base_container, &flags)?;
+    let mut c = apiserver_container(&base_container, kubeadm, &binary, port, args, &image);
+    merge_env(&mut c, kubeadm);
+    let kubeadm_volumes = pod.pod["spec"]["volumes"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    merge_mounts(&mut c, kubeadm, &kubeadm_volumes);
+    adopt_probes(&mut c, kubeadm);
+    let readiness_path = kubeadm["readinessProbe"]["httpGet"]["path"]
+        .as_str()
+        .map(str::to_owned);
+
+    let spec = &mut template["spec"];
+    adopt_pod_spec(spec, pod, &kubeadm_volumes);
+    place_containers(spec, c, port, readiness_path.as_deref())?;
+    if options.client_address_transparent {
+        client_address_transparent(&mut d)?;
+    }
+    let spec = &mut d["spec"]["template"]["spec"];
+    if let Some(img) = &options.proxy_image {
+        let with_proxy_image = |list: &mut Value| {
+            for x in list.as_array_mut().into_iter().flatten() {
+                if x["name"] != CONTAINER {
+                    x["image"] = json!(img);
+                }
+            }
+        };
+        with_proxy_image(&mut spec["initContainers"]);
+        with_proxy_image(&mut spec["containers"]);
+    }
+
+    copy_metadata(&mut d, pod, files_digest);
+    Ok(d)
+}
+
+/// The kube-apiserver's flags: the Deployment's own, then kubeadm's in kubeadm's order (minus
+/// those replaced), then the base's shutdown flags and the endpoint reconciler.
+fn apiserver_args(base_container: &Value, flags: &[Flag]) -> Result<Vec<String>, RenderError> {
     // then the base's shutdown flags and the endpoint reconciler.
     let base_flags: Vec<Flag> = base_container["args"]
         .as_array()
@@ -426,7 +464,19 @@ pub fn deployment(
     }
     args.push("--endpoint-reconciler-type=none".to_owned());
 
-    // The container: the base's launch wrapper and probes, kubeadm's everything else.
+    Ok(args)
+}
+
+/// The kube-apiserver container: the base's launch wrapper and probes, kubeadm's everything
+/// else.
+fn apiserver_container(
+    base_container: &Value,
+    kubeadm: &Value,
+    binary: &str,
+    port: u16,
+    args: Vec<String>,
+    image: &str,
+) -> Value {
     let mut c = base_container.clone();
     let mut command = c["command"].clone();
     set_word(&mut command, "--port", &port.to_string());
@@ -456,7 +506,11 @@ pub fn deployment(
     if let Some(o) = c.as_object_mut() {
         o.remove("ports");
     }
-    // Environment: the base's, then kubeadm's (kubeadm's wins on a name).
+    c
+}
+
+/// Environment: the base's, then kubeadm's (kubeadm's wins on a name).
+fn merge_env(c: &mut Value, kubeadm: &Value) {
     let kubeadm_env = kubeadm["env"].as_array().cloned().unwrap_or_default();
     let mut env: Vec<Value> = c["env"]
         .as_array()
@@ -470,11 +524,10 @@ pub fn deployment(
     if let Some(v) = kubeadm.get("envFrom") {
         c["envFrom"] = v.clone();
     }
-    // Volumes and mounts: kubeadm's, plus the base's that kubeadm's do not shadow.
-    let kubeadm_volumes = pod.pod["spec"]["volumes"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
+}
+
+/// Volume mounts: kubeadm's, plus the base's that kubeadm's volumes and mounts do not shadow.
+fn merge_mounts(c: &mut Value, kubeadm: &Value, kubeadm_volumes: &[Value]) {
     let kubeadm_mounts = kubeadm["volumeMounts"]
         .as_array()
         .cloned()
@@ -494,7 +547,10 @@ pub fn deployment(
         .collect();
     mounts.extend(kubeadm_mounts.iter().cloned());
     c["volumeMounts"] = json!(mounts);
-    // Probes: the paths and budgets of kubeadm's.
+}
+
+/// Probes: the paths and budgets of kubeadm's.
+fn adopt_probes(c: &mut Value, kubeadm: &Value) {
     if let Some(k) = kubeadm.get("startupProbe") {
         let p = &mut c["startupProbe"];
         if let Some(path) = k["httpGet"]["path"].as_str() {
@@ -524,12 +580,10 @@ pub fn deployment(
             }
         }
     }
-    let readiness_path = kubeadm["readinessProbe"]["httpGet"]["path"]
-        .as_str()
-        .map(str::to_owned);
+}
 
-    // The pod: the base's, with kubeadm's volumes, class and security context.
-    let spec = &mut template["spec"];
+/// The pod: the base's, with kubeadm's volumes, class and security context.
+fn adopt_pod_spec(spec: &mut Value, pod: &StaticPod, kubeadm_volumes: &[Value]) {
     let mut volumes: Vec<Value> = spec["volumes"]
         .as_array()
         .cloned()
@@ -551,6 +605,16 @@ pub fn deployment(
             None => spec["securityContext"] = Value::Object(k.clone()),
         }
     }
+}
+
+/// The kube-apiserver container `c` in its place; the sidecars serve kubeadm's port and check
+/// the apiserver's readiness at kubeadm's path.
+fn place_containers(
+    spec: &mut Value,
+    c: Value,
+    port: u16,
+    readiness_path: Option<&str>,
+) -> Result<(), RenderError> {
     let containers = spec["containers"]
         .as_array_mut()
         .ok_or_else(|| base_err("no containers"))?;
@@ -577,23 +641,11 @@ pub fn deployment(
             }
         }
     }
-    if options.client_address_transparent {
-        client_address_transparent(&mut d)?;
-    }
-    let spec = &mut d["spec"]["template"]["spec"];
-    if let Some(img) = &options.proxy_image {
-        let with_proxy_image = |list: &mut Value| {
-            for x in list.as_array_mut().into_iter().flatten() {
-                if x["name"] != CONTAINER {
-                    x["image"] = json!(img);
-                }
-            }
-        };
-        with_proxy_image(&mut spec["initContainers"]);
-        with_proxy_image(&mut spec["containers"]);
-    }
+    Ok(())
+}
 
-    // Labels and annotations.
+/// Labels and annotations: kubeadm's pod's, the digests of its manifest and files.
+fn copy_metadata(d: &mut Value, pod: &StaticPod, files_digest: Option<&str>) {
     let meta = &mut d["spec"]["template"]["metadata"];
     let mut labels = meta["labels"].as_object().cloned().unwrap_or_default();
     if let Some(k) = pod.pod["metadata"]["labels"].as_object() {
@@ -613,7 +665,6 @@ pub fn deployment(
         None => annotations.remove(FILES_DIGEST),
     };
     meta["annotations"] = Value::Object(annotations);
-    Ok(d)
 }
 
 /// Applies the patch of [`TRANSPARENT_COMPONENT`] to the Deployment `d`: the JSON patch
