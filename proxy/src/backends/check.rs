@@ -61,6 +61,20 @@ pub struct HealthConfig {
     pub fall: NonZeroU32,
 }
 
+#[cfg(test)]
+impl HealthConfig {
+    /// TCP checks every second, one pass to rise and one failure to fall: the tests' backends.
+    pub(crate) fn tcp_for_tests() -> Self {
+        HealthConfig {
+            check: HealthCheck::Tcp,
+            interval: Duration::from_secs(1),
+            timeout: Duration::from_secs(1),
+            rise: NonZeroU32::MIN,
+            fall: NonZeroU32::MIN,
+        }
+    }
+}
+
 /// What one check found, and why when it did not pass.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CheckResult {

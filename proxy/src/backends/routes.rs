@@ -206,6 +206,19 @@ impl RoutesError {
 
 /// Adds every item that is not there yet.
 pub fn install(items: &[Item]) -> Result<Vec<(Item, Outcome)>, RoutesError> {
+    apply(items.iter(), true)
+}
+
+/// Removes every item that is there, in the reverse order of [`install`].
+pub fn remove(items: &[Item]) -> Result<Vec<(Item, Outcome)>, RoutesError> {
+    apply(items.iter().rev(), false)
+}
+
+/// Adds (`add`) each item that is absent, or removes each one that is present.
+fn apply<'a>(
+    items: impl Iterator<Item = &'a Item>,
+    add: bool,
+) -> Result<Vec<(Item, Outcome)>, RoutesError> {
     let mut nl = Netlink::open().map_err(|e| RoutesError::new("open a netlink socket", e))?;
     let lo = nix::net::if_::if_nametoindex("lo")
         .map_err(|e| RoutesError::new("find interface lo", e.into()))?;
@@ -214,33 +227,21 @@ pub fn install(items: &[Item]) -> Result<Vec<(Item, Outcome)>, RoutesError> {
         let outcome = match nl.present(item) {
             Err(e) if e.raw_os_error() == Some(libc::EAFNOSUPPORT) => Outcome::NoFamily,
             Err(e) => return Err(RoutesError::new(format!("list for {item}"), e)),
-            Ok(true) => Outcome::Present,
-            Ok(false) => {
-                nl.change(item, lo, true)
-                    .map_err(|e| RoutesError::new(format!("{item}"), e))?;
-                Outcome::Added
+            Ok(present) if present == add => {
+                if add {
+                    Outcome::Present
+                } else {
+                    Outcome::Absent
+                }
             }
-        };
-        done.push((*item, outcome));
-    }
-    Ok(done)
-}
-
-/// Removes every item that is there.
-pub fn remove(items: &[Item]) -> Result<Vec<(Item, Outcome)>, RoutesError> {
-    let mut nl = Netlink::open().map_err(|e| RoutesError::new("open a netlink socket", e))?;
-    let lo = nix::net::if_::if_nametoindex("lo")
-        .map_err(|e| RoutesError::new("find interface lo", e.into()))?;
-    let mut done = Vec::new();
-    for item in items.iter().rev() {
-        let outcome = match nl.present(item) {
-            Err(e) if e.raw_os_error() == Some(libc::EAFNOSUPPORT) => Outcome::NoFamily,
-            Err(e) => return Err(RoutesError::new(format!("list for {item}"), e)),
-            Ok(false) => Outcome::Absent,
-            Ok(true) => {
-                nl.change(item, lo, false)
+            Ok(_) => {
+                nl.change(item, lo, add)
                     .map_err(|e| RoutesError::new(format!("{item}"), e))?;
-                Outcome::Removed
+                if add {
+                    Outcome::Added
+                } else {
+                    Outcome::Removed
+                }
             }
         };
         done.push((*item, outcome));

@@ -177,7 +177,7 @@ mod tests {
     use std::sync::Arc;
 
     use crate::backends::backend::Backends;
-    use crate::backends::check::{HealthCheck, HealthConfig};
+    use crate::backends::check::HealthConfig;
     use crate::base::addr::ClientAddr;
     use crate::base::metrics::Metrics;
     use crate::data::forward::{self, ForwardContext};
@@ -187,13 +187,7 @@ mod tests {
 
     pub(super) fn context(mode: crate::data::copy::Mode) -> Arc<ForwardContext> {
         let metrics = Metrics::new(&prometheus::Registry::new());
-        let health = HealthConfig {
-            check: HealthCheck::Tcp,
-            interval: Duration::from_secs(1),
-            timeout: Duration::from_secs(1),
-            rise: std::num::NonZeroU32::MIN,
-            fall: std::num::NonZeroU32::MIN,
-        };
+        let health = HealthConfig::tcp_for_tests();
         Arc::new(ForwardContext {
             transparent: false,
             backends: Backends::new(health, metrics.clone(), CancellationToken::new()),

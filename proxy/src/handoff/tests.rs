@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::Handoff;
 use super::HandoffConfig;
 use crate::backends::backend::Backends;
-use crate::backends::check::{HealthCheck, HealthConfig};
+use crate::backends::check::HealthConfig;
 use crate::backends::readiness::Readiness;
 use crate::base::addr::ListenAddr;
 use crate::base::lifecycle::State;
@@ -62,13 +62,7 @@ struct Instance {
 impl Instance {
     fn start(dir: &Path, addr: ListenAddr, state: State, backend_ready: bool) -> Instance {
         let metrics = Metrics::new(&Registry::new());
-        let health = HealthConfig {
-            check: HealthCheck::Tcp,
-            interval: Duration::from_secs(1),
-            timeout: Duration::from_secs(1),
-            rise: std::num::NonZeroU32::MIN,
-            fall: std::num::NonZeroU32::MIN,
-        };
+        let health = HealthConfig::tcp_for_tests();
         let stop = CancellationToken::new();
         let ctx = Arc::new(ForwardContext {
             transparent: false,

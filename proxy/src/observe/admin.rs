@@ -124,20 +124,25 @@ impl AdminView {
         Ok(buf)
     }
 
+    /// This instance's metrics as a response (500 when they cannot be encoded).
+    pub async fn metrics_response(&self) -> Response<Full<Bytes>> {
+        match self.metrics_text().await {
+            Ok(body) => Response::builder()
+                .header(
+                    hyper::header::CONTENT_TYPE,
+                    TextEncoder::new().format_type(),
+                )
+                .body(Full::new(Bytes::from(body)))
+                .expect("valid response"),
+            Err(_) => text(StatusCode::INTERNAL_SERVER_ERROR, "cannot encode metrics\n"),
+        }
+    }
+
     /// Answers one admin request.
     pub async fn handle(&self, req: Request<Incoming>) -> Response<Full<Bytes>> {
         match req.uri().path() {
             "/metrics" if req.method() == Method::GET || req.method() == Method::HEAD => {
-                match self.metrics_text().await {
-                    Ok(body) => Response::builder()
-                        .header(
-                            hyper::header::CONTENT_TYPE,
-                            TextEncoder::new().format_type(),
-                        )
-                        .body(Full::new(Bytes::from(body)))
-                        .expect("valid response"),
-                    Err(_) => text(StatusCode::INTERNAL_SERVER_ERROR, "cannot encode metrics\n"),
-                }
+                self.metrics_response().await
             }
             "/peer-ready" if req.method() == Method::GET || req.method() == Method::HEAD => {
                 // On a task of its own: a probe that gives up must not cut the exchange with
@@ -369,7 +374,7 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::*;
-    use crate::backends::check::{HealthCheck, HealthConfig};
+    use crate::backends::check::HealthConfig;
     use crate::data::forward::ForwardContext;
 
     /// An admin endpoint served on `127.0.0.1:0`, in `state`, its backends ready or not.
@@ -390,13 +395,7 @@ mod tests {
         let registry = Registry::new();
         let metrics = Metrics::new(&registry);
         let stop = CancellationToken::new();
-        let health = HealthConfig {
-            check: HealthCheck::Tcp,
-            interval: Duration::from_secs(1),
-            timeout: Duration::from_secs(1),
-            rise: std::num::NonZeroU32::MIN,
-            fall: std::num::NonZeroU32::MIN,
-        };
+        let health = HealthConfig::tcp_for_tests();
         let backends = Backends::new(health, metrics.clone(), stop.child_token());
         let ctx = Arc::new(ForwardContext {
             backends: backends.clone(),

@@ -147,7 +147,7 @@ pub async fn serve_peer(
             if req.method() != Method::GET && req.method() != Method::HEAD {
                 return admin::text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
             }
-            own_metrics(&view).await
+            view.metrics_response().await
         }
     };
     admin::serve_with(listener, handler, false, None, stop, tasks).await;
@@ -248,20 +248,6 @@ pub async fn serve(
     // No keep-alive: each scrape connects anew and lands on any live instance (all answer
     // the same), never on a kept connection to an instance that is about to exit.
     admin::serve_with(listener, handler, false, scrape.tls, stop, tasks).await;
-}
-
-/// This instance's metrics alone, as a response.
-async fn own_metrics(view: &AdminView) -> Response<Full<Bytes>> {
-    match view.metrics_text().await {
-        Ok(body) => Response::builder()
-            .header(
-                hyper::header::CONTENT_TYPE,
-                TextEncoder::new().format_type(),
-            )
-            .body(Full::new(Bytes::from(body)))
-            .expect("valid response"),
-        Err(_) => admin::text(StatusCode::INTERNAL_SERVER_ERROR, "cannot encode metrics\n"),
-    }
 }
 
 async fn respond(
