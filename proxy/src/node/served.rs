@@ -146,11 +146,6 @@ pub fn established_to(entries: &[TcpEntry], port: u16, own: &[u64]) -> BTreeMap<
     out
 }
 
-/// The `https://HOST[:PORT]` server of every cluster of a kubeconfig: (host, port).
-pub fn kubeconfig_servers(text: &str) -> Result<Vec<(String, u16)>, crate::base::yaml::YamlError> {
-    crate::node::kubeconfig::servers(text)
-}
-
 /// Whether `ip` is an address of this node: a socket can be bound to it.
 pub fn is_local(ip: IpAddr) -> bool {
     let domain = socket2::Domain::for_address(SocketAddr::new(ip, 0));
@@ -161,7 +156,7 @@ pub fn is_local(ip: IpAddr) -> bool {
 
 /// The servers of `text` (from `source`) on `port` that are addresses of this node.
 fn add_servers(served: &mut Served, text: &str, source: &str, port: u16) {
-    let servers = match kubeconfig_servers(text) {
+    let servers = match crate::node::kubeconfig::servers(text) {
         Ok(servers) => servers,
         Err(e) => {
             served
@@ -316,7 +311,7 @@ mod tests {
     fn servers_of_kubeconfigs() {
         let text = "clusters:\n- cluster:\n    server: https://192.0.2.100:6443\n- cluster:\n    server: \"https://[2001:db8::10]:6443/\"\n- cluster:\n    server: https://cp.example\n    other: 'server: x'\n";
         assert_eq!(
-            kubeconfig_servers(text).unwrap(),
+            crate::node::kubeconfig::servers(text).unwrap(),
             [
                 ("192.0.2.100".to_owned(), 6443),
                 ("2001:db8::10".to_owned(), 6443),
