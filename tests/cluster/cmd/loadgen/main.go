@@ -26,8 +26,6 @@ import (
 	"syscall"
 	"time"
 
-	"kube-apiserver-proxy/tests/cluster/internal/cluster"
-	"kube-apiserver-proxy/tests/cluster/internal/load"
 	"kube-apiserver-proxy/tests/cluster/internal/step"
 )
 
@@ -85,111 +83,31 @@ func main() {
 	}
 }
 
-// observers is what runs during the step besides the load.
-type observers struct {
-	prober    *load.Prober
-	endpoints *cluster.EndpointsWatcher
-	pods      []*cluster.PodWatcher
-}
+// prefixed writes each line it is given to stderr after "loadgen: ".
+type prefixed struct{}
 
-func start(ctx context.Context, o options) (*load.Load, *observers, error) {
-	obs := &observers{}
-	var err error
-	if o.endpoints {
-		if obs.endpoints, err = cluster.WatchEndpoints(ctx, o.kubeconfig); err != nil {
-			return nil, obs, fmt.Errorf("watch default/kubernetes: %w", err)
+func (prefixed) Write(b []byte) (int, error) {
+	for _, line := range strings.SplitAfter(string(b), "\n") {
+		if line != "" {
+			fmt.Fprint(os.Stderr, "loadgen: "+line)
 		}
 	}
-	for _, sel := range o.watchPods {
-		if err := obs.watchPods(ctx, o.kubeconfig, sel, false); err != nil {
-			return nil, obs, err
-		}
-	}
-	for _, sel := range o.restarts {
-		if err := obs.watchPods(ctx, o.kubeconfig, sel, true); err != nil {
-			return nil, obs, err
-		}
-	}
-	var l *load.Load
-	if o.load {
-		if l, err = load.Start(ctx, load.DefaultConfig(o.kubeconfig)); err != nil {
-			return nil, obs, fmt.Errorf("start the load: %w", err)
-		}
-	}
-	if len(o.probes) > 0 {
-		obs.prober = load.StartProber(ctx, o.probes)
-	}
-	return l, obs, nil
-}
-
-func (obs *observers) watchPods(ctx context.Context, kubeconfig, sel string, mirrors bool) error {
-	ns, selector, _ := strings.Cut(sel, "/")
-	w, err := cluster.WatchPods(ctx, kubeconfig, ns, selector, mirrors)
-	if err != nil {
-		return fmt.Errorf("watch pods %s: %w", sel, err)
-	}
-	obs.pods = append(obs.pods, w)
-	return nil
-}
-
-// stop ends every observer and judges what it saw.
-func (obs *observers) stop(rep *step.Report) {
-	if obs.prober != nil {
-		rep.Probes = obs.prober.Stop()
-		for _, p := range rep.Probes {
-			fmt.Fprintln(os.Stderr, "loadgen: probe", p.String())
-			if p.Failed() > 0 {
-				rep.Problems = append(rep.Problems, "connects failed: "+p.String())
-			}
-			if p.Attempts == 0 {
-				rep.Problems = append(rep.Problems, "the prober of "+p.Address+" made no attempt")
-			}
-		}
-	}
-	if obs.endpoints != nil {
-		rec := &step.EndpointsRecord{Gaps: obs.endpoints.Take(), Errors: obs.endpoints.TakeErrors()}
-		obs.endpoints.Stop()
-		rep.Endpoints = rec
-		fmt.Fprintf(os.Stderr, "loadgen: default/kubernetes: %d gaps, %d watch errors\n", len(rec.Gaps), len(rec.Errors))
-		for _, g := range rec.Gaps {
-			rep.Problems = append(rep.Problems, fmt.Sprintf("default/kubernetes %s without a ready address for %s from %s", g.Object, g.Duration.Round(time.Millisecond), g.From.Format("15:04:05.000")))
-		}
-		for _, e := range rec.Errors {
-			rep.Problems = append(rep.Problems, "the default/kubernetes watcher's watch failed: "+e)
-		}
-	}
-	for _, w := range obs.pods {
-		pw := w.Stop()
-		fmt.Fprintf(os.Stderr, "loadgen: pods %s: %s\n", pw.Selector, pw.String())
-		rep.Pods = append(rep.Pods, pw)
-		rep.Problems = append(rep.Problems, pw.Problems()...)
-	}
+	return len(b), nil
 }
 
 func run(o options) (*step.Report, error) {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-
-	// Everything runs under the context start is given, so the start deadline cancels it
-	// only while start has not returned. It is not the signal's: SIGTERM stops the step, and
-	// the load's requests in flight still get their answers (load.Stop's grace).
-	runCtx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	deadline := time.AfterFunc(o.startTimeout, cancel)
-	l, obs, err := start(runCtx, o)
-	if !deadline.Stop() && err == nil {
-		err = fmt.Errorf("start: not running within %s", o.startTimeout)
-	}
+	w, err := step.Start(step.Options{
+		Kubeconfig: o.kubeconfig, Probes: o.probes, Endpoints: o.endpoints,
+		WatchPods: o.watchPods, Restarts: o.restarts, NoLoad: !o.load,
+	}, o.startTimeout)
 	if err != nil {
-		if l != nil {
-			l.Stop()
-		}
-		obs.stop(&step.Report{})
 		return nil, err
 	}
-	before := cluster.ReadTCPCounters()
 	if o.ready != "" {
 		if err := os.WriteFile(o.ready, []byte(time.Now().UTC().Format(time.RFC3339Nano)+"\n"), 0o644); err != nil {
+			w.Stop(prefixed{})
 			return nil, err
 		}
 	}
@@ -203,25 +121,7 @@ func run(o options) (*step.Report, error) {
 	} else {
 		<-ctx.Done()
 	}
-	rep := &step.Report{Problems: []string{}}
-	if l != nil {
-		lr := l.Stop()
-		rep.Load = &lr
-		fmt.Fprintln(os.Stderr, "loadgen: load", lr.Summary())
-		rep.Problems = append(rep.Problems, lr.Problems(load.DefaultCriteria(), load.DefaultConfig(o.kubeconfig))...)
-		for kind, samples := range lr.Samples {
-			for _, s := range samples {
-				rep.Notes = append(rep.Notes, kind+": "+s)
-			}
-		}
-	}
-	obs.stop(rep)
-	rep.TCP = cluster.ReadTCPCounters().Since(before)
-	for _, c := range []string{"TcpExt:ListenOverflows", "TcpExt:ListenDrops"} {
-		if n := rep.TCP[c]; n > 0 {
-			rep.Problems = append(rep.Problems, fmt.Sprintf("%s: %d in the node during the step (a listen queue overflowed or a SYN was dropped)", c, n))
-		}
-	}
+	rep := w.Stop(prefixed{})
 	data, err := json.MarshalIndent(rep, "", "  ")
 	if err != nil {
 		return nil, err
