@@ -43,11 +43,11 @@ type Config struct {
 // Node is one scenario's view of the node and its report.
 type Node struct {
 	Config
-	Admin  string // the super-admin kubeconfig
+	Admin string // the super-admin kubeconfig
 	// PodSelector selects the Deployment's pods (DeploymentPods when empty).
 	PodSelector string
-	Client kubernetes.Interface
-	Ctx    context.Context
+	Client      kubernetes.Interface
+	Ctx         context.Context
 
 	mu             sync.Mutex
 	out            io.Writer
