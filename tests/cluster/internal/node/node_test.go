@@ -3,6 +3,7 @@ package node
 import (
 	"bufio"
 	"bytes"
+	"os/user"
 	"strings"
 	"testing"
 
@@ -90,5 +91,19 @@ func TestDo(t *testing.T) {
 	}
 	if got := out.String(); got != "@node start_kubelet a b\n@node reboot\n@node x\n@node y\n" {
 		t.Fatalf("asked: %q", got)
+	}
+}
+
+func TestTmpfilesOwners(t *testing.T) {
+	byName := func(string) (*user.User, error) { return &user.User{Uid: "7"}, nil }
+	uid := func(u *user.User) string { return u.Uid }
+	if n, err := lookupID("59443", byName, uid); err != nil || n != 59443 {
+		t.Fatalf("numeric: %d %v", n, err)
+	}
+	if n, err := lookupID("root", byName, uid); err != nil || n != 7 {
+		t.Fatalf("by name: %d %v", n, err)
+	}
+	if _, err := lookupID("nobody-here", user.Lookup, uid); err == nil {
+		t.Fatal("an unknown user was found")
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -83,10 +84,13 @@ func (n *Node) TmpfilesCreate() error {
 		if err != nil {
 			return fmt.Errorf("%s: mode %q: %w", conf, fields[2], err)
 		}
-		uid, err1 := strconv.Atoi(fields[3])
-		gid, err2 := strconv.Atoi(fields[4])
-		if err1 != nil || err2 != nil {
-			return fmt.Errorf("%s: owner %s:%s is not numeric", conf, fields[3], fields[4])
+		uid, err := lookupID(fields[3], user.Lookup, func(u *user.User) string { return u.Uid })
+		if err != nil {
+			return fmt.Errorf("%s: %w", conf, err)
+		}
+		gid, err := lookupID(fields[4], user.LookupGroup, func(g *user.Group) string { return g.Gid })
+		if err != nil {
+			return fmt.Errorf("%s: %w", conf, err)
 		}
 		if err := os.MkdirAll(path, 0o755); err != nil {
 			return err
@@ -99,6 +103,18 @@ func (n *Node) TmpfilesCreate() error {
 		}
 	}
 	return sc.Err()
+}
+
+// lookupID is a user or group given by number or by name (as tmpfiles.d allows).
+func lookupID[T any](name string, lookup func(string) (T, error), id func(T) string) (int, error) {
+	if n, err := strconv.Atoi(name); err == nil {
+		return n, nil
+	}
+	found, err := lookup(name)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(id(found))
 }
 
 // PrepareNode prepares the node as docs/operations.md says: manifests/node/tmpfiles.d, and the
