@@ -339,11 +339,13 @@ func AgentManifest(shipped, image, imageRepo string) (string, error) {
 	return strings.Join(out, "\n"), nil
 }
 
-// installAgent installs the agent as a static pod (written beside, then renamed in).
+// installAgent installs the agent as a static pod.
 func (r *reboot) installAgent(shipped string) bool {
 	m, err := AgentManifest(shipped, r.ProxyImage(), r.ImageRepo)
 	if err == nil {
-		tmp := r.Path("kube-apiserver-recovery.yaml")
+		// Written beside it, hidden (the kubelet skips dot files), then renamed in: the kubelet
+		// never reads a half-written manifest.
+		tmp := filepath.Join(r.Manifests, ".kube-apiserver-recovery.yaml")
 		if err = os.WriteFile(tmp, []byte(m), 0o644); err == nil {
 			err = os.Rename(tmp, filepath.Join(r.Manifests, "kube-apiserver-recovery.yaml"))
 		}

@@ -279,7 +279,7 @@ func (r *reboot) goBack() {
 
 	// Reboot recovery goes first.
 	agent := "kube-apiserver-recovery-" + r.NodeName
-	if err := os.Rename(filepath.Join(r.Manifests, "kube-apiserver-recovery.yaml"), r.gb("kube-apiserver-recovery.yaml")); err != nil {
+	if err := Move(filepath.Join(r.Manifests, "kube-apiserver-recovery.yaml"), r.gb("kube-apiserver-recovery.yaml")); err != nil {
 		r.Fail("the recovery agent's manifest: %v", err)
 	}
 	if r.WaitFor(60*time.Second, func() bool { known, ok := r.kubeletKnows(agent); return ok && !known }) {

@@ -102,13 +102,13 @@ func TestProxyHandoff(t *testing.T) {
 }
 
 func TestOnlyKubeadmListens(t *testing.T) {
-	if !OnlyKubeadmListens(`*:6443 "kube-apiserver",pid=24292`) {
+	if !OnlyKubeadmListens("*:6443 kube-apiserver/24292") {
 		t.Fatal("kubeadm's wildcard alone")
 	}
-	if OnlyKubeadmListens(`*:6443 "kube-apiserver",pid=1; 192.0.2.10:6443 "kube-apiserver-",pid=2`) {
+	if OnlyKubeadmListens("*:6443 kube-apiserver/1; 192.0.2.10:6443 kube-apiserver-/2") {
 		t.Fatal("two listeners")
 	}
-	if OnlyKubeadmListens(`192.0.2.10:6443 "kube-apiserver",pid=2`) || OnlyKubeadmListens("") {
+	if OnlyKubeadmListens("192.0.2.10:6443 kube-apiserver/2") || OnlyKubeadmListens("") {
 		t.Fatal("not the wildcard")
 	}
 }
