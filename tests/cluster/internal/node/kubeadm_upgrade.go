@@ -215,8 +215,12 @@ func (u *upgrade) handoff() error {
 		u.Fail("kubeadm's manifest not back in %s: %s", u.Manifests, dirNames(u.Manifests))
 	}
 	mirror := "kube-apiserver-" + u.NodeName
-	if u.WaitFor(120*time.Second, func() bool { return u.mirrorReady(mirror) }) {
-		p, _ := u.Client.CoreV1().Pods("kube-system").Get(u.Ctx, mirror, metav1.GetOptions{})
+	var p *corev1.Pod
+	if u.WaitFor(120*time.Second, func() bool {
+		var err error
+		p, err = u.Client.CoreV1().Pods("kube-system").Get(u.Ctx, mirror, metav1.GetOptions{})
+		return err == nil && nodecheck.Ready(p)
+	}) {
 		labels, _ := json.Marshal(p.Labels)
 		u.Pass("the agent's mirror pod kube-system/%s is Ready: labels %s, image %s", mirror, labels, p.Spec.Containers[0].Image)
 	} else {
@@ -426,8 +430,12 @@ func (u *upgrade) kubeProxy() {
 		return fmt.Sprintf("image %s, desired %d, updated %d, ready %d", d.Spec.Template.Spec.Containers[0].Image,
 			d.Status.DesiredNumberScheduled, d.Status.UpdatedNumberScheduled, d.Status.NumberReady)
 	}
+	image := ""
 	ready := func() bool {
 		d, err := u.Client.AppsV1().DaemonSets("kube-system").Get(u.Ctx, "kube-proxy", metav1.GetOptions{})
+		if err == nil {
+			image = d.Spec.Template.Spec.Containers[0].Image
+		}
 		return err == nil && d.Status.NumberReady == 1
 	}
 	rule := func() bool {
@@ -437,8 +445,6 @@ func (u *upgrade) kubeProxy() {
 	var err error
 	if u.WaitFor(120*time.Second, ready) && u.WaitFor(60*time.Second, rule) {
 		if err = u.podSetup(); err == nil {
-			d, _ := u.Client.AppsV1().DaemonSets("kube-system").Get(u.Ctx, "kube-proxy", metav1.GetOptions{})
-			image := d.Spec.Template.Spec.Containers[0].Image
 			u.Pass("kube-proxy %s (kubeadm's addon, iptables mode) ready, 10.96.0.1 in its rules", image[strings.LastIndex(image, ":")+1:])
 			u.pod = true
 			return
