@@ -196,7 +196,7 @@ func (u *upgrade) handoff() error {
 		u.Fail("kubeadm-sync --once failed: %v %s", err, Tail(u.Path("kubeadm-sync-once.log"), 5))
 		return nil
 	}
-	u.Pass("kubeadm-sync --once after %s s, kubeadm's static apiserver gone: %s", Since(t0), dirNames(kuSyncDir))
+	u.Pass("kubeadm-sync --once after %s s, kubeadm's static apiserver gone: %s", Since(t0), dirNames(kuSyncDir, false))
 	if u.Do("ku_kubelet_manifests", kuSyncDir) != nil {
 		return nil // the action reported why
 	}
@@ -204,7 +204,7 @@ func (u *upgrade) handoff() error {
 	if u.WaitFor(120*time.Second, func() bool { _, err := os.Stat(manifest); return err == nil }) {
 		u.Pass("kubelet on %s, the agent runs and put kubeadm's manifest back %s s after kubeadm-sync --once", kuSyncDir, Since(t0))
 	} else {
-		u.Fail("kubeadm's manifest not back in %s: %s", u.Manifests, dirNames(u.Manifests))
+		u.Fail("kubeadm's manifest not back in %s: %s", u.Manifests, dirNames(u.Manifests, true))
 	}
 	mirror := "kube-apiserver-" + u.NodeName
 	var p *corev1.Pod
@@ -223,14 +223,17 @@ func (u *upgrade) handoff() error {
 	return nil
 }
 
-func dirNames(dir string) string {
+// dirNames are the names in dir, as ls lists them (all: with the hidden ones).
+func dirNames(dir string, all bool) string {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return err.Error()
 	}
 	var names []string
 	for _, e := range entries {
-		names = append(names, e.Name())
+		if all || !strings.HasPrefix(e.Name(), ".") {
+			names = append(names, e.Name())
+		}
 	}
 	return strings.Join(names, " ")
 }
@@ -568,6 +571,6 @@ func (u *upgrade) kept() {
 	if flagged && u.WaitFor(30*time.Second, func() bool { return audited(kuSecret, since) }) {
 		u.Pass("the %s apiserver writes the audit log: a read of the Secret after the upgrade is in it", u.Version)
 	} else {
-		u.Fail("no audit record of the read after the upgrade (the Deployment's %s: %t): %s", policy, flagged, dirNames("/var/log/kubernetes/audit"))
+		u.Fail("no audit record of the read after the upgrade (the Deployment's %s: %t): %s", policy, flagged, dirNames("/var/log/kubernetes/audit", true))
 	}
 }

@@ -51,7 +51,7 @@ func (u *upgrade) containerIDs() string {
 		case len(p.Status.ContainerStatuses) > 0:
 			id = p.Status.ContainerStatuses[0].ContainerID
 		}
-		fmt.Fprintf(&b, "%s %s; ", c, Cut(id, 24))
+		fmt.Fprintf(&b, "%s %s; ", c, id[:min(len(id), 24)])
 	}
 	return b.String()
 }
