@@ -4,10 +4,11 @@
 //	nodescenario -state S -repo REPO -node-ip IP -node-name NAME -manifests DIR
 //	             -image-repo REPO -version V -old-version V  SCENARIO
 //
-// SCENARIO is pivot, migrate or reboot. The report goes to stdout in smoke's format ("ok   - …",
-// "FAIL - …", "# …"); a node action the scenario needs is asked as a line "@node ACTION ARGS…"
-// on stdout and answered with its exit status on a line of stdin (smoke runs this as a
-// coprocess). Exit status: 0 when the scenario ran (its checks say how it went), 1 when it
+// SCENARIO is one of the map below (pivot, migrate, reboot, lifecycle, kubeadm-upgrade). The
+// report goes to stdout in smoke's format ("ok   - …", "FAIL - …", "# …"); a node action the
+// scenario needs is asked as a line "@node ACTION ARGS…" on stdout and answered with its exit
+// status on a line of stdin (smoke runs this as a coprocess). Exit status: 0 when the scenario
+// ran (its checks say how it went), 1 when it
 // could not run, 2 for bad usage.
 package main
 
@@ -17,15 +18,18 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"sort"
+	"strings"
 	"syscall"
 
 	"kube-apiserver-proxy/tests/cluster/internal/node"
 )
 
 var scenarios = map[string]func(*node.Node){
-	"pivot":   node.RunPivot,
-	"migrate": node.RunMigrate,
-	"reboot":  node.RunReboot,
+	"pivot":           node.RunPivot,
+	"migrate":         node.RunMigrate,
+	"reboot":          node.RunReboot,
+	"kubeadm-upgrade": node.RunKubeadmUpgrade,
 }
 
 func main() {
@@ -41,7 +45,12 @@ func main() {
 	flag.Parse()
 	run, ok := scenarios[flag.Arg(0)]
 	if flag.NArg() != 1 || !ok || c.State == "" || c.Repo == "" || c.NodeIP == "" || c.NodeName == "" || c.ImageRepo == "" || c.Version == "" {
-		fmt.Fprintln(os.Stderr, "nodescenario: want -state, -repo, -node-ip, -node-name, -image-repo, -version and one of: pivot, migrate, reboot")
+		names := make([]string, 0, len(scenarios))
+		for name := range scenarios {
+			names = append(names, name)
+		}
+		sort.Strings(names)
+		fmt.Fprintln(os.Stderr, "nodescenario: want -state, -repo, -node-ip, -node-name, -image-repo, -version and one of: "+strings.Join(names, ", "))
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)

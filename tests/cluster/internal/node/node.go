@@ -253,6 +253,14 @@ func Tail(path string, lines int) string {
 	return strings.Join(strings.Fields(strings.ReplaceAll(cluster.Tail(path, lines), "\n", " | ")), " ")
 }
 
+// yesNo is a flag as the report writes it.
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
 // Cut shortens s to at most n bytes (the report's lines stay readable).
 func Cut(s string, max int) string {
 	if len(s) <= max {

@@ -181,13 +181,6 @@ func (r *reboot) kubeletKnows(name string) (known, ok bool) {
 	return nodecheck.Named(pods, name) != nil, true
 }
 
-func yesNo(b bool) string {
-	if b {
-		return "yes"
-	}
-	return "no"
-}
-
 // ctr runs containerd's ctr on the node's runtime, in the kubelet's namespace.
 func (r *reboot) ctr(args ...string) (string, error) {
 	argv := append([]string{r.Bin("ctr"), "--address", r.Path("containerd/containerd.sock"), "-n", "k8s.io"}, args...)

@@ -1,0 +1,229 @@
+package node
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"kube-apiserver-proxy/tests/cluster/internal/step"
+)
+
+// The kubeadm upgrade scenario's steps under load: the node's two loads and their observers
+// (package step), the load in a pod through the kubernetes Service, the closing table.
+
+// The client inside a pod: cmd/loadgen on the pod network, as a ServiceAccount bound to
+// cluster-admin, whose kubeconfig names the `kubernetes` Service's address (10.96.0.1:443,
+// through kube-proxy's rules) with the pod's token. Its report lands on the node.
+const podKubeconfig = `apiVersion: v1
+kind: Config
+clusters:
+- name: service
+  cluster:
+    server: https://10.96.0.1:443
+    certificate-authority: /var/run/secrets/kubernetes.io/serviceaccount/ca.crt
+users:
+- name: pod
+  user:
+    tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token
+contexts:
+- name: pod
+  context: {cluster: service, user: pod}
+current-context: pod
+`
+
+func (u *upgrade) podSetup() error {
+	if err := os.MkdirAll(kuPodReports, 0o755); err != nil {
+		return err
+	}
+	meta := metav1.ObjectMeta{Name: "ku-loadgen", Namespace: "default"}
+	_, err := u.Client.CoreV1().ServiceAccounts("default").Create(u.Ctx, &corev1.ServiceAccount{ObjectMeta: meta}, metav1.CreateOptions{})
+	if err == nil || apierrors.IsAlreadyExists(err) {
+		_, err = u.Client.RbacV1().ClusterRoleBindings().Create(u.Ctx, &rbacv1.ClusterRoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: "ku-loadgen"},
+			RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "cluster-admin"},
+			Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: "ku-loadgen", Namespace: "default"}},
+		}, metav1.CreateOptions{})
+	}
+	if err == nil || apierrors.IsAlreadyExists(err) {
+		_, err = u.Client.CoreV1().ConfigMaps("default").Create(u.Ctx, &corev1.ConfigMap{ObjectMeta: meta,
+			Data: map[string]string{"kubeconfig": podKubeconfig}}, metav1.CreateOptions{})
+	}
+	if apierrors.IsAlreadyExists(err) {
+		err = nil
+	}
+	return err
+}
+
+// loadPod is the pod of step name's load.
+func (u *upgrade) loadPod(name string) *corev1.Pod {
+	grace := int64(90)
+	directory := corev1.HostPathDirectory
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "ku-loadgen-" + name, Namespace: "default"},
+		Spec: corev1.PodSpec{
+			NodeName:                      u.NodeName,
+			ServiceAccountName:            "ku-loadgen",
+			TerminationGracePeriodSeconds: &grace,
+			Tolerations:                   []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
+			Containers: []corev1.Container{{
+				Name:            "loadgen",
+				Image:           u.ImageRepo + "/loadgen:dev",
+				ImagePullPolicy: corev1.PullNever,
+				Args:            []string{"-kubeconfig", "/etc/ku-loadgen/kubeconfig", "-out", "/reports/" + name + ".json", "-ready", "/reports/" + name + ".ready"},
+				// A share of the CPU like the node's loads (a BestEffort pod gets 2 of 1024
+				// shares, and starves while a new apiserver starts on this 2-core node).
+				Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
+					corev1.ResourceCPU: resource.MustParse("500m"), corev1.ResourceMemory: resource.MustParse("64Mi")}},
+				VolumeMounts: []corev1.VolumeMount{{Name: "kubeconfig", MountPath: "/etc/ku-loadgen"}, {Name: "reports", MountPath: "/reports"}},
+			}},
+			Volumes: []corev1.Volume{
+				{Name: "kubeconfig", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: "ku-loadgen"}}}},
+				{Name: "reports", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: kuPodReports, Type: &directory}}},
+			},
+		},
+	}
+}
+
+// podStart starts the load in a pod for step name; true once its load runs.
+func (u *upgrade) podStart(name string) bool {
+	report, ready := filepath.Join(kuPodReports, name+".json"), filepath.Join(kuPodReports, name+".ready")
+	_ = os.Remove(report)
+	_ = os.Remove(ready)
+	_, err := u.Client.CoreV1().Pods("default").Create(u.Ctx, u.loadPod(name), metav1.CreateOptions{})
+	if err == nil && u.WaitFor(180*time.Second, func() bool { _, err := os.Stat(ready); return err == nil }) {
+		return true
+	}
+	u.Fail("%s: the load in a pod did not start within 180 s: %s%s", name, u.loadPodState(name), errSuffix(err))
+	return false
+}
+
+// loadPodState: the load pod's PodLine and its last log lines.
+func (u *upgrade) loadPodState(name string) string {
+	pods := u.Client.CoreV1().Pods("default")
+	p, err := pods.Get(u.Ctx, "ku-loadgen-"+name, metav1.GetOptions{})
+	if err != nil {
+		return err.Error()
+	}
+	tail := int64(3)
+	log, err := pods.GetLogs(p.Name, &corev1.PodLogOptions{TailLines: &tail}).DoRaw(u.Ctx)
+	if err != nil {
+		log = []byte(err.Error())
+	}
+	return PodLine(p) + " " + strings.ReplaceAll(strings.TrimSpace(string(log)), "\n", " ")
+}
+
+// podEnd deletes step name's load pod (SIGTERM: the load reports) and judges its report like
+// the node's loads: a pass without problems, else a failure (a note when reportOnly).
+func (u *upgrade) podEnd(name, what string, reportOnly bool) {
+	what += " (in a pod, through the kubernetes Service)"
+	_ = u.Client.CoreV1().Pods("default").Delete(u.Ctx, "ku-loadgen-"+name, metav1.DeleteOptions{})
+	path := filepath.Join(kuPodReports, name+".json")
+	var rep *step.Report
+	if !u.WaitFor(120*time.Second, func() bool { r, err := step.Read(path); rep = r; return err == nil }) {
+		u.Fail("%s: no report within 120 s: %s", what, u.loadPodState(name))
+		return
+	}
+	if b, err := os.ReadFile(path); err == nil {
+		_ = os.WriteFile(u.Path("step-"+name+"-pod.json"), b, 0o644)
+	}
+	line, clean := podVerdict(rep)
+	switch {
+	case clean:
+		u.Pass("%s: %s", what, line)
+	case reportOnly:
+		u.Note("%s: %s", what, line)
+	default:
+		u.Fail("%s: %s", what, line)
+	}
+}
+
+// podVerdict is what the load in a pod saw, on one line, and whether it saw no problem.
+func podVerdict(r *step.Report) (string, bool) {
+	if r.Load == nil {
+		return "load 0 requests ok, 0 failed; relists 0; problems: not a report", false
+	}
+	return fmt.Sprintf("load %d requests ok, %d failed; relists %d; problems: %s", r.Load.TotalOK(), r.Load.TotalFailed(),
+		r.Load.TotalRelists(), problems(r)), len(r.Problems) == 0
+}
+
+// kuStep is one step of the upgrade: the loads on both addresses, the load in a pod once it
+// is set up, and the control plane's logs from its start.
+type kuStep struct {
+	name          string
+	remote, local *Step
+	pod           bool
+	mark          LogMark
+	reportOnly    bool
+}
+
+// startStep starts step name: the load on NODE_IP:6443 with the probers of both addresses
+// and the endpoints watcher, a second load on 127.0.0.1:6443, and the load in a pod. watch,
+// when not nil, replaces Watched (a step that restarts the controllers does not watch them).
+func (u *upgrade) startStep(name string, watch *step.Options, reportOnly bool) *kuStep {
+	s := &kuStep{name: name, mark: u.MarkLogs(), reportOnly: reportOnly}
+	o := u.Watched()
+	if watch != nil {
+		o = *watch
+	}
+	remote := o
+	remote.Probes = append(append([]string{}, o.Probes...), "127.0.0.1:6443")
+	remote.Endpoints = true
+	s.remote = u.StartStep(name, remote)
+	s.local = u.StartStep(name+"-local", step.Options{Kubeconfig: u.LocalAdmin(), Probes: o.Probes, Restarts: o.Restarts})
+	for _, st := range []*Step{s.remote, s.local} {
+		if st != nil {
+			st.ReportOnly = reportOnly
+		}
+	}
+	s.pod = u.pod && u.podStart(name)
+	return s
+}
+
+// endStep stops the step and reports its verdicts, then the control plane's error lines.
+func (u *upgrade) endStep(s *kuStep, what string) {
+	s.remote.End(what + " (NODE_IP:6443)")
+	s.local.End(what + " (127.0.0.1:6443)")
+	if s.pod {
+		u.podEnd(s.name, what, s.reportOnly)
+	}
+	u.Note("%s: controller-manager, scheduler and kubelet logs: %s", what, u.LogErrorSummary(s.mark))
+}
+
+// table: one row per step and client (the node address, 127.0.0.1, the pod): seconds,
+// requests, failed, refused connects, relists, watch cuts.
+func (u *upgrade) table(steps ...string) []string {
+	rows := []string{fmt.Sprintf("%-22s %8s %9s %7s %8s %8s %8s", "step", "seconds", "requests", "failed", "refused", "relists", "cut")}
+	for _, name := range steps {
+		for _, c := range []struct{ suffix, client string }{{"", "NODE_IP"}, {"-local", "127.0.0.1"}, {"-pod", "pod"}} {
+			rep, err := step.Read(u.Path("step-" + name + c.suffix + ".json"))
+			if row, ok := tableRow(name+" ("+c.client+")", rep, err); ok {
+				rows = append(rows, row)
+			} else if c.suffix != "-pod" {
+				rows = append(rows, fmt.Sprintf("%-22s no report", name+c.suffix))
+			}
+		}
+	}
+	return rows
+}
+
+// tableRow is a step's row of the table (false when there is no report with a load).
+func tableRow(label string, r *step.Report, err error) (string, bool) {
+	if err != nil || r == nil {
+		return "", false
+	}
+	line, err := r.Line()
+	if err != nil {
+		return "", false
+	}
+	// seconds requests failed refused failed-connects relists cut problems…
+	f := strings.Fields(line)
+	return fmt.Sprintf("%-22s %8s %9s %7s %8s %8s %8s", label, f[0], f[1], f[2], f[3], f[5], f[6]), true
+}

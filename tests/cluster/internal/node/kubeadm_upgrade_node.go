@@ -1,0 +1,246 @@
+package node
+
+import (
+	"bytes"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"kube-apiserver-proxy/tests/cluster/internal/nodecheck"
+)
+
+// What the kubeadm upgrade scenario reads of the node: the static pods' containers and
+// images, the Deployment's generation, the stand-in's hash, the node's kubelet, etcd's stored
+// bytes, the audit log, the kubelet's log.
+
+// mirrorReady: the pod kube-system/name exists in the apiserver and is Ready.
+func (u *upgrade) mirrorReady(name string) bool {
+	p, err := u.Client.CoreV1().Pods("kube-system").Get(u.Ctx, name, metav1.GetOptions{})
+	return err == nil && nodecheck.Ready(p)
+}
+
+// podLine is PodLine of kube-system/name, or why there is none.
+func (u *upgrade) podLine(name string) string {
+	p, err := u.Client.CoreV1().Pods("kube-system").Get(u.Ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return err.Error()
+	}
+	return PodLine(p)
+}
+
+// containerIDs: "name id; " of the running etcd, controller-manager and scheduler containers
+// (the id's first 24 characters, its runtime's prefix included).
+func (u *upgrade) containerIDs() string {
+	var b strings.Builder
+	for _, c := range []string{"etcd", "kube-controller-manager", "kube-scheduler"} {
+		p, err := u.Client.CoreV1().Pods("kube-system").Get(u.Ctx, c+"-"+u.NodeName, metav1.GetOptions{})
+		id := ""
+		switch {
+		case err != nil:
+			id = err.Error()
+		case len(p.Status.ContainerStatuses) > 0:
+			id = p.Status.ContainerStatuses[0].ContainerID
+		}
+		fmt.Fprintf(&b, "%s %s; ", c, id[:min(len(id), 24)])
+	}
+	return b.String()
+}
+
+// images: the image (without its repository) of each static pod's container (etcd,
+// controller-manager, scheduler) and of the Deployment's apiserver.
+func (u *upgrade) images() string {
+	var out []string
+	for _, c := range []string{"etcd", "kube-controller-manager", "kube-scheduler"} {
+		p, err := u.Client.CoreV1().Pods("kube-system").Get(u.Ctx, c+"-"+u.NodeName, metav1.GetOptions{})
+		if err != nil {
+			out = append(out, err.Error())
+			continue
+		}
+		out = append(out, imageName(p.Spec.Containers[0].Image))
+	}
+	d, err := u.Client.AppsV1().Deployments("kube-system").Get(u.Ctx, "kube-apiserver", metav1.GetOptions{})
+	if err != nil {
+		return strings.Join(append(out, err.Error()), " ")
+	}
+	for _, c := range d.Spec.Template.Spec.Containers {
+		if c.Name == "kube-apiserver" {
+			out = append(out, imageName(c.Image))
+		}
+	}
+	return strings.Join(out, " ")
+}
+
+func imageName(image string) string { return image[strings.LastIndex(image, "/")+1:] }
+
+// generation is the Deployment's metadata.generation (-1 when it cannot be read for 30 s).
+func (u *upgrade) generation() int64 {
+	gen := int64(-1)
+	u.WaitFor(30*time.Second, func() bool {
+		d, err := u.Client.AppsV1().Deployments("kube-system").Get(u.Ctx, "kube-apiserver", metav1.GetOptions{})
+		if err == nil {
+			gen = d.Generation
+		}
+		return err == nil
+	})
+	return gen
+}
+
+// standinHash is the kubernetes.io/config.hash of the agent's kube-apiserver-NODE (what
+// kubeadm waits on).
+func (u *upgrade) standinHash() string {
+	p, err := u.Client.CoreV1().Pods("kube-system").Get(u.Ctx, "kube-apiserver-"+u.NodeName, metav1.GetOptions{})
+	if err != nil {
+		return ""
+	}
+	return p.Annotations["kubernetes.io/config.hash"]
+}
+
+// etcdValue: the first bytes of key's value as stored in etcd (its JSON gateway, with the
+// apiserver's etcd client certificate), written as Python writes bytes.
+func (u *upgrade) etcdValue(key string) (string, error) {
+	const pki = "/etc/kubernetes/pki"
+	ca, err := os.ReadFile(pki + "/etcd/ca.crt")
+	if err != nil {
+		return "", err
+	}
+	cert, err := tls.LoadX509KeyPair(pki+"/apiserver-etcd-client.crt", pki+"/apiserver-etcd-client.key")
+	if err != nil {
+		return "", err
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(ca)
+	c := http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}}}}
+	body, _ := json.Marshal(map[string]string{"key": base64.StdEncoding.EncodeToString([]byte(key))})
+	resp, err := c.Post("https://127.0.0.1:2379/v3/kv/range", "application/json", bytes.NewReader(body))
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	answer, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("etcd: %s: %s", resp.Status, Cut(string(answer), 200))
+	}
+	return storedValue(answer)
+}
+
+// storedValue is the first 24 bytes of the value in etcd's range answer, as Python writes
+// bytes ("none" when the key does not exist).
+func storedValue(answer []byte) (string, error) {
+	var r struct {
+		KVs []struct {
+			Value []byte `json:"value"` // base64 in the JSON
+		} `json:"kvs"`
+	}
+	if err := json.Unmarshal(answer, &r); err != nil {
+		return "", fmt.Errorf("etcd's range answer: %w", err)
+	}
+	if len(r.KVs) == 0 {
+		return "none", nil
+	}
+	v := r.KVs[0].Value
+	return nodecheck.PyBytes(v[:min(len(v), 24)]), nil
+}
+
+// secretCheck: the Secret written after init reads back, and etcd holds it encrypted with the
+// aescbc key of the encryption configuration.
+func (u *upgrade) secretCheck(when string) {
+	got := ""
+	s, err := u.Client.CoreV1().Secrets("default").Get(u.Ctx, kuSecret, metav1.GetOptions{})
+	if err != nil {
+		got = err.Error()
+	} else {
+		got = string(s.Data["word"])
+	}
+	stored, err := u.etcdValue("/registry/secrets/default/" + kuSecret)
+	if err != nil {
+		stored = err.Error()
+	}
+	if got == "kept" && strings.HasPrefix(stored, "b'k8s:enc:aescbc:v1:key1:") {
+		u.Pass("%s: the Secret written after kubeadm init reads back ('%s'), stored encrypted in etcd: %s...", when, got, stored)
+	} else {
+		u.Fail("%s: the Secret reads '%s', etcd holds: %s", when, got, stored)
+	}
+}
+
+// etcdDown: how long etcd was down since the step began (the kubelet's log, nodecheck.EtcdDown).
+func (u *upgrade) etcdDown(s *kuStep) string {
+	log := u.Path("kubelet.log")
+	b, err := os.ReadFile(log)
+	if err != nil {
+		return err.Error()
+	}
+	down, err := nodecheck.EtcdDown(bytes.NewReader(skipLines(b, s.mark[log])))
+	if err != nil {
+		return err.Error()
+	}
+	return down
+}
+
+// skipLines is b without its first k lines.
+func skipLines(b []byte, k int) []byte {
+	for ; k > 0 && len(b) > 0; k-- {
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			return nil
+		}
+		b = b[i+1:]
+	}
+	return b
+}
+
+func (u *upgrade) kubeletVersion() string {
+	node, err := u.Client.CoreV1().Nodes().Get(u.Ctx, u.NodeName, metav1.GetOptions{})
+	if err != nil {
+		return err.Error()
+	}
+	return node.Status.NodeInfo.KubeletVersion
+}
+
+// nodeReady is the node's Ready condition, "Status reason: message".
+func (u *upgrade) nodeReady() string {
+	node, err := u.Client.CoreV1().Nodes().Get(u.Ctx, u.NodeName, metav1.GetOptions{})
+	if err != nil {
+		return err.Error()
+	}
+	return nodecheck.NodeReady(node)
+}
+
+// systemPods: PodLine of every pod in kube-system, joined with "|".
+func (u *upgrade) systemPods() string {
+	list, err := u.Client.CoreV1().Pods("kube-system").List(u.Ctx, metav1.ListOptions{})
+	if err != nil {
+		return err.Error()
+	}
+	var out []string
+	for i := range list.Items {
+		out = append(out, PodLine(&list.Items[i]))
+	}
+	return strings.Join(out, "|")
+}
+
+// audited: the audit log (rotated files too) has a request for an object name received at or
+// after since.
+func audited(name, since string) bool {
+	files, _ := filepath.Glob("/var/log/kubernetes/audit/*.log")
+	var readers []io.Reader
+	for _, f := range files {
+		if b, err := os.ReadFile(f); err == nil {
+			readers = append(readers, bytes.NewReader(b), strings.NewReader("\n"))
+		}
+	}
+	ok, err := nodecheck.Audited(io.MultiReader(readers...), name, since)
+	return err == nil && ok
+}
