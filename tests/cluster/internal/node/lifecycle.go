@@ -338,7 +338,9 @@ func (s *lcStep) end(what string) *step.Report {
 // pivotTo applies a rendering and pivots to it from kubeadm's static pod in the order that
 // completes (the static manifest moved out once the pod is bound); the outage is measured
 // in step name, not asserted (the migration owns a pivot without refused connections).
-func (lc *lifecycle) pivotTo(name, manifest, what string) bool {
+// ready, if not nil, reports the Deployment ready (applied: kubectl apply's time, moved: the
+// static manifest's).
+func (lc *lifecycle) pivotTo(name, manifest, what string, ready func(applied, moved time.Time)) bool {
 	n := lc.n
 	o := n.Watched()
 	o.NoLoad = true
@@ -362,9 +364,8 @@ func (lc *lifecycle) pivotTo(name, manifest, what string) bool {
 		st.End(what + " pivot (measured)")
 		return false
 	}
-	if name == "legacy_pivot" {
-		n.Pass("legacy: the previous release's Deployment (%s) runs, %s s after kubectl apply (%s s after the static manifest went): %s",
-			Env("LEGACY_REF", "9739f68"), Since(t0), Since(t1), lc.podsLine())
+	if ready != nil {
+		ready(t0, t1)
 	}
 	st.End(what + ": the pivot from kubeadm's static pod (measured, not this rehearsal's subject)")
 	return true
@@ -376,7 +377,7 @@ func (lc *lifecycle) straight() bool {
 		return false
 	}
 	lc.endpoints()
-	return lc.pivotTo("start", lc.n.Path("current.yaml"), "start")
+	return lc.pivotTo("start", lc.n.Path("current.yaml"), "start", nil)
 }
 
 // 1. The previous release: pivot to its Deployment, then show that a drain waits for ever.
@@ -408,7 +409,11 @@ func (lc *lifecycle) legacy() bool {
 	}
 	lc.uid = uid
 	n.Pass("legacy: node directories as %s's tmpfiles.d makes them (uid %d, kept by the upgrade): %s", ref, uid, DirModes())
-	if !lc.pivotTo("legacy_pivot", n.Path("legacy.yaml"), "legacy") {
+	ready := func(applied, moved time.Time) {
+		n.Pass("legacy: the previous release's Deployment (%s) runs, %s s after kubectl apply (%s s after the static manifest went): %s",
+			ref, Since(applied), Since(moved), lc.podsLine())
+	}
+	if !lc.pivotTo("legacy_pivot", n.Path("legacy.yaml"), "legacy", ready) {
 		return false
 	}
 	// The previous budget (minAvailable 1 of 1 replica): drain never completes. Once the
