@@ -102,29 +102,45 @@ func (n *Node) readyz(kubeconfig string) error {
 	return err
 }
 
-// Listeners6443 are the TCP listeners on port 6443 (address and process), as ss shows them.
+// Listeners6443 are the TCP listeners on port 6443 (address and processes), as ss shows them.
 func (n *Node) Listeners6443() string {
 	out, err := exec.Command("ss", "-Hltnp", "sport = :6443").Output()
 	if err != nil {
 		return "ss: " + err.Error()
 	}
+	return Listeners(string(out))
+}
+
+// Listeners is ss -Hltnp's output as "ADDRESS PROCESS/PID…" per listener, joined with "; ".
+func Listeners(ss string) string {
 	var l []string
-	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+	for _, line := range strings.Split(strings.TrimSpace(ss), "\n") {
 		f := strings.Fields(line)
-		if len(f) >= 6 {
-			l = append(l, f[3]+" "+ssProcess.ReplaceAllString(f[5], "$1"))
-		} else if len(f) >= 4 {
-			l = append(l, f[3])
+		if len(f) < 4 {
+			continue
 		}
+		entry := f[3]
+		seen := map[string]bool{}
+		for _, m := range ssProcess.FindAllStringSubmatch(line, -1) {
+			if p := m[1] + "/" + m[2]; !seen[p] {
+				seen[p] = true
+				entry += " " + p
+			}
+		}
+		l = append(l, entry)
 	}
 	return strings.Join(l, "; ")
 }
 
-var ssProcess = regexp.MustCompile(`users:\(\((.*?),fd=[0-9]+\)\)`)
+var ssProcess = regexp.MustCompile(`\("([^"]*)",pid=([0-9]+)`)
 
 // WildcardGone: nothing listens on *:6443, 0.0.0.0:6443 or [::]:6443.
 func (n *Node) WildcardGone() bool {
-	for _, l := range strings.Split(n.Listeners6443(), "; ") {
+	listeners := n.Listeners6443()
+	if strings.HasPrefix(listeners, "ss: ") {
+		return false
+	}
+	for _, l := range strings.Split(listeners, "; ") {
 		for _, w := range []string{"*:6443 ", "0.0.0.0:6443 ", "[::]:6443 "} {
 			if strings.HasPrefix(l+" ", w) {
 				return false
@@ -224,8 +240,11 @@ func (n *Node) Migrate(m Migration) bool {
 	}
 	if n.WaitFor(420*time.Second, mig.Exited) {
 		rc := mig.ExitCode()
-		n.Check(rc == 0, "migrate handed the sockets over %s s after kubectl apply (exit %d): %s", Since(t1), rc,
-			Cut(grepLines(ReadTail(mig.Log, 200), "handed to the proxy"), 300)+" "+Cut(lastLines(ReadTail(mig.Log, 3), 3), 300))
+		said := grepLines(ReadTail(mig.Log, 200), "handed to the proxy")
+		if rc != 0 {
+			said = lastLines(ReadTail(mig.Log, 3), 3)
+		}
+		n.Check(rc == 0, "migrate handed the sockets over %s s after kubectl apply (exit %d): %s", Since(t1), rc, Cut(said, 300))
 	} else {
 		n.Fail("migrate still waiting 420 s after kubectl apply: %s; pods: %s", Tail(mig.Log, 3), n.DeployPodsLine())
 		n.PodDiagnostics()
@@ -247,7 +266,7 @@ func (n *Node) Migrate(m Migration) bool {
 	static := m.StaticStep
 	if static == nil {
 		static = func() error {
-			return os.Rename(filepath.Join(n.Manifests, "kube-apiserver.yaml"), n.Path("kube-apiserver.static.yaml"))
+			return Move(filepath.Join(n.Manifests, "kube-apiserver.yaml"), n.Path("kube-apiserver.static.yaml"))
 		}
 	}
 	if err := static(); err != nil {

@@ -12,6 +12,7 @@ package node
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -20,6 +21,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"k8s.io/client-go/kubernetes"
@@ -224,6 +226,26 @@ func (b *Background) Signal(sig os.Signal) {
 	if !b.Exited() {
 		_ = b.cmd.Process.Signal(sig)
 	}
+}
+
+// Move moves a file as mv does: a rename, or a copy and a removal across file systems (the
+// node's /etc is an overlay, the state directory is not).
+func Move(src, dst string) error {
+	if err := os.Rename(src, dst); err == nil || !errors.Is(err, syscall.EXDEV) {
+		return err
+	}
+	b, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	st, err := os.Stat(src)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(dst, b, st.Mode().Perm()); err != nil {
+		return err
+	}
+	return os.Remove(src)
 }
 
 // Tail is the end of a file as one line (the report's diagnostics), at most n lines.

@@ -3,6 +3,7 @@ package node
 import (
 	"bufio"
 	"bytes"
+	"os"
 	"os/user"
 	"strings"
 	"testing"
@@ -105,5 +106,31 @@ func TestTmpfilesOwners(t *testing.T) {
 	}
 	if _, err := lookupID("nobody-here", user.Lookup, uid); err == nil {
 		t.Fatal("an unknown user was found")
+	}
+}
+
+func TestListeners(t *testing.T) {
+	ss := `LISTEN 0 4096 192.0.2.10:6443 0.0.0.0:* users:(("kube-apiserver-",pid=1227,fd=23),("kube-apiserver-",pid=1227,fd=24))
+LISTEN 0 4096          *:6443       *:* users:(("kube-apiserver",pid=463,fd=5))
+`
+	if got := Listeners(ss); got != "192.0.2.10:6443 kube-apiserver-/1227; *:6443 kube-apiserver/463" {
+		t.Fatalf("Listeners: %q", got)
+	}
+}
+
+func TestMove(t *testing.T) {
+	dir := t.TempDir()
+	src, dst := dir+"/a", dir+"/b"
+	if err := os.WriteFile(src, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := Move(src, dst); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(src); !os.IsNotExist(err) {
+		t.Fatalf("source still there: %v", err)
+	}
+	if b, _ := os.ReadFile(dst); string(b) != "x" {
+		t.Fatalf("moved: %q", b)
 	}
 }

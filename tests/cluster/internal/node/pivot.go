@@ -258,7 +258,7 @@ func (n *Node) pivot() bool {
 	}
 	// Then the static manifest goes (either way: it is the only way to finish the pivot).
 	t1 := time.Now()
-	if err := os.Rename(filepath.Join(n.Manifests, "kube-apiserver.yaml"), n.Path("kube-apiserver.static.yaml")); err != nil {
+	if err := Move(filepath.Join(n.Manifests, "kube-apiserver.yaml"), n.Path("kube-apiserver.static.yaml")); err != nil {
 		n.Fail("remove the static manifest: %v", err)
 	}
 	if n.WaitFor(60*time.Second, n.StaticAPIServerGone) {
