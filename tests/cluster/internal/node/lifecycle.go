@@ -356,7 +356,7 @@ func (lc *lifecycle) pivotTo(name, manifest, what string, ready func(applied, mo
 	}
 	n.WaitFor(120*time.Second, n.PodScheduled)
 	t1 := time.Now()
-	if err := os.Rename(filepath.Join(n.Manifests, "kube-apiserver.yaml"), n.Path("kube-apiserver.static.yaml")); err != nil {
+	if err := Move(filepath.Join(n.Manifests, "kube-apiserver.yaml"), n.Path("kube-apiserver.static.yaml")); err != nil {
 		n.Fail("%s: remove the static manifest: %v", what, err)
 	}
 	if !n.WaitFor(420*time.Second, lc.deployReady) {
