@@ -29,6 +29,7 @@ var scenarios = map[string]func(*node.Node){
 	"pivot":           node.RunPivot,
 	"migrate":         node.RunMigrate,
 	"reboot":          node.RunReboot,
+	"lifecycle":       node.RunLifecycle,
 	"kubeadm-upgrade": node.RunKubeadmUpgrade,
 }
 

@@ -1,5 +1,5 @@
 // Command slowstart stands in for kube-apiserver in the slow-start rehearsal
-// (lifecycle.sh): it waits $SLOW_START (a Go duration, default 60s), then execs
+// (internal/node/lifecycle.go): it waits $SLOW_START (a Go duration, default 60s), then execs
 // $SLOW_START_EXEC (default /usr/local/bin/kube-apiserver.real) with its own arguments and
 // environment, in place (same pid: the kubelet's SIGTERM reaches the real binary). Installed
 // as /usr/local/bin/kube-apiserver in an image beside the real one, it makes an apiserver
