@@ -1,7 +1,7 @@
 // Package nodecheck holds the checks of the real-kubelet stage (tests/cluster/node) over what
 // the kubelet and the apiserver answer: pods, the node, Deployments, checkpoints. Each is a
-// pure function of decoded objects; cmd/nodecheck reads the objects and prints the verdicts
-// for the shell scripts.
+// pure function of decoded objects: the scenarios (internal/node) call them, and cmd/nodecheck
+// prints the verdicts of the few that smoke's shell asks while it sets the node up.
 package nodecheck
 
 import (

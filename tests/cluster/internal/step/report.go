@@ -1,5 +1,5 @@
 // Package step is the report of one step of the real-kubelet stage (tests/cluster/node): what
-// cmd/loadgen writes and what cmd/nodecheck and the scenarios read back.
+// cmd/loadgen writes and what the scenarios (internal/node) read back.
 package step
 
 import (
