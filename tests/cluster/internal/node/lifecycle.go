@@ -1,18 +1,15 @@
 package node
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"regexp"
 	"sort"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -402,7 +399,7 @@ func (lc *lifecycle) legacy() bool {
 	}
 	// The node as that release made it: its tmpfiles.d owner (its proxies' uid, 65532), which
 	// the releases after it keep on such a node.
-	uid, err := TmpfilesOwn(filepath.Join(src, "manifests/node/tmpfiles.d/kube-apiserver-proxy.conf"))
+	uid, err := Tmpfiles(filepath.Join(src, "manifests/node/tmpfiles.d/kube-apiserver-proxy.conf"), false)
 	if err != nil {
 		n.Fail("legacy: the node's directories as %s's tmpfiles.d makes them: %v", ref, err)
 		return false
@@ -451,62 +448,6 @@ func BudgetRefusal(out string) string {
 		return m
 	}
 	return lastLines(out, 1)
-}
-
-// TmpfilesOwn gives the directories of a tmpfiles.d file ("d" lines) their mode and owner, as
-// `systemd-tmpfiles --create` does at boot (they exist: the node was prepared); the owner's
-// uid is the last line's.
-func TmpfilesOwn(conf string) (int, error) {
-	f, err := os.Open(conf)
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	uid := 0
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 5 || fields[0] != "d" {
-			continue
-		}
-		mode, err := strconv.ParseUint(fields[2], 8, 32)
-		if err != nil {
-			return 0, fmt.Errorf("%s: mode %q: %w", conf, fields[2], err)
-		}
-		if uid, err = lookupID(fields[3], user.Lookup, func(u *user.User) string { return u.Uid }); err != nil {
-			return 0, fmt.Errorf("%s: %w", conf, err)
-		}
-		gid, err := lookupID(fields[4], user.LookupGroup, func(g *user.Group) string { return g.Gid })
-		if err != nil {
-			return 0, fmt.Errorf("%s: %w", conf, err)
-		}
-		if err := os.Chmod(fields[1], os.FileMode(mode)); err != nil {
-			return 0, err
-		}
-		if err := os.Chown(fields[1], uid, gid); err != nil {
-			return 0, err
-		}
-	}
-	return uid, sc.Err()
-}
-
-// DirModes is "PATH MODE UID:GID" of /run/kube-apiserver-proxy and what it holds.
-func DirModes() string {
-	dirs, _ := filepath.Glob("/run/kube-apiserver-proxy/*")
-	var modes []string
-	for _, d := range append([]string{"/run/kube-apiserver-proxy"}, dirs...) {
-		fi, err := os.Stat(d)
-		if err != nil {
-			modes = append(modes, err.Error())
-			continue
-		}
-		st, _ := fi.Sys().(*syscall.Stat_t)
-		if st == nil {
-			continue
-		}
-		modes = append(modes, fmt.Sprintf("%s %o %d:%d", d, fi.Mode().Perm(), st.Uid, st.Gid))
-	}
-	return strings.Join(modes, " ")
 }
 
 // 2. docs/runbooks/selector-upgrade.md.

@@ -173,7 +173,7 @@ func TestTmpfilesOwn(t *testing.T) {
 	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	uid, err := TmpfilesOwn(conf)
+	uid, err := Tmpfiles(conf, false)
 	if err != nil || uid != 65532 {
 		t.Fatalf("uid %d, %v", uid, err)
 	}

@@ -4,11 +4,11 @@ import (
 	"bufio"
 	"fmt"
 	"os"
-	"os/exec"
 	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -64,13 +64,20 @@ func EnvInt(name string, def int) int {
 	return def
 }
 
-// TmpfilesCreate creates the directories of manifests/node/tmpfiles.d ("d" lines, with their
-// mode and owner), as `systemd-tmpfiles --create` does at boot.
+// TmpfilesCreate creates the directories of manifests/node/tmpfiles.d with their mode and
+// owner, as `systemd-tmpfiles --create` does at boot.
 func (n *Node) TmpfilesCreate() error {
-	conf := filepath.Join(n.Repo, "manifests/node/tmpfiles.d/kube-apiserver-proxy.conf")
+	_, err := Tmpfiles(filepath.Join(n.Repo, "manifests/node/tmpfiles.d/kube-apiserver-proxy.conf"), true)
+	return err
+}
+
+// Tmpfiles gives the directories of a tmpfiles.d file ("d" lines) their mode and owner, as
+// `systemd-tmpfiles --create` does, creating them first when create is set (else they must
+// exist); the owner's uid is the last line's.
+func Tmpfiles(conf string, create bool) (uid int, err error) {
 	f, err := os.Open(conf)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer f.Close()
 	sc := bufio.NewScanner(f)
@@ -82,27 +89,47 @@ func (n *Node) TmpfilesCreate() error {
 		path := fields[1]
 		mode, err := strconv.ParseUint(fields[2], 8, 32)
 		if err != nil {
-			return fmt.Errorf("%s: mode %q: %w", conf, fields[2], err)
+			return 0, fmt.Errorf("%s: mode %q: %w", conf, fields[2], err)
 		}
-		uid, err := lookupID(fields[3], user.Lookup, func(u *user.User) string { return u.Uid })
-		if err != nil {
-			return fmt.Errorf("%s: %w", conf, err)
+		if uid, err = lookupID(fields[3], user.Lookup, func(u *user.User) string { return u.Uid }); err != nil {
+			return 0, fmt.Errorf("%s: %w", conf, err)
 		}
 		gid, err := lookupID(fields[4], user.LookupGroup, func(g *user.Group) string { return g.Gid })
 		if err != nil {
-			return fmt.Errorf("%s: %w", conf, err)
+			return 0, fmt.Errorf("%s: %w", conf, err)
 		}
-		if err := os.MkdirAll(path, 0o755); err != nil {
-			return err
+		if create {
+			if err := os.MkdirAll(path, 0o755); err != nil {
+				return 0, err
+			}
 		}
 		if err := os.Chmod(path, os.FileMode(mode)); err != nil {
-			return err
+			return 0, err
 		}
 		if err := os.Chown(path, uid, gid); err != nil {
-			return err
+			return 0, err
 		}
 	}
-	return sc.Err()
+	return uid, sc.Err()
+}
+
+// DirModes is "PATH MODE UID:GID" of /run/kube-apiserver-proxy and what it holds.
+func DirModes() string {
+	dirs, _ := filepath.Glob("/run/kube-apiserver-proxy/*")
+	var modes []string
+	for _, d := range append([]string{"/run/kube-apiserver-proxy"}, dirs...) {
+		fi, err := os.Stat(d)
+		if err != nil {
+			modes = append(modes, err.Error())
+			continue
+		}
+		st, _ := fi.Sys().(*syscall.Stat_t)
+		if st == nil {
+			continue
+		}
+		modes = append(modes, fmt.Sprintf("%s %o %d:%d", d, fi.Mode().Perm(), st.Uid, st.Gid))
+	}
+	return strings.Join(modes, " ")
 }
 
 // lookupID is a user or group given by number or by name (as tmpfiles.d allows).
@@ -124,13 +151,7 @@ func (n *Node) PrepareNode() bool {
 		n.Fail("node not prepared from manifests/node/tmpfiles.d: %v", err)
 		return false
 	}
-	dirs, _ := filepath.Glob("/run/kube-apiserver-proxy/*")
-	var modes []string
-	for _, d := range append([]string{"/run/kube-apiserver-proxy"}, dirs...) {
-		out, _ := exec.Command("stat", "-c", "%n %a %u:%g", d).Output()
-		modes = append(modes, strings.TrimSpace(string(out)))
-	}
-	n.Pass("node prepared from manifests/node/tmpfiles.d: %s", strings.Join(modes, " "))
+	n.Pass("node prepared from manifests/node/tmpfiles.d: %s", DirModes())
 	if out, err := n.Run(120*time.Second, n.Bin("kubeadm"), "init", "phase", "mark-control-plane", "--config", n.Path("kubeadm.yaml")); err != nil {
 		n.Fail("kubeadm init phase mark-control-plane failed: %v %s", err, Cut(out, 300))
 		return false
