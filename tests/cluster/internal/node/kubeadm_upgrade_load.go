@@ -157,11 +157,11 @@ func podVerdict(r *step.Report) (string, bool) {
 // kuStep is one step of the upgrade: the loads on both addresses, the load in a pod once it
 // is set up, and the control plane's logs from its start.
 type kuStep struct {
-	name          string
-	remote, local *Step
-	pod           bool
-	mark          LogMark
-	reportOnly    bool
+	name       string
+	both       Both
+	pod        bool
+	mark       LogMark
+	reportOnly bool
 }
 
 // startStep starts step name: the load on NODE_IP:6443 with the probers of both addresses
@@ -169,28 +169,14 @@ type kuStep struct {
 // when not nil, replaces Watched (a step that restarts the controllers does not watch them).
 func (u *upgrade) startStep(name string, watch *step.Options, reportOnly bool) *kuStep {
 	s := &kuStep{name: name, mark: u.MarkLogs(), reportOnly: reportOnly}
-	o := u.Watched()
-	if watch != nil {
-		o = *watch
-	}
-	remote := o
-	remote.Probes = append(append([]string{}, o.Probes...), "127.0.0.1:6443")
-	remote.Endpoints = true
-	s.remote = u.StartStep(name, remote)
-	s.local = u.StartStep(name+"-local", step.Options{Kubeconfig: u.LocalAdmin(), Probes: o.Probes, Restarts: o.Restarts})
-	for _, st := range []*Step{s.remote, s.local} {
-		if st != nil {
-			st.ReportOnly = reportOnly
-		}
-	}
+	s.both = u.StartBoth(name, watch, reportOnly)
 	s.pod = u.pod && u.podStart(name)
 	return s
 }
 
 // endStep stops the step and reports its verdicts, then the control plane's error lines.
 func (u *upgrade) endStep(s *kuStep, what string) {
-	s.remote.End(what + " (NODE_IP:6443)")
-	s.local.End(what + " (127.0.0.1:6443)")
+	s.both.End(what)
 	if s.pod {
 		u.podEnd(s.name, what, s.reportOnly)
 	}

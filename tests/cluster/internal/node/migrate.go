@@ -193,23 +193,8 @@ func (n *Node) Migrate(m Migration) bool {
 	n.Note("restarts before the migration: %s", n.ControlPlaneRestarts())
 	n.Note("listeners on port 6443 before: %s", n.Listeners6443())
 	mark := n.MarkLogs()
-	o := n.Watched()
-	if m.Watch != nil {
-		o = *m.Watch
-	}
-	o.Probes = append(o.Probes, "127.0.0.1:6443")
-	o.Endpoints = true
-	remote := n.StartStep("migrate", o)
-	local := n.StartStep("migrate-local", step.Options{Kubeconfig: n.LocalAdmin(), Probes: o.Probes[:len(o.Probes)-1], Restarts: o.Restarts})
-	for _, s := range []*Step{remote, local} {
-		if s != nil {
-			s.ReportOnly = m.ReportOnly
-		}
-	}
-	end := func(what string) {
-		remote.End(what + ": client-go load on NODE_IP:6443, connects to both addresses, default/kubernetes, no controller restart")
-		local.End(what + ": client-go load on 127.0.0.1:6443")
-	}
+	steps := n.StartBoth("migrate", m.Watch, m.ReportOnly)
+	end := steps.End
 	t0 := time.Now()
 
 	// The kubernetes Service's endpoints for the overlay's none reconciler (docs/operations.md).
@@ -303,14 +288,9 @@ func (n *Node) migrateRefuses() {
 // brings the apiserver back to port 6443 of its 127.a.b.c.
 func (n *Node) MigrateRollouts(restarts int) bool {
 	mark := n.MarkLogs()
-	o := n.Watched()
-	o.Probes = append(o.Probes, "127.0.0.1:6443")
-	o.Endpoints = true
-	remote := n.StartStep("migrate-rollouts", o)
-	local := n.StartStep("migrate-rollouts-local", step.Options{Kubeconfig: n.LocalAdmin(), Probes: []string{n.NodeIP + ":6443"}, Restarts: o.Restarts})
-	if remote == nil || local == nil {
-		remote.End("the rollouts after the migration")
-		local.End("the rollouts after the migration (127.0.0.1:6443)")
+	steps := n.StartBoth("migrate-rollouts", nil, false)
+	if !steps.Started() {
+		steps.End("the rollouts after the migration")
 		return false
 	}
 	done := 0
@@ -320,8 +300,7 @@ func (n *Node) MigrateRollouts(restarts int) bool {
 		}
 		n.Note("launch: %s", n.LaunchLines())
 	}
-	remote.End("the rollouts after the migration: client-go load on NODE_IP:6443, connects to both addresses, default/kubernetes, no controller restart")
-	local.End("the rollouts after the migration: client-go load on 127.0.0.1:6443")
+	steps.End("the rollouts after the migration")
 	n.Check(done == restarts, "%d of %d rollouts after the migration completed", done, restarts)
 	launch := n.LaunchLines()
 	n.Check(regexp.MustCompile(`:6443 *;`).MatchString(launch), "the apiserver is back on port 6443 of its 127.a.b.c: %s", launch)

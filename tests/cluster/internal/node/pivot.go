@@ -176,19 +176,7 @@ func (n *Node) Render() bool {
 		n.Fail("render: %v %s", err, out)
 		return false
 	}
-	image := n.ProxyImage()
-	kustomization := fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
-kind: Kustomization
-resources:
-  - ../manifests/single-controller
-images:
-  - name: ghcr.io/example/kube-apiserver-proxy
-    newName: %s
-    newTag: %s
-  - name: registry.k8s.io/kube-apiserver
-    newName: %s/kube-apiserver
-    newTag: %s
-`, image[:strings.LastIndex(image, ":")], image[strings.LastIndex(image, ":")+1:], n.ImageRepo, n.Version)
+	kustomization := Kustomization("single-controller", n.ProxyImage(), n.ImageRepo, n.Version, 0)
 	if err := os.WriteFile(filepath.Join(k, "local/kustomization.yaml"), []byte(kustomization), 0o644); err != nil {
 		n.Fail("render: %v", err)
 		return false

@@ -14,8 +14,6 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
-	"kube-apiserver-proxy/tests/cluster/internal/step"
 )
 
 // The way back to kubeadm's static apiserver (docs/runbooks/going-back.md), after everything
@@ -292,17 +290,12 @@ func (r *reboot) goBack() {
 
 	r.Note("listeners on port 6443 before going back: %s", r.Listeners6443())
 	mark := r.MarkLogs()
-	o := r.Watched()
-	o.Probes = append(o.Probes, "127.0.0.1:6443")
-	o.Endpoints = true
-	remote := r.StartStep("goback", o)
-	local := r.StartStep("goback-local", step.Options{Kubeconfig: r.LocalAdmin(), Probes: []string{r.NodeIP + ":6443"}, Restarts: o.Restarts})
+	steps := r.StartBoth("goback", nil, false)
 	t0 := time.Now()
 	mb, err := r.Background(filepath.Join(goBackDir, "migrate-back.log"), r.migrateBack()...)
 	if err != nil {
 		r.Fail("migrate-back: %v", err)
-		remote.End("going back")
-		local.End("going back (127.0.0.1:6443)")
+		steps.End("going back")
 		return
 	}
 	if r.WaitFor(300*time.Second, func() bool { return strings.Contains(ReadTail(mb.Log, 1000), "delete the Deployment now") }) {
@@ -337,8 +330,7 @@ func (r *reboot) goBack() {
 	_ = os.RemoveAll("/run/kube-apiserver-proxy")
 	_ = os.RemoveAll("/var/lib/kube-apiserver-proxy")
 	r.Settle(15 * time.Second)
-	remote.End(fmt.Sprintf("going back: client-go load on NODE_IP:6443, connects to both addresses, default/kubernetes, no controller restart (the Deployment deleted at +%d s)", int(t1.Sub(t0).Seconds())))
-	local.End("going back: client-go load on 127.0.0.1:6443")
+	steps.End(fmt.Sprintf("going back, the Deployment deleted at +%d s", int(t1.Sub(t0).Seconds())))
 
 	version := ""
 	body, err := r.get("/version", 5*time.Second, nil)

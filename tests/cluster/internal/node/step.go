@@ -73,3 +73,41 @@ func first(s []string, n int) []string {
 	}
 	return s
 }
+
+// Both is a step on both addresses of port 6443 at once: the load on NODE_IP:6443 with the
+// probers of NODE_IP:6443 and 127.0.0.1:6443 and the endpoints watcher, and a second load on
+// 127.0.0.1:6443 (LocalAdmin, `tls-server-name: kubernetes`): what the migration, the way
+// back and the kubeadm upgrade are judged by. Its reports are step-NAME.json and
+// step-NAME-local.json.
+type Both struct{ Remote, Local *Step }
+
+// StartBoth starts step name from watch (Watched when nil): its probers and pod watches go
+// with both loads; reportOnly: the two report their problems rather than fail on them.
+func (n *Node) StartBoth(name string, watch *step.Options, reportOnly bool) Both {
+	o := n.Watched()
+	if watch != nil {
+		o = *watch
+	}
+	remote := o
+	remote.Probes = append(append([]string{}, o.Probes...), "127.0.0.1:6443")
+	remote.Endpoints = true
+	b := Both{
+		Remote: n.StartStep(name, remote),
+		Local:  n.StartStep(name+"-local", step.Options{Kubeconfig: n.LocalAdmin(), Probes: o.Probes, Restarts: o.Restarts}),
+	}
+	for _, s := range []*Step{b.Remote, b.Local} {
+		if s != nil {
+			s.ReportOnly = reportOnly
+		}
+	}
+	return b
+}
+
+// Started: both loads run.
+func (b Both) Started() bool { return b.Remote != nil && b.Local != nil }
+
+// End ends both and reports each: "WHAT (NODE_IP:6443 …)" and "WHAT (127.0.0.1:6443 …)".
+func (b Both) End(what string) {
+	b.Remote.End(what + " (NODE_IP:6443: client-go load, connects to both addresses, default/kubernetes)")
+	b.Local.End(what + " (127.0.0.1:6443: client-go load)")
+}
