@@ -234,17 +234,12 @@ func (n *Node) Rollout(what string, kubectl ...string) bool {
 	}
 	status, err := n.Kubectls(320*time.Second, "rollout", "status", "deployment/kube-apiserver", "--timeout=300s")
 	if err == nil && n.WaitFor(90*time.Second, n.OnePodLeft) {
-		n.Pass("%s: rollout complete after %s s (kubectl rollout status: %s); pods: %s", what, Since(t0), lastLine(status), n.DeployPodsLine())
+		n.Pass("%s: rollout complete after %s s (kubectl rollout status: %s); pods: %s", what, Since(t0), lastLines(status, 1), n.DeployPodsLine())
 		return true
 	}
 	n.Fail("%s: rollout not complete after %s s: %s pods: %s", what, Since(t0), Cut(status, 300), n.DeployPodsLine())
 	n.PodDiagnostics()
 	return false
-}
-
-func lastLine(s string) string {
-	s = strings.TrimSpace(s)
-	return s[strings.LastIndex(s, "\n")+1:]
 }
 
 // The control plane's logs: the controller-manager's and the scheduler's (their static pods'
