@@ -128,3 +128,29 @@ func TestRanges(t *testing.T) {
 		t.Errorf("ranges = %q", got)
 	}
 }
+
+// A short step's load runs on until each workload has completed a request, and no longer;
+// one that never completes is reported after the bound.
+func TestAwaitEveryWorkload(t *testing.T) {
+	l := &Load{cfg: Config{Writers: 1}, rec: newRecorder(), issuing: t.Context()}
+	go func() {
+		for _, kind := range []string{"create", "update", "delete"} {
+			time.Sleep(30 * time.Millisecond) // the writer's pause between its requests
+			l.rec.request(kind, time.Now(), nil, false)
+		}
+	}()
+	if !l.AwaitEveryWorkload(10 * time.Second) {
+		t.Fatal("AwaitEveryWorkload: false with every workload completing a request")
+	}
+	if c := l.rec.report.Requests["delete"]; c == nil || c.OK != 1 {
+		t.Fatalf("AwaitEveryWorkload returned before the delete completed: %+v", c)
+	}
+	l = &Load{cfg: Config{Writers: 1, Readers: 1}, rec: newRecorder(), issuing: t.Context()}
+	for _, kind := range []string{"create", "update", "delete", "list"} {
+		l.rec.request(kind, time.Now(), nil, false)
+	}
+	l.rec.request("get", time.Now(), errors.New("refused"), false)
+	if l.AwaitEveryWorkload(100 * time.Millisecond) {
+		t.Fatal("AwaitEveryWorkload: true though get completed no request")
+	}
+}

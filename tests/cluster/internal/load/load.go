@@ -27,6 +27,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -165,6 +166,17 @@ func Start(parent context.Context, cfg Config) (*Load, error) {
 		l.spawn(ctx, func(ctx context.Context) { l.stream(ctx, streams) })
 	}
 	return l, nil
+}
+
+// AwaitEveryWorkload waits, at most timeout, until each workload has completed a request, and
+// says whether each has. A load stopped sooner is judged as one that did not run ("workload
+// completed no request"), so a step shorter than one round of a writer (create, two updates,
+// delete, with pauses between them) waits here rather than fail for being short.
+func (l *Load) AwaitEveryWorkload(timeout time.Duration) bool {
+	kinds := expectedWorkloads(l.cfg)
+	return wait.PollUntilContextTimeout(l.issuing, 20*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
+		return l.rec.completedEach(kinds), nil
+	}) == nil
 }
 
 // Stop ends every workload and returns what was seen: no new request is sent, the informers

@@ -187,6 +187,18 @@ func (r *recorder) sample(kind, msg string) {
 	}
 }
 
+// completedEach: every workload of kinds has completed at least one request.
+func (r *recorder) completedEach(kinds []string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, kind := range kinds {
+		if c := r.report.Requests[kind]; c == nil || c.OK == 0 {
+			return false
+		}
+	}
+	return true
+}
+
 // begin marks the start of the run proper: every workload issues requests from now on.
 func (r *recorder) begin() {
 	r.mu.Lock()
