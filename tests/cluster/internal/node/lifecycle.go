@@ -676,15 +676,20 @@ func (lc *lifecycle) slowPrevious() {
 	st.end("slow start, previous and current probes")
 }
 
-// 5. The DaemonSet overlay: the move from the Deployment, rollouts, a drain.
+// 5. The DaemonSet overlay: the move from the Deployment, rollouts, a drain; each step stops
+// the rest when its load did not start.
 func (lc *lifecycle) daemonset() {
-	n := lc.n
-	if !lc.render("daemonset", "daemonset", "ha-daemonset", n.Repo) {
-		return
+	if lc.render("daemonset", "daemonset", "ha-daemonset", lc.n.Repo) && lc.dsMove() && lc.dsRollouts() {
+		lc.dsDrain()
 	}
+}
+
+// dsMove: the DaemonSet applied beside the Deployment, then the Deployment deleted.
+func (lc *lifecycle) dsMove() bool {
+	n := lc.n
 	st := lc.begin("ds_move", false)
 	if st == nil {
-		return
+		return false
 	}
 	var log strings.Builder
 	t0 := time.Now()
@@ -709,10 +714,16 @@ func (lc *lifecycle) daemonset() {
 		n.Fail("daemonset: not one Ready DaemonSet pod after the Deployment's deletion: %s", lc.podsLine())
 	}
 	st.end("move to the DaemonSet")
+	return true
+}
 
+// dsRollouts: DS_RESTARTS rollout restarts of the DaemonSet, each surging on the node.
+func (lc *lifecycle) dsRollouts() bool {
+	n := lc.n
 	restarts := EnvInt("DS_RESTARTS", 3)
-	if st = lc.begin("ds_rollouts", false); st == nil {
-		return
+	st := lc.begin("ds_rollouts", false)
+	if st == nil {
+		return false
 	}
 	for i := 1; i <= restarts; i++ {
 		t0 := time.Now()
@@ -735,12 +746,18 @@ func (lc *lifecycle) daemonset() {
 	} else {
 		n.Fail("daemonset: no surge seen on the node: at most %d pods at once", most)
 	}
+	return true
+}
 
-	if st = lc.begin("ds_drain", false); st == nil {
+// dsDrain: kubectl drain --ignore-daemonsets leaves the apiserver's DaemonSet pod alone.
+func (lc *lifecycle) dsDrain() {
+	n := lc.n
+	st := lc.begin("ds_drain", false)
+	if st == nil {
 		return
 	}
 	before := lc.podNames()
-	t0 = time.Now()
+	t0 := time.Now()
 	if out, err := lc.kubectlLog("ds_drain.log", 320*time.Second, "drain", n.NodeName, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=300s"); err == nil {
 		after := lc.podNames()
 		if slicesEqual(after, before) {

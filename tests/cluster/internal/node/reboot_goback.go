@@ -232,25 +232,42 @@ func (r *reboot) serviceSlices() string {
 // manifest kubeadm renders from it; reboot recovery removed; then `migrate-back` under the two
 // loads, the Deployment deleted, and only kubeadm's static apiserver left.
 func (r *reboot) goBack() {
-	saved := r.Path("kube-apiserver.static.yaml")
 	if err := os.MkdirAll(r.gb(""), 0o755); err != nil {
 		r.Fail("going back: %v", err)
 		return
 	}
+	if !r.goBackPrepare() {
+		return
+	}
+	r.removeRecovery()
+	mark, ran := r.migrateBackUnderLoad()
+	if !ran {
+		return
+	}
+	r.checkWentBack()
+	r.Note("restarts after going back: %s", r.ControlPlaneRestarts())
+	r.Note("controller-manager, scheduler and kubelet logs going back: %s", r.LogErrorSummary(mark))
+}
+
+// goBackPrepare: an upgrade after the migration (the Deployment's image moved to the old
+// version), migrate-back refusing kubeadm's manifest while kubeadm's record is of another
+// version, then kubeadm's record updated and its manifest rendered for the version serving.
+func (r *reboot) goBackPrepare() bool {
+	saved := r.Path("kube-apiserver.static.yaml")
 	// kubeadm-config as `kubeadm init` left it (these phases never uploaded it).
 	if !r.uploadConfig(r.Version) {
-		return
+		return false
 	}
 	// An upgrade after the migration, as documented: the image, then kubeadm's record.
 	oldImage := r.ImageRepo + "/kube-apiserver:" + r.OldVersion
 	if !r.Rollout(fmt.Sprintf("the Deployment's apiserver moved to %s (a version other than the copy saved at the migration, %s)", r.OldVersion, r.Version),
 		"set", "image", "deployment/kube-apiserver", "kube-apiserver="+oldImage) {
-		return
+		return false
 	}
 	// kubeadm's record not updated yet: migrate-back refuses the manifest kubeadm renders from it.
 	if !r.render() {
 		r.Fail("kubeadm init phase control-plane apiserver (dry run) failed: %s", Tail(r.gb("kubeadm.log"), 3))
-		return
+		return false
 	}
 	rc := r.runLogged(660*time.Second, r.gb("refused.log"), false, nil, r.migrateBack()...)
 	refused, _ := os.ReadFile(r.gb("refused.log"))
@@ -263,19 +280,23 @@ func (r *reboot) goBack() {
 			r.Version, r.OldVersion, rc, lastLines(string(refused), 2), yesNo(staticErr == nil))
 	}
 	if !r.uploadConfig(r.OldVersion) {
-		return
+		return false
 	}
 	rendered := r.render()
 	manifest, _ := os.ReadFile(r.gb("out/kube-apiserver.yaml"))
 	if !rendered || !regexp.MustCompile(`(?m)image: `+regexp.QuoteMeta(oldImage)+`$`).Match(manifest) {
 		r.Fail("kubeadm's manifest is not of %s: %s %s", r.OldVersion, grepLines(string(manifest), "image:"), Tail(r.gb("kubeadm.log"), 2))
-		return
+		return false
 	}
 	before, _ := os.ReadFile(saved)
 	r.Pass("kubeadm rendered kube-apiserver.yaml for %s from kubeadm-config; it differs from the copy saved at the migration in: %s",
 		r.OldVersion, strings.Join(AddedLines(string(before), string(manifest)), " "))
+	return true
+}
 
-	// Reboot recovery goes first.
+// removeRecovery: reboot recovery goes first (the agent's static pod, its checkpoint and
+// manifests/recovery).
+func (r *reboot) removeRecovery() {
 	agent := "kube-apiserver-recovery-" + r.NodeName
 	if err := Move(filepath.Join(r.Manifests, "kube-apiserver-recovery.yaml"), r.gb("kube-apiserver-recovery.yaml")); err != nil {
 		r.Fail("the recovery agent's manifest: %v", err)
@@ -287,7 +308,13 @@ func (r *reboot) goBack() {
 	} else {
 		r.Fail("the recovery agent still runs 60 s after its manifest was moved away")
 	}
+}
 
+// migrateBackUnderLoad: migrate-back under the load on both addresses: kubeadm's apiserver
+// binds beside the proxy, the Deployment is deleted, migrate-back takes the proxy's sockets
+// and closes them; then the rest of the install goes. It returns the logs' mark from before
+// and whether migrate-back ran at all.
+func (r *reboot) migrateBackUnderLoad() (LogMark, bool) {
 	r.Note("listeners on port 6443 before going back: %s", r.Listeners6443())
 	mark := r.MarkLogs()
 	steps := r.StartBoth("goback", nil, false)
@@ -296,7 +323,7 @@ func (r *reboot) goBack() {
 	if err != nil {
 		r.Fail("migrate-back: %v", err)
 		steps.End("going back")
-		return
+		return mark, false
 	}
 	if r.WaitFor(300*time.Second, func() bool { return strings.Contains(ReadTail(mb.Log, 1000), "delete the Deployment now") }) {
 		r.Pass("migrate-back: kubeadm's apiserver binds 0.0.0.0:6443 beside the proxy and is ready %s s after migrate-back started: %s",
@@ -331,7 +358,12 @@ func (r *reboot) goBack() {
 	_ = os.RemoveAll("/var/lib/kube-apiserver-proxy")
 	r.Settle(15 * time.Second)
 	steps.End(fmt.Sprintf("going back, the Deployment deleted at +%d s", int(t1.Sub(t0).Seconds())))
+	return mark, true
+}
 
+// checkWentBack: kubeadm's static apiserver serves the old version, its mirror pod is Ready
+// and nothing of the install is left.
+func (r *reboot) checkWentBack() {
 	version := ""
 	body, err := r.get("/version", 5*time.Second, nil)
 	if err == nil {
@@ -356,8 +388,6 @@ func (r *reboot) goBack() {
 	} else {
 		r.Fail("left after going back: %s", strings.Join(left, " "))
 	}
-	r.Note("restarts after going back: %s", r.ControlPlaneRestarts())
-	r.Note("controller-manager, scheduler and kubelet logs going back: %s", r.LogErrorSummary(mark))
 }
 
 // grepCut: the lines of s that contain any of the words, each cut to k bytes, joined.
