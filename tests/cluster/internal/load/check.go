@@ -73,10 +73,8 @@ func (r *Report) Problems(c Criteria, cfg Config) []string {
 			add("informer %s: watches ended by %v", resource, ends)
 		}
 	}
-	for _, kind := range expectedWorkloads(cfg) {
-		if c := r.Requests[kind]; c == nil || c.OK == 0 {
-			add("workload %q completed no request", kind)
-		}
+	for _, kind := range r.idleWorkloads(cfg) {
+		add("workload %q completed no request", kind)
 	}
 	if cfg.Streams > 0 && r.Streams.Opened == 0 {
 		add("no long-lived watch was opened")
@@ -115,6 +113,17 @@ func (r *Report) SecondsWithoutCompletion() []int {
 }
 
 // expectedWorkloads are the request kinds each configured workload completes.
+// idleWorkloads are the workloads of cfg that completed no request.
+func (r *Report) idleWorkloads(cfg Config) []string {
+	var idle []string
+	for _, kind := range expectedWorkloads(cfg) {
+		if c := r.Requests[kind]; c == nil || c.OK == 0 {
+			idle = append(idle, kind)
+		}
+	}
+	return idle
+}
+
 func expectedWorkloads(cfg Config) []string {
 	var kinds []string
 	if cfg.Writers > 0 {

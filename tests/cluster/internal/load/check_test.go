@@ -1,6 +1,7 @@
 package load
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -129,28 +130,28 @@ func TestRanges(t *testing.T) {
 	}
 }
 
-// A short step's load runs on until each workload has completed a request, and no longer;
-// one that never completes is reported after the bound.
-func TestAwaitEveryWorkload(t *testing.T) {
-	l := &Load{cfg: Config{Writers: 1}, rec: newRecorder(), issuing: t.Context()}
+// A load stopped before each workload completed a request (a step of a tenth of a second)
+// runs on until each has, and no longer; one that never completes is reported after the bound.
+func TestStopAwaitsEveryWorkload(t *testing.T) {
+	cfg := Config{Writers: 1}
+	requests, cancel := context.WithCancel(t.Context())
+	issuing, stopIssuing := context.WithCancel(requests)
+	l := &Load{cfg: cfg, rec: newRecorder(), requests: requests, cancel: cancel, issuing: issuing, stopIssuing: stopIssuing}
 	go func() {
 		for _, kind := range []string{"create", "update", "delete"} {
 			time.Sleep(30 * time.Millisecond) // the writer's pause between its requests
 			l.rec.request(kind, time.Now(), nil, false)
 		}
 	}()
-	if !l.AwaitEveryWorkload(10 * time.Second) {
-		t.Fatal("AwaitEveryWorkload: false with every workload completing a request")
-	}
-	if c := l.rec.report.Requests["delete"]; c == nil || c.OK != 1 {
-		t.Fatalf("AwaitEveryWorkload returned before the delete completed: %+v", c)
+	if rep := l.Stop(); len(rep.idleWorkloads(cfg)) > 0 {
+		t.Fatalf("Stop did not wait for every workload: %v completed no request", rep.idleWorkloads(cfg))
 	}
 	l = &Load{cfg: Config{Writers: 1, Readers: 1}, rec: newRecorder(), issuing: t.Context()}
 	for _, kind := range []string{"create", "update", "delete", "list"} {
 		l.rec.request(kind, time.Now(), nil, false)
 	}
 	l.rec.request("get", time.Now(), errors.New("refused"), false)
-	if l.AwaitEveryWorkload(100 * time.Millisecond) {
-		t.Fatal("AwaitEveryWorkload: true though get completed no request")
+	if l.awaitEveryWorkload(100 * time.Millisecond) {
+		t.Fatal("awaitEveryWorkload: true though get completed no request")
 	}
 }

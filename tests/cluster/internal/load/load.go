@@ -168,21 +168,27 @@ func Start(parent context.Context, cfg Config) (*Load, error) {
 	return l, nil
 }
 
-// AwaitEveryWorkload waits, at most timeout, until each workload has completed a request, and
-// says whether each has. A load stopped sooner is judged as one that did not run ("workload
-// completed no request"), so a step shorter than one round of a writer (create, two updates,
-// delete, with pauses between them) waits here rather than fail for being short.
-func (l *Load) AwaitEveryWorkload(timeout time.Duration) bool {
-	kinds := expectedWorkloads(l.cfg)
+// EveryWorkloadWithin bounds how long Stop lets a load run on until each of its workloads has
+// completed a request; past it, those that have not are judged as not run.
+const EveryWorkloadWithin = 30 * time.Second
+
+// awaitEveryWorkload waits, at most timeout (or until the load's context ends), until each
+// workload has completed a request, and says whether each has. A load stopped sooner is
+// judged as one that did not run ("workload completed no request"), so a step shorter than
+// one round of a writer (create, two updates, delete, with pauses between them) waits here
+// rather than fail for being short.
+func (l *Load) awaitEveryWorkload(timeout time.Duration) bool {
 	return wait.PollUntilContextTimeout(l.issuing, 20*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
-		return l.rec.completedEach(kinds), nil
+		return l.rec.completedEach(l.cfg), nil
 	}) == nil
 }
 
-// Stop ends every workload and returns what was seen: no new request is sent, the informers
-// and streams stop, and the requests in flight get StopGrace to be answered; those still
-// pending then fail.
+// Stop ends every workload and returns what was seen. A load stopped before each workload
+// completed a request (a step of a tenth of a second) first runs on until each has, at most
+// EveryWorkloadWithin. Then no new request is sent, the informers and streams stop, and the
+// requests in flight get StopGrace to be answered; those still pending then fail.
 func (l *Load) Stop() Report {
+	l.awaitEveryWorkload(EveryWorkloadWithin)
 	l.rec.stop()
 	l.stopping.Store(true)
 	l.stopIssuing()

@@ -187,16 +187,11 @@ func (r *recorder) sample(kind, msg string) {
 	}
 }
 
-// completedEach: every workload of kinds has completed at least one request.
-func (r *recorder) completedEach(kinds []string) bool {
+// completedEach: every workload of cfg has completed at least one request.
+func (r *recorder) completedEach(cfg Config) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, kind := range kinds {
-		if c := r.report.Requests[kind]; c == nil || c.OK == 0 {
-			return false
-		}
-	}
-	return true
+	return len(r.report.idleWorkloads(cfg)) == 0
 }
 
 // begin marks the start of the run proper: every workload issues requests from now on.

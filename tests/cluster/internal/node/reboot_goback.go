@@ -240,8 +240,8 @@ func (r *reboot) goBack() {
 		return
 	}
 	r.removeRecovery()
-	mark, ran := r.migrateBackUnderLoad()
-	if !ran {
+	mark := r.MarkLogs()
+	if !r.migrateBackUnderLoad() {
 		return
 	}
 	r.checkWentBack()
@@ -312,18 +312,16 @@ func (r *reboot) removeRecovery() {
 
 // migrateBackUnderLoad: migrate-back under the load on both addresses: kubeadm's apiserver
 // binds beside the proxy, the Deployment is deleted, migrate-back takes the proxy's sockets
-// and closes them; then the rest of the install goes. It returns the logs' mark from before
-// and whether migrate-back ran at all.
-func (r *reboot) migrateBackUnderLoad() (LogMark, bool) {
+// and closes them; then the rest of the install goes. False: migrate-back did not start.
+func (r *reboot) migrateBackUnderLoad() bool {
 	r.Note("listeners on port 6443 before going back: %s", r.Listeners6443())
-	mark := r.MarkLogs()
 	steps := r.StartBoth("goback", nil, false)
 	t0 := time.Now()
 	mb, err := r.Background(filepath.Join(goBackDir, "migrate-back.log"), r.migrateBack()...)
 	if err != nil {
 		r.Fail("migrate-back: %v", err)
 		steps.End("going back")
-		return mark, false
+		return false
 	}
 	if r.WaitFor(300*time.Second, func() bool { return strings.Contains(ReadTail(mb.Log, 1000), "delete the Deployment now") }) {
 		r.Pass("migrate-back: kubeadm's apiserver binds 0.0.0.0:6443 beside the proxy and is ready %s s after migrate-back started: %s",
@@ -358,7 +356,7 @@ func (r *reboot) migrateBackUnderLoad() (LogMark, bool) {
 	_ = os.RemoveAll("/var/lib/kube-apiserver-proxy")
 	r.Settle(15 * time.Second)
 	steps.End(fmt.Sprintf("going back, the Deployment deleted at +%d s", int(t1.Sub(t0).Seconds())))
-	return mark, true
+	return true
 }
 
 // checkWentBack: kubeadm's static apiserver serves the old version, its mirror pod is Ready

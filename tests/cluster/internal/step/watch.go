@@ -109,20 +109,15 @@ func (w *Watch) watchPods(ctx context.Context, sel string, mirrors bool) error {
 	return nil
 }
 
-// EveryWorkloadWithin bounds how long Stop lets a short step's load run on until each of its
-// workloads has completed a request; past it, those that have not fail the step.
-const EveryWorkloadWithin = 30 * time.Second
-
 // Stop ends the load and every observer and judges what they saw with the tier's strict
 // criteria; one summary line per observer goes to summary. The report's Problems are the
 // verdict (none: the step was lossless). A step shorter than one round of every workload
-// (a drain that takes a tenth of a second) runs on until each has completed a request, at
-// most EveryWorkloadWithin: a short step is not a load that did not run.
+// (a drain that takes a tenth of a second) runs on until each has completed a request
+// (load.Load.Stop): a short step is not a load that did not run.
 func (w *Watch) Stop(summary io.Writer) *Report {
 	defer w.cancel()
 	rep := &Report{Problems: []string{}}
 	if w.load != nil {
-		w.load.AwaitEveryWorkload(EveryWorkloadWithin)
 		lr := w.load.Stop()
 		rep.Load = &lr
 		fmt.Fprintln(summary, "load", lr.Summary())
