@@ -26,7 +26,9 @@ type Node struct {
 	AdminConf string
 	// ProxyUID is the uid every proxy instance runs as (the manifests' runAsUser).
 	ProxyUID int
-	etcd     *Proc
+	// Leaks, when set, samples the proxy of every pod started on the node (leaks.go).
+	Leaks *LeakWatch
+	etcd  *Proc
 }
 
 // NewNode lays out dir and creates the PKI and kubeconfigs with `kubeadm init phase certs

@@ -156,6 +156,7 @@ func StartPod(ctx context.Context, node *Node, tmpl *Template, opts PodOptions) 
 	default:
 		return nil, fmt.Errorf("unknown design %q", opts.Design)
 	}
+	node.Leaks.Add(p)
 	return p, nil
 }
 

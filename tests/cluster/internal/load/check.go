@@ -19,11 +19,28 @@ type Criteria struct {
 	MinOKPerSecond float64
 	// EverySecond: at least one request completed in every whole second of the run.
 	EverySecond bool
+	// Delivery bounds how long every watch may take to deliver each write's event (0: not
+	// checked; DeliveryBound says why 10 s).
+	Delivery time.Duration
+	// MaxP99 bounds the 99th percentile of the requests' latency, and MaxFirstByteP99 that of
+	// the new connections' wait for their first byte (the TLS ServerHello), when at least
+	// PercentileSamples were measured (fewer: the percentile is the maximum, which MaxLatency
+	// bounds). A clean run's p99 is tens of milliseconds here, rollouts included (a draining
+	// apiserver's Retry-After delays a few requests in ten thousand); a proxy that stalls 1 in
+	// 10 new connections for 3 s puts about 10% of first bytes, and 2% of the requests (a
+	// quarter of them are kubectl-like, each on a new connection), past 3 s. 1 s lies between,
+	// with room for a machine that runs two rehearsals at once.
+	MaxP99, MaxFirstByteP99 time.Duration
+	PercentileSamples       int
 }
 
 // DefaultCriteria are the criteria of every strict run.
 func DefaultCriteria() Criteria {
-	return Criteria{MaxLatency: 10 * time.Second, MinOKPerSecond: 20, EverySecond: true}
+	return Criteria{
+		MaxLatency: 10 * time.Second, MinOKPerSecond: 20, EverySecond: true,
+		Delivery: DeliveryBound,
+		MaxP99:   time.Second, MaxFirstByteP99: time.Second, PercentileSamples: 100,
+	}
 }
 
 // Allowed watch ends: the apiserver's own doing, or the client's.
@@ -90,6 +107,16 @@ func (r *Report) Problems(c Criteria, cfg Config) []string {
 	}
 	if c.MaxLatency > 0 && r.Overall.Max > float64(c.MaxLatency.Milliseconds()) {
 		add("slowest request took %.0f ms (bound %s)", r.Overall.Max, c.MaxLatency)
+	}
+	if c.MaxP99 > 0 && r.Overall.Count >= c.PercentileSamples && r.Overall.P99 > float64(c.MaxP99.Milliseconds()) {
+		add("stalled requests: latency p99 %.0f ms (bound %s; p50 %.0f ms, max %.0f ms, %d requests)", r.Overall.P99, c.MaxP99, r.Overall.P50, r.Overall.Max, r.Overall.Count)
+	}
+	fb := r.Connections.FirstByte
+	if c.MaxFirstByteP99 > 0 && fb.Count >= c.PercentileSamples && fb.P99 > float64(c.MaxFirstByteP99.Milliseconds()) {
+		add("stalled connections: time to the first byte (TLS ServerHello) p99 %.0f ms (bound %s; p50 %.0f ms, max %.0f ms, %d connections)", fb.P99, c.MaxFirstByteP99, fb.P50, fb.Max, fb.Count)
+	}
+	if c.Delivery > 0 && cfg.Writers > 0 {
+		p = append(p, DeliveryProblems(r.Deliveries, c.Delivery)...)
 	}
 	return p
 }
@@ -171,10 +198,21 @@ func sortedKeys[V any](m map[string]V) []string {
 // Summary is the report in one line: requests, attempts, relists, streams, connections,
 // latency.
 func (r *Report) Summary() string {
-	return fmt.Sprintf("%d requests ok in %s, %d failed %v; %d attempts, %d failed, %d answered Retry-After; %d relists (+%d after Expired, +%d after a very short watch); %d streams cut; %d of %d connections failed (%d closed before any byte); latency p50 %.0f ms, p99 %.0f ms, max %.0f ms",
+	return fmt.Sprintf("%d requests ok in %s, %d failed %v; %d attempts, %d failed, %d answered Retry-After; %d relists (+%d after Expired, +%d after a very short watch); %d streams cut; %d of %d connections failed (%d closed before any byte); latency p50 %.0f ms, p99 %.0f ms, max %.0f ms; first byte p50 %.0f ms, p99 %.0f ms, max %.0f ms; watch delivery max %.0f ms",
 		r.TotalOK(), r.Issuing.Round(time.Second), r.TotalFailed(), r.Failures,
 		r.Attempts.Total, r.TotalAttemptsFailed(), r.Attempts.RetryAfter,
 		r.TotalRelists(), r.TotalRelistsExpired(), r.TotalRelistsShortWatch(),
 		r.TotalStreamCuts(), r.TotalConnErrors(), r.Connections.Dialed, r.Connections.ClosedBeforeAnyByte,
-		r.Overall.P50, r.Overall.P99, r.Overall.Max)
+		r.Overall.P50, r.Overall.P99, r.Overall.Max,
+		r.Connections.FirstByte.P50, r.Connections.FirstByte.P99, r.Connections.FirstByte.Max, r.MaxDeliveryLag())
+}
+
+// MaxDeliveryLag is the longest any watch took to deliver a write (or had not, at the stop),
+// milliseconds.
+func (r *Report) MaxDeliveryLag() float64 {
+	var m float64
+	for _, c := range r.Deliveries {
+		m = max(m, c.MaxLagMS)
+	}
+	return m
 }

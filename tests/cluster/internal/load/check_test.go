@@ -1,7 +1,6 @@
 package load
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -75,8 +74,12 @@ func clean(cfg Config) *Report {
 		Informers:   map[string]*InformerCount{"configmaps": {WatchEnds: map[string]int64{EndedByServerGoaway: 1}}},
 		Streams:     StreamCount{Opened: 4, Cut: map[string]int64{}},
 		Connections: ConnCount{DialErrors: map[string]int64{}, Errors: map[string]int64{}},
-		Overall:     Window{Max: 300},
+		Overall:     Window{Count: 1000, P50: 8, P99: 50, Max: 300},
+		Deliveries: map[string]*DeliveryCount{
+			"stream-0": {Writes: 300, P99LagMS: 20, MaxLagMS: 900}, "informer-configmaps": {Writes: 300, MaxLagMS: 40},
+		},
 	}
+	r.Connections.FirstByte = Window{Count: 400, P50: 3, P99: 40, Max: 200}
 	for _, k := range expectedWorkloads(cfg) {
 		r.Requests[k] = &Count{OK: 1000 / int64(len(expectedWorkloads(cfg)))}
 	}
@@ -114,6 +117,11 @@ func TestProblems(t *testing.T) {
 		}, "did not run"},
 		{"a silent second", func(r *Report) { r.Latency = append(r.Latency[:3], r.Latency[6:]...) }, "no request completed in 3 seconds of the run: 3-5"},
 		{"slow request", func(r *Report) { r.Overall.Max = 12000 }, "slowest request"},
+		{"stalled requests", func(r *Report) { r.Overall.P99 = 3100 }, "stalled requests: latency p99 3100 ms"},
+		{"stalled connections", func(r *Report) { r.Connections.FirstByte.P99 = 3050 }, "stalled connections: time to the first byte (TLS ServerHello) p99 3050 ms"},
+		{"hung watch", func(r *Report) { r.Deliveries["stream-0"].Missing, r.Deliveries["stream-0"].Late = 40, 40 }, "watch stream-0 hung: 40 of 300 writes never delivered"},
+		{"late watch", func(r *Report) { r.Deliveries["informer-configmaps"].Late = 1 }, "watch informer-configmaps delivered 1 of 300 writes later than 10s"},
+		{"a watch that followed nothing", func(r *Report) { r.Deliveries["stream-0"].Writes = 0 }, "watch stream-0 followed no write"},
 	} {
 		r := clean(cfg)
 		tc.plant(r)
@@ -134,9 +142,7 @@ func TestRanges(t *testing.T) {
 // runs on until each has, and no longer; one that never completes is reported after the bound.
 func TestStopAwaitsEveryWorkload(t *testing.T) {
 	cfg := Config{Writers: 1}
-	requests, cancel := context.WithCancel(t.Context())
-	issuing, stopIssuing := context.WithCancel(requests)
-	l := &Load{cfg: cfg, rec: newRecorder(), requests: requests, cancel: cancel, issuing: issuing, stopIssuing: stopIssuing}
+	l := newLoad(t.Context(), cfg)
 	go func() {
 		for _, kind := range []string{"create", "update", "delete"} {
 			time.Sleep(30 * time.Millisecond) // the writer's pause between its requests

@@ -26,6 +26,13 @@ type ConnCount struct {
 	// connection idled): not a failure by itself; a request or watch it cut is counted where
 	// the client saw it.
 	ClosedByPeer int64 `json:"closed_by_peer"`
+	// FirstByte: how long each new connection waited, from the end of its TCP handshake, for
+	// the first byte from the other side: the TLS ServerHello, the answer to the ClientHello
+	// the client sends at once. The kernel completes the TCP handshake before anything
+	// accepts the connection, so this is what a proxy that stalls new connections delays
+	// (milliseconds, over the run; Count is the connections measured).
+	FirstByte  Window `json:"first_byte"`
+	firstBytes []time.Duration
 }
 
 // dial opens a TCP connection and watches it for errors.
@@ -42,12 +49,13 @@ func (l *Load) dial(ctx context.Context, network, addr string) (net.Conn, error)
 		return nil, err
 	}
 	l.rec.report.Connections.Dialed++
-	return &watchedConn{Conn: c, l: l}, nil
+	return &watchedConn{Conn: c, l: l, dialed: time.Now()}, nil
 }
 
 type watchedConn struct {
 	net.Conn
 	l      *Load
+	dialed time.Time
 	read   atomic.Int64
 	closed atomic.Bool
 	ended  atomic.Bool
@@ -55,7 +63,12 @@ type watchedConn struct {
 
 func (c *watchedConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
-	c.read.Add(int64(n))
+	if n > 0 && c.read.Add(int64(n)) == int64(n) && !c.l.closing.Load() {
+		took := time.Since(c.dialed)
+		c.l.rec.mu.Lock()
+		c.l.rec.report.Connections.firstBytes = append(c.l.rec.report.Connections.firstBytes, took)
+		c.l.rec.mu.Unlock()
+	}
 	c.check(err)
 	return n, err
 }

@@ -86,6 +86,12 @@ type Load struct {
 	running atomic.Bool
 	// closing: every workload has ended; what happens to the connections now is our doing.
 	closing atomic.Bool
+	// writing: the writers' context (a child of issuing), ended first at Stop so that every
+	// watch can be seen to deliver the last writes.
+	writing     context.Context
+	stopWriting context.CancelFunc
+	// del follows every watch against every write (delivery.go).
+	del *deliveries
 }
 
 // StopGrace is how long Stop waits for the requests in flight to be answered. A request that
@@ -104,10 +110,8 @@ func Start(parent context.Context, cfg Config) (*Load, error) {
 	base.QPS, base.Burst = -1, 0
 	base.UserAgent = "kube-apiserver-proxy-cluster-load"
 
-	requests, cancel := context.WithCancel(parent)
-	issuing, stopIssuing := context.WithCancel(requests)
-	l := &Load{cfg: cfg, rec: newRecorder(), requests: requests, cancel: cancel, issuing: issuing, stopIssuing: stopIssuing}
-	ctx := issuing
+	l := newLoad(parent, cfg)
+	ctx, writing, cancel := l.issuing, l.writing, l.cancel
 	// Every client dials through l.dial (which also keeps client-go from sharing one cached
 	// transport between them: each clientset below has its own connection), and every HTTP
 	// attempt of every client is counted directly on its transport.
@@ -133,25 +137,10 @@ func Start(parent context.Context, cfg Config) (*Load, error) {
 		cancel()
 		return nil, err
 	}
-	streams, err := kubernetes.NewForConfig(l.observed(base, func(_, how string, _ time.Duration, _ int64) {
-		l.rec.withStreams(func(s *StreamCount) {
-			switch how {
-			case EndedByServer, EndedByServerGoaway:
-				s.EndedByServer++
-			case StoppedByClient:
-			default:
-				s.Cut[how]++
-			}
-		})
-	}, nil))
-	if err != nil {
-		cancel()
-		return nil, err
-	}
 	l.rec.begin()
 	l.running.Store(true)
 	for i := 0; i < cfg.Writers; i++ {
-		l.spawn(ctx, func(ctx context.Context) { l.writer(ctx, shared, i) })
+		l.spawn(writing, func(ctx context.Context) { l.writer(ctx, shared, i) })
 	}
 	for i := 0; i < cfg.Readers; i++ {
 		l.spawn(ctx, func(ctx context.Context) { l.reader(ctx, shared) })
@@ -162,10 +151,63 @@ func Start(parent context.Context, cfg Config) (*Load, error) {
 	for i := 0; i < cfg.LongLists; i++ {
 		l.spawn(ctx, func(ctx context.Context) { l.longList(ctx, shared) })
 	}
+	// Each stream on a connection of its own, as separate watching processes have: a
+	// connection that hangs hangs one of them.
 	for i := 0; i < cfg.Streams; i++ {
-		l.spawn(ctx, func(ctx context.Context) { l.stream(ctx, streams) })
+		c, err := kubernetes.NewForConfig(l.observed(base, l.streamEnded, nil))
+		if err != nil {
+			cancel()
+			return nil, err
+		}
+		name := fmt.Sprintf("stream-%d", i)
+		l.del.watcher(name, nil)
+		l.spawn(ctx, func(ctx context.Context) { l.stream(ctx, c, name) })
 	}
+	l.spawn(ctx, l.pollDeliveries)
 	return l, nil
+}
+
+// newLoad is a load of cfg whose requests end with parent; nothing runs yet.
+func newLoad(parent context.Context, cfg Config) *Load {
+	requests, cancel := context.WithCancel(parent)
+	issuing, stopIssuing := context.WithCancel(requests)
+	writing, stopWriting := context.WithCancel(issuing)
+	return &Load{cfg: cfg, rec: newRecorder(), requests: requests, cancel: cancel, issuing: issuing, stopIssuing: stopIssuing,
+		writing: writing, stopWriting: stopWriting, del: newDeliveries(DeliveryBound)}
+}
+
+// streamEnded counts how a stream's watch response ended.
+func (l *Load) streamEnded(_, how string, _ time.Duration, _ int64) {
+	l.rec.withStreams(func(s *StreamCount) {
+		switch how {
+		case EndedByServer, EndedByServerGoaway:
+			s.EndedByServer++
+		case StoppedByClient:
+		default:
+			s.Cut[how]++
+		}
+	})
+}
+
+// pollDeliveries reads the informers' progress for the delivery check until the load stops.
+func (l *Load) pollDeliveries(ctx context.Context) {
+	for {
+		l.del.pollAll(time.Now())
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// awaitDeliveries waits, at most the delivery bound, until every watch has delivered every
+// write answered so far (the writers have stopped).
+func (l *Load) awaitDeliveries() {
+	_ = wait.PollUntilContextTimeout(l.requests, 50*time.Millisecond, l.del.bound, true, func(context.Context) (bool, error) {
+		l.del.pollAll(time.Now())
+		return l.del.caughtUp(), nil
+	})
 }
 
 // EveryWorkloadWithin bounds how long Stop lets a load run on until each of its workloads has
@@ -189,6 +231,10 @@ func (l *Load) awaitEveryWorkload(timeout time.Duration) bool {
 // requests in flight get StopGrace to be answered; those still pending then fail.
 func (l *Load) Stop() Report {
 	l.awaitEveryWorkload(EveryWorkloadWithin)
+	// The writers stop first; their last writes' events get the delivery bound to arrive.
+	l.stopWriting()
+	l.awaitDeliveries()
+	deliveries := l.del.finish(time.Now())
 	l.rec.stop()
 	l.stopping.Store(true)
 	l.stopIssuing()
@@ -206,7 +252,9 @@ func (l *Load) Stop() Report {
 	}
 	l.closing.Store(true)
 	l.cancel()
-	return l.rec.finish()
+	rep := l.rec.finish()
+	rep.Deliveries = deliveries
+	return rep
 }
 
 func (l *Load) spawn(ctx context.Context, f func(context.Context)) {
@@ -290,6 +338,10 @@ func (l *Load) startInformers(ctx context.Context, base *rest.Config) error {
 			return err
 		}
 	}
+	// The ConfigMap informer follows the writers' writes: its reflector's last synced
+	// resourceVersion (every event, bookmark and list moves it) is its progress.
+	cms := handled["configmaps"]
+	l.del.watcher("informer-configmaps", cms.LastSyncResourceVersion)
 	factory.Start(ctx.Done())
 	l.spawn(ctx, func(ctx context.Context) {
 		<-ctx.Done()
@@ -343,6 +395,9 @@ func (l *Load) writer(ctx context.Context, c kubernetes.Interface, id int) {
 				ObjectMeta: metav1.ObjectMeta{Name: name},
 				Data:       map[string]string{"n": "0"},
 			}, metav1.CreateOptions{})
+			if err == nil {
+				l.del.wrote(cm.ResourceVersion, time.Now())
+			}
 			return err
 		})
 		for u := 1; err == nil && u <= 2; u++ {
@@ -352,6 +407,9 @@ func (l *Load) writer(ctx context.Context, c kubernetes.Interface, id int) {
 			cm.Data["n"] = fmt.Sprint(u)
 			err = l.call("update", func(ctx context.Context) (err error) {
 				cm, err = cms.Update(ctx, cm, metav1.UpdateOptions{})
+				if err == nil {
+					l.del.wrote(cm.ResourceVersion, time.Now())
+				}
 				return err
 			})
 		}
@@ -415,7 +473,7 @@ func (l *Load) kubectl(ctx context.Context, base *rest.Config) {
 
 // stream keeps one watch request open for as long as the apiserver lets it, and resumes from
 // the last resourceVersion seen when it ends, as a reflector does.
-func (l *Load) stream(ctx context.Context, c kubernetes.Interface) {
+func (l *Load) stream(ctx context.Context, c kubernetes.Interface, name string) {
 	rv := ""
 	for ctx.Err() == nil {
 		if rv == "" {
@@ -423,6 +481,7 @@ func (l *Load) stream(ctx context.Context, c kubernetes.Interface) {
 				list, err := c.CoreV1().ConfigMaps(l.cfg.Namespace).List(ctx, metav1.ListOptions{Limit: 1})
 				if err == nil {
 					rv = list.ResourceVersion
+					l.del.saw(name, rv, time.Now())
 				}
 				return err
 			})
@@ -466,6 +525,8 @@ func (l *Load) stream(ctx context.Context, c kubernetes.Interface) {
 			}
 			if m, ok := ev.Object.(metav1.Object); ok {
 				rv = m.GetResourceVersion()
+				// An event or a bookmark: everything up to rv was delivered.
+				l.del.saw(name, rv, time.Now())
 			}
 			l.rec.withStreams(func(s *StreamCount) { s.Events++ })
 		}

@@ -37,6 +37,9 @@ type Report struct {
 	Informers map[string]*InformerCount `json:"informers"`
 	// Streams: long-lived watch requests, how they ended.
 	Streams StreamCount `json:"streams"`
+	// Deliveries: per watch (each stream, the ConfigMap informer), how soon it delivered the
+	// events of the writers' writes (delivery.go).
+	Deliveries map[string]*DeliveryCount `json:"deliveries"`
 	// Connections: every TCP connection of every client.
 	Connections ConnCount `json:"connections"`
 	// Latency per second of the run: the requests of every request workload that completed
@@ -248,6 +251,7 @@ func (r *recorder) finish() Report {
 		r.report.Latency = append(r.report.Latency, w)
 	}
 	r.report.Overall = percentiles(r.all)
+	r.report.Connections.FirstByte = percentiles(r.report.Connections.firstBytes)
 	return r.report
 }
 

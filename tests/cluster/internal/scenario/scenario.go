@@ -56,7 +56,10 @@ type Result struct {
 	// AddressAbsent: intervals in which one controller's address was missing from
 	// default/kubernetes while others were listed (HA control planes).
 	AddressAbsent []cluster.Absence `json:"kubernetes_service_address_absent,omitempty"`
-	Notes         []string          `json:"notes,omitempty"`
+	// Proxies: each proxy process sampled during the scenario, its descriptors and memory
+	// from the first samples to the last (leaks.go).
+	Proxies []cluster.ProxyLife `json:"proxies,omitempty"`
+	Notes   []string            `json:"notes,omitempty"`
 }
 
 // Rollout is one pod replaced by the next.
@@ -109,7 +112,14 @@ func RunAll(ctx context.Context, o Options) *Results {
 		began := time.Now()
 		e.eps.Take()
 		e.eps.TakeErrors()
+		e.node.Leaks.Take()
 		s.run(ctx, e, r)
+		r.Proxies = e.node.Leaks.Take()
+		// Every proxy of this project's design that lived through the scenario: back to its
+		// baseline of descriptors and memory (the HAProxy design is not sampled).
+		for _, p := range cluster.LeakProblems(r.Proxies) {
+			r.fail("%s", p)
+		}
 		r.EmptyKubeSvc = append(r.EmptyKubeSvc, e.eps.Take()...)
 		watchErrors := e.eps.TakeErrors()
 		// With --endpoint-reconciler-type=none no rollout of this proxy's design may leave
@@ -155,6 +165,7 @@ func (e *env) setup(ctx context.Context) error {
 	if e.node, err = cluster.NewNode(ctx, e.o.Kubeadm, filepath.Join(e.o.Work, "node"), e.o.NodeIP, e.o.Version, e.o.ProxyUID); err != nil {
 		return fmt.Errorf("kubeadm: %w", err)
 	}
+	e.node.Leaks = cluster.StartLeakWatch()
 	if err := e.node.StartEtcd(ctx, e.o.Etcd); err != nil {
 		return err
 	}
@@ -269,6 +280,7 @@ func (e *env) cleanup() {
 		e.current.Kill()
 	}
 	if e.node != nil {
+		e.node.Leaks.Stop()
 		e.node.Stop()
 	}
 }

@@ -50,6 +50,11 @@ func scenarios() []spec {
 		{"self-test-close-every-25th", selfTest("close-every25th", "closed before any byte"), none},
 		{"self-test-close-while-draining", selfTest("close-while-draining", "closed before any byte"), none},
 		{"self-test-cut-at-handoff", selfTest("cut-at-handoff", "cut", "watches ended by", "relists"), none},
+		// Faults that close nothing: a connection that hangs open, new connections that wait,
+		// descriptors that leak.
+		{"self-test-hang-after-10s", selfTest("hang-after-10s", "hung:", "later than"), none},
+		{"self-test-stall-3s", selfTest("stall-3s", "stalled connections"), none},
+		{"self-test-leak-fd-per-check", selfTest("leak-fd-per-check", "descriptor leak"), none},
 		{"ha-surge-kubernetes-service", haSurgeKubernetesService, asked},
 		{"haproxy-sidecar", haproxySidecar, asked},
 		// As shipped, the switch, --rollouts more, and back.
@@ -329,7 +334,7 @@ func sortedKeys[V any](m map[string]V) []string {
 	return keys
 }
 
-// selfTest proves that the pass criteria catch a proxy that loses connections: pods of the
+// selfTest proves that the pass criteria catch a proxy that loses, hangs, stalls or leaks: pods of the
 // proxy built with its planted faults (--planted-proxy, feature planted-faults) run
 // --planted-fault=fault; two rollouts under the load (the first brings a planted pod in, the
 // second replaces it: its drain is what the drain faults spoil) must fail the strict checks,
@@ -358,12 +363,19 @@ func selfTest(fault string, symptoms ...string) func(ctx context.Context, e *env
 				}
 			}
 		})
-		r.Load, r.Rollouts, r.TCP = inner.Load, inner.Rollouts, inner.TCP
+		// The planted pods' descriptors and memory are the inner run's (a leak is a symptom).
+		inner.Proxies = e.node.Leaks.Take()
+		for _, p := range cluster.LeakProblems(inner.Proxies) {
+			inner.fail("%s", p)
+		}
+		r.Load, r.Rollouts, r.TCP, r.Proxies = inner.Load, inner.Rollouts, inner.TCP, inner.Proxies
 		// Back to a clean pod, whatever happened: the next scenario starts from it.
 		back := &Result{}
 		if !e.rollout(ctx, back, cluster.Sidecar, cluster.GatePod, e.o.APIServer, nil, nil) {
 			r.fail("rolling back to a pod without the planted fault failed: %v", back.Problems)
 		}
+		// The last planted pod's last samples, while it stopped: part of the fault's run.
+		e.node.Leaks.Take()
 		caught := ""
 		for _, p := range inner.Problems {
 			for _, s := range symptoms {
@@ -376,7 +388,7 @@ func selfTest(fault string, symptoms ...string) func(ctx context.Context, e *env
 		case len(inner.Rollouts) != 2:
 			r.fail("the planted fault's 2 rollouts did not complete: %v", inner.Problems)
 		case len(inner.Problems) == 0:
-			r.fail("planted fault %s went unnoticed: the pass criteria passed a proxy that loses connections", fault)
+			r.fail("planted fault %s went unnoticed: the pass criteria passed a faulty proxy", fault)
 		case caught == "":
 			r.fail("planted fault %s was caught, but not by its symptom (%s): %v", fault, strings.Join(symptoms, " or "), inner.Problems)
 		default:
