@@ -41,8 +41,11 @@ node_containerd_start() { start_containerd; }
 # /etc/kubernetes, /var/lib/kubelet, the images, the checkpoint directory. The directories
 # systemd-tmpfiles creates at boot are the scenario's to create again.
 node_reboot() {
-  local keep=" 1 $$ $BASHPID ${DRIVER_KEEP:-} " p pid left
-  for _ in $(seq 1 100); do
+  local keep=" 1 $$ $BASHPID ${DRIVER_KEEP:-} " p pid left t0 deadline=$((SECONDS + 120))
+  t0="$(now_ms)"
+  # SIGKILL until none is left (a process may fork while it is being killed), 120 s at most:
+  # exiting takes seconds on a machine another run shares.
+  while :; do
     left=()
     for p in /proc/[0-9]*; do
       pid="${p#/proc/}"
@@ -51,16 +54,20 @@ node_reboot() {
       [ -e "$p/status" ] || continue
       left+=("$pid")
     done
-    [ ${#left[@]} -gt 0 ] || break
+    if [ ${#left[@]} -eq 0 ] || [ "$SECONDS" -ge "$deadline" ]; then break; fi
     kill -KILL "${left[@]}" 2>/dev/null || true
     sleep 0.1
   done
   wait "$KUBELET_PID" "$CONTAINERD_PID" 2>/dev/null || true
   KUBELET_PID="" CONTAINERD_PID=""
   if [ ${#left[@]} -gt 0 ]; then
-    fail "reboot: processes still alive after SIGKILL: ${left[*]}"
+    local what="" pid
+    for pid in "${left[@]}"; do what+=" $pid ($(cat "/proc/$pid/comm" 2>/dev/null || echo gone))"; done
+    fail "reboot: processes still alive 120 s after SIGKILL:$what"
     return 1
   fi
+  local killed
+  killed="$(since "$t0")"
   # Mounts that a reboot drops: the containers' root file systems and shm, the pods' tmpfs
   # volumes, everything below /run.
   local m n=0
@@ -71,11 +78,15 @@ node_reboot() {
   # /run is a tmpfs: empty after a boot. So is the runtime's state (/run/containerd on a node).
   find /run -mindepth 1 -maxdepth 1 -exec rm -rf {} + 2>/dev/null || true
   rm -rf "$S/containerd/state" "$S/containerd/runc"
-  # The pods' cgroups are gone after a boot (the cgroup root itself is this test's).
-  local h
+  # The pods' cgroups are gone after a boot (the cgroup root itself is this test's): each
+  # removed once its killed processes have left it (smoke's rm_cgroups).
+  local h roots=()
   for h in /sys/fs/cgroup/*/; do
-    [ -d "${h%/}$CGROUP_ROOT" ] || continue
-    find "${h%/}$CGROUP_ROOT" -mindepth 1 -depth -type d -exec rmdir {} \; 2>/dev/null || true
+    [ ! -d "${h%/}$CGROUP_ROOT" ] || roots+=("${h%/}$CGROUP_ROOT")
   done
-  pass "reboot: every node process killed (SIGKILL) but the scenario's driver, $n mounts of pods and /run dropped, /run and the runtime's state emptied, pod cgroups removed; kept: etcd data, /etc/kubernetes, /var/lib/kubelet, images, /var/lib/kube-apiserver-proxy/checkpoint"
+  if ! rm_cgroups 60 1 "${roots[@]}"; then
+    fail "reboot: pod cgroups not empty 60 s after SIGKILL: $CGROUPS_LEFT"
+    return 1
+  fi
+  pass "reboot: every node process killed (SIGKILL, all gone after $killed s) but the scenario's driver, $n mounts of pods and /run dropped, /run and the runtime's state emptied, pod cgroups removed (empty after $CGROUPS_WAITED s); kept: etcd data, /etc/kubernetes, /var/lib/kubelet, images, /var/lib/kube-apiserver-proxy/checkpoint"
 }

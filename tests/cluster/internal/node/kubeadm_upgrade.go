@@ -59,8 +59,8 @@ import (
 func RunKubeadmUpgrade(n *Node) {
 	// render leaves `component` to kubeadm's pod: the Deployment's pods by their own labels.
 	n.PodSelector = "app.kubernetes.io/name=kube-apiserver,pod-template-hash"
-	u := &upgrade{Node: n, etcd: Env("ETCD_VERSION", "v3.6.16"), newEtcd: Env("KU_ETCD_VERSION", "v3.7.0")}
-	if !n.PrepareNode() {
+	u := &upgrade{Node: n, etcd: EnvKnob("ETCD_VERSION"), newEtcd: EnvKnob("KU_ETCD_VERSION")}
+	if !n.CheckKnobs("kubeadm-upgrade") || !n.PrepareNode() {
 		return
 	}
 	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: kuSecret, Namespace: "default"}, Data: map[string][]byte{"word": []byte("kept")}}

@@ -51,8 +51,8 @@ import (
 // applied straight away), SLOW_START_PREVIOUS (120s: slowprev's start, longer than the
 // previous probes allow).
 func RunLifecycle(n *Node) {
-	lc := &lifecycle{n: n, steps: Steps(Env("LIFECYCLE_STEPS", "legacy drain slow daemonset"))}
-	if !n.PrepareNode() {
+	lc := &lifecycle{n: n, steps: Steps(EnvKnob("LIFECYCLE_STEPS"))}
+	if !n.CheckKnobs("lifecycle") || !n.PrepareNode() {
 		return
 	}
 	if lc.steps["legacy"] {
@@ -380,7 +380,7 @@ func (lc *lifecycle) straight() bool {
 // 1. The previous release: pivot to its Deployment, then show that a drain waits for ever.
 func (lc *lifecycle) legacy() bool {
 	n := lc.n
-	ref := Env("LEGACY_REF", "9739f68")
+	ref := EnvKnob("LEGACY_REF")
 	src := n.Path("legacy")
 	if err := os.MkdirAll(src, 0o755); err != nil {
 		n.Fail("legacy: %v", err)
@@ -598,7 +598,7 @@ func (lc *lifecycle) buildSlowImage(slowStart string) error {
 // 4. An apiserver that takes SLOW_START longer to start: a rollout to it, and back.
 func (lc *lifecycle) slow() {
 	n := lc.n
-	slowStart := Env("SLOW_START", "60s")
+	slowStart := EnvKnob("SLOW_START")
 	if err := lc.buildSlowImage(slowStart); err != nil {
 		n.Fail("slow start: image %s not built: %v", lc.slowImage(), err)
 		return
@@ -633,7 +633,7 @@ func (lc *lifecycle) slow() {
 // no restart. Needs slow's image (run slow first).
 func (lc *lifecycle) slowPrevious() {
 	n := lc.n
-	wait := Env("SLOW_START_PREVIOUS", "120s")
+	wait := EnvKnob("SLOW_START_PREVIOUS")
 	st := lc.begin("slowprev", true)
 	if st == nil {
 		return
@@ -720,7 +720,7 @@ func (lc *lifecycle) dsMove() bool {
 // dsRollouts: DS_RESTARTS rollout restarts of the DaemonSet, each surging on the node.
 func (lc *lifecycle) dsRollouts() bool {
 	n := lc.n
-	restarts := EnvInt("DS_RESTARTS", 3)
+	restarts := EnvKnobInt("DS_RESTARTS", 0)
 	st := lc.begin("ds_rollouts", false)
 	if st == nil {
 		return false

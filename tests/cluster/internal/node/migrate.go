@@ -42,17 +42,17 @@ import (
 // stopping lease apiserver from emptying them); the controller-manager and the scheduler must
 // not restart.
 func RunMigrate(n *Node) {
-	if !n.PrepareNode() || !n.Render() || !n.LocalKubeconfig() {
+	if !n.CheckKnobs("migrate") || !n.PrepareNode() || !n.Render() || !n.LocalKubeconfig() {
 		return
 	}
 	if !n.Migrate(Migration{}) {
 		return
 	}
-	restarts := EnvInt("MIGRATE_RESTARTS", 2)
+	restarts := EnvKnobInt("MIGRATE_RESTARTS", 0)
 	n.MigrateRollouts(restarts)
 	// Then the rollouts of pivot by the real controllers: more rollout restarts (5 in all with
 	// the ones above) and the image change v1.36 -> v1.37 and back.
-	n.Rollouts(EnvInt("MIGRATE_MORE_RESTARTS", max(0, 5-restarts)))
+	n.Rollouts(EnvKnobInt("MIGRATE_MORE_RESTARTS", max(0, 5-restarts)))
 	n.Note("reports: %s, %s", n.Path("step-*.json"), n.Path("migrate.log"))
 }
 

@@ -35,14 +35,14 @@ import (
 // PIVOT_ORDER=scheduled (remove the static manifest once the pod is bound, not once ready),
 // PIVOT_WAIT (120 s), BROKEN_ROLLOUT=0 (skip it), IMAGE_CHANGE=0 (no image change).
 func RunPivot(n *Node) {
-	if !n.PrepareNode() || !n.Render() || !n.pivot() {
+	if !n.CheckKnobs("pivot") || !n.PrepareNode() || !n.Render() || !n.pivot() {
 		return
 	}
-	if Env("PIVOT_ONLY", "0") == "1" {
+	if EnvKnob("PIVOT_ONLY") == "1" {
 		return
 	}
-	n.Rollouts(EnvInt("ROLLOUT_RESTARTS", 5))
-	if Env("BROKEN_ROLLOUT", "1") != "0" {
+	n.Rollouts(EnvKnobInt("ROLLOUT_RESTARTS", 0))
+	if EnvKnob("BROKEN_ROLLOUT") != "0" {
 		n.BrokenRollout()
 	}
 	n.Note("reports: %s", n.Path("step-*.json"))
@@ -251,9 +251,9 @@ func (n *Node) pivot() bool {
 	// docs/operations.md: "Remove kubeadm's static kube-apiserver manifest once the Deployment
 	// runs". PIVOT_ORDER=scheduled instead removes it as soon as the pod is bound to the node,
 	// before its kube-apiserver container has failed into a crash-loop back-off.
-	wait := time.Duration(EnvInt("PIVOT_WAIT", 120)) * time.Second
+	wait := time.Duration(EnvKnobInt("PIVOT_WAIT", 0)) * time.Second
 	switch {
-	case Env("PIVOT_ORDER", "documented") == "scheduled":
+	case EnvKnob("PIVOT_ORDER") == "scheduled":
 		if n.WaitFor(120*time.Second, n.PodScheduled) {
 			n.Note("PIVOT_ORDER=scheduled: the pod is bound to the node %s s after kubectl apply; the static manifest goes now", Since(t0))
 		} else {
@@ -308,7 +308,7 @@ func (n *Node) Rollouts(restarts int) bool {
 			done++
 		}
 	}
-	if Env("IMAGE_CHANGE", "1") == "1" {
+	if EnvKnob("IMAGE_CHANGE") == "1" {
 		want += 2
 		for _, change := range [][2]string{
 			{"image change to kube-apiserver " + n.OldVersion, n.OldVersion},

@@ -53,8 +53,8 @@ import (
 // 120 s), BROKEN_SOAK (--checkpoint-after plus 30 s: how long the broken rollout runs before the
 // reboot), ROTATION_LIFETIME (150 s: the short client certificate's).
 func RunReboot(n *Node) {
-	r := &reboot{Node: n, bound: time.Duration(EnvInt("REBOOT_BOUND", 180)) * time.Second}
-	if !n.PrepareNode() || !n.Render() {
+	r := &reboot{Node: n, bound: time.Duration(EnvKnobInt("REBOOT_BOUND", 0)) * time.Second}
+	if !n.CheckKnobs("reboot") || !n.PrepareNode() || !n.Render() {
 		return
 	}
 	manifest, err := os.ReadFile(filepath.Join(n.Repo, agentManifest))
@@ -64,8 +64,8 @@ func RunReboot(n *Node) {
 		return
 	}
 	r.after = after
-	r.checkpointWait = time.Duration(EnvInt("CHECKPOINT_WAIT", int(after.Seconds())+120)) * time.Second
-	r.brokenSoak = time.Duration(EnvInt("BROKEN_SOAK", int(after.Seconds())+30)) * time.Second
+	r.checkpointWait = time.Duration(EnvKnobInt("CHECKPOINT_WAIT", int(after.Seconds())+120)) * time.Second
+	r.brokenSoak = time.Duration(EnvKnobInt("BROKEN_SOAK", int(after.Seconds())+30)) * time.Second
 	if !r.applyRecovery() || !r.shortClientCert() || !r.installAgent(string(manifest)) || !r.rotate() {
 		return
 	}

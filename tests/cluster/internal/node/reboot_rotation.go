@@ -92,7 +92,7 @@ func rotationSerial() string {
 // kubeadm's kubelet-finalize points kubelet.conf at it; the kubelet restarts with it, its
 // rotation still off. The agent, installed next, starts with this certificate.
 func (r *reboot) shortClientCert() bool {
-	lifetime := time.Duration(EnvInt("ROTATION_LIFETIME", 150)) * time.Second
+	lifetime := time.Duration(EnvKnobInt("ROTATION_LIFETIME", 0)) * time.Second
 	now := time.Now()
 	r.rotationExpires = now.Add(lifetime).Truncate(time.Second)
 	err := func() error {
