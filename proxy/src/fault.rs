@@ -5,8 +5,8 @@
 //! has neither this module nor the flag.
 
 use std::io;
-use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -25,6 +25,21 @@ pub enum Fault {
     CloseWhileDraining,
     /// At the start of the drain every established connection is cut.
     CutAtHandoff,
+    /// A hung proxy: every 5th connection paired with a backend (the 5th, 10th, … since the
+    /// process started) stops being relayed 10 s after it was paired. From then on no byte
+    /// moves either way and neither side is closed, reset or half-closed: both descriptors stay
+    /// open until the drain deadline cuts the instance's connections, or the process exits.
+    #[value(name = "hang-after-10s")]
+    HangAfter10s,
+    /// Every 10th accepted connection (the 10th, 20th, …) waits 3 s before it connects to a
+    /// backend, so its first byte is relayed 3 s late; then it is carried as usual.
+    #[value(name = "stall-3s")]
+    Stall3s,
+    /// Every https health check leaks one descriptor (a duplicate of its TCP socket, never
+    /// closed: the connection to the backend stays open too). The check itself passes or fails
+    /// as usual.
+    #[value(name = "leak-fd-per-check")]
+    LeakFdPerCheck,
 }
 
 static PLANTED: OnceLock<Fault> = OnceLock::new();
@@ -41,10 +56,103 @@ fn planted() -> Option<Fault> {
     PLANTED.get().copied()
 }
 
+/// Counts one more and says whether it is an `n`th (the `n`th, `2n`th, …): which connection
+/// of a "1 in `n`" fault is hit.
+fn every_nth(counter: &AtomicU64, n: u64) -> bool {
+    counter.fetch_add(1, Ordering::Relaxed) % n == n - 1
+}
+
+/// Logs `what` the first time a fault is triggered (once per flag).
+fn first_time(flag: &AtomicBool, what: &str) {
+    if !flag.swap(true, Ordering::Relaxed) {
+        tracing::warn!("PLANTED FAULT: {what} (first time; not logged again)");
+    }
+}
+
 /// In the accept loop: whether this accepted connection is one to close unanswered.
 pub fn close_accepted() -> bool {
     static ACCEPTED: AtomicU64 = AtomicU64::new(0);
-    planted() == Some(Fault::CloseEvery25th) && ACCEPTED.fetch_add(1, Ordering::Relaxed) % 25 == 24
+    planted() == Some(Fault::CloseEvery25th) && every_nth(&ACCEPTED, 25)
+}
+
+/// How long `hang-after-10s` relays a hit connection before it hangs.
+pub const HANG_AFTER: Duration = Duration::from_secs(10);
+
+/// How long `stall-3s` holds a hit connection before it is served.
+pub const STALL: Duration = Duration::from_secs(3);
+
+/// When a connection has just been paired with its backend: whether it is one to hang
+/// ([`HANG_AFTER`] later, see [`hang`]).
+pub fn hangs_this_connection() -> bool {
+    static PAIRED: AtomicU64 = AtomicU64::new(0);
+    planted() == Some(Fault::HangAfter10s) && every_nth(&PAIRED, 5)
+}
+
+/// Both sockets of a connection to hang, as duplicate descriptors: dropping the future that
+/// owns a socket closes its descriptor, but a socket with another descriptor still open sends
+/// no FIN and no reset.
+pub struct Held {
+    _client: io::Result<OwnedFd>,
+    _backend: io::Result<OwnedFd>,
+}
+
+impl Held {
+    pub fn new(client: &TcpStream, backend: &TcpStream) -> Held {
+        Held {
+            _client: client.as_fd().try_clone_to_owned(),
+            _backend: backend.as_fd().try_clone_to_owned(),
+        }
+    }
+}
+
+/// Relays a connection picked by [`hangs_this_connection`] through `carry` (which owns the
+/// sockets) for [`HANG_AFTER`]; if it is still open then, stops relaying (drops `carry`) and
+/// keeps both sockets open through `held`, silent, until `cut` (the drain deadline).
+pub async fn hang(
+    held: Held,
+    carry: impl std::future::Future<Output = ()>,
+    cut: CancellationToken,
+) {
+    if tokio::time::timeout(HANG_AFTER, carry).await.is_ok() {
+        return;
+    }
+    static HUNG: AtomicBool = AtomicBool::new(false);
+    first_time(
+        &HUNG,
+        "a connection (every 5th paired with a backend) stopped being relayed 10 s after it was paired; its sockets are held open",
+    );
+    cut.cancelled().await;
+    drop(held);
+}
+
+/// In the accept loop: whether this accepted connection is one to stall ([`STALL`]) before it
+/// is served (before it connects to a backend).
+pub fn stalls_this_connection() -> bool {
+    static ACCEPTED: AtomicU64 = AtomicU64::new(0);
+    let hit = planted() == Some(Fault::Stall3s) && every_nth(&ACCEPTED, 10);
+    if hit {
+        static STALLED: AtomicBool = AtomicBool::new(false);
+        first_time(
+            &STALLED,
+            "a connection (every 10th accepted) waits 3 s before it connects to a backend",
+        );
+    }
+    hit
+}
+
+/// In an https health check, once connected: leaks a duplicate of the check's socket.
+pub fn at_https_check(tcp: &TcpStream) {
+    if planted() != Some(Fault::LeakFdPerCheck) {
+        return;
+    }
+    if let Ok(fd) = tcp.as_fd().try_clone_to_owned() {
+        std::mem::forget(fd);
+        static LEAKED: AtomicBool = AtomicBool::new(false);
+        first_time(
+            &LEAKED,
+            "every https health check leaks a descriptor (a duplicate of its socket)",
+        );
+    }
 }
 
 /// Closes a client cleanly without an answer: reads what it sent first, sends FIN, and waits
@@ -96,6 +204,57 @@ pub fn at_drain(
                 });
             }
         }
-        Some(Fault::CloseEvery25th) | None => {}
+        Some(
+            Fault::CloseEvery25th | Fault::HangAfter10s | Fault::Stall3s | Fault::LeakFdPerCheck,
+        )
+        | None => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::ValueEnum;
+
+    /// Which connections a "1 in n" fault hits: the nth, the 2nth, … counted from the first.
+    #[test]
+    fn every_nth_hits_the_nth_the_2nth_and_so_on() {
+        for (n, upto, hit) in [
+            (5, 30, vec![5, 10, 15, 20, 25, 30]),
+            (10, 35, vec![10, 20, 30]),
+            (25, 60, vec![25, 50]),
+        ] {
+            let counter = AtomicU64::new(0);
+            let which: Vec<u64> = (1..=upto).filter(|_| every_nth(&counter, n)).collect();
+            assert_eq!(which, hit, "1 in {n}");
+        }
+    }
+
+    #[test]
+    fn the_flag_names_every_fault() {
+        for (name, fault) in [
+            ("close-every25th", Fault::CloseEvery25th),
+            ("close-while-draining", Fault::CloseWhileDraining),
+            ("cut-at-handoff", Fault::CutAtHandoff),
+            ("hang-after-10s", Fault::HangAfter10s),
+            ("stall-3s", Fault::Stall3s),
+            ("leak-fd-per-check", Fault::LeakFdPerCheck),
+        ] {
+            assert_eq!(Fault::from_str(name, false), Ok(fault), "{name}");
+        }
+    }
+
+    #[test]
+    fn the_command_line_takes_the_new_faults() {
+        use clap::Parser;
+        for name in ["hang-after-10s", "stall-3s", "leak-fd-per-check"] {
+            let cli = crate::cli::Cli::try_parse_from([
+                "kube-apiserver-proxy".to_string(),
+                format!("--planted-fault={name}"),
+            ])
+            .unwrap_or_else(|e| panic!("--planted-fault={name}: {e}"));
+            let planted = cli.run.planted_fault.expect("a fault planted");
+            assert_eq!(planted.to_possible_value().unwrap().get_name(), name);
+        }
     }
 }

@@ -140,6 +140,10 @@ async fn attempt(
     let tcp = http_client::connect(addr)
         .await
         .map_err(CheckError::Reach)?;
+    #[cfg(feature = "planted-faults")]
+    if matches!(check, HealthCheck::Https { .. }) {
+        crate::fault::at_https_check(&tcp);
+    }
     match check {
         HealthCheck::Tcp => Ok(None),
         HealthCheck::Tls { tls, server_name } => {

@@ -85,6 +85,11 @@ pub async fn serve(
         trace_seen_as(client_addr, b, &upstream);
     }
     let _tracked = backend.map(|b| b.track());
+    #[cfg(feature = "planted-faults")]
+    if crate::fault::hangs_this_connection() {
+        Box::pin(carry_then_hang(client, upstream, client_addr, turn, &ctx)).await;
+        return;
+    }
     carry(
         client,
         upstream,
@@ -94,6 +99,21 @@ pub async fn serve(
         &ctx,
     )
     .await;
+}
+
+/// `--planted-fault=hang-after-10s`: carries a connection as usual for a while, then holds it
+/// open without relaying anything (fault.rs).
+#[cfg(feature = "planted-faults")]
+async fn carry_then_hang(
+    client: TcpStream,
+    upstream: TcpStream,
+    client_addr: ClientAddr,
+    turn: Option<Turn>,
+    ctx: &ForwardContext,
+) {
+    let held = crate::fault::Held::new(&client, &upstream);
+    let carried = carry(client, upstream, client_addr, Pending::default(), turn, ctx);
+    crate::fault::hang(held, carried, ctx.cut.clone()).await;
 }
 
 /// Which address the backend sees for this client's connection: a debug line under the log

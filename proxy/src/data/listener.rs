@@ -427,6 +427,15 @@ async fn accept_loop(l: AcceptLoop) {
                     None
                 };
                 let ctx = ctx.clone();
+                #[cfg(feature = "planted-faults")]
+                if crate::fault::stalls_this_connection() {
+                    connections.spawn(async move {
+                        tokio::time::sleep(crate::fault::STALL).await;
+                        forward::serve(stream, ClientAddr(peer), source, ctx).await;
+                        drop(permit);
+                    });
+                    continue;
+                }
                 connections.spawn(async move {
                     forward::serve(stream, ClientAddr(peer), source, ctx).await;
                     drop(permit);
