@@ -538,6 +538,23 @@ pub fn parse_metric(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f
     sum
 }
 
+/// [`parse_metric`], for a metric that must be there: a missing one is an error naming it
+/// (a check that read it as 0 would pass without looking).
+pub fn require_metric(text: &str, name: &str, labels: &[(&str, &str)]) -> Result<f64> {
+    parse_metric(text, name, labels).ok_or_else(|| {
+        let full = if name.starts_with(METRIC_PREFIX) {
+            name.to_owned()
+        } else {
+            format!("{METRIC_PREFIX}{name}")
+        };
+        if labels.is_empty() {
+            anyhow!("metric {full} missing from /metrics")
+        } else {
+            anyhow!("metric {full} with labels {labels:?} missing from /metrics")
+        }
+    })
+}
+
 fn parse_labels(text: &str) -> Vec<(String, String)> {
     let mut labels = Vec::new();
     let mut rest = text;

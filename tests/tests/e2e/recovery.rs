@@ -14,7 +14,7 @@ use kube_apiserver_proxy_tests::certs::Pki;
 use kube_apiserver_proxy_tests::client::http_get;
 use kube_apiserver_proxy_tests::fake_apiserver::FakeApiserver;
 use kube_apiserver_proxy_tests::process::ChildProcess;
-use kube_apiserver_proxy_tests::proxy::{parse_metric, proxy_bin, run_cli, ProxyBuilder};
+use kube_apiserver_proxy_tests::proxy::{proxy_bin, require_metric, run_cli, ProxyBuilder};
 use kube_apiserver_proxy_tests::util::{eventually, free_random_loopback_addr, TempDir};
 use serde_json::{json, Value};
 
@@ -180,11 +180,12 @@ impl Api {
         ChildProcess::spawn(command, "recover")
     }
 
-    /// A metric of the agent (0 when absent).
+    /// A metric of the agent: every one is exported from the start (the attempts with each
+    /// result too), so a missing one is an error, not 0.
     async fn metric(&self, name: &str, labels: &[(&str, &str)]) -> Result<f64> {
         let (status, text) = http_get(self.metrics, "/metrics").await?;
         ensure!(status == 200, "GET /metrics: {status}");
-        Ok(parse_metric(&text, name, labels).unwrap_or(0.0))
+        require_metric(&text, name, labels)
     }
 }
 

@@ -13,7 +13,7 @@ use anyhow::{ensure, Context as _, Result};
 use kube_apiserver_proxy_tests::certs::Pki;
 use kube_apiserver_proxy_tests::client::TcpClient;
 use kube_apiserver_proxy_tests::fake_apiserver::FakeApiserver;
-use kube_apiserver_proxy_tests::proxy::{parse_metric, Proxy, ProxyBuilder};
+use kube_apiserver_proxy_tests::proxy::{require_metric, Proxy, ProxyBuilder};
 use kube_apiserver_proxy_tests::util::{eventually, random_loopback_ip, TempDir};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
@@ -47,10 +47,10 @@ fn cpu(pid: u32) -> Result<Duration> {
 /// as the proxy reports them.
 async fn resources(proxy: &Proxy) -> Result<(f64, f64)> {
     let metrics = proxy.metrics().await?;
-    let read = |name| parse_metric(&metrics, name, &[]).unwrap_or(0.0);
+    let read = |name| require_metric(&metrics, name, &[]);
     Ok((
-        read("open_fds") - 2.0 * read("splice_pipes_pooled"),
-        read("runtime_alive_tasks"),
+        read("open_fds")? - 2.0 * read("splice_pipes_pooled")?,
+        read("runtime_alive_tasks")?,
     ))
 }
 
