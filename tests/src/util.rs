@@ -105,6 +105,55 @@ pub fn skip(test: &str, reason: &str) -> Result<()> {
     Ok(())
 }
 
+/// A count a proof runs (handoffs, upgrades, streams): `designed`, the count the design asks,
+/// unless the environment variable `var` holds another (a longer run, by hand). A count below
+/// `designed` shrinks the proof: in CI that panics, since no knob may weaken what CI checks;
+/// elsewhere it says loudly on stderr that the proof was shrunk. A value that is not a count
+/// panics too (it would otherwise be ignored without a word).
+pub fn proof_count(var: &str, designed: usize) -> usize {
+    let value = std::env::var(var).ok();
+    match count_from(var, value.as_deref(), designed, in_ci()) {
+        Ok(Some(shrunk)) => {
+            eprintln!(
+                "WARNING: {var}={shrunk} shrinks this proof below its designed {designed}: \
+                 it proves less than CI does (CI fails on such a value)"
+            );
+            shrunk
+        }
+        Ok(None) => value
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(designed),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// The decision of [`proof_count`]: `Ok(Some(n))` for a count `n` below `designed` outside CI,
+/// `Ok(None)` when the designed count or more runs, an error naming `var` and its value else.
+fn count_from(
+    var: &str,
+    value: Option<&str>,
+    designed: usize,
+    ci: bool,
+) -> Result<Option<usize>, String> {
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    let n: usize = value
+        .trim()
+        .parse()
+        .map_err(|_| format!("{var}={value:?} is not a count (designed: {designed})"))?;
+    if n >= designed {
+        return Ok(None);
+    }
+    if ci {
+        return Err(format!(
+            "{var}={value} would shrink this proof below its designed {designed}, and CI is \
+             set: a knob may not weaken CI (unset {var}, or raise it)"
+        ));
+    }
+    Ok(Some(n))
+}
+
 /// Whether this process runs as root (network namespaces, other uids, chroot).
 pub fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
@@ -145,6 +194,19 @@ impl Drop for TempDir {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_knob_may_lengthen_a_proof_and_shrinks_it_only_outside_ci() {
+        let v = "KAP_TEST_X";
+        assert_eq!(count_from(v, None, 100, true), Ok(None));
+        assert_eq!(count_from(v, Some("100"), 100, true), Ok(None));
+        assert_eq!(count_from(v, Some("1000"), 100, true), Ok(None));
+        assert_eq!(count_from(v, Some("5"), 100, false), Ok(Some(5)));
+        let e = count_from(v, Some("5"), 100, true).unwrap_err();
+        assert!(e.contains("KAP_TEST_X=5") && e.contains("CI"), "{e}");
+        let e = count_from(v, Some("lots"), 100, false).unwrap_err();
+        assert!(e.contains("KAP_TEST_X=\"lots\""), "{e}");
+    }
 
     #[tokio::test]
     async fn eventually_returns_first_success() {
