@@ -25,8 +25,9 @@ pub enum Fault {
     CloseWhileDraining,
     /// At the start of the drain every established connection is cut.
     CutAtHandoff,
-    /// A hung proxy: every 5th connection paired with a backend (the 5th, 10th, … since the
-    /// process started) stops being relayed 10 s after it was paired. From then on no byte
+    /// A hung proxy: 1 in 5 of the connections still open 10 s after they were paired with a
+    /// backend (the 1st, 6th, 11th, … of those, since the process started) stops being
+    /// relayed then. From then on no byte
     /// moves either way and neither side is closed, reset or half-closed: both descriptors stay
     /// open until the drain deadline cuts the instance's connections, or the process exits.
     #[value(name = "hang-after-10s")]
@@ -81,11 +82,10 @@ pub const HANG_AFTER: Duration = Duration::from_secs(10);
 /// How long `stall-3s` holds a hit connection before it is served.
 pub const STALL: Duration = Duration::from_secs(3);
 
-/// When a connection has just been paired with its backend: whether it is one to hang
-/// ([`HANG_AFTER`] later, see [`hang`]).
+/// When a connection has just been paired with its backend: whether it goes through [`hang`]
+/// (every connection, with `hang-after-10s` planted; [`hang`] picks those to hang).
 pub fn hangs_this_connection() -> bool {
-    static PAIRED: AtomicU64 = AtomicU64::new(0);
-    planted() == Some(Fault::HangAfter10s) && every_nth(&PAIRED, 5)
+    planted() == Some(Fault::HangAfter10s)
 }
 
 /// Both sockets of a connection to hang, as duplicate descriptors: dropping the future that
@@ -105,22 +105,36 @@ impl Held {
     }
 }
 
-/// Relays a connection picked by [`hangs_this_connection`] through `carry` (which owns the
-/// sockets) for [`HANG_AFTER`]; if it is still open then, stops relaying (drops `carry`) and
-/// keeps both sockets open through `held`, silent, until `cut` (the drain deadline).
+/// Relays a connection through `carry` (which owns the sockets) for [`HANG_AFTER`]. Of the
+/// connections still open then, 1 in 5 (the 1st, 6th, 11th, …: most connections of a client
+/// end within a second, so counting those that live 10 s makes the long-lived ones — watches,
+/// informers, shared HTTP/2 connections — the ones hit, the first of them for sure) stops
+/// being relayed: `carry` is dropped and both sockets stay open through `held`, silent, until
+/// `cut` (the drain deadline). The others are carried on as usual.
 pub async fn hang(
     held: Held,
     carry: impl std::future::Future<Output = ()>,
     cut: CancellationToken,
 ) {
-    if tokio::time::timeout(HANG_AFTER, carry).await.is_ok() {
+    static SURVIVED: AtomicU64 = AtomicU64::new(0);
+    let mut carry = Box::pin(carry);
+    if tokio::time::timeout(HANG_AFTER, carry.as_mut())
+        .await
+        .is_ok()
+    {
+        return;
+    }
+    if SURVIVED.fetch_add(1, Ordering::Relaxed) % 5 != 0 {
+        drop(held);
+        carry.await;
         return;
     }
     static HUNG: AtomicBool = AtomicBool::new(false);
     first_time(
         &HUNG,
-        "a connection (every 5th paired with a backend) stopped being relayed 10 s after it was paired; its sockets are held open",
+        "a connection (1 in 5 of those still open 10 s after pairing) stopped being relayed; its sockets are held open",
     );
+    drop(carry);
     cut.cancelled().await;
     drop(held);
 }
