@@ -222,6 +222,16 @@ func (p *Pod) sampleProxy() (ProxySample, error) {
 	return ProxySample{At: time.Now(), FDs: fds, Unexplained: fds - int(carried), RSSKiB: rss}, nil
 }
 
+// ProxyMetric is the sum of the series of metric name (its full name) that the pod's proxy
+// exports.
+func (p *Pod) ProxyMetric(name string) (float64, error) {
+	text, err := p.proxyMetrics()
+	if err != nil {
+		return 0, err
+	}
+	return MetricSum(text, name), nil
+}
+
 func (p *Pod) proxyMetrics() (string, error) {
 	b, err := os.ReadFile(filepath.Join(p.Shared, "admin"))
 	if err != nil {

@@ -55,8 +55,9 @@ type deliveries struct {
 
 type deliveryWatcher struct {
 	count   DeliveryCount
-	seen    uint64  // the highest resourceVersion delivered
-	pending []write // writes not delivered yet
+	seen    uint64    // the highest resourceVersion delivered
+	seenAt  time.Time // when the mark last moved
+	pending []write   // writes not delivered yet
 	// poll reads the watch's progress where it is not reported event by event (an
 	// informer's last synced resourceVersion); nil otherwise.
 	poll func() string
@@ -113,7 +114,7 @@ func (w *deliveryWatcher) advance(rv uint64, at time.Time, bound time.Duration) 
 	if rv <= w.seen {
 		return
 	}
-	w.seen = rv
+	w.seen, w.seenAt = rv, at
 	kept := w.pending[:0]
 	for _, wr := range w.pending {
 		if wr.rv > rv {
@@ -142,6 +143,18 @@ func (d *deliveries) pollAll(now time.Time) {
 	for name, poll := range polls {
 		d.saw(name, poll(), now)
 	}
+}
+
+// deliveredSince says whether every watch delivered something after t.
+func (d *deliveries) deliveredSince(t time.Time) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, w := range d.watchers {
+		if !w.seenAt.After(t) {
+			return false
+		}
+	}
+	return true
 }
 
 // caughtUp says whether every watch has delivered every write answered so far.

@@ -210,6 +210,14 @@ func (l *Load) awaitDeliveries() {
 	})
 }
 
+// WatchesResumedSince says whether every watch of the load (each stream, the ConfigMap
+// informer) delivered an event after t: after an apiserver it watched through is gone, that
+// it runs again, on a new connection.
+func (l *Load) WatchesResumedSince(t time.Time) bool {
+	l.del.pollAll(time.Now())
+	return l.del.deliveredSince(t)
+}
+
 // EveryWorkloadWithin bounds how long Stop lets a load run on until each of its workloads has
 // completed a request; past it, those that have not are judged as not run.
 const EveryWorkloadWithin = 30 * time.Second

@@ -52,7 +52,7 @@ func scenarios() []spec {
 		{"self-test-cut-at-handoff", selfTest("cut-at-handoff", "cut", "watches ended by", "relists"), none},
 		// Faults that close nothing: a connection that hangs open, new connections that wait,
 		// descriptors that leak.
-		{"self-test-hang-after-10s", selfTest("hang-after-10s", "hung:", "later than"), none},
+		{"self-test-hang-after-10s", selfTest("hang-after-10s", "hung:", "later than", "slowest request", load.PendingAtStop), none},
 		{"self-test-stall-3s", selfTest("stall-3s", "stalled connections"), none},
 		{"self-test-leak-fd-per-check", selfTest("leak-fd-per-check", "descriptor leak"), none},
 		{"ha-surge-kubernetes-service", haSurgeKubernetesService, asked},
@@ -288,11 +288,20 @@ func haproxySidecar(ctx context.Context, e *env, r *Result) {
 // problem the load's criteria find (load.Report.Problems) is a problem of the scenario, and so
 // is a listen-queue overflow or drop anywhere in the node.
 func underLoad(ctx context.Context, e *env, r *Result, strict bool, f func()) {
-	underLoadOn(ctx, e.node.AdminConf, r, strict, f)
+	underLoadWith(ctx, e.node.AdminConf, r, strict, func(l *load.Load) {
+		e.load = l
+		defer func() { e.load = nil }()
+		f()
+	})
 }
 
 // underLoadOn is underLoad with the clients of kubeconfig (another controller's address).
 func underLoadOn(ctx context.Context, kubeconfig string, r *Result, strict bool, f func()) {
+	underLoadWith(ctx, kubeconfig, r, strict, func(*load.Load) { f() })
+}
+
+// underLoadWith is underLoadOn whose f is given the running load.
+func underLoadWith(ctx context.Context, kubeconfig string, r *Result, strict bool, f func(*load.Load)) {
 	cfg := load.DefaultConfig(kubeconfig)
 	l, err := load.Start(ctx, cfg)
 	if err != nil {
@@ -300,7 +309,7 @@ func underLoadOn(ctx context.Context, kubeconfig string, r *Result, strict bool,
 		return
 	}
 	before := cluster.ReadTCPCounters()
-	f()
+	f(l)
 	rep := l.Stop()
 	r.TCP = cluster.ReadTCPCounters().Since(before)
 	r.Load = &rep
@@ -334,6 +343,19 @@ func sortedKeys[V any](m map[string]V) []string {
 	return keys
 }
 
+// awaitResumed waits (30 s at most) until every watch of the load has resumed after the
+// rollout that just ended (its old pod is gone), so on a connection to the pod now serving:
+// the long-lived connections leave the old pod when its apiserver ends them, and a watch sent
+// again there is answered Retry-After (5 s). The faults that spoil established connections
+// (cut at the handoff, hang) must have them before the next rollout brings a pod that shares
+// the listening sockets and could take them instead.
+func awaitResumed(ctx context.Context, l *load.Load, r *Result) {
+	since := time.Now()
+	if !cluster.Poll(ctx, 100*time.Millisecond, 30*time.Second, func() bool { return l.WatchesResumedSince(since) }) {
+		r.Notes = append(r.Notes, "the load's watches had not all resumed 30 s after the planted pod took over")
+	}
+}
+
 // selfTest proves that the pass criteria catch a proxy that loses, hangs, stalls or leaks: pods of the
 // proxy built with its planted faults (--planted-proxy, feature planted-faults) run
 // --planted-fault=fault; two rollouts under the load (the first brings a planted pod in, the
@@ -360,6 +382,9 @@ func selfTest(fault string, symptoms ...string) func(ctx context.Context, e *env
 			for i := 0; i < 2 && ctx.Err() == nil; i++ {
 				if !step(ctx, inner, "", cluster.GatePod, &e.current, planted) {
 					return
+				}
+				if i == 0 {
+					awaitResumed(ctx, e.load, r)
 				}
 			}
 		})
