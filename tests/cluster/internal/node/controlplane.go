@@ -242,18 +242,18 @@ func (n *Node) Rollout(what string, kubectl ...string) bool {
 	return false
 }
 
-// The control plane's logs: the controller-manager's and the scheduler's (their static pods'
-// log files) and the kubelet's.
+// The control plane's logs: the controller-manager's, the scheduler's and kube-proxy's (their
+// pods' log files) and the kubelet's.
 func (n *Node) logFiles() []string {
 	var files []string
-	for _, pattern := range []string{"kube-system_kube-controller-manager-*/*/*.log", "kube-system_kube-scheduler-*/*/*.log"} {
+	for _, pattern := range []string{"kube-system_kube-controller-manager-*/*/*.log", "kube-system_kube-scheduler-*/*/*.log", "kube-system_kube-proxy-*/*/*.log"} {
 		m, _ := filepath.Glob(filepath.Join(n.State, "pod-logs", pattern))
 		files = append(files, m...)
 	}
 	return append(files, n.Path("kubelet.log"))
 }
 
-// LogMark remembers how long each control-plane log is; LogErrorSummary(mark) summarises the
+// LogMark remembers how long each control-plane log is; LogVerdict(what, mark, …) judges the
 // klog error lines written since.
 type LogMark map[string]int
 
@@ -318,18 +318,9 @@ func (n *Node) ErrorLines(since LogMark) []string {
 	return errs
 }
 
-// LogErrorSummary is how many error lines the control plane wrote since the mark, how many
-// of them about reaching the apiserver, and the kinds (numbers and pod hashes blanked) with
-// their counts, most frequent first.
-func (n *Node) LogErrorSummary(since LogMark) string {
-	errs := n.ErrorLines(since)
-	if len(errs) == 0 {
-		return "no error lines"
-	}
-	return SummariseErrors(errs)
-}
-
-// SummariseErrors is LogErrorSummary of error lines "WRITER: LINE".
+// SummariseErrors is how many error lines ("WRITER: LINE") there are, how many of them
+// about reaching the apiserver, and the kinds (numbers and pod hashes blanked) with their
+// counts, most frequent first.
 func SummariseErrors(errs []string) string {
 	conn := 0
 	kinds := map[string]int{}

@@ -180,7 +180,7 @@ func (u *upgrade) endStep(s *kuStep, what string) {
 	if s.pod {
 		u.podEnd(s.name, what, s.reportOnly)
 	}
-	u.Note("%s: controller-manager, scheduler and kubelet logs: %s", what, u.LogErrorSummary(s.mark))
+	u.LogVerdict(what, s.mark, s.reportOnly)
 }
 
 // table: one row per step and client (the node address, 127.0.0.1, the pod): seconds,

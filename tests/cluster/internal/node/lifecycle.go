@@ -327,7 +327,7 @@ type lcStep struct {
 func (s *lcStep) end(what string) *step.Report {
 	n := s.lc.n
 	rep := s.st.End(what)
-	n.Note("%s: controller-manager, scheduler and kubelet logs: %s", what, n.LogErrorSummary(s.mark))
+	n.LogVerdict(what, s.mark, s.st.ReportOnly)
 	n.Note("%s: restarts: %s", what, n.ControlPlaneRestarts())
 	return rep
 }

@@ -263,7 +263,7 @@ func (n *Node) Migrate(m Migration) bool {
 	n.Settle(15 * time.Second)
 	end(fmt.Sprintf("the migration (the static manifest went at +%d s)", int(t2.Sub(t0).Seconds())))
 	n.Note("restarts after the migration: %s", n.ControlPlaneRestarts())
-	n.Note("controller-manager, scheduler and kubelet logs during the migration: %s", n.LogErrorSummary(mark))
+	n.LogVerdict("the migration", mark, m.ReportOnly)
 	return true
 }
 
@@ -306,7 +306,7 @@ func (n *Node) MigrateRollouts(restarts int) bool {
 	n.Check(regexp.MustCompile(`:6443 *;`).MatchString(launch), "the apiserver is back on port 6443 of its 127.a.b.c: %s", launch)
 	n.Note("listeners on port 6443 after the rollouts: %s", n.Listeners6443())
 	n.Note("restarts after the rollouts: %s", n.ControlPlaneRestarts())
-	n.Note("controller-manager, scheduler and kubelet logs during the rollouts: %s", n.LogErrorSummary(mark))
+	n.LogVerdict("the rollouts", mark, false)
 	return done == restarts
 }
 

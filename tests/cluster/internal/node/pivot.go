@@ -288,7 +288,7 @@ func (n *Node) pivot() bool {
 		n.Check(refused == 0, "%d refused connections on %s:6443 during the pivot", refused, n.NodeIP)
 	}
 	n.Note("restarts after the pivot: %s", n.ControlPlaneRestarts())
-	n.Note("controller-manager, scheduler and kubelet logs during the pivot: %s", n.LogErrorSummary(mark))
+	n.LogVerdict("the pivot (measured, not asserted)", mark, true)
 	return true
 }
 
@@ -321,7 +321,7 @@ func (n *Node) Rollouts(restarts int) bool {
 	}
 	st.End(fmt.Sprintf("the rollouts by the real controllers (%d of %d complete)", done, want))
 	n.Check(done == want, "%d of %d rollouts completed", done, want)
-	n.Note("controller-manager, scheduler and kubelet logs during the rollouts: %s", n.LogErrorSummary(mark))
+	n.LogVerdict("the rollouts by the real controllers", mark, false)
 	n.Note("restarts after the rollouts: %s", n.ControlPlaneRestarts())
 	return done == want
 }
@@ -367,6 +367,6 @@ func (n *Node) BrokenRollout() bool {
 	pods := n.DeployPods()
 	n.Check(len(pods) == 1 && pods[0].Name == before, "after the undo the old pod %s is the one left, never restarted: %s", before, n.DeployPodsLine())
 	st.End("the broken rollout and its undo")
-	n.Note("controller-manager, scheduler and kubelet logs: %s", n.LogErrorSummary(mark))
+	n.LogVerdict("the broken rollout and its undo", mark, false)
 	return true
 }

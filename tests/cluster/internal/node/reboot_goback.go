@@ -246,7 +246,7 @@ func (r *reboot) goBack() {
 	}
 	r.checkWentBack()
 	r.Note("restarts after going back: %s", r.ControlPlaneRestarts())
-	r.Note("controller-manager, scheduler and kubelet logs going back: %s", r.LogErrorSummary(mark))
+	r.LogVerdict("going back", mark, false)
 }
 
 // goBackPrepare: an upgrade after the migration (the Deployment's image moved to the old
