@@ -431,10 +431,14 @@ func (lc *lifecycle) legacy() bool {
 	}
 	t0 := time.Now()
 	out, err := lc.kubectlLog("drain-legacy.log", 90*time.Second, "drain", n.NodeName, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=60s")
-	if err == nil {
+	switch refusal := BudgetRefusal(out); {
+	case err == nil:
 		n.Fail("legacy: kubectl drain completed with the previous budget (minAvailable 1): %s", lastLines(out, 3))
-	} else {
-		n.Pass("legacy: with the previous budget kubectl drain does not complete (--timeout=60s, %s s): %s", Since(t0), BudgetRefusal(out))
+	case refusal == "":
+		// It must not complete for the budget's reason, not for any error.
+		n.Fail("legacy: kubectl drain did not complete, but not because the budget refused the eviction: %s", lastLines(out, 3))
+	default:
+		n.Pass("legacy: with the previous budget kubectl drain does not complete (--timeout=60s, %s s): %s", Since(t0), refusal)
 	}
 	_, _ = n.Kubectl(30*time.Second, "uncordon", n.NodeName)
 	return lc.upgradeSelector()
@@ -442,13 +446,8 @@ func (lc *lifecycle) legacy() bool {
 
 var budgetRefusal = regexp.MustCompile(`Cannot evict pod as it would violate[^.]*`)
 
-// BudgetRefusal is the eviction's refusal in kubectl drain's output (its last line without one).
-func BudgetRefusal(out string) string {
-	if m := budgetRefusal.FindString(out); m != "" {
-		return m
-	}
-	return lastLines(out, 1)
-}
+// BudgetRefusal is the eviction's refusal in kubectl drain's output, "" when there is none.
+func BudgetRefusal(out string) string { return budgetRefusal.FindString(out) }
 
 // 2. docs/runbooks/selector-upgrade.md.
 func (lc *lifecycle) upgradeSelector() bool {

@@ -214,6 +214,15 @@ func (lc *lifecycle) prometheusCheck() {
 	} else {
 		n.Fail("prometheus: alerts fired during the run: %s", alerts)
 	}
+	// The positive controls (nodecheck.WithControls): the same expressions without their
+	// `for` must fire for the conditions the run brings about, or the check above proves
+	// nothing: two pods at once in every rollout (RolloutStuck's expression), and no recovery
+	// agent on this node (RecoveryAgentAbsent's).
+	for _, name := range []string{"KubeApiserverProxyRolloutStuck", "KubeApiserverProxyRecoveryAgentAbsent"} {
+		control := nodecheck.ControlPrefix + name
+		fired := alertNames(fmt.Sprintf(`count by (alertname) (max_over_time(ALERTS{alertname=%q, alertstate="firing"}[%s]))`, control, w))
+		n.Check(fired == control, "prometheus: the control copy of %s (its expression without `for`) fired during the run: %s", name, fired)
+	}
 }
 
 // prometheusStop stops the discovery and Prometheus (SIGTERM, SIGKILL after 30 s).

@@ -358,7 +358,16 @@ func (n *Node) BrokenRollout() bool {
 		n.Fail("broken rollout: %v", err)
 	}
 	status, err := n.Kubectls(150*time.Second, "rollout", "status", "deployment/kube-apiserver", "--timeout=120s")
-	n.Check(err != nil, "broken rollout stalls: kubectl rollout status --timeout=120s: %s", Cut(status, 300))
+	// It stalls for its own reason: kubectl waited out its timeout (not an error reaching the
+	// apiserver), with a new pod there that is not ready.
+	stalled := err != nil && strings.Contains(status, "timed out waiting")
+	var unready []string
+	for _, p := range n.DeployPods() {
+		if p.Name != before && !n.PodReady(p.Name) {
+			unready = append(unready, p.Name)
+		}
+	}
+	n.Check(stalled && len(unready) > 0, "broken rollout stalls: kubectl rollout status --timeout=120s waited out its timeout (%s), new pod not ready: %v", Cut(status, 300), unready)
 	// A request can fail on this busy machine: ask again for up to 15 s.
 	n.Check(n.WaitFor(15*time.Second, func() bool { return n.PodReady(before) }),
 		"the old pod %s still serves and is Ready during the broken rollout: %s", before, n.DeployPodsLine())

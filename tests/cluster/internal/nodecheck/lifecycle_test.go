@@ -108,7 +108,7 @@ spec: {selector: {matchLabels: {x: y}}, podMetricsEndpoints: [{}]}
 apiVersion: monitoring.coreos.com/v1
 kind: PrometheusRule
 metadata: {name: rules}
-spec: {groups: [{name: g, rules: [{alert: A, expr: up == 0}]}]}
+spec: {groups: [{name: g, rules: [{alert: A, expr: up == 0, for: 5m}]}]}
 `
 
 func TestPromConfig(t *testing.T) {
@@ -128,6 +128,13 @@ func TestPromConfig(t *testing.T) {
 	}
 	if string(f.Selector) != `{"component":"kube-apiserver"}` || !strings.Contains(string(f.Rules), "alert: A") {
 		t.Errorf("selector %s, rules %s", f.Selector, f.Rules)
+	}
+	// The control copy: renamed, no `for`, the same expression.
+	if !strings.Contains(string(f.Rules), "- name: controls\n  rules:\n  - alert: ControlA\n    expr: up == 0\n") {
+		t.Errorf("no control copy of alert A in the rules:\n%s", f.Rules)
+	}
+	if _, controls, _ := strings.Cut(string(f.Rules), "name: controls"); strings.Contains(controls, "for:") {
+		t.Errorf("the control copy keeps a for:\n%s", f.Rules)
 	}
 	if _, err := PromConfig(strings.NewReader("kind: PodMonitor\n"), "/state"); err == nil {
 		t.Errorf("manifests without a PrometheusRule: no error")

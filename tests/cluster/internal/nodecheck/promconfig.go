@@ -17,6 +17,44 @@ type PromFiles struct {
 	Config, Rules, Selector []byte
 }
 
+// ControlPrefix names the control copy of each alert (WithControls).
+const ControlPrefix = "Control"
+
+// WithControls is the PrometheusRule's spec with a group more, "controls": a copy of every
+// alert rule, renamed ControlPrefix+name and without its `for`, so that it fires as soon as
+// its expression matches. A check that no alert fired passes as well when no expression ever
+// matches a series (a metric renamed, a label that the scrape does not set); the controls
+// whose condition the run brings about (two pods of a rollout at once, the recovery agent
+// absent) must fire, which proves the rules are evaluated against the series the node
+// exports. The shipped alerts keep their names (KubeApiserverProxy…): the controls never
+// match an alert name check. Pure (spec is not changed).
+func WithControls(spec map[string]any) map[string]any {
+	out := map[string]any{}
+	for k, v := range spec {
+		out[k] = v
+	}
+	groups, _ := spec["groups"].([]any)
+	var controls []any
+	for _, g := range groups {
+		group, _ := g.(map[string]any)
+		rules, _ := group["rules"].([]any)
+		for _, r := range rules {
+			rule, _ := r.(map[string]any)
+			name, ok := rule["alert"].(string)
+			if !ok {
+				continue
+			}
+			control := map[string]any{"alert": ControlPrefix + name, "expr": rule["expr"]}
+			if labels, ok := rule["labels"]; ok {
+				control["labels"] = labels
+			}
+			controls = append(controls, control)
+		}
+	}
+	out["groups"] = append(append([]any{}, groups...), map[string]any{"name": "controls", "rules": controls})
+	return out
+}
+
 // PromConfig makes PromFiles from the rendered manifests/monitoring (YAML documents); state
 // is the directory the files go to (the rules file and the discovery file are named in the
 // configuration).
@@ -88,7 +126,8 @@ func PromConfig(manifests io.Reader, state string) (*PromFiles, error) {
 	if f.Config, err = yaml.Marshal(cfg); err != nil {
 		return nil, err
 	}
-	if f.Rules, err = yaml.Marshal(rule["spec"]); err != nil {
+	spec2, _ := rule["spec"].(map[string]any)
+	if f.Rules, err = yaml.Marshal(WithControls(spec2)); err != nil {
 		return nil, err
 	}
 	selector, _ := spec["selector"].(map[string]any)
