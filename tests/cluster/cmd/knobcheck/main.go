@@ -1,10 +1,8 @@
-//go:build ignore
-
 // Knobcheck judges the environment knobs of one scenario of the real-kubelet stage (package
 // node, knob.go) before smoke builds anything, so that a knob CI refuses fails the mode in its
 // first seconds rather than after the control plane is up:
 //
-//	cd tests/cluster && go run ./internal/node/knobcheck.go -repo ../.. SCENARIO
+//	cd tests/cluster && go run ./cmd/knobcheck -repo ../.. SCENARIO
 //
 // Prints each refusal as "FAIL - …" and each note as "# NOTE: …", on stdout (smoke's report)
 // and on stderr. Exit status: 0 when nothing was refused, 1 otherwise, 2 for bad usage.

@@ -15,7 +15,7 @@ import (
 // set (InCI), such a value beyond the knob's CI floor makes the scenario fail at once, with one
 // line naming the variable, its value and the floor; any shrinking value prints a NOTE line
 // (on stderr and in the report), CI or not. smoke runs the same judgement before it builds
-// anything (knobcheck.go beside this file), each scenario again when it starts.
+// anything (cmd/knobcheck), each scenario again when it starts.
 //
 // The CI floor of a count is the value `tests/cluster/run --rollouts 2` gives (.ci/run's
 // setting): MIGRATE_RESTARTS=2, MIGRATE_MORE_RESTARTS=0, DS_RESTARTS=2. Every other floor is
