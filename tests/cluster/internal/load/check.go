@@ -25,11 +25,13 @@ type Criteria struct {
 	// MaxP99 bounds the 99th percentile of the requests' latency, and MaxFirstByteP99 that of
 	// the new connections' wait for their first byte (the TLS ServerHello), when at least
 	// PercentileSamples were measured (fewer: the percentile is the maximum, which MaxLatency
-	// bounds). A clean run's p99 is tens of milliseconds here, rollouts included (a draining
-	// apiserver's Retry-After delays a few requests in ten thousand); a proxy that stalls 1 in
-	// 10 new connections for 3 s puts about 10% of first bytes, and 2% of the requests (a
-	// quarter of them are kubectl-like, each on a new connection), past 3 s. 1 s lies between,
-	// with room for a machine that runs two rehearsals at once.
+	// bounds). Measured here, clean: the requests' p99 38-110 ms in the rehearsal, 240-300 ms
+	// in the real-kubelet stage (two loads, the kubelet and the controllers on the same 2
+	// cores; a draining apiserver's Retry-After delays a few requests in a thousand by 5 s);
+	// the first byte's p99 15-53 ms, and 125 ms. A proxy that stalls 1 in 10 new connections
+	// for 3 s puts 10% of the first bytes past 3 s (p99 3,007 ms measured), while the requests'
+	// p99 hardly moves (the stalled kubectl-like clients complete fewer requests meanwhile):
+	// the first byte is the stall's measure, bounded at 1 s; the requests' p99 at 2 s.
 	MaxP99, MaxFirstByteP99 time.Duration
 	PercentileSamples       int
 }
@@ -39,7 +41,7 @@ func DefaultCriteria() Criteria {
 	return Criteria{
 		MaxLatency: 10 * time.Second, MinOKPerSecond: 20, EverySecond: true,
 		Delivery: DeliveryBound,
-		MaxP99:   time.Second, MaxFirstByteP99: time.Second, PercentileSamples: 100,
+		MaxP99:   2 * time.Second, MaxFirstByteP99: time.Second, PercentileSamples: 100,
 	}
 }
 
