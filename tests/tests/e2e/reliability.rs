@@ -1,6 +1,7 @@
 //! Reliability: descriptor exhaustion, silent and non-reading clients, backend faults, hostile
 //! input on every socket the proxy serves, and leaks (descriptors and tasks counted before and
-//! after).
+//! after; descriptors and RSS of a process that lives through many peers and in-place
+//! upgrades).
 
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -743,5 +744,336 @@ async fn failure_storm_logs_are_rate_limited() -> Result<()> {
             "{n} lines of {line:?} in {seconds}s for {CLIENTS} clients"
         );
     }
+    Ok(())
+}
+
+/// What a proxy process holds, read from the kernel (`/proc/PID/fd`, `VmRSS`) and from its own
+/// `/metrics` in between.
+#[derive(Debug, Clone, Copy)]
+struct Footprint {
+    /// Entries of `/proc/PID/fd`: the smaller of a count just before and one just after the
+    /// metrics were read (the admin connection serving them is in neither or only one).
+    fds: i64,
+    /// `open_fds` as the proxy counts itself.
+    open_fds: f64,
+    connections: f64,
+    pipes_pooled: f64,
+    rss: u64,
+}
+
+impl Footprint {
+    /// Descriptors beyond its connections: each carried connection holds two (client and
+    /// backend), each idle pooled splice pipe two; the rest is listeners, the runtime, the
+    /// admin and handoff servers, and whatever leaked.
+    fn beyond(&self) -> i64 {
+        self.fds - 2 * self.connections as i64 - 2 * self.pipes_pooled as i64
+    }
+}
+
+impl std::fmt::Display for Footprint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} descriptors beyond connections ({} in /proc/PID/fd, open_fds {}, \
+             {} connections active, {} splice pipes pooled), RSS {} KiB",
+            self.beyond(),
+            self.fds,
+            self.open_fds,
+            self.connections,
+            self.pipes_pooled,
+            self.rss / 1024
+        )
+    }
+}
+
+fn proc_fds(pid: u32) -> Result<i64> {
+    let dir = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .with_context(|| format!("read /proc/{pid}/fd"))?;
+    Ok(dir.count() as i64)
+}
+
+/// The footprint of the instance `pid` answering on `admin` (a successor of an in-place
+/// upgrade is no child of ours: it is reached by pid and admin address).
+async fn footprint(pid: u32, admin: SocketAddr) -> Result<Footprint> {
+    let before = proc_fds(pid)?;
+    let (code, metrics) = kube_apiserver_proxy_tests::client::http_get(admin, "/metrics").await?;
+    ensure!(code == 200, "/metrics answered {code}");
+    let after = proc_fds(pid)?;
+    let read = |name| require_metric(&metrics, name, &[]);
+    Ok(Footprint {
+        fds: before.min(after),
+        open_fds: read("open_fds")?,
+        connections: read("connections_active")?,
+        pipes_pooled: read("splice_pipes_pooled")?,
+        rss: rss(pid)?,
+    })
+}
+
+/// The baseline of a serving instance: the smallest of a few footprints taken 100 ms apart
+/// (each can include a health check or a peer's status request in flight; the smallest is
+/// the instance at rest under its long-lived load), with the largest RSS seen among them.
+async fn baseline(pid: u32, admin: SocketAddr) -> Result<Footprint> {
+    let mut best = footprint(pid, admin).await?;
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(100)).await; // spacing between samples
+        let now = footprint(pid, admin).await?;
+        if now.beyond() < best.beyond() {
+            best = Footprint {
+                rss: best.rss.max(now.rss),
+                ..now
+            };
+        }
+    }
+    Ok(best)
+}
+
+/// Descriptors beyond connections may exceed the baseline by this much at the end: transient
+/// sockets an instance at rest still opens — a health check's connection in flight (one every
+/// 100 ms, each lives a few ms), the admin connection of the previous scrape not yet closed
+/// on the proxy's side, a peer's or the test's handoff status request — at most one or two of
+/// each at any instant. A leak of one descriptor per health check, per connection or per
+/// handoff exceeds it by hundreds.
+const FD_MARGIN: i64 = 4;
+
+/// RSS may grow this much over a run: the allocator keeps freed memory (per-thread arenas,
+/// caches of TLS sessions and buffers of thousands of connections that have come and gone)
+/// and the first handoffs and upgrades touch code and data the baseline had not. A leak of the
+/// order of a connection's buffers (tens of KiB) per connection, per check or per peer exceeds
+/// it over thousands of connections and hundreds of checks.
+const RSS_MARGIN: u64 = 16 << 20;
+
+/// Waits until the instance's descriptors beyond connections and its RSS are back within the
+/// margins of `base`, with no connection active (the load is over).
+async fn back_within_margins(
+    who: &str,
+    pid: u32,
+    admin: SocketAddr,
+    base: Footprint,
+) -> Result<Footprint> {
+    eventually(Duration::from_secs(15), || async {
+        let now = footprint(pid, admin).await?;
+        ensure!(
+            now.connections == 0.0,
+            "{who}: {} connections still active after the load ended",
+            now.connections
+        );
+        ensure!(
+            now.beyond() <= base.beyond() + FD_MARGIN,
+            "{who} leaks descriptors: {} beyond connections now, {} at the baseline \
+             (margin {FD_MARGIN}); now: {now}; baseline: {base}",
+            now.beyond(),
+            base.beyond()
+        );
+        ensure!(
+            now.rss <= base.rss + RSS_MARGIN,
+            "{who} leaks memory: RSS {} KiB now, {} KiB at the baseline (margin {} KiB); \
+             now: {now}; baseline: {base}",
+            now.rss / 1024,
+            base.rss / 1024,
+            RSS_MARGIN / 1024
+        );
+        Ok(now)
+    })
+    .await
+}
+
+/// Long-lived `/watch` streams through a proxy (kubelets' and controllers' watches), each read
+/// on its own task; a stream that breaks ends its task with the error.
+struct Watches(Vec<tokio::task::JoinHandle<Result<()>>>);
+
+impl Watches {
+    async fn open(
+        client: &kube_apiserver_proxy_tests::client::HttpsClient,
+        addr: SocketAddr,
+        n: usize,
+    ) -> Result<Self> {
+        let mut tasks = Vec::new();
+        for _ in 0..n {
+            let mut watch = client.watch(addr, "/watch?interval_ms=50").await?;
+            watch.next_line(DEADLINE).await?;
+            tasks.push(tokio::spawn(async move {
+                loop {
+                    watch.next_line(DEADLINE).await?;
+                }
+            }));
+        }
+        Ok(Watches(tasks))
+    }
+
+    /// Fails if a stream broke, else closes them all.
+    async fn close(self, who: &str) -> Result<()> {
+        if let Some(broken) = self.0.iter().position(|t| t.is_finished()) {
+            let task = self.0.into_iter().nth(broken).context("broken watch")?;
+            return match task.await? {
+                Err(e) => Err(e.context(format!("a watch through {who} broke"))),
+                Ok(()) => anyhow::bail!("a watch through {who} ended"),
+            };
+        }
+        for task in self.0 {
+            task.abort();
+            let _ = task.await;
+        }
+        Ok(())
+    }
+}
+
+/// The `SO_COOKIE`s of the listening sockets an instance holds, sorted; never empty.
+async fn listener_cookies(proxy: &Proxy) -> Result<Vec<u64>> {
+    let status = proxy.status().await?;
+    let mut cookies: Vec<u64> = status["listeners"]
+        .as_array()
+        .context("listeners")?
+        .iter()
+        .map(|l| l["cookie"].as_u64().context("listener without cookie"))
+        .collect::<Result<_>>()?;
+    ensure!(!cookies.is_empty(), "no listener in /status: {status}");
+    cookies.sort();
+    Ok(cookies)
+}
+
+/// A proxy that lives through many peers and in-place upgrades leaks nothing. Instance A
+/// (https health checks every 100 ms against a TLS fake apiserver, `--handoff-dir`) serves
+/// long-lived watches and a churn of short TLS requests while peers start one after another on
+/// its address and handoff directory, share its listening sockets, become ready and are
+/// stopped with SIGTERM (they drain; the sockets stay with A). Alongside, a second chain B is
+/// upgraded in place (SIGUSR2) several times with its watches carried over. At the end, with
+/// the load over, A's descriptors beyond its connections and its RSS are back to its baseline
+/// within stated margins, and so are those of B's last instance against B's first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_lived_proxy_leaks_nothing_across_handoffs_and_upgrades() -> Result<()> {
+    use crate::upgrade::{install_binary, upgrade, wait_gone, PidGuard};
+    use kube_apiserver_proxy_tests::load::HttpsLoad;
+    /// Peers started and stopped next to A.
+    const PEERS: usize = 12;
+    /// In-place upgrades of chain B (one after every fourth peer).
+    const UPGRADES: usize = 3;
+    /// Successful https checks of A's backend the run must include at least.
+    const CHECKS: f64 = 300.0;
+    let started = Instant::now();
+    let pki = Pki::new()?;
+    let backend = crate::https_backend(&pki).await?;
+    let client = crate::https_client(&pki)?;
+    let dir = TempDir::new("long-life")?;
+    let handoff = dir.join("handoff");
+    let listen = listen_addr()?;
+    let instance = |listen| {
+        crate::https_proxy(&pki, listen, &[&backend])
+            .fast_health()
+            .drain_timeout(DEADLINE)
+    };
+    let ready = |proxy: &Proxy| {
+        let admin = proxy.admin_addr();
+        async move {
+            eventually(DEADLINE, || async {
+                let (code, _) =
+                    kube_apiserver_proxy_tests::client::http_get(admin, "/readyz").await?;
+                ensure!(code == 200, "/readyz {code}");
+                Ok(())
+            })
+            .await
+        }
+    };
+    let a = serving(instance(listen).arg("--handoff-dir").arg(&handoff)).await?;
+    ready(&a).await?;
+    let a_cookies = listener_cookies(&a).await?;
+
+    // Chain B: run from a copy of the binary (replaced before each upgrade), its own address
+    // and handoff directory.
+    std::fs::create_dir(dir.join("bin"))?;
+    let bin = dir.join("bin").join("kube-apiserver-proxy");
+    install_binary(&bin, "")?;
+    let b_listen = listen_addr()?;
+    let b_first = serving(
+        instance(b_listen)
+            .bin(&bin)
+            .arg("--handoff-dir")
+            .arg(dir.join("b-handoff")),
+    )
+    .await?;
+    ready(&b_first).await?;
+    let b_admin = b_first.admin_addr();
+
+    let a_watches = Watches::open(&client, listen, 6).await?;
+    let b_watches = Watches::open(&client, b_listen, 4).await?;
+    let a_base = baseline(a.pid(), a.admin_addr()).await?;
+    let b_base = baseline(b_first.pid(), b_admin).await?;
+    ensure!(
+        a_base.connections == 6.0 && b_base.connections == 4.0,
+        "baseline: A carries {} connections, B {} (expected 6 and 4)",
+        a_base.connections,
+        b_base.connections
+    );
+    println!("baseline A: {a_base}\nbaseline B: {b_base}");
+
+    let a_load = HttpsLoad::start(listen, client.clone(), 2);
+    let b_load = HttpsLoad::start(b_listen, client.clone(), 1);
+    a_load.wait_progress(20).await?;
+    let mut b_pid = b_first.pid();
+    let mut guards = Vec::new();
+    for i in 0..PEERS {
+        let peer = instance(listen)
+            .arg("--handoff-dir")
+            .arg(&handoff)
+            .spawn()
+            .await?;
+        ready(&peer).await?;
+        let shared = listener_cookies(&peer).await?;
+        ensure!(
+            shared == a_cookies,
+            "peer {i} does not share A's listening sockets: {shared:?}, A's {a_cookies:?}"
+        );
+        a_load.wait_progress(10).await?;
+        peer.sigterm()?;
+        let status = peer.wait_exit(Duration::from_secs(15)).await?;
+        ensure!(status.success(), "peer {i} exited with {status}");
+        if i % 4 == 3 && guards.len() < UPGRADES {
+            install_binary(&bin, &format!("\nupgrade {i}\n"))?;
+            let next = upgrade(b_pid, b_admin).await?;
+            guards.push(PidGuard(next));
+            if b_pid == b_first.pid() {
+                b_first.wait_exit(Duration::from_secs(30)).await?;
+            } else {
+                wait_gone(b_pid).await?;
+            }
+            b_pid = next;
+            b_load.wait_progress(5).await?;
+        }
+    }
+    ensure!(guards.len() == UPGRADES, "{} upgrades of B", guards.len());
+    // Several hundred checks in all: keep the load on until A has done them.
+    let a_backend = backend.addr().to_string();
+    let checks = eventually(Duration::from_secs(60), || async {
+        let ok = a
+            .metric_or_zero(
+                "health_checks_total",
+                &[("backend", &a_backend), ("result", "ok")],
+            )
+            .await?;
+        ensure!(
+            ok >= CHECKS,
+            "A has done {ok} https checks, waiting for {CHECKS}"
+        );
+        Ok(ok)
+    })
+    .await?;
+    let (a_ok, a_failed) = a_load.stop().await;
+    let (b_ok, b_failed) = b_load.stop().await;
+    a_watches.close("A").await?;
+    b_watches.close("B").await?;
+    let a_now = listener_cookies(&a).await?;
+    ensure!(
+        a_now == a_cookies,
+        "A's listening sockets changed: {a_now:?}, at its start {a_cookies:?}"
+    );
+    let a_end = back_within_margins("A", a.pid(), a.admin_addr(), a_base).await?;
+    let b_end = back_within_margins("B's last instance", b_pid, b_admin, b_base).await?;
+    println!(
+        "{PEERS} peers next to A and {UPGRADES} in-place upgrades of B in {:.1}s; A: {checks} \
+         https checks ok, {a_ok} requests ok, {} failed; B: {b_ok} ok, {} failed\n\
+         end A: {a_end}\nend B: {b_end}",
+        started.elapsed().as_secs_f64(),
+        a_failed.len(),
+        b_failed.len()
+    );
     Ok(())
 }
