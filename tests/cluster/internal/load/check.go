@@ -28,10 +28,13 @@ type Criteria struct {
 	// bounds). Measured here, clean: the requests' p99 38-110 ms in the rehearsal, 240-300 ms
 	// in the real-kubelet stage (two loads, the kubelet and the controllers on the same 2
 	// cores; a draining apiserver's Retry-After delays a few requests in a thousand by 5 s);
-	// the first byte's p99 15-53 ms, and 125 ms. A proxy that stalls 1 in 10 new connections
-	// for 3 s puts 10% of the first bytes past 3 s (p99 3,007 ms measured), while the requests'
-	// p99 hardly moves (the stalled kubectl-like clients complete fewer requests meanwhile):
-	// the first byte is the stall's measure, bounded at 1 s; the requests' p99 at 2 s.
+	// the first byte's p99 15-53 ms, and 125 ms; with two tiers at once on the machine, the
+	// `kubeadm certs renew` step (every control-plane component restarted) reached a
+	// first-byte p99 of 1.2 s and a request p99 of 1.39 s. A proxy that stalls 1 in 10 new
+	// connections for 3 s puts 10% of the first bytes past 3 s, so their p99 too (3,007 ms
+	// measured), while the requests' p99 hardly moves (the stalled kubectl-like clients
+	// complete fewer requests meanwhile): the first byte is the stall's measure. Both are
+	// bounded at 2.5 s: below any 3 s stall, about twice what the busiest clean step reached.
 	MaxP99, MaxFirstByteP99 time.Duration
 	PercentileSamples       int
 }
@@ -41,7 +44,7 @@ func DefaultCriteria() Criteria {
 	return Criteria{
 		MaxLatency: 10 * time.Second, MinOKPerSecond: 20, EverySecond: true,
 		Delivery: DeliveryBound,
-		MaxP99:   2 * time.Second, MaxFirstByteP99: time.Second, PercentileSamples: 100,
+		MaxP99:   2500 * time.Millisecond, MaxFirstByteP99: 2500 * time.Millisecond, PercentileSamples: 100,
 	}
 }
 
