@@ -130,7 +130,7 @@ async fn start_instance_with(
 
 /// The `SO_COOKIE`s of the listeners an instance holds; never empty (an instance that holds
 /// nothing would make every comparison of identities pass).
-async fn listener_cookies(proxy: &Proxy) -> Result<Vec<u64>> {
+pub(crate) async fn listener_cookies(proxy: &Proxy) -> Result<Vec<u64>> {
     let status = proxy.status().await?;
     let listeners = status["listeners"].as_array().context("listeners")?;
     let mut cookies: Vec<u64> = listeners

@@ -10,6 +10,7 @@ use std::os::unix::fs::PermissionsExt as _;
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
+use crate::handoff::listener_cookies;
 use anyhow::{ensure, Context as _, Result};
 use kube_apiserver_proxy_tests::certs::Pki;
 use kube_apiserver_proxy_tests::client::TcpClient;
@@ -915,20 +916,6 @@ impl Watches {
         }
         Ok(())
     }
-}
-
-/// The `SO_COOKIE`s of the listening sockets an instance holds, sorted; never empty.
-async fn listener_cookies(proxy: &Proxy) -> Result<Vec<u64>> {
-    let status = proxy.status().await?;
-    let mut cookies: Vec<u64> = status["listeners"]
-        .as_array()
-        .context("listeners")?
-        .iter()
-        .map(|l| l["cookie"].as_u64().context("listener without cookie"))
-        .collect::<Result<_>>()?;
-    ensure!(!cookies.is_empty(), "no listener in /status: {status}");
-    cookies.sort();
-    Ok(cookies)
 }
 
 /// A proxy that lives through many peers and in-place upgrades leaks nothing. Instance A
