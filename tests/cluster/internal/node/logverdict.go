@@ -79,7 +79,7 @@ func (n *Node) APIAddresses() []string {
 	return []string{n.NodeIP + ":6443", "127.0.0.1:6443", "[::1]:6443", "localhost:6443", "10.96.0.1:443"}
 }
 
-// LogVerdict notes the control plane's error lines since mark (LogErrorSummary), and fails
+// LogVerdict notes the control plane's error lines since mark (SummariseErrors), and fails
 // the step `what` on each connection error toward the apiserver among them (reportOnly: notes
 // them instead, for a step whose outage is measured, not asserted). Tolerated lines are noted
 // with why.
