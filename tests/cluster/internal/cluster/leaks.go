@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -152,7 +151,7 @@ func (w *LeakWatch) Stop() {
 
 // Life sums up samples of one proxy. Pure.
 func Life(pod string, pid int, samples []ProxySample) ProxyLife {
-	l := ProxyLife{Pod: pod, PID: pid, Samples: len(samples), samples: samples}
+	l := ProxyLife{Pod: pod, PID: pid, Samples: len(samples)}
 	if len(samples) == 0 {
 		return l
 	}
@@ -233,11 +232,7 @@ func (p *Pod) ProxyMetric(name string) (float64, error) {
 }
 
 func (p *Pod) proxyMetrics() (string, error) {
-	b, err := os.ReadFile(filepath.Join(p.Shared, "admin"))
-	if err != nil {
-		return "", err
-	}
-	resp, err := (&http.Client{Timeout: 2 * time.Second}).Get("http://" + strings.TrimSpace(string(b)) + "/metrics")
+	resp, err := p.adminGet("/metrics", 2*time.Second)
 	if err != nil {
 		return "", err
 	}

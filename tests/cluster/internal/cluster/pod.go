@@ -315,11 +315,7 @@ type ProxyStatus struct {
 
 // ProxyStatus reads the pod's proxy's admin /status (the address it wrote to /shared/admin).
 func (p *Pod) ProxyStatus() (*ProxyStatus, error) {
-	b, err := os.ReadFile(filepath.Join(p.Shared, "admin"))
-	if err != nil {
-		return nil, err
-	}
-	resp, err := (&http.Client{Timeout: 5 * time.Second}).Get("http://" + strings.TrimSpace(string(b)) + "/status")
+	resp, err := p.adminGet("/status", 5*time.Second)
 	if err != nil {
 		return nil, err
 	}
@@ -329,6 +325,16 @@ func (p *Pod) ProxyStatus() (*ProxyStatus, error) {
 		return nil, fmt.Errorf("%s /status: %w", p.Opts.Name, err)
 	}
 	return &status, nil
+}
+
+// adminGet sends GET path to the pod's proxy's admin endpoint (the address it wrote to
+// /shared/admin).
+func (p *Pod) adminGet(path string, timeout time.Duration) (*http.Response, error) {
+	b, err := os.ReadFile(filepath.Join(p.Shared, "admin"))
+	if err != nil {
+		return nil, err
+	}
+	return (&http.Client{Timeout: timeout}).Get("http://" + strings.TrimSpace(string(b)) + path)
 }
 
 // ListenerCookies are the SO_COOKIEs of the listening sockets the pod's proxy holds.
