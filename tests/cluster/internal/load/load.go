@@ -189,16 +189,10 @@ func (l *Load) streamEnded(_, how string, _ time.Duration, _ int64) {
 	})
 }
 
-// pollDeliveries reads the informers' progress for the delivery check until the load stops.
+// pollDeliveries reads the informers' progress for the delivery check every 100 ms until the
+// load stops.
 func (l *Load) pollDeliveries(ctx context.Context) {
-	for {
-		l.del.pollAll(time.Now())
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
+	wait.UntilWithContext(ctx, func(context.Context) { l.del.pollAll(time.Now()) }, 100*time.Millisecond)
 }
 
 // awaitDeliveries waits, at most the delivery bound, until every watch has delivered every
