@@ -83,8 +83,6 @@ type env struct {
 	current *cluster.Pod
 	seq     int
 	eps     *cluster.EndpointsWatcher
-	// load is the client-go load of the scenario while it runs (underLoad).
-	load *load.Load
 }
 
 // RunAll sets the node up and runs every scenario in order (each starts from the pod the

@@ -288,11 +288,7 @@ func haproxySidecar(ctx context.Context, e *env, r *Result) {
 // problem the load's criteria find (load.Report.Problems) is a problem of the scenario, and so
 // is a listen-queue overflow or drop anywhere in the node.
 func underLoad(ctx context.Context, e *env, r *Result, strict bool, f func()) {
-	underLoadWith(ctx, e.node.AdminConf, r, strict, func(l *load.Load) {
-		e.load = l
-		defer func() { e.load = nil }()
-		f()
-	})
+	underLoadOn(ctx, e.node.AdminConf, r, strict, f)
 }
 
 // underLoadOn is underLoad with the clients of kubeconfig (another controller's address).
@@ -378,13 +374,13 @@ func selfTest(fault string, symptoms ...string) func(ctx context.Context, e *env
 			})
 		}
 		inner := &Result{Name: r.Name, Design: cluster.Sidecar, Gate: cluster.GatePod}
-		underLoad(ctx, e, inner, true, func() {
+		underLoadWith(ctx, e.node.AdminConf, inner, true, func(l *load.Load) {
 			for i := 0; i < 2 && ctx.Err() == nil; i++ {
 				if !step(ctx, inner, "", cluster.GatePod, &e.current, planted) {
 					return
 				}
 				if i == 0 {
-					awaitResumed(ctx, e.load, r)
+					awaitResumed(ctx, l, r)
 				}
 			}
 		})
