@@ -41,6 +41,14 @@ pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(10);
 pub fn cargo_command() -> Command {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| OsString::from("cargo"));
     let mut command = Command::new(cargo);
+    without_package_env(&mut command);
+    command.current_dir(env!("CARGO_MANIFEST_DIR"));
+    command
+}
+
+/// Removes from `command`'s environment the package variables cargo gives the test process
+/// (see [`cargo_command`]).
+fn without_package_env(command: &mut Command) {
     for (key, _) in std::env::vars_os() {
         let key = key.to_string_lossy();
         if key.starts_with("CARGO_MANIFEST")
@@ -54,8 +62,6 @@ pub fn cargo_command() -> Command {
             command.env_remove(key.as_ref());
         }
     }
-    command.current_dir(env!("CARGO_MANIFEST_DIR"));
-    command
 }
 
 /// The proxy binary: see the module docs.
@@ -105,6 +111,48 @@ fn locate_and_build() -> Result<PathBuf> {
     );
     ensure!(bin.exists(), "{} missing after cargo build", bin.display());
     Ok(bin)
+}
+
+/// Env var naming a build of the previous release explicitly (skips `tests/previous-release`).
+pub const PREVIOUS_BIN_ENV: &str = "KAP_TEST_PREVIOUS_BIN";
+
+/// The previous release's binary (a pinned commit of this repository), built once per clone by
+/// `tests/previous-release` and cached under `target/previous/`; or the file env
+/// [`PREVIOUS_BIN_ENV`] names. `Ok(None)` when this clone has no history to build it from
+/// (the script exits 2: a shallow clone): the caller skips, which fails in CI
+/// ([`crate::util::skip`]). A failed build is an error.
+pub fn previous_release_bin() -> Result<Option<PathBuf>> {
+    if let Some(bin) = std::env::var_os(PREVIOUS_BIN_ENV) {
+        let bin = PathBuf::from(bin);
+        ensure!(
+            bin.exists(),
+            "{PREVIOUS_BIN_ENV}={} does not exist",
+            bin.display()
+        );
+        return Ok(Some(bin));
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("previous-release");
+    let mut command = Command::new(&script);
+    // The script builds another workspace with its own target directory.
+    without_package_env(&mut command);
+    let output = command
+        .env_remove("CARGO_TARGET_DIR")
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("run {}", script.display()))?;
+    match output.status.code() {
+        Some(0) => {}
+        Some(2) => return Ok(None),
+        _ => anyhow::bail!(
+            "{} failed ({}): the previous release did not build",
+            script.display(),
+            output.status
+        ),
+    }
+    let stdout = String::from_utf8(output.stdout).context("script output")?;
+    let bin = PathBuf::from(stdout.lines().next().context("no binary path printed")?);
+    ensure!(bin.exists(), "{} missing after the build", bin.display());
+    Ok(Some(bin))
 }
 
 /// Builds the command line of one proxy instance.

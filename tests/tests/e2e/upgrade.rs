@@ -20,10 +20,10 @@ use anyhow::{bail, ensure, Context, Result};
 use kube_apiserver_proxy_tests::client::{http_get, TcpClient};
 use kube_apiserver_proxy_tests::fake_apiserver::FakeApiserver;
 use kube_apiserver_proxy_tests::load::Load;
-use kube_apiserver_proxy_tests::proxy::{proxy_bin, Proxy, ProxyBuilder};
+use kube_apiserver_proxy_tests::proxy::{previous_release_bin, proxy_bin, Proxy, ProxyBuilder};
 use kube_apiserver_proxy_tests::streams::Streams;
 use kube_apiserver_proxy_tests::util::{
-    eventually, free_random_loopback_addr, proof_count, TempDir,
+    eventually, free_random_loopback_addr, proof_count, skip, TempDir,
 };
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -791,30 +791,56 @@ async fn inner_wildcard_listener_hands_over_connections() -> Result<()> {
     Ok(())
 }
 
-/// Names another build of the proxy for [`version_skew_with_another_build`].
-const OTHER_BIN_ENV: &str = "KAP_TEST_OTHER_BIN";
+/// How many connections one in-place upgrade logged as carried (`carried=N` of its
+/// `established connections handed over` line), in the order they happened.
+fn carried_counts(stderr: &str) -> Vec<usize> {
+    stderr
+        .lines()
+        .filter(|l| l.contains("in-place upgrade: established connections handed over"))
+        .filter_map(|l| {
+            l.split("carried=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
 
-/// Version skew, both directions, against a build of another revision (one without the
-/// connection handoff, e.g. `git archive daa05a6`, built; docs/handoff.md):
+/// Version skew with the previous release, really built: a pinned commit of this repository
+/// (`tests/previous-release`, cached under `target/previous/`), both directions, both ways of
+/// handing over, each under 20 long-lived streams (4 of them bulk, so bytes are in flight)
+/// and a churn of short connections:
 ///
-/// - reload from this build to the other one (a rollback): the other build takes the
-///   listening sockets (share, then adopt: same wire version) but rejects the `connections`
-///   message it does not know, so this build keeps its established connections and drains them
-///   as on SIGTERM; no stream is cut, no request fails;
-/// - the other build hands its listening sockets to this one at SIGTERM (it has no SIGUSR2):
-///   no request fails.
+/// - in place (SIGUSR2, `systemctl reload`): this build → the previous release (a rollback)
+///   → this build again. Each predecessor has a 120 s drain timeout and must be gone within
+///   30 s, so each carried every established connection to its successor; the streams live
+///   through both upgrades with their byte sequences intact;
+/// - side by side (as pods roll): the previous release hands its listening sockets to this
+///   build at SIGTERM, and this build to the previous release.
+///
+/// No stream is cut, no request fails. Skipped, loudly, only where the clone has no history to
+/// build the release from (a shallow clone); in CI that fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs KAP_TEST_OTHER_BIN, a build of another revision"]
-async fn version_skew_with_another_build() -> Result<()> {
-    let other = PathBuf::from(std::env::var_os(OTHER_BIN_ENV).context(OTHER_BIN_ENV)?);
+async fn previous_release_hands_over_both_ways() -> Result<()> {
+    const TEST: &str = "upgrade::previous_release_hands_over_both_ways";
+    let Some(previous) = previous_release_bin()? else {
+        return skip(
+            TEST,
+            "the previous release's commit is not in this clone (tests/previous-release exit 2)",
+        );
+    };
+    let previous_bytes = std::fs::read(&previous)?;
     let backend = FakeApiserver::tcp_echo().start().await?;
 
-    // This build → the other one, by reload.
+    // In place: this build → the previous release → this build.
     let listen = free_random_loopback_addr()?;
     let up = Upgradable::start(listen, backend.addr(), |b| {
         b.drain_timeout(Duration::from_secs(120))
     })
     .await?;
+    let admin = up.first.admin_addr();
     let streams = Streams::start(listen, 20, Duration::from_millis(10), |i| {
         if i % 5 == 0 {
             8192
@@ -824,49 +850,50 @@ async fn version_skew_with_another_build() -> Result<()> {
     })
     .await?;
     let load = Load::start(listen, 10);
-    install_bytes(&up.bin, &std::fs::read(&other)?)?;
-    kill(Pid::from_raw(up.first.pid() as i32), Signal::SIGUSR2)?;
-    // The other build binds an admin socket of its own (and its /status has no pid): follow
-    // the address file, and the pid the upgrade logged.
-    let admin_file = up.first.admin_file().to_path_buf();
-    let first_admin = up.first.admin_addr();
-    eventually(UPGRADE_DEADLINE, || async {
-        let addr: SocketAddr = std::fs::read_to_string(&admin_file)?.trim().parse()?;
-        ensure!(addr != first_admin, "admin file not rewritten yet");
-        let (code, _) = http_get(addr, "/readyz").await?;
-        ensure!(code == 200, "/readyz {code}");
-        Ok(())
-    })
-    .await?;
-    let next: u32 = up
+    install_bytes(&up.bin, &previous_bytes)?;
+    let older = upgrade(up.first.pid(), admin).await?;
+    let _older = PidGuard(older);
+    let status = up
         .first
-        .stderr()
-        .split("successor started successor.pid=")
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .context("no successor pid logged")?
-        .parse()?;
-    let _guard = PidGuard(next);
-    up.first
-        .wait_stderr("sending connections failed; they stay")
-        .await?;
+        .wait_exit(UPGRADE_DEADLINE)
+        .await
+        .context("this build kept connections after its upgrade to the previous release")?;
+    ensure!(status.success(), "{status}");
+    ensure!(
+        std::fs::metadata(format!("/proc/{older}/exe"))?.len() == previous_bytes.len() as u64,
+        "the successor does not run the previous release"
+    );
     let words = streams.words();
     eventually(UPGRADE_DEADLINE, || async {
         ensure!(streams.words() > words + 10_000, "streams stalled");
         Ok(())
     })
     .await?;
-    up.first
-        .ensure_running()
-        .context("the connections it kept")?;
+    install_binary(&up.bin, "\nthis build again\n")?;
+    let newer = upgrade(older, admin).await?;
+    let _newer = PidGuard(newer);
+    wait_gone(older)
+        .await
+        .context("the previous release kept connections after its upgrade to this build")?;
+    let words = streams.words();
+    eventually(UPGRADE_DEADLINE, || async {
+        ensure!(streams.words() > words + 10_000, "streams stalled");
+        Ok(())
+    })
+    .await?;
     let report = streams.stop().await;
-    let status = up.first.wait_exit(UPGRADE_DEADLINE).await?;
-    ensure!(status.success(), "{status}");
     let churn = load.stop().await;
+    // Both instances' logs: successors write to the stderr they inherited.
+    let carried = carried_counts(&up.first.stderr());
     println!(
-        "reload to the other build: streams {}; churn {}",
+        "in place, this build → previous release → this build: carried {carried:?}; \
+         streams {}; churn {}",
         report.summary(),
         churn.summary()
+    );
+    ensure!(
+        carried.len() == 2 && carried.iter().all(|&n| n >= 20),
+        "each upgrade must carry the 20 streams: {carried:?}"
     );
     ensure!(report.failures.is_empty(), "{:?}", report.failures);
     ensure!(
@@ -875,7 +902,8 @@ async fn version_skew_with_another_build() -> Result<()> {
         churn.summary()
     );
 
-    // The other build → this one, at SIGTERM.
+    // Side by side, as pods roll: the previous release → this build → the previous release,
+    // each at SIGTERM.
     let listen = free_random_loopback_addr()?;
     let dir = TempDir::new("skew")?;
     let start = |bin: Option<&Path>| {
@@ -892,31 +920,37 @@ async fn version_skew_with_another_build() -> Result<()> {
         }
         b
     };
-    let old = start(Some(&other)).spawn().await?;
+    let mut old = start(Some(&previous)).spawn().await?;
     old.wait_state("Serving").await?;
     let load = Load::start(listen, 10);
-    let new = start(None).spawn().await?;
-    new.wait_state("Serving").await?;
-    eventually(UPGRADE_DEADLINE, || async {
-        let (code, _) = new.admin_get("/readyz").await?;
-        ensure!(code == 200, "/readyz {code}");
-        Ok(())
-    })
-    .await?;
-    old.sigterm()?;
-    let status = old.wait_exit(UPGRADE_DEADLINE).await?;
-    ensure!(status.success(), "{status}");
-    ensure!(
-        old.stderr().contains("listening sockets adopted by peer"),
-        "the other build did not hand over"
-    );
-    TcpClient::connect(listen)
-        .await?
-        .round_trip(b"after")
+    for (to, name) in [
+        (None, "this build"),
+        (Some(previous.as_path()), "the previous release"),
+    ] {
+        let new = start(to).spawn().await?;
+        new.wait_state("Serving").await?;
+        eventually(UPGRADE_DEADLINE, || async {
+            let (code, _) = new.admin_get("/readyz").await?;
+            ensure!(code == 200, "/readyz {code}");
+            Ok(())
+        })
         .await?;
+        old.sigterm()?;
+        let status = old.wait_exit(UPGRADE_DEADLINE).await?;
+        ensure!(status.success(), "{status}");
+        ensure!(
+            old.stderr().contains("listening sockets adopted by peer"),
+            "no handover to {name}"
+        );
+        TcpClient::connect(listen)
+            .await?
+            .round_trip(b"after")
+            .await?;
+        old = new;
+    }
     let churn = load.stop().await;
     println!(
-        "other build to this one at SIGTERM: churn {}",
+        "side by side, previous release → this build → previous release at SIGTERM: churn {}",
         churn.summary()
     );
     ensure!(

@@ -29,6 +29,8 @@ func main() {
 	flag.StringVar(&o.Repo, "repo", ".", "repository root (manifests/base/deployment.yaml is read from it)")
 	flag.StringVar(&o.Proxy, "proxy", "", "kube-apiserver-proxy binary")
 	flag.StringVar(&o.PlantedProxy, "planted-proxy", "", "kube-apiserver-proxy built with --features planted-faults (the self-test scenarios; empty: they fail)")
+	flag.StringVar(&o.PreviousProxy, "previous-proxy", "", "kube-apiserver-proxy of the previous release (tests/previous-release; empty: scenario previous-release fails)")
+	flag.StringVar(&o.PreviousManifests, "previous-manifests", "", "the previous release's manifests directory (tests/previous-release)")
 	flag.StringVar(&o.HAProxy, "haproxy", "", "haproxy binary (the Lokomotive design; empty: that scenario fails)")
 	flag.StringVar(&o.APIServerOld, "apiserver-old", "", "kube-apiserver binary of the older version")
 	flag.StringVar(&o.OldVersion, "old-version", "v1.36.3", "version of --apiserver-old")

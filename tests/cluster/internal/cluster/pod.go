@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -300,7 +301,8 @@ type ProxyStatus struct {
 	State     string `json:"state"`
 	Ready     bool   `json:"ready"`
 	Listeners []struct {
-		Cookie uint64 `json:"cookie"`
+		Address string `json:"address"`
+		Cookie  uint64 `json:"cookie"`
 	} `json:"listeners"`
 	Backends []struct {
 		Address   string `json:"address"`
@@ -346,6 +348,36 @@ func (p *Pod) ListenerCookies() ([]uint64, error) {
 	var cookies []uint64
 	for _, l := range status.Listeners {
 		cookies = append(cookies, l.Cookie)
+	}
+	return cookies, nil
+}
+
+// RunsProxy reports whether the pod's proxy process runs a file with the bytes of bin (the
+// pod runs its own copy of the image's binary).
+func (p *Pod) RunsProxy(bin string) (bool, error) {
+	running, err := os.ReadFile(fmt.Sprintf("/proc/%d/exe", p.sidecar.cmd.Process.Pid))
+	if err != nil {
+		return false, err
+	}
+	want, err := os.ReadFile(bin)
+	if err != nil {
+		return false, err
+	}
+	return bytes.Equal(running, want), nil
+}
+
+// ListenerCookiesOn are the SO_COOKIEs of the listening sockets the pod's proxy holds for
+// address (host:port, as its /status writes it).
+func (p *Pod) ListenerCookiesOn(address string) ([]uint64, error) {
+	status, err := p.ProxyStatus()
+	if err != nil {
+		return nil, err
+	}
+	var cookies []uint64
+	for _, l := range status.Listeners {
+		if l.Address == address {
+			cookies = append(cookies, l.Cookie)
+		}
 	}
 	return cookies, nil
 }

@@ -26,11 +26,14 @@ type Options struct {
 	APIServer, Version       string
 	Kubeadm, Etcd, NodeIP    string
 	// PlantedProxy: the proxy built with its planted faults, for the self-test scenarios.
-	PlantedProxy       string
-	Work               string
-	Rollouts, ProxyUID int
-	Only               map[string]bool
-	APIServerArgs      []string
+	PlantedProxy string
+	// PreviousProxy and PreviousManifests: the previous release's binary and its manifests
+	// directory (tests/previous-release), for the scenario previous-release.
+	PreviousProxy, PreviousManifests string
+	Work                             string
+	Rollouts, ProxyUID               int
+	Only                             map[string]bool
+	APIServerArgs                    []string
 }
 
 // Results of a run, written as JSON.

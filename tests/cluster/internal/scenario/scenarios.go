@@ -3,6 +3,7 @@ package scenario
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -37,6 +38,8 @@ func scenarios() []spec {
 		{"rollouts-apiserver-ready", func(ctx context.Context, e *env, r *Result) {
 			rollouts(ctx, e, r, cluster.GateAPIServer)
 		}, asked},
+		// To the previous release's pod (its build, its manifests) and back.
+		{"previous-release", previousRelease, fixed(2)},
 		{"kubernetes-service-switch", kubernetesServiceSwitch, fixed(2)},
 		{"anonymous-auth-off", anonymousOff, fixed(2)},
 		{"broken-rollout-stalls", brokenRolloutStalls, none},
@@ -111,6 +114,58 @@ func rollouts(ctx context.Context, e *env, r *Result, gate cluster.Gate) {
 				r.fail("after rollout %d pod %s holds listening sockets %v (%v), want the first pod's %v",
 					i+1, e.current.Opts.Name, now, err, first)
 			}
+		}
+	})
+}
+
+// previousRelease hands the node's listening socket between this build and the previous
+// release, really built (a pinned commit of this repository, tests/previous-release), as a
+// Deployment rollout does both ways under the load: a rollback to the previous release's pod
+// (its proxy, its manifests' Deployment, single-controller), then the upgrade back to this
+// build's pod. The node address (what the load uses) is served by the same listening sockets
+// throughout: the pod that ends holds for it the cookies the first one held, never bound
+// again. The previous release's pods serve the node address only, not 127.0.0.1:6443 (its
+// /status shows no cookies): a rollback to it closes this build's 127.0.0.1:6443 sockets,
+// and the pod back binds them anew (docs/runbooks/rollout.md, "The previous release").
+func previousRelease(ctx context.Context, e *env, r *Result) {
+	r.Design, r.Gate = cluster.Sidecar, cluster.GatePod
+	if e.o.PreviousProxy == "" || e.o.PreviousManifests == "" {
+		r.fail("no previous release built (--previous-proxy, --previous-manifests: tests/previous-release)")
+		return
+	}
+	old, err := cluster.RenderTemplate(filepath.Join(e.o.PreviousManifests, "single-controller"))
+	if err != nil {
+		r.fail("the previous release's manifests: %v", err)
+		return
+	}
+	node := net.JoinHostPort(e.o.NodeIP, "6443")
+	first, err := e.current.ListenerCookiesOn(node)
+	if err != nil || len(first) == 0 {
+		r.fail("pod %s holds no listening socket for %s (%v)", e.current.Opts.Name, node, err)
+		return
+	}
+	underLoad(ctx, e, r, true, func() {
+		previous := func() (*cluster.Pod, error) {
+			e.seq++
+			return cluster.StartPod(ctx, e.node, old, cluster.PodOptions{
+				Name: fmt.Sprintf("pod-%02d", e.seq), Design: cluster.Sidecar,
+				APIServer: e.o.APIServer, Proxy: e.o.PreviousProxy,
+				ExtraAPIServerArgs: e.o.APIServerArgs,
+			})
+		}
+		if !step(ctx, r, "to the previous release: ", cluster.GatePod, &e.current, previous) {
+			return
+		}
+		if ok, err := e.current.RunsProxy(e.o.PreviousProxy); !ok {
+			r.fail("pod %s does not run the previous release's proxy %s (%v)", e.current.Opts.Name, e.o.PreviousProxy, err)
+		}
+		if !e.rollout(ctx, r, cluster.Sidecar, cluster.GatePod, e.o.APIServer, nil, nil) {
+			return
+		}
+		now, err := e.current.ListenerCookiesOn(node)
+		if err != nil || !slices.Equal(now, first) {
+			r.fail("back from the previous release, pod %s holds listening sockets %v for %s (%v), want the first pod's %v",
+				e.current.Opts.Name, now, node, err, first)
 		}
 	})
 }
