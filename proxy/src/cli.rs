@@ -150,9 +150,11 @@ pub struct KubeadmSyncArgs {
     #[arg(long, value_name = "DURATION", default_value = "3s", value_parser = parse_duration)]
     pub settle: Duration,
 
-    /// How long a rollout may take before the pass gives up (and kubeadm, whose wait then
-    /// fails, rolls its manifest back).
-    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = parse_duration)]
+    /// How long a rollout to kubeadm's manifest may take before it is reported failed (so is
+    /// one whose Deployment reports ProgressDeadlineExceeded). Below kubeadm's own wait (5m,
+    /// UpgradeConfiguration timeouts.upgradeManifests), which then fails and puts the old
+    /// manifest back, which the agent rolls the Deployment back to. `--once` waits this long.
+    #[arg(long, value_name = "DURATION", default_value = "4m", value_parser = parse_duration)]
     pub rollout_timeout: Duration,
 
     /// One pass, at the migration: copy the manifests (each keeps the running pod's UID, so

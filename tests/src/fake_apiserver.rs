@@ -85,6 +85,7 @@ pub struct FakeApiserverBuilder {
     bearer_token: Option<String>,
     reuse_port: bool,
     rollout_time: Duration,
+    never_ready: Option<(String, Duration)>,
 }
 
 impl FakeApiserverBuilder {
@@ -99,6 +100,7 @@ impl FakeApiserverBuilder {
             bearer_token: None,
             reuse_port: false,
             rollout_time: Duration::ZERO,
+            never_ready: None,
         }
     }
 
@@ -118,6 +120,15 @@ impl FakeApiserverBuilder {
     /// once): until then its status says the new replica is not updated yet.
     pub fn rollout_time(mut self, time: Duration) -> Self {
         self.rollout_time = time;
+        self
+    }
+
+    /// A `PUT` of a Deployment whose JSON contains `marker` starts a rollout that never
+    /// completes (its new pod never gets ready): after `deadline` (its
+    /// `progressDeadlineSeconds`) its status reports `Progressing` false with
+    /// `ProgressDeadlineExceeded`, as the Deployment controller does.
+    pub fn never_ready_with(mut self, marker: &str, deadline: Duration) -> Self {
+        self.never_ready = Some((marker.to_owned(), deadline));
         self
     }
 
@@ -195,6 +206,7 @@ impl FakeApiserverBuilder {
             objects: Mutex::new(self.objects),
             revoked: Mutex::new(Vec::new()),
             rollout_time: self.rollout_time,
+            never_ready: self.never_ready,
             rollouts: Mutex::new(HashMap::new()),
             bearer_token: self.bearer_token,
             accepted: AtomicU64::new(0),
@@ -404,8 +416,11 @@ struct Shared {
     /// Client certificates (DER) answered 401.
     revoked: Mutex<Vec<Vec<u8>>>,
     rollout_time: Duration,
-    /// Deployments put, and when their rollout completes.
-    rollouts: Mutex<HashMap<String, std::time::Instant>>,
+    /// A marker of Deployments whose rollout never completes, and their progress deadline.
+    never_ready: Option<(String, Duration)>,
+    /// Deployments put: when their rollout completes (`Ok`), or when it exceeds its progress
+    /// deadline without ever completing (`Err`).
+    rollouts: Mutex<HashMap<String, Result<std::time::Instant, std::time::Instant>>>,
     bearer_token: Option<String>,
     accepted: AtomicU64,
     active: AtomicU64,
@@ -430,14 +445,23 @@ impl Shared {
         };
         let mut d: serde_json::Value = serde_json::from_str(&text).expect("stored as JSON");
         let replicas = d["spec"]["replicas"].as_i64().unwrap_or(1);
-        d["status"] = if std::time::Instant::now() >= done {
-            serde_json::json!({"observedGeneration": d["metadata"]["generation"], "replicas": replicas,
-                "updatedReplicas": replicas, "readyReplicas": replicas, "availableReplicas": replicas})
-        } else {
-            // The surge pod beside the old one, not ready yet.
-            serde_json::json!({"observedGeneration": d["metadata"]["generation"], "replicas": replicas + 1,
-                "updatedReplicas": replicas, "readyReplicas": replicas, "availableReplicas": replicas,
-                "unavailableReplicas": 1})
+        let now = std::time::Instant::now();
+        d["status"] = match done {
+            Ok(done) if now >= done => {
+                serde_json::json!({"observedGeneration": d["metadata"]["generation"], "replicas": replicas,
+                    "updatedReplicas": replicas, "readyReplicas": replicas, "availableReplicas": replicas})
+            }
+            // The surge pod beside the old one, not ready (yet, or ever).
+            _ => {
+                let mut status = serde_json::json!({"observedGeneration": d["metadata"]["generation"],
+                    "replicas": replicas + 1, "updatedReplicas": 1, "readyReplicas": replicas,
+                    "availableReplicas": replicas, "unavailableReplicas": 1});
+                if matches!(done, Err(deadline) if now >= deadline) {
+                    status["conditions"] = serde_json::json!([{"type": "Progressing", "status": "False",
+                        "reason": "ProgressDeadlineExceeded"}]);
+                }
+                status
+            }
         };
         d.to_string()
     }
@@ -449,10 +473,14 @@ impl Shared {
         if object["kind"] == "Deployment" || old["kind"] == "Deployment" {
             let generation = old["metadata"]["generation"].as_i64().unwrap_or(1) + 1;
             object["metadata"]["generation"] = serde_json::json!(generation);
-            self.rollouts.lock().unwrap().insert(
-                path.to_owned(),
-                std::time::Instant::now() + self.rollout_time,
-            );
+            let now = std::time::Instant::now();
+            let done = match &self.never_ready {
+                Some((marker, deadline)) if object.to_string().contains(marker.as_str()) => {
+                    Err(now + *deadline)
+                }
+                _ => Ok(now + self.rollout_time),
+            };
+            self.rollouts.lock().unwrap().insert(path.to_owned(), done);
         }
         let text = object.to_string();
         objects.insert(path.to_owned(), text.clone());

@@ -20,8 +20,12 @@
 //!   of them, its waits and its rollbacks behave as on any kubeadm node;
 //! - `kube-apiserver.yaml` becomes the Deployment ([`crate::node::render`]): when kubeadm's manifest
 //!   or a file its flags name changes (a new version, a flag, `kubeadm certs renew`) and has
-//!   been stable for `--settle`, the Deployment is rendered again and replaced, and the agent
-//!   waits for the surge rollout to complete;
+//!   been stable for `--settle`, the Deployment is rendered again and replaced (a surge
+//!   rollout); every pass compares the live Deployment's template with what kubeadm's manifest
+//!   renders and converges to it, forward or back, without waiting on the rollout (so the other
+//!   copies go on); a rollout that does not complete within `--rollout-timeout` (4m, below
+//!   kubeadm's 5m wait) or that the Deployment reports `ProgressDeadlineExceeded` is logged as
+//!   failed, and when kubeadm then puts its old manifest back the Deployment is replaced by it;
 //! - in its place the kubelet runs this agent itself as the static pod `kube-apiserver` (the
 //!   *stand-in*, [`standin`]): the mirror pod `kube-system/kube-apiserver-<node>` that kubeadm
 //!   and Cluster API look up, with kubeadm's labels and annotations, kubeadm's image in its
@@ -73,6 +77,8 @@ pub enum SyncError {
     Kubeconfig(String),
     #[error("{0}")]
     Api(String),
+    #[error("{0}")]
+    Rollout(String),
     #[error("--kubeadm-dir and --static-pod-dir must differ (the kubelet would run kubeadm's apiserver)")]
     SameDir,
 }
@@ -345,6 +351,15 @@ fn read_pod(path: &Path) -> Result<Value, SyncError> {
 pub struct State {
     /// The apiserver inputs last seen, and since when.
     seen: Option<((String, Option<String>), Instant)>,
+    /// The rollout the Deployment is in, if any.
+    rolling: Option<Rolling>,
+}
+
+/// A rollout seen running: since when, and whether its failure was reported.
+#[derive(Debug)]
+struct Rolling {
+    since: Instant,
+    failed: bool,
 }
 
 impl Sync {
@@ -443,12 +458,20 @@ impl Sync {
         )
     }
 
-    /// Brings the Deployment to kubeadm's manifest and waits for the rollout; then writes the
-    /// stand-in. Returns whether the stand-in was (re)written.
-    pub fn apiserver(&self, state: &mut State, settle: bool) -> Result<bool, SyncError> {
+    /// One pass over the apiserver: converges the live Deployment's template to what kubeadm's
+    /// manifest (and the files its flags name) renders, forward or back, and writes the
+    /// stand-in once the rollout to it is complete. Never waits for a rollout: it starts one
+    /// (a replace) and returns; later passes see it complete, or fail (`--rollout-timeout`, or
+    /// the Deployment's `ProgressDeadlineExceeded`), while the other static pods' copies go on.
+    ///
+    /// Rolled back with kubeadm: when the new apiserver never gets ready, the stand-in stays
+    /// as it was, so the hash kubeadm waits on never changes; kubeadm's wait fails and it puts
+    /// its old manifest back; the next pass renders that, finds the live template different and
+    /// replaces it: the Deployment goes back to the old template and its surge pod goes.
+    pub fn apiserver(&self, state: &mut State, settle: bool) -> Result<Pass, SyncError> {
         let src = self.kubeadm_dir.join(APISERVER);
         if !src.exists() {
-            return Ok(false);
+            return Ok(Pass::NoManifest);
         }
         let text = std::fs::read_to_string(&src).map_err(io("read", &src))?;
         let pod = StaticPod::parse(&text).map_err(|e| SyncError::Manifest {
@@ -463,17 +486,17 @@ impl Sync {
             .as_ref()
             .map(|p| digests(&p["metadata"]))
             .map(|(m, f)| (m.map(str::to_owned), f.map(str::to_owned)));
-        if stands_for == Some((Some(inputs.0.clone()), inputs.1.clone())) {
+        let stood_for = stands_for == Some((Some(inputs.0.clone()), inputs.1.clone()));
+        if stood_for {
             state.seen = None;
-            return Ok(false);
-        }
-        if settle {
+        } else if settle {
+            // kubeadm renews certificates, then writes the manifest: follow once both settled.
             match &state.seen {
                 Some((seen, since)) if *seen == inputs && since.elapsed() >= self.settle => {}
-                Some((seen, _)) if *seen == inputs => return Ok(false),
+                Some((seen, _)) if *seen == inputs => return Ok(Pass::Settling),
                 _ => {
                     state.seen = Some((inputs, Instant::now()));
-                    return Ok(false);
+                    return Ok(Pass::Settling);
                 }
             }
         }
@@ -494,41 +517,58 @@ impl Sync {
                     message: e.to_string(),
                 }
             })?;
-        let template = &live["spec"]["template"]["metadata"];
-        if digests(template) != digests(&rendered["spec"]["template"]["metadata"]) {
-            tracing::info!(
-                manifest = %pod.digest,
-                image = %pod.image(),
-                "kubeadm-sync: kubeadm's apiserver changed; replacing the Deployment (surge rollout)"
-            );
+        let want = digests(&rendered["spec"]["template"]["metadata"]);
+        if digests(&live["spec"]["template"]["metadata"]) != want {
+            if stood_for {
+                tracing::warn!(
+                    manifest = %pod.digest,
+                    image = %pod.image(),
+                    "kubeadm-sync: the Deployment is not on kubeadm's manifest (kubeadm put its old manifest back after a failed upgrade, or the Deployment was changed); replacing it (rollback)"
+                );
+            } else {
+                tracing::info!(
+                    manifest = %pod.digest,
+                    image = %pod.image(),
+                    "kubeadm-sync: kubeadm's apiserver changed; replacing the Deployment (surge rollout)"
+                );
+            }
             self.block_on(self.api.send_json(
                 "PUT",
                 &self.deployment_path(),
                 &replaced(&live, &rendered),
             ))
             .map_err(|e| SyncError::Api(format!("PUT {}: {e}", self.deployment_path())))?;
+            state.rolling = Some(Rolling {
+                since: Instant::now(),
+                failed: false,
+            });
+            return Ok(Pass::RollingOut);
         }
-        let started = Instant::now();
-        loop {
-            let d = self
-                .block_on(self.api.get_json(&self.deployment_path()))
-                .map_err(|e| SyncError::Api(format!("GET {}: {e}", self.deployment_path())));
-            if let Ok(d) = &d {
-                if digests(&d["spec"]["template"]["metadata"])
-                    == digests(&rendered["spec"]["template"]["metadata"])
-                    && rollout_done(d)
-                {
-                    break;
-                }
-            }
-            if started.elapsed() > self.rollout_timeout {
-                return Err(SyncError::Api(format!(
-                    "the rollout of {} did not complete within {:?}; the stand-in is left as it was (kubeadm's wait fails and it rolls back)",
+        if !rollout_done(&live) {
+            // Ours, or one this agent found running (it was restarted meanwhile).
+            let rolling = state.rolling.get_or_insert(Rolling {
+                since: Instant::now(),
+                failed: false,
+            });
+            let deadline = progress_deadline_exceeded(&live);
+            if !rolling.failed && (deadline || rolling.since.elapsed() > self.rollout_timeout) {
+                rolling.failed = true;
+                return Err(SyncError::Rollout(format!(
+                    "the rollout of {} to kubeadm's manifest {} did not complete ({}); the stand-in stays as it was, so kubeadm's wait fails and it puts its old manifest back, which this agent then rolls the Deployment back to",
                     self.deployment_path(),
-                    self.rollout_timeout
+                    pod.digest,
+                    if deadline {
+                        "the Deployment reports ProgressDeadlineExceeded".to_owned()
+                    } else {
+                        format!("not within --rollout-timeout {:?}", self.rollout_timeout)
+                    }
                 )));
             }
-            std::thread::sleep(Duration::from_secs(1));
+            return Ok(Pass::RollingOut);
+        }
+        state.rolling = None;
+        if stood_for {
+            return Ok(Pass::InStep);
         }
         let mut stand = standin(&pod, files.as_deref(), &self.proxy_image, &self.command);
         stand["metadata"]["uid"] = json!(static_uid(&self.node, APISERVER, &stand));
@@ -538,8 +578,54 @@ impl Sync {
             manifest = %pod.digest,
             "kubeadm-sync: rollout complete; stand-in kube-apiserver written (the kubelet restarts this agent)"
         );
-        Ok(true)
+        Ok(Pass::StandInWritten)
     }
+
+    /// Passes until the Deployment is on kubeadm's manifest and the stand-in says so (`--once`):
+    /// an error when the rollout fails or takes longer than `--rollout-timeout`.
+    fn apiserver_until_in_step(&self) -> Result<(), SyncError> {
+        let mut state = State::default();
+        let started = Instant::now();
+        loop {
+            match self.apiserver(&mut state, false)? {
+                Pass::RollingOut | Pass::Settling => {}
+                Pass::NoManifest | Pass::InStep | Pass::StandInWritten => return Ok(()),
+            }
+            if started.elapsed() > self.rollout_timeout {
+                return Err(SyncError::Rollout(format!(
+                    "the rollout of {} did not complete within --rollout-timeout {:?}",
+                    self.deployment_path(),
+                    self.rollout_timeout
+                )));
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
+}
+
+/// What one pass over the apiserver did ([`Sync::apiserver`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pass {
+    /// kubeadm has no apiserver manifest (set aside by `--once`, or in the middle of a move).
+    NoManifest,
+    /// kubeadm's inputs changed and have not been stable for `--settle` yet.
+    Settling,
+    /// A rollout to kubeadm's manifest runs (just started, or seen running).
+    RollingOut,
+    /// The rollout is complete and the stand-in was written for it.
+    StandInWritten,
+    /// The Deployment and the stand-in are both on kubeadm's manifest.
+    InStep,
+}
+
+/// Whether the Deployment controller gave up on the rollout (`Progressing` false with
+/// `ProgressDeadlineExceeded`, past `progressDeadlineSeconds`).
+pub fn progress_deadline_exceeded(d: &Value) -> bool {
+    d["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == "Progressing" && c["reason"] == "ProgressDeadlineExceeded")
 }
 
 /// Whether a kube-apiserver process other than a Deployment's (which binds a `127.` address,
@@ -568,7 +654,7 @@ fn static_apiserver_running() -> bool {
 fn once(sync: &Sync, wait: Duration) -> Result<(), SyncError> {
     let copied = sync.copy_manifests(true)?;
     tracing::info!(copied = ?copied, "kubeadm-sync: manifests copied");
-    sync.apiserver(&mut State::default(), false)?;
+    sync.apiserver_until_in_step()?;
     let manifest = sync.kubeadm_dir.join(APISERVER);
     if manifest.exists() {
         let aside = sync.kubeadm_dir.join(SET_ASIDE);
@@ -608,6 +694,10 @@ fn restore(sync: &Sync) -> Result<(), SyncError> {
     Ok(())
 }
 
+/// Failed API calls of the passes: one log line a minute.
+static API_ERRORS: crate::base::lograte::LogRate =
+    crate::base::lograte::LogRate::new(Duration::from_secs(60));
+
 /// `kubeadm-sync`: one pass with `--once` (the migration), else passes every `--interval`.
 pub fn run(args: &crate::cli::KubeadmSyncArgs) -> Result<(), SyncError> {
     let sync = Sync::try_from(args)?;
@@ -632,8 +722,21 @@ pub fn run(args: &crate::cli::KubeadmSyncArgs) -> Result<(), SyncError> {
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "kubeadm-sync: copying manifests failed"),
         }
-        if let Err(e) = sync.apiserver(&mut state, true) {
-            tracing::warn!(error = %e, "kubeadm-sync: apiserver not brought to kubeadm's manifest");
+        match sync.apiserver(&mut state, true) {
+            Ok(_) => {}
+            Err(e @ SyncError::Rollout(_)) => {
+                tracing::error!(error = %e, "kubeadm-sync: the rollout to kubeadm's manifest failed")
+            }
+            // Every pass reads the Deployment: while the apiserver is unreachable (etcd or the
+            // apiserver restarting), one line a minute.
+            Err(e @ SyncError::Api(_)) => {
+                if let Some(suppressed) = API_ERRORS.allow() {
+                    tracing::warn!(error = %e, suppressed, "kubeadm-sync: apiserver not brought to kubeadm's manifest");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "kubeadm-sync: apiserver not brought to kubeadm's manifest")
+            }
         }
         std::thread::sleep(sync.interval);
     }
@@ -712,6 +815,18 @@ mod tests {
         d["status"]["replicas"] = json!(1);
         d["status"]["observedGeneration"] = json!(2);
         assert!(!rollout_done(&d));
+    }
+
+    #[test]
+    fn a_rollout_past_its_progress_deadline_is_seen() {
+        let mut d = json!({"status": {"conditions": [
+            {"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable"},
+            {"type": "Progressing", "status": "True", "reason": "ReplicaSetUpdated"}]}});
+        assert!(!progress_deadline_exceeded(&d));
+        d["status"]["conditions"][1] =
+            json!({"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded"});
+        assert!(progress_deadline_exceeded(&d));
+        assert!(!progress_deadline_exceeded(&json!({})));
     }
 
     #[test]

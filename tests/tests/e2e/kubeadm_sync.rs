@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context as _, Result};
 use kube_apiserver_proxy_tests::certs::Pki;
-use kube_apiserver_proxy_tests::fake_apiserver::FakeApiserver;
+use kube_apiserver_proxy_tests::fake_apiserver::{FakeApiserver, FakeApiserverBuilder};
 use kube_apiserver_proxy_tests::process::ChildProcess;
 use kube_apiserver_proxy_tests::proxy::proxy_bin;
 use kube_apiserver_proxy_tests::util::{eventually, skip, TempDir};
@@ -106,6 +106,13 @@ struct Node {
 
 impl Node {
     async fn new() -> Result<Self> {
+        Self::with(|b| b).await
+    }
+
+    /// A node whose fake apiserver is made by `customize` from the usual one.
+    async fn with(
+        customize: impl FnOnce(FakeApiserverBuilder) -> FakeApiserverBuilder,
+    ) -> Result<Self> {
         let pki = Pki::new()?;
         let ip = kube_apiserver_proxy_tests::util::random_loopback_ip()?;
         let serving = pki.ca.server_cert(&["kubernetes", &ip.to_string()])?;
@@ -119,7 +126,8 @@ impl Node {
             "status": {"observedGeneration": 4, "replicas": 1, "updatedReplicas": 1, "availableReplicas": 1}});
         let mirror =
             |hash: &str| json!({"metadata": {"annotations": {"kubernetes.io/config.hash": hash}}});
-        let fake = FakeApiserver::https_with_identity(serving.cert_chain(), serving.private_key())
+        let fake = FakeApiserver::https_with_identity(serving.cert_chain(), serving.private_key());
+        let fake = customize(fake)
             .bind(std::net::SocketAddr::new(ip, 0))
             .require_client_cert(pki.ca.root_store()?)
             .object(DEPLOYMENT, &live)
@@ -199,13 +207,149 @@ impl Node {
     }
 }
 
-#[tokio::test]
-async fn kubeadm_sync_turns_kubeadm_manifests_into_static_pods_and_rollouts() -> Result<()> {
-    if !Command::new("python3")
+/// Whether python3 with PyYAML runs here ([`read_yaml`]).
+fn pyyaml() -> bool {
+    Command::new("python3")
         .args(["-c", "import yaml"])
         .status()
         .is_ok_and(|s| s.success())
-    {
+}
+
+/// `--once`, the migration: returns when it succeeded.
+async fn migrate(node: &Node) -> Result<()> {
+    let out = tokio::task::spawn_blocking({
+        let mut c = node.agent(true);
+        move || c.output()
+    })
+    .await??;
+    ensure!(
+        out.status.success(),
+        "--once failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+/// A `kubeadm upgrade apply` whose new apiserver never gets ready fails safe, in step with
+/// kubeadm (docs/runbooks/upgrade-kubernetes.md, "If the upgrade fails"): the agent replaces
+/// the Deployment and does not wait on it, so the other static pods are still copied; the
+/// stand-in, whose hash kubeadm waits on, stays as it was; when the Deployment reports
+/// `ProgressDeadlineExceeded` the agent says the rollout failed; kubeadm, its wait failed, puts
+/// its old manifest back, and the agent rolls the Deployment back to it (the same stand-in, the
+/// same UID: nothing restarts). A following good upgrade goes through.
+#[tokio::test]
+async fn kubeadm_sync_rolls_back_with_kubeadm_when_the_new_apiserver_never_gets_ready() -> Result<()>
+{
+    if !pyyaml() {
+        return skip(
+            "kubeadm_sync_rolls_back_with_kubeadm_when_the_new_apiserver_never_gets_ready",
+            "python3 with PyYAML needed (pip install kubernetes-validate brings it)",
+        );
+    }
+    let node = Node::with(|b| b.never_ready_with("--never-ready", Duration::from_secs(3))).await?;
+    migrate(&node).await?;
+    let before = node.standin()?;
+    let agent = ChildProcess::spawn(node.agent(false), "kubeadm-sync")?;
+    let manifest = node.dir.join("manifests/kube-apiserver.yaml");
+    let old_manifest = eventually(DEADLINE, || async {
+        std::fs::read(&manifest).context("kubeadm's manifest not put back")
+    })
+    .await?;
+    let old_template = node.deployment()["spec"]["template"].clone();
+
+    // kubeadm upgrade apply writes a manifest whose apiserver never gets ready.
+    std::fs::write(
+        &manifest,
+        apiserver_manifest("v1.37.2", "\n    - --never-ready"),
+    )?;
+    eventually(DEADLINE, || async {
+        agent.ensure_running()?;
+        ensure!(
+            node.deployment()["spec"]["template"]
+                .to_string()
+                .contains("--never-ready"),
+            "no PUT yet: {}",
+            agent.stderr()
+        );
+        Ok(())
+    })
+    .await?;
+    // While it hangs, another component's new manifest is still copied.
+    std::fs::write(
+        node.dir.join("manifests/etcd.yaml"),
+        other_manifest("etcd", "etcd:3.7.0-0"),
+    )?;
+    eventually(DEADLINE, || async {
+        let etcd = read_yaml(&node.dir.join("kubelet/etcd.yaml"))?;
+        ensure!(
+            etcd["spec"]["containers"][0]["image"] == "etcd:3.7.0-0",
+            "etcd not copied while the apiserver's rollout hangs: {}",
+            agent.stderr()
+        );
+        Ok(())
+    })
+    .await?;
+    eventually(DEADLINE, || async {
+        ensure!(
+            agent.stderr().contains("ProgressDeadlineExceeded"),
+            "the failed rollout not reported: {}",
+            agent.stderr()
+        );
+        Ok(())
+    })
+    .await?;
+    ensure!(
+        node.standin()? == before,
+        "the stand-in changed for a rollout that never completed"
+    );
+
+    // kubeadm's wait fails: it puts its old manifest back.
+    std::fs::write(&manifest, &old_manifest)?;
+    eventually(DEADLINE, || async {
+        let d = node.deployment();
+        ensure!(
+            d["spec"]["template"] == old_template,
+            "the Deployment is not back on the old template: {}",
+            agent.stderr()
+        );
+        ensure!(
+            d["status"]["replicas"] == 1 && d["status"]["updatedReplicas"] == 1,
+            "the rollback's rollout not complete (a surge pod left): {}",
+            d["status"]
+        );
+        Ok(())
+    })
+    .await?;
+    ensure!(
+        agent.stderr().contains("replacing it (rollback)"),
+        "{}",
+        agent.stderr()
+    );
+    ensure!(
+        node.standin()? == before,
+        "the stand-in changed by the rollback"
+    );
+
+    // The next upgrade, a good one, goes through.
+    std::fs::write(&manifest, apiserver_manifest("v1.37.2", ""))?;
+    eventually(DEADLINE, || async {
+        let s = node.standin()?;
+        ensure!(
+            s["spec"]["containers"][0]["image"] == "registry.k8s.io/kube-apiserver:v1.37.2",
+            "stand-in not rewritten: {}",
+            agent.stderr()
+        );
+        ensure!(digest(&s["metadata"]) != digest(&before["metadata"]));
+        Ok(())
+    })
+    .await?;
+    agent.ensure_running()?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn kubeadm_sync_turns_kubeadm_manifests_into_static_pods_and_rollouts() -> Result<()> {
+    if !pyyaml() {
         return skip(
             "kubeadm_sync_turns_kubeadm_manifests_into_static_pods_and_rollouts",
             "python3 with PyYAML needed (pip install kubernetes-validate brings it)",
