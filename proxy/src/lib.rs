@@ -19,8 +19,8 @@
 //!   [`base::metrics`] (every Prometheus metric, in one struct, fed its sources),
 //!   [`base::shard`] (per-thread counters), [`base::lograte`] (rate limits for log lines
 //!   traffic can trigger), [`base::net`] (TCP socket options and binding),
-//!   [`base::fsutil`] (atomic file writes), [`base::yaml`] (YAML as Kubernetes reads it),
-//!   [`base::http_client`] (one HTTP/1 request with a typed error).
+//!   [`base::fsutil`] (atomic and durable file writes), [`base::yaml`] (YAML as Kubernetes
+//!   reads it), [`base::http_client`] (one HTTP/1 request with a typed error).
 //! - [`backends`]: the backend set and the selection rule ([`backends::backend`]), the pace of
 //!   held clients ([`backends::pace`]), health ([`backends::health`], [`backends::check`]),
 //!   own and node-local backends ([`backends::discovery`]), readiness

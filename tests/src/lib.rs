@@ -17,6 +17,7 @@
 //! - [`load`]: bounded new-connection-per-request load that classifies every failure.
 //! - [`streams`]: long-lived echo streams that check every byte of a counting sequence.
 //! - [`sockets`]: socket options of another process's TCP connections (the one `unsafe` module).
+//! - [`strace`]: a child's file system calls under `strace`: was a file written durably.
 
 #![deny(unsafe_code)]
 
@@ -28,5 +29,6 @@ pub mod netns;
 pub mod process;
 pub mod proxy;
 pub mod sockets;
+pub mod strace;
 pub mod streams;
 pub mod util;

@@ -33,6 +33,7 @@ use hyper::body::Bytes;
 use hyper::StatusCode;
 use serde_json::Value;
 
+use crate::base::fsutil::write_durable;
 use crate::base::http_client::{self, HttpError};
 use crate::node::kubeconfig::{self, KubeconfigError, Problem};
 use crate::node::staticpod::{self, Origin};
@@ -567,8 +568,8 @@ fn encode(s: &str) -> String {
         .collect()
 }
 
-/// Writes the checkpoint, the one it replaces kept as [`PREVIOUS`]; removes temporary files an
-/// interrupted write left.
+/// Writes the checkpoint, the one it replaces kept as [`PREVIOUS`], both durably (the boot
+/// reads them); removes temporary files an interrupted write left.
 pub fn store(dir: &Path, existing: Option<&[u8]>, text: &[u8]) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     std::fs::DirBuilder::new()
@@ -583,9 +584,9 @@ pub fn store(dir: &Path, existing: Option<&[u8]>, text: &[u8]) -> std::io::Resul
         }
     }
     if let Some(old) = existing {
-        crate::base::fsutil::write_atomic(&dir.join(PREVIOUS), old)?;
+        write_durable(&dir.join(PREVIOUS), old, staticpod::MANIFEST_MODE)?;
     }
-    crate::base::fsutil::write_atomic(&dir.join(FILE), text)
+    write_durable(&dir.join(FILE), text, staticpod::MANIFEST_MODE)
 }
 
 #[cfg(test)]

@@ -48,8 +48,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use crate::base::fsutil::write_durable;
 use crate::node::checkpoint::ApiClient;
 use crate::node::render::{self, StaticPod};
+use crate::node::staticpod::MANIFEST_MODE;
 
 /// kubeadm's apiserver manifest, in both directories.
 pub const APISERVER: &str = "kube-apiserver.yaml";
@@ -431,8 +433,13 @@ impl Sync {
             };
             let mut p = pod.clone();
             p["metadata"]["uid"] = json!(uid);
-            crate::base::fsutil::write_atomic(&dst, crate::base::yaml::to_yaml(&p).as_bytes())
-                .map_err(io("write", &dst))?;
+            // Durably: the kubelet runs it after a power loss (etcd's too), and kubeadm's mode.
+            write_durable(
+                &dst,
+                crate::base::yaml::to_yaml(&p).as_bytes(),
+                MANIFEST_MODE,
+            )
+            .map_err(io("write", &dst))?;
             changed.push(name);
         }
         for gone in before.difference(&now) {
@@ -445,7 +452,9 @@ impl Sync {
         }
         if before != now {
             let list: String = now.iter().map(|n| format!("{n}\n")).collect();
-            crate::base::fsutil::write_atomic(&managed_path, list.as_bytes())
+            // Read at the first pass after a reboot: lost, a copy whose source went meanwhile
+            // would stay. Its directory's fsync also keeps the removals above.
+            write_durable(&managed_path, list.as_bytes(), MANIFEST_MODE)
                 .map_err(io("write", &managed_path))?;
         }
         Ok(changed)
@@ -572,8 +581,12 @@ impl Sync {
         }
         let mut stand = standin(&pod, files.as_deref(), &self.proxy_image, &self.command);
         stand["metadata"]["uid"] = json!(static_uid(&self.node, APISERVER, &stand));
-        crate::base::fsutil::write_atomic(&dst, crate::base::yaml::to_yaml(&stand).as_bytes())
-            .map_err(io("write", &dst))?;
+        write_durable(
+            &dst,
+            crate::base::yaml::to_yaml(&stand).as_bytes(),
+            MANIFEST_MODE,
+        )
+        .map_err(io("write", &dst))?;
         tracing::info!(
             manifest = %pod.digest,
             "kubeadm-sync: rollout complete; stand-in kube-apiserver written (the kubelet restarts this agent)"

@@ -39,7 +39,6 @@
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -287,13 +286,16 @@ pub fn run(args: &MigrateBackArgs) -> Result<(), MigrateBackError> {
             bind_handoff_as(&args.handoff_dir, args.uid, args.gid.unwrap_or(args.uid))
         })
         .map_err(BackFailure::HandoffSocket)?;
-    crate::base::fsutil::write_atomic(&target, text.as_bytes()).map_err(|source| {
-        BackFailure::WriteManifest {
-            path: target.clone(),
-            source,
-        }
+    // Durably, kubeadm's mode: after a power loss from here on the kubelet runs it.
+    crate::base::fsutil::write_durable(
+        &target,
+        text.as_bytes(),
+        crate::node::staticpod::MANIFEST_MODE,
+    )
+    .map_err(|source| BackFailure::WriteManifest {
+        path: target.clone(),
+        source,
     })?;
-    let _ = std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o600));
     tracing::info!(manifest = %target.display(), image = %manifest.image, "migrate-back: kubeadm's manifest is in place; the kubelet starts the static apiserver beside the proxies");
 
     // 4. Wait for it, then for the proxies' sockets.

@@ -309,6 +309,7 @@ pub async fn boot(config: &Recover) -> Option<Decision> {
         Decision::AlreadyActive => "already active\n".to_string(),
         Decision::Not(why) => format!("not activated: {why}\n"),
     };
+    // Not durable: it lives in /run, and means "this boot".
     if let Err(e) = crate::base::fsutil::write_atomic(&config.boot_marker, text.as_bytes()) {
         tracing::warn!(marker = %config.boot_marker.display(), error = %e, "recover: cannot write the boot marker; a restart of this agent decides again");
     }
@@ -349,7 +350,9 @@ async fn decide(config: &Recover) -> Decision {
             config.node_address
         ));
     }
-    match crate::base::fsutil::write_atomic(&manifest, &bytes) {
+    // Durably: after a power loss during the recovery the next boot finds it (`AlreadyActive`)
+    // and the kubelet runs it; an empty file would be neither activated again nor run.
+    match crate::base::fsutil::write_durable(&manifest, &bytes, staticpod::MANIFEST_MODE) {
         Ok(()) => Decision::Activated(origin.pod),
         Err(e) => Decision::Not(format!("cannot write {}: {e}", manifest.display())),
     }

@@ -64,6 +64,7 @@ pub async fn run(
             humantime::format_rfc3339_seconds(SystemTime::now())
         );
         let path = file.clone();
+        // Not durable: a request to the agent running now (the boot removes one left over).
         match tokio::task::spawn_blocking(move || {
             crate::base::fsutil::write_atomic(&path, text.as_bytes())
         })

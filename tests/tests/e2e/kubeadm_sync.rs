@@ -14,9 +14,13 @@
 //!   content, the same UID, whatever the kubelet's version), a removed one's copy removed; a
 //!   copy without a UID (an earlier release's) gets the running pod's.
 //!
-//! Needs python3 with PyYAML to read the YAML the agent writes; without it the test says it is
-//! skipped, except in CI, where it fails.
+//! And under `strace`: every static pod it writes at the migration (etcd's copy, the stand-in,
+//! the list of its copies) is written durably, in kubeadm's mode 0600.
+//!
+//! Needs python3 with PyYAML to read the YAML the agent writes, and strace; without them the
+//! tests say they are skipped, except in CI, where they fail.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -26,6 +30,7 @@ use kube_apiserver_proxy_tests::certs::Pki;
 use kube_apiserver_proxy_tests::fake_apiserver::{FakeApiserver, FakeApiserverBuilder};
 use kube_apiserver_proxy_tests::process::ChildProcess;
 use kube_apiserver_proxy_tests::proxy::proxy_bin;
+use kube_apiserver_proxy_tests::strace::{self, Trace};
 use kube_apiserver_proxy_tests::util::{eventually, skip, TempDir};
 use serde_json::{json, Value};
 
@@ -33,6 +38,8 @@ use crate::DEADLINE;
 
 const DEPLOYMENT: &str = "/apis/apps/v1/namespaces/kube-system/deployments/kube-apiserver";
 const ROLLOUT: Duration = Duration::from_millis(1500);
+/// The stand-in's file in the kubelet's directory.
+const APISERVER_STANDIN: &str = "kube-apiserver.yaml";
 
 fn apiserver_manifest(version: &str, extra_flag: &str) -> String {
     format!(
@@ -544,5 +551,44 @@ async fn kubeadm_sync_turns_kubeadm_manifests_into_static_pods_and_rollouts() ->
         "the same content got another UID"
     );
     agent.ensure_running()?;
+    Ok(())
+}
+
+/// A power loss after `--once` leaves every static pod the kubelet is to run whole: each is a
+/// temporary file created 0600 (kubeadm's mode), written and fsynced, renamed into place, and
+/// then the directory fsynced (seen with strace).
+#[tokio::test]
+async fn kubeadm_sync_writes_the_static_pods_durably_in_kubeadms_mode() -> Result<()> {
+    if let Err(reason) = strace::usable() {
+        return skip(
+            "kubeadm_sync_writes_the_static_pods_durably_in_kubeadms_mode",
+            &reason,
+        );
+    }
+    let node = Node::new().await?;
+    let trace = node.dir.join("trace");
+    std::fs::create_dir(&trace)?;
+    let out = tokio::task::spawn_blocking({
+        let mut c = strace::traced(&node.agent(true), &trace);
+        move || c.output()
+    })
+    .await??;
+    ensure!(
+        out.status.success(),
+        "--once failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let t = Trace::read(&trace)?;
+    for name in [
+        "etcd.yaml",
+        "kube-scheduler.yaml",
+        APISERVER_STANDIN,
+        ".kubeadm-sync",
+    ] {
+        let path = node.dir.join("kubelet").join(name);
+        t.ensure_written_durably(&path, 0o600)?;
+        let mode = std::fs::metadata(&path)?.permissions().mode() & 0o7777;
+        ensure!(mode == 0o600, "{name}: mode {mode:o}");
+    }
     Ok(())
 }

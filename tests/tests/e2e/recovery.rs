@@ -2,9 +2,12 @@
 //! writes the checkpoint of the Deployment's pod that stayed ready (read over mTLS with the
 //! node's kubeconfig), activates it at boot and removes it when asked; and the recovery
 //! instance asking to be retired once a ready peer serves (`run --retire-file`). Real
-//! processes, real files, real sockets, real TLS.
+//! processes, real files, real sockets, real TLS; and under `strace`, the checkpoint, the one it
+//! replaced and the activated checkpoint written durably, mode 0600 (without strace that test
+//! says it is skipped, except in CI, where it fails).
 
 use std::net::{SocketAddr, TcpListener};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime};
@@ -15,7 +18,8 @@ use kube_apiserver_proxy_tests::client::http_get;
 use kube_apiserver_proxy_tests::fake_apiserver::FakeApiserver;
 use kube_apiserver_proxy_tests::process::ChildProcess;
 use kube_apiserver_proxy_tests::proxy::{proxy_bin, require_metric, run_cli, ProxyBuilder};
-use kube_apiserver_proxy_tests::util::{eventually, free_random_loopback_addr, TempDir};
+use kube_apiserver_proxy_tests::strace::{self, Trace};
+use kube_apiserver_proxy_tests::util::{eventually, free_random_loopback_addr, skip, TempDir};
 use serde_json::{json, Value};
 
 use crate::{listen_addr, DEADLINE};
@@ -158,6 +162,10 @@ impl Api {
     }
 
     fn agent_with(&self, dir: &Path, extra: &[&str]) -> Result<ChildProcess> {
+        ChildProcess::spawn(self.agent_command(dir, extra)?, "recover")
+    }
+
+    fn agent_command(&self, dir: &Path, extra: &[&str]) -> Result<Command> {
         let mut command = Command::new(proxy_bin()?);
         command
             .arg("recover")
@@ -177,7 +185,7 @@ impl Api {
             .arg("--checkpoint-after=60s")
             .args(extra)
             .env_remove("RUST_LOG");
-        ChildProcess::spawn(command, "recover")
+        Ok(command)
     }
 
     /// A metric of the agent: every one is exported from the start (the attempts with each
@@ -826,6 +834,13 @@ impl AgentNode {
     }
 
     async fn agent_with(&self, extra: &[&str]) -> Result<ChildProcess> {
+        let agent = ChildProcess::spawn(self.command(extra)?, "recover")?;
+        self.decided(&agent).await?;
+        Ok(agent)
+    }
+
+    /// The agent's command line.
+    fn command(&self, extra: &[&str]) -> Result<Command> {
         let mut command = Command::new(proxy_bin()?);
         command
             .arg("recover")
@@ -841,7 +856,11 @@ impl AgentNode {
             .arg("--interval=100ms")
             .args(extra)
             .env_remove("RUST_LOG");
-        let agent = ChildProcess::spawn(command, "recover")?;
+        Ok(command)
+    }
+
+    /// Waits until `agent` made (or skipped) this boot's decision.
+    async fn decided(&self, agent: &ChildProcess) -> Result<()> {
         eventually(DEADLINE, || async {
             agent.ensure_running()?;
             let log = agent.stderr();
@@ -855,8 +874,7 @@ impl AgentNode {
             );
             Ok(())
         })
-        .await?;
-        Ok(agent)
+        .await
     }
 
     fn marker_text(&self) -> String {
@@ -1039,5 +1057,78 @@ async fn allowed_host_paths_add_to_the_defaults() -> Result<()> {
             && help.contains("/etc/kubernetes/pki"),
         "{help}"
     );
+    Ok(())
+}
+
+/// A power loss leaves the files of reboot recovery whole: the checkpoint, the one it replaced
+/// and the checkpoint activated at boot are each a temporary file created 0600, written and
+/// fsynced, renamed into place, and then the directory fsynced (seen with strace).
+#[tokio::test]
+async fn the_checkpoint_and_its_activation_are_written_durably() -> Result<()> {
+    if let Err(reason) = strace::usable() {
+        return skip(
+            "the_checkpoint_and_its_activation_are_written_durably",
+            &reason,
+        );
+    }
+    let mode =
+        |path: &Path| -> Result<u32> { Ok(std::fs::metadata(path)?.permissions().mode() & 0o7777) };
+    // A checkpoint; then, under strace, a newer pod's, the first kept as the previous.
+    let good = pod("good", MINUTE * 90, Some(MINUTE * 60));
+    let api = Api::new(std::slice::from_ref(&good)).await?;
+    let dir = api.checkpoint_dir();
+    let agent = api.agent(&dir)?;
+    wait_log(&agent, "checkpoint written").await?;
+    drop(agent);
+    let newer = pod("newer", MINUTE * 5, Some(MINUTE * 2));
+    let api2 = Api::new(&[good, newer]).await?;
+    let trace = api2.dir.join("trace");
+    std::fs::create_dir(&trace)?;
+    let command = api2.agent_command(
+        &dir,
+        &[&format!("--allow-image-repository={PROXY_REPOSITORY}")],
+    )?;
+    let agent = ChildProcess::spawn(strace::traced(&command, &trace), "recover")?;
+    wait_log(&agent, "checkpoint written").await?;
+    stop_traced(&agent).await?;
+    ensure!(checkpoint_of(&api.checkpoint()).as_deref() == Some("kube-system/newer"));
+    let t = Trace::read(&trace)?;
+    for file in [api.checkpoint(), dir.join("kube-apiserver.previous.json")] {
+        t.ensure_written_durably(&file, 0o600)?;
+        ensure!(
+            mode(&file)? == 0o600,
+            "{}: mode {:o}",
+            file.display(),
+            mode(&file)?
+        );
+    }
+
+    // At boot, the checkpoint activated in the kubelet's directory.
+    let node = AgentNode::new(&checkpoint("/etc/kubernetes/pki"))?;
+    let trace = node.dir.join("trace");
+    std::fs::create_dir(&trace)?;
+    let agent = ChildProcess::spawn(strace::traced(&node.command(&[])?, &trace), "recover")?;
+    node.decided(&agent).await?;
+    ensure!(
+        node.marker_text().starts_with("activated kube-system/good"),
+        "marker: {}",
+        node.marker_text()
+    );
+    stop_traced(&agent).await?;
+    Trace::read(&trace)?.ensure_written_durably(&node.manifest(), 0o600)?;
+    ensure!(mode(&node.manifest())? == 0o600);
+    Ok(())
+}
+
+/// Stops `recover` run under strace (SIGTERM to it: strace keeps fatal signals from itself)
+/// and waits until strace, and so its trace, is done.
+async fn stop_traced(traced: &ChildProcess) -> Result<()> {
+    let pid = strace::tracee(traced.pid())?;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGTERM,
+    )?;
+    let status = traced.wait_exit(DEADLINE).await?;
+    ensure!(status.success(), "recover under strace: {status}");
     Ok(())
 }
