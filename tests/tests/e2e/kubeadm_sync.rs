@@ -366,16 +366,7 @@ async fn kubeadm_sync_turns_kubeadm_manifests_into_static_pods_and_rollouts() ->
 
     // --once, the migration.
     let started = Instant::now();
-    let out = tokio::task::spawn_blocking({
-        let mut c = node.agent(true);
-        move || c.output()
-    })
-    .await??;
-    ensure!(
-        out.status.success(),
-        "--once failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    migrate(&node).await?;
     ensure!(
         started.elapsed() >= ROLLOUT,
         "--once returned after {:?}, before the rollout completed",

@@ -97,10 +97,11 @@ func RunKubeadmUpgrade(n *Node) {
 	u.etcdUpgrade()
 	u.kubeletUpgrade()
 	u.again()
+	u.failedUpgrade()
 	u.renew()
 	u.kept()
 	n.Note("per step (load through both addresses):")
-	for _, row := range u.table("migrate", "upgrade", "etcd", "kubelet", "again", "renew") {
+	for _, row := range u.table("migrate", "upgrade", "etcd", "kubelet", "again", "failed", "renew") {
 		n.Note("%s", row)
 	}
 	n.Note("reports: %s, %s", n.Path("kubeadm-*.log"), n.Path("step-*.json"))
