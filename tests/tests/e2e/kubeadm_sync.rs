@@ -224,11 +224,12 @@ fn pyyaml() -> bool {
 
 /// `--once`, the migration: returns when it succeeded.
 async fn migrate(node: &Node) -> Result<()> {
-    let out = tokio::task::spawn_blocking({
-        let mut c = node.agent(true);
-        move || c.output()
-    })
-    .await??;
+    run_once(node.agent(true)).await
+}
+
+/// Runs `command`, an agent's `--once`, to its end: an error unless it succeeded.
+async fn run_once(mut command: Command) -> Result<()> {
+    let out = tokio::task::spawn_blocking(move || command.output()).await??;
     ensure!(
         out.status.success(),
         "--once failed: {}",
@@ -559,16 +560,7 @@ async fn kubeadm_sync_writes_the_static_pods_durably_in_kubeadms_mode() -> Resul
     let node = Node::new().await?;
     let trace = node.dir.join("trace");
     std::fs::create_dir(&trace)?;
-    let out = tokio::task::spawn_blocking({
-        let mut c = strace::traced(&node.agent(true), &trace);
-        move || c.output()
-    })
-    .await??;
-    ensure!(
-        out.status.success(),
-        "--once failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_once(strace::traced(&node.agent(true), &trace)).await?;
     let t = Trace::read(&trace)?;
     for name in [
         "etcd.yaml",
