@@ -45,6 +45,8 @@ type EndpointsWatcher struct {
 	errors []string
 	cancel context.CancelFunc
 	done   chan struct{}
+	// behind: Behind for both informers (set at the start).
+	behind func(context.Context) string
 	// The ready addresses each object lists now, and the absences of tracked addresses
 	// (addresses.go).
 	addrs    map[string]map[string]bool
@@ -124,6 +126,38 @@ func WatchEndpoints(parent context.Context, kubeconfig string) (*EndpointsWatche
 				return nil, fmt.Errorf("watch %v of default/kubernetes: not synced", typ)
 			}
 		}
+	}
+	epSel := metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", "kubernetes").String()}
+	slSel := metav1.ListOptions{LabelSelector: labels.SelectorFromSet(labels.Set{discoveryv1.LabelServiceName: "kubernetes"}).String()}
+	w.behind = func(ctx context.Context) string {
+		if b := Behind(ctx, "the default/kubernetes Endpoints watcher", WatcherCatchUp,
+			func() Versions { return storeVersions(epInf.GetStore()) },
+			func(ctx context.Context) (Versions, error) {
+				l, err := client.CoreV1().Endpoints("default").List(ctx, epSel)
+				if err != nil {
+					return nil, err
+				}
+				v := Versions{}
+				for _, o := range l.Items {
+					v[o.Namespace+"/"+o.Name] = o.ResourceVersion
+				}
+				return v, nil
+			}); b != "" {
+			return b
+		}
+		return Behind(ctx, "the default/kubernetes EndpointSlice watcher", WatcherCatchUp,
+			func() Versions { return storeVersions(slInf.GetStore()) },
+			func(ctx context.Context) (Versions, error) {
+				l, err := client.DiscoveryV1().EndpointSlices("default").List(ctx, slSel)
+				if err != nil {
+					return nil, err
+				}
+				v := Versions{}
+				for _, o := range l.Items {
+					v[o.Namespace+"/"+o.Name] = o.ResourceVersion
+				}
+				return v, nil
+			})
 	}
 	// The state at the start, whatever it is: an object that is missing or empty now is a gap
 	// from now on (no event would ever say so).
@@ -206,6 +240,12 @@ func (w *EndpointsWatcher) TakeErrors() []string {
 	errs := w.errors
 	w.errors = nil
 	return errs
+}
+
+// Behind says whether the watcher's informers hold what the apiserver lists (""), waiting
+// up to WatcherCatchUp for them to catch up; else why not (a hung watch: see Behind).
+func (w *EndpointsWatcher) Behind(ctx context.Context) string {
+	return w.behind(ctx)
 }
 
 // Stop ends the watcher.

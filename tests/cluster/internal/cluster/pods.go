@@ -74,8 +74,10 @@ type PodWatcher struct {
 	byUID   map[string]*PodHistory
 	mirrors bool
 	list    func() []any
-	cancel  context.CancelFunc
-	done    chan struct{}
+	// behind: Behind for the informer (set at the start).
+	behind func(context.Context) string
+	cancel context.CancelFunc
+	done   chan struct{}
 }
 
 // WatchPods starts following the pods of namespace matching selector with the clients of
@@ -95,6 +97,21 @@ func WatchPods(parent context.Context, kubeconfig, namespace, selector string, m
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }))
 	inf := factory.Core().V1().Pods().Informer()
 	w.list = inf.GetStore().List
+	w.behind = func(ctx context.Context) string {
+		return Behind(ctx, "the pod watcher of "+w.watch.Selector, WatcherCatchUp,
+			func() Versions { return storeVersions(inf.GetStore()) },
+			func(ctx context.Context) (Versions, error) {
+				l, err := client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: selector})
+				if err != nil {
+					return nil, err
+				}
+				v := Versions{}
+				for _, p := range l.Items {
+					v[p.Namespace+"/"+p.Name] = p.ResourceVersion
+				}
+				return v, nil
+			})
+	}
 	update := func(any) { w.observe(w.list()) }
 	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: update, UpdateFunc: func(_, o any) { update(o) }, DeleteFunc: update,
@@ -176,13 +193,19 @@ func (w *PodWatcher) observe(objs []any) {
 	w.watch.Most = max(w.watch.Most, n)
 }
 
-// Stop ends the watcher and returns its record.
+// Stop ends the watcher and returns its record; a watcher that did not catch up with the
+// apiserver within WatcherCatchUp (a hung watch, blind to every change after it) is one of its
+// errors.
 func (w *PodWatcher) Stop() PodWatch {
+	behind := w.behind(context.Background())
 	w.observe(w.list())
 	w.cancel()
 	<-w.done
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	sort.SliceStable(w.watch.Pods, func(i, j int) bool { return w.watch.Pods[i].FirstSeen.Before(w.watch.Pods[j].FirstSeen) })
+	if behind != "" {
+		w.watch.Errors = append(w.watch.Errors, behind)
+	}
 	return w.watch
 }

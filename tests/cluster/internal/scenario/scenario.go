@@ -125,8 +125,12 @@ func RunAll(ctx context.Context, o Options) *Results {
 			r.fail("%s", p)
 		}
 		r.Proxies = append(r.Proxies, lives...)
+		behind := e.eps.Behind(ctx)
 		r.EmptyKubeSvc = append(r.EmptyKubeSvc, e.eps.Take()...)
 		watchErrors := e.eps.TakeErrors()
+		if behind != "" {
+			watchErrors = append(watchErrors, behind)
+		}
 		// With --endpoint-reconciler-type=none no rollout of this proxy's design may leave
 		// in-cluster clients without the Service's address, not even for a moment; and the
 		// watcher, a client of the node address too, must not lose its watch.

@@ -152,7 +152,11 @@ func (w *Watch) stopObservers(rep *Report, summary io.Writer) {
 		}
 	}
 	if w.endpoints != nil {
+		behind := w.endpoints.Behind(context.Background())
 		rec := &EndpointsRecord{Gaps: w.endpoints.Take(), Errors: w.endpoints.TakeErrors()}
+		if behind != "" {
+			rec.Errors = append(rec.Errors, behind)
+		}
 		w.endpoints.Stop()
 		rep.Endpoints = rec
 		fmt.Fprintf(summary, "default/kubernetes: %d gaps, %d watch errors\n", len(rec.Gaps), len(rec.Errors))

@@ -1,0 +1,92 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/client-go/tools/cache"
+)
+
+// WatcherCatchUp bounds how long an observer's informer (the default/kubernetes watcher, the
+// pod watchers) may take, at the end of a scenario or step, to hold what the apiserver lists:
+// the load's own bound for a watch to deliver a write (load.DeliveryBound).
+const WatcherCatchUp = 10 * time.Second
+
+// Versions are the objects an informer holds or the apiserver lists: namespace/name ->
+// resourceVersion.
+type Versions map[string]string
+
+// storeVersions are the objects of an informer's store.
+func storeVersions(store cache.Store) Versions {
+	v := Versions{}
+	for _, o := range store.List() {
+		if m, err := meta.Accessor(o); err == nil {
+			v[m.GetNamespace()+"/"+m.GetName()] = m.GetResourceVersion()
+		}
+	}
+	return v
+}
+
+// Behind compares what an observer's informer holds (have) with what the apiserver lists now
+// (list, a quorum read), for up to bound: "" as soon as they are the same, else why not. An
+// observer whose watch hangs (the connection kept open, nothing relayed: no byte, no FIN)
+// misses every change after the hang, so it would report nothing wrong about them: its store
+// stays behind the apiserver's and this says so. A watch that ended with an error is seen by
+// the watch error handlers; one that only resumed late catches up here; one that hangs while
+// nothing changes missed nothing.
+func Behind(ctx context.Context, what string, bound time.Duration, have func() Versions, list func(context.Context) (Versions, error)) string {
+	deadline := time.Now().Add(bound)
+	last := ""
+	for {
+		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		want, err := list(lctx)
+		cancel()
+		if err != nil {
+			last = fmt.Sprintf("list: %v", err)
+		} else {
+			got := have()
+			if maps.Equal(want, got) {
+				return ""
+			}
+			last = versionsDiff(want, got)
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Sprintf("%s not caught up with the apiserver within %s (a hung watch?): %s", what, bound, last)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// versionsDiff says which objects differ: "ns/name: apiserver RV, informer RV" (absent: -).
+func versionsDiff(want, got Versions) string {
+	keys := slices.Sorted(maps.Keys(want))
+	for k := range got {
+		if _, ok := want[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	var out []string
+	for _, k := range keys {
+		w, g := want[k], got[k]
+		if w == g {
+			continue
+		}
+		out = append(out, fmt.Sprintf("%s: apiserver %s, informer %s", k, orDash(w), orDash(g)))
+	}
+	return strings.Join(out, "; ")
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
