@@ -42,6 +42,7 @@ mod pod;
 mod recovery;
 mod reliability;
 mod render;
+mod runbooks;
 mod static_binary;
 mod transparent;
 mod upgrade;
