@@ -429,8 +429,65 @@ pub fn deployment(
         with_proxy_image(&mut spec["containers"]);
     }
 
+    let ca = cluster_ca(pod, &flags);
+    if ca != DEFAULT_CLUSTER_CA {
+        with_cluster_ca(&mut d["spec"]["template"]["spec"], &ca);
+    }
     copy_metadata(&mut d, pod, files_digest);
     Ok(d)
+}
+
+/// The cluster CA the base's probes, health checks and `cluster-ca` volume name: kubeadm's
+/// default `certificatesDir`'s.
+pub const DEFAULT_CLUSTER_CA: &str = "/etc/kubernetes/pki/ca.crt";
+
+/// The cluster CA of kubeadm's manifest: its `--client-ca-file` (kubeadm's
+/// `<certificatesDir>/ca.crt`), else `ca.crt` in its `k8s-certs` volume (the certificatesDir),
+/// else the default.
+pub fn cluster_ca(pod: &StaticPod, flags: &[Flag]) -> String {
+    if let Some(ca) = flags
+        .iter()
+        .find(|f| f.name == "--client-ca-file")
+        .and_then(|f| f.value.clone())
+    {
+        return ca;
+    }
+    pod.pod["spec"]["volumes"]
+        .as_array()
+        .and_then(|v| by_name(&Value::Array(v.clone()), "k8s-certs").cloned())
+        .and_then(|v| v["hostPath"]["path"].as_str().map(str::to_owned))
+        .map(|dir| format!("{}/ca.crt", dir.trim_end_matches('/')))
+        .unwrap_or_else(|| DEFAULT_CLUSTER_CA.to_owned())
+}
+
+/// Points the base's references to the default cluster CA at `ca` (a custom `certificatesDir`,
+/// e.g. `/etc/kubernetes/ssl`): the proxy's `--health-ca-file`, the `cluster-ca` volume, the
+/// probes' `--ca-file` in the apiserver container (whose own flags are kubeadm's, left alone).
+fn with_cluster_ca(spec: &mut Value, ca: &str) {
+    fn replace(v: &mut Value, ca: &str) {
+        match v {
+            Value::String(s) if s.contains(DEFAULT_CLUSTER_CA) => {
+                *s = s.replace(DEFAULT_CLUSTER_CA, ca);
+            }
+            Value::Array(a) => a.iter_mut().for_each(|x| replace(x, ca)),
+            Value::Object(o) => o.values_mut().for_each(|x| replace(x, ca)),
+            _ => {}
+        }
+    }
+    for list in ["initContainers", "containers"] {
+        for c in spec[list].as_array_mut().into_iter().flatten() {
+            if c["name"] == CONTAINER {
+                for probe in ["startupProbe", "livenessProbe", "readinessProbe"] {
+                    if let Some(p) = c.get_mut(probe) {
+                        replace(p, ca);
+                    }
+                }
+            } else {
+                replace(c, ca);
+            }
+        }
+    }
+    replace(&mut spec["volumes"], ca);
 }
 
 /// The kube-apiserver's flags: the Deployment's own, then kubeadm's in kubeadm's order (minus
@@ -1034,6 +1091,40 @@ status: {}
         assert_eq!(
             by_name(&t["spec"]["volumes"], "k8s-certs").unwrap()["hostPath"]["type"],
             "DirectoryOrCreate"
+        );
+    }
+
+    #[test]
+    fn a_custom_certificates_dir_is_followed() {
+        // kubeadm's certificatesDir /etc/kubernetes/ssl: its flags, volume and mounts say so.
+        let custom = KUBEADM.replace("/etc/kubernetes/pki", "/etc/kubernetes/ssl");
+        let d = render(&custom, &Options::default()).unwrap();
+        let spec = &d["spec"]["template"]["spec"];
+        let text = spec.to_string();
+        assert!(
+            !text.contains("/etc/kubernetes/pki"),
+            "the default certificates directory is still named: {text}"
+        );
+        assert_eq!(
+            by_name(&spec["volumes"], "cluster-ca").unwrap()["hostPath"]["path"],
+            "/etc/kubernetes/ssl/ca.crt"
+        );
+        let proxy = spec["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] != CONTAINER)
+            .unwrap();
+        assert!(proxy["args"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("--health-ca-file=/etc/kubernetes/ssl/ca.crt")));
+        // The default directory: the base as it is.
+        let d = render(KUBEADM, &Options::default()).unwrap();
+        assert_eq!(
+            by_name(&d["spec"]["template"]["spec"]["volumes"], "cluster-ca").unwrap()["hostPath"]
+                ["path"],
+            DEFAULT_CLUSTER_CA
         );
     }
 
