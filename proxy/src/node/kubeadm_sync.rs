@@ -81,6 +81,8 @@ pub enum SyncError {
     Api(String),
     #[error("{0}")]
     Rollout(String),
+    #[error("the cluster has {count} control-plane nodes ({names}): kubeadm-sync renders the single-controller Deployment from this node's manifest, and on each controller it would replace it with its own in turn; run it on single-controller clusters only (several controllers: the ha-daemonset or ha-surge overlays, docs/runbooks/rollout.md)")]
+    SeveralControllers { count: usize, names: String },
     #[error("--kubeadm-dir and --static-pod-dir must differ (the kubelet would run kubeadm's apiserver)")]
     SameDir,
 }
@@ -88,7 +90,10 @@ pub enum SyncError {
 impl SyncError {
     /// Bad input (exit 2) rather than a runtime failure.
     pub fn is_bad_input(&self) -> bool {
-        matches!(self, SyncError::Kubeconfig(_) | SyncError::SameDir)
+        matches!(
+            self,
+            SyncError::Kubeconfig(_) | SyncError::SameDir | SyncError::SeveralControllers { .. }
+        )
     }
 }
 
@@ -528,6 +533,7 @@ impl Sync {
             })?;
         let want = digests(&rendered["spec"]["template"]["metadata"]);
         if digests(&live["spec"]["template"]["metadata"]) != want {
+            self.single_controller()?;
             if stood_for {
                 tracing::warn!(
                     manifest = %pod.digest,
@@ -592,6 +598,34 @@ impl Sync {
             "kubeadm-sync: rollout complete; stand-in kube-apiserver written (the kubelet restarts this agent)"
         );
         Ok(Pass::StandInWritten)
+    }
+
+    /// Refuses a cluster of several control-plane nodes (label
+    /// `node-role.kubernetes.io/control-plane`, kubeadm's): each controller's agent would put
+    /// the Deployment on its own manifest (they differ at least by `--advertise-address`), for
+    /// ever. Nodes that cannot be listed do not stop the pass (logged).
+    fn single_controller(&self) -> Result<(), SyncError> {
+        const PATH: &str = "/api/v1/nodes?labelSelector=node-role.kubernetes.io%2Fcontrol-plane";
+        let nodes = match self.block_on(self.api.get_json(PATH)) {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(error = %e, "kubeadm-sync: the control-plane nodes cannot be listed; assuming this one alone");
+                return Ok(());
+            }
+        };
+        let names: Vec<&str> = nodes["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|n| n["metadata"]["name"].as_str())
+            .collect();
+        if names.len() > 1 {
+            return Err(SyncError::SeveralControllers {
+                count: names.len(),
+                names: names.join(", "),
+            });
+        }
+        Ok(())
     }
 
     /// Passes until the Deployment is on kubeadm's manifest and the stand-in says so (`--once`):
@@ -739,6 +773,11 @@ pub fn run(args: &crate::cli::KubeadmSyncArgs) -> Result<(), SyncError> {
             Ok(_) => {}
             Err(e @ SyncError::Rollout(_)) => {
                 tracing::error!(error = %e, "kubeadm-sync: the rollout to kubeadm's manifest failed")
+            }
+            Err(e @ SyncError::SeveralControllers { .. }) => {
+                if let Some(suppressed) = API_ERRORS.allow() {
+                    tracing::error!(error = %e, suppressed, "kubeadm-sync: the Deployment left as it is");
+                }
             }
             // Every pass reads the Deployment: while the apiserver is unreachable (etcd or the
             // apiserver restarting), one line a minute.

@@ -238,6 +238,38 @@ async fn run_once(mut command: Command) -> Result<()> {
     Ok(())
 }
 
+/// On a cluster of several control-plane nodes each controller's agent would replace the
+/// Deployment with its own manifest in turn: refused, exit 2 with one line, the Deployment
+/// left as it is.
+#[tokio::test]
+async fn kubeadm_sync_refuses_a_cluster_of_several_controllers() -> Result<()> {
+    let nodes = json!({"apiVersion": "v1", "kind": "NodeList", "items": [
+        {"metadata": {"name": "node-1", "labels": {"node-role.kubernetes.io/control-plane": ""}}},
+        {"metadata": {"name": "node-2", "labels": {"node-role.kubernetes.io/control-plane": ""}}}]});
+    let node = Node::with(|b| b.object("/api/v1/nodes", &nodes)).await?;
+    let before = node.deployment();
+    let out = tokio::task::spawn_blocking({
+        let mut c = node.agent(true);
+        move || c.output()
+    })
+    .await??;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        out.status.code() == Some(2),
+        "--once on two controllers: {}: {stderr}",
+        out.status
+    );
+    ensure!(
+        stderr.contains("2 control-plane nodes (node-1, node-2)"),
+        "{stderr}"
+    );
+    ensure!(
+        node.deployment() == before,
+        "the Deployment was replaced on a cluster of two controllers"
+    );
+    Ok(())
+}
+
 /// A `kubeadm upgrade apply` whose new apiserver never gets ready fails safe, in step with
 /// kubeadm (docs/runbooks/upgrade-kubernetes.md, "If the upgrade fails"): the agent replaces
 /// the Deployment and does not wait on it, so the other static pods are still copied; the
