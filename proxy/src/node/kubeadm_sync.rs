@@ -278,7 +278,9 @@ pub struct Sync {
     pub interval: Duration,
     pub settle: Duration,
     pub rollout_timeout: Duration,
-    pub api: ApiClient,
+    /// The kubeconfig (kubeadm's admin.conf), read again on every pass: `kubeadm certs renew`
+    /// rewrites it, and a client certificate read once would outlive its renewal.
+    pub kubeconfig: PathBuf,
     /// The agent's own arguments (after the binary), for the stand-in's command.
     pub command: Vec<String>,
 }
@@ -290,7 +292,8 @@ impl TryFrom<&crate::cli::KubeadmSyncArgs> for Sync {
         if a.kubeadm_dir == a.static_pod_dir {
             return Err(SyncError::SameDir);
         }
-        let api = ApiClient::from_kubeconfig(&a.kubeconfig)
+        // Checked at the start (a bad one is bad input), read again on every pass.
+        ApiClient::from_kubeconfig(&a.kubeconfig)
             .map_err(|e| SyncError::Kubeconfig(e.to_string()))?;
         let command = vec![
             "kubeadm-sync".to_owned(),
@@ -318,7 +321,7 @@ impl TryFrom<&crate::cli::KubeadmSyncArgs> for Sync {
             interval: a.interval,
             settle: a.settle,
             rollout_timeout: a.rollout_timeout,
-            api,
+            kubeconfig: a.kubeconfig.clone(),
             command,
         })
     }
@@ -370,6 +373,11 @@ struct Rolling {
 }
 
 impl Sync {
+    /// An API client from the kubeconfig as it is now.
+    fn api(&self) -> Result<ApiClient, SyncError> {
+        ApiClient::from_kubeconfig(&self.kubeconfig).map_err(|e| SyncError::Api(e.to_string()))
+    }
+
     fn block_on<T>(&self, f: impl std::future::Future<Output = T>) -> T {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -383,7 +391,7 @@ impl Sync {
         let name = pod["metadata"]["name"].as_str()?;
         let ns = pod["metadata"]["namespace"].as_str().unwrap_or("default");
         let path = format!("/api/v1/namespaces/{ns}/pods/{name}-{}", self.node);
-        let mirror = self.block_on(self.api.get_json(&path)).ok()?;
+        let mirror = self.block_on(self.api().ok()?.get_json(&path)).ok()?;
         mirror["metadata"]["annotations"]["kubernetes.io/config.hash"]
             .as_str()
             .map(str::to_owned)
@@ -514,8 +522,9 @@ impl Sync {
                 }
             }
         }
+        let api = self.api()?;
         let live = self
-            .block_on(self.api.get_json(&self.deployment_path()))
+            .block_on(api.get_json(&self.deployment_path()))
             .map_err(|e| SyncError::Api(format!("GET {}: {e}", self.deployment_path())))?;
         let (base, _) = render::base().map_err(|e| SyncError::Api(e.to_string()))?;
         let options = render::Options {
@@ -533,7 +542,7 @@ impl Sync {
             })?;
         let want = digests(&rendered["spec"]["template"]["metadata"]);
         if digests(&live["spec"]["template"]["metadata"]) != want {
-            self.single_controller()?;
+            self.single_controller(&api)?;
             if stood_for {
                 tracing::warn!(
                     manifest = %pod.digest,
@@ -547,7 +556,7 @@ impl Sync {
                     "kubeadm-sync: kubeadm's apiserver changed; replacing the Deployment (surge rollout)"
                 );
             }
-            self.block_on(self.api.send_json(
+            self.block_on(api.send_json(
                 "PUT",
                 &self.deployment_path(),
                 &replaced(&live, &rendered),
@@ -604,9 +613,9 @@ impl Sync {
     /// `node-role.kubernetes.io/control-plane`, kubeadm's): each controller's agent would put
     /// the Deployment on its own manifest (they differ at least by `--advertise-address`), for
     /// ever. Nodes that cannot be listed do not stop the pass (logged).
-    fn single_controller(&self) -> Result<(), SyncError> {
+    fn single_controller(&self, api: &ApiClient) -> Result<(), SyncError> {
         const PATH: &str = "/api/v1/nodes?labelSelector=node-role.kubernetes.io%2Fcontrol-plane";
-        let nodes = match self.block_on(self.api.get_json(PATH)) {
+        let nodes = match self.block_on(api.get_json(PATH)) {
             Ok(n) => n,
             Err(e) => {
                 tracing::warn!(error = %e, "kubeadm-sync: the control-plane nodes cannot be listed; assuming this one alone");

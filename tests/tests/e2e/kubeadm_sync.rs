@@ -108,10 +108,48 @@ fn digest(meta: &Value) -> Option<String> {
 struct Node {
     fake: FakeApiserver,
     dir: TempDir,
-    _pki: Pki,
+    pki: Pki,
+}
+
+/// kubeadm's admin.conf: the CA, the server, a client certificate and key in files.
+fn write_admin_conf(
+    path: &Path,
+    pki: &Pki,
+    server: std::net::SocketAddr,
+    cert: &Path,
+    key: &Path,
+) -> Result<()> {
+    std::fs::write(
+        path,
+        format!(
+            "apiVersion: v1\nclusters:\n- cluster:\n    certificate-authority: {}\n    server: https://{}\n  name: c\nusers:\n- name: kubernetes-admin\n  user:\n    client-certificate: {}\n    client-key: {}\n",
+            pki.ca_file().display(),
+            server,
+            cert.display(),
+            key.display()
+        ),
+    )?;
+    Ok(())
 }
 
 impl Node {
+    /// `kubeadm certs renew admin.conf`, and the old client certificate no longer accepted (as
+    /// once it expired): admin.conf names a new certificate in new files.
+    fn renew_admin_conf(&self) -> Result<()> {
+        let renewed = self.pki.ca.client_cert("kubernetes-admin")?;
+        let (cert, key) = renewed.write_pem(self.dir.path(), "admin-renewed")?;
+        write_admin_conf(
+            &self.dir.join("admin.conf"),
+            &self.pki,
+            self.fake.addr(),
+            &cert,
+            &key,
+        )?;
+        self.fake
+            .revoke_client_cert(&self.pki.client.cert_chain()[0]);
+        Ok(())
+    }
+
     async fn new() -> Result<Self> {
         Self::with(|b| b).await
     }
@@ -163,21 +201,14 @@ impl Node {
             dir.join("manifests/kube-scheduler.yaml"),
             other_manifest("kube-scheduler", "kube-scheduler:v1.36.3"),
         )?;
-        std::fs::write(
-            dir.join("admin.conf"),
-            format!(
-                "apiVersion: v1\nclusters:\n- cluster:\n    certificate-authority: {}\n    server: https://{}\n  name: c\nusers:\n- name: kubernetes-admin\n  user:\n    client-certificate: {}\n    client-key: {}\n",
-                pki.ca_file().display(),
-                fake.addr(),
-                pki.client_cert_file().display(),
-                pki.client_key_file().display()
-            ),
+        write_admin_conf(
+            &dir.join("admin.conf"),
+            &pki,
+            fake.addr(),
+            &pki.client_cert_file(),
+            &pki.client_key_file(),
         )?;
-        Ok(Self {
-            fake,
-            dir,
-            _pki: pki,
-        })
+        Ok(Self { fake, dir, pki })
     }
 
     fn agent(&self, once: bool) -> Command {
@@ -370,7 +401,10 @@ async fn kubeadm_sync_rolls_back_with_kubeadm_when_the_new_apiserver_never_gets_
         "the stand-in changed by the rollback"
     );
 
-    // The next upgrade, a good one, goes through.
+    // The next upgrade, a good one, goes through, after kubeadm renewed admin.conf and the
+    // old client certificate is no longer accepted: the agent reads its kubeadm's kubeconfig
+    // again on every pass.
+    node.renew_admin_conf()?;
     std::fs::write(&manifest, apiserver_manifest("v1.37.2", ""))?;
     eventually(DEADLINE, || async {
         let s = node.standin()?;
