@@ -63,7 +63,7 @@ pub enum Command {
     /// Node agent (a static pod): keep the last-known-good checkpoint of the apiserver
     /// Deployment's pod; after a reboot, put it into the kubelet's static pod directory when
     /// nothing serves the node address; remove it once the recovery instance asks to be retired.
-    Recover(RecoverArgs),
+    Recover(Box<RecoverArgs>),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -365,6 +365,18 @@ pub struct RecoverArgs {
     /// Serve the agent's metrics (checkpoint age and refusals) on ADDR at /metrics.
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<String>,
+
+    /// Serve --metrics-listen over TLS with this certificate (PEM); needs --metrics-tls-key-file and --metrics-client-ca-file (as `run`'s).
+    #[arg(long, value_name = "FILE")]
+    pub metrics_tls_cert_file: Option<PathBuf>,
+
+    /// The private key of --metrics-tls-cert-file (PEM).
+    #[arg(long, value_name = "FILE")]
+    pub metrics_tls_key_file: Option<PathBuf>,
+
+    /// With TLS on --metrics-listen: only scrapers presenting a client certificate issued by a CA of this PEM file are answered.
+    #[arg(long, value_name = "FILE")]
+    pub metrics_client_ca_file: Option<PathBuf>,
 
     /// How often the retire file is looked for.
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]

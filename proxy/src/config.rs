@@ -414,43 +414,20 @@ fn metrics_label(text: &str) -> Result<(String, String), String> {
 
 /// `--metrics-tls-cert-file`, `--metrics-tls-key-file` and `--metrics-client-ca-file`: all
 /// three or none (TLS on the scrape address always authenticates the scraper).
+/// `--metrics-tls-cert-file`, `--metrics-tls-key-file` and `--metrics-client-ca-file`
+/// ([`crate::observe::scrape::tls_config`]).
 fn metrics_tls(args: &RunArgs) -> Result<Option<Arc<rustls::ServerConfig>>, ConfigError> {
-    let (cert, key, ca) = match (
-        &args.metrics_tls_cert_file,
-        &args.metrics_tls_key_file,
-        &args.metrics_client_ca_file,
-    ) {
-        (None, None, None) => return Ok(None),
-        (Some(cert), Some(key), Some(ca)) => (cert, key, ca),
-        (None, _, _) => {
-            return Err(invalid(
-                "--metrics-tls-cert-file",
-                "missing (needed with --metrics-tls-key-file or --metrics-client-ca-file)",
-            ))
+    crate::observe::scrape::tls_config(
+        args.metrics_tls_cert_file.as_ref(),
+        args.metrics_tls_key_file.as_ref(),
+        args.metrics_client_ca_file.as_ref(),
+    )
+    .map_err(|e| match e {
+        crate::observe::scrape::TlsConfigError::Missing { flag, message } => invalid(flag, message),
+        crate::observe::scrape::TlsConfigError::File { flag, path, source } => {
+            ConfigError::File { flag, path, source }
         }
-        (_, None, _) => {
-            return Err(invalid(
-                "--metrics-tls-key-file",
-                "missing (needed with --metrics-tls-cert-file)",
-            ))
-        }
-        (_, _, None) => {
-            return Err(invalid(
-                "--metrics-client-ca-file",
-                "missing: TLS on --metrics-listen requires client certificates",
-            ))
-        }
-    };
-    let file_err = |flag: &'static str, path: &PathBuf| {
-        let path = path.display().to_string();
-        move |source| ConfigError::File { flag, path, source }
-    };
-    let certs = tls::load_certs(cert).map_err(file_err("--metrics-tls-cert-file", cert))?;
-    let key_der = tls::load_key(key).map_err(file_err("--metrics-tls-key-file", key))?;
-    let roots = tls::load_roots(ca).map_err(file_err("--metrics-client-ca-file", ca))?;
-    tls::server_config(certs, key_der, roots)
-        .map(Some)
-        .map_err(file_err("--metrics-tls-key-file", key))
+    })
 }
 
 fn health_check(args: &RunArgs) -> Result<HealthCheck, ConfigError> {

@@ -54,6 +54,9 @@ pub enum RecoverError {
     ImageRepository(String),
     #[error("--metrics-listen: {0}")]
     MetricsListen(String),
+    /// The TLS of --metrics-listen, as `run`'s: `--FLAG FILE: problem`.
+    #[error("{0}")]
+    MetricsTls(#[source] crate::observe::scrape::TlsConfigError),
     #[error("--metrics-listen: bind {addr}: {source}")]
     MetricsBind {
         addr: SocketAddr,
@@ -76,7 +79,8 @@ impl RecoverError {
             | RecoverError::Workload(_)
             | RecoverError::HostPath(_)
             | RecoverError::ImageRepository(_)
-            | RecoverError::MetricsListen(_) => true,
+            | RecoverError::MetricsListen(_)
+            | RecoverError::MetricsTls(_) => true,
             RecoverError::MetricsBind { .. } | RecoverError::Runtime(_) => false,
         }
     }
@@ -102,6 +106,8 @@ pub struct Recover {
     /// What a checkpoint may hold, at writing and at activation.
     pub policy: staticpod::Policy,
     pub metrics_listen: Option<SocketAddr>,
+    /// TLS on `metrics_listen` (with client certificates), as `run`'s scrape address.
+    pub metrics_tls: Option<std::sync::Arc<rustls::ServerConfig>>,
     pub interval: Duration,
 }
 
@@ -154,6 +160,12 @@ impl TryFrom<&RecoverArgs> for Recover {
             .map(crate::cli::parse_socket_addr)
             .transpose()
             .map_err(RecoverError::MetricsListen)?;
+        let metrics_tls = crate::observe::scrape::tls_config(
+            args.metrics_tls_cert_file.as_ref(),
+            args.metrics_tls_key_file.as_ref(),
+            args.metrics_client_ca_file.as_ref(),
+        )
+        .map_err(RecoverError::MetricsTls)?;
         let writer = match (&args.kubeconfig, &args.node_name) {
             (Some(kubeconfig), Some(node)) => {
                 // Read now to refuse a bad one at start; read again at every attempt.
@@ -184,6 +196,7 @@ impl TryFrom<&RecoverArgs> for Recover {
             node_address,
             policy,
             metrics_listen,
+            metrics_tls,
             interval: args.interval,
         })
     }
@@ -218,7 +231,13 @@ pub fn run(args: &RecoverArgs) -> Result<(), RecoverError> {
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .map_err(|source| RecoverError::MetricsBind { addr, source })?;
-            tasks.spawn(serve_metrics(listener, registry, stop.clone(), tasks.clone()));
+            tasks.spawn(serve_metrics(
+                listener,
+                registry,
+                config.metrics_tls.clone(),
+                stop.clone(),
+                tasks.clone(),
+            ));
         }
         tracing::info!(checkpoint = %config.checkpoint.display(), static_pod_dir = %config.static_pod_dir.display(), node_address = %config.node_address, metrics_listen = ?config.metrics_listen, "recover: started");
         metrics
@@ -256,6 +275,7 @@ pub fn run(args: &RecoverArgs) -> Result<(), RecoverError> {
 async fn serve_metrics(
     listener: tokio::net::TcpListener,
     registry: prometheus::Registry,
+    tls: Option<std::sync::Arc<rustls::ServerConfig>>,
     stop: tokio_util::sync::CancellationToken,
     tasks: tokio_util::task::TaskTracker,
 ) {
@@ -280,7 +300,7 @@ async fn serve_metrics(
                 .expect("valid response")
         }
     };
-    crate::observe::admin::serve_with(listener, handler, false, None, stop, tasks).await;
+    crate::observe::admin::serve_with(listener, handler, false, tls, stop, tasks).await;
 }
 
 fn unix_seconds(t: Option<std::time::SystemTime>) -> i64 {

@@ -39,6 +39,67 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+/// Why the TLS of a scrape address cannot be set up: a flag missing, or a file.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsConfigError {
+    #[error("{flag}: {message}")]
+    Missing {
+        flag: &'static str,
+        message: &'static str,
+    },
+    #[error("{flag} {path}: {source}")]
+    File {
+        flag: &'static str,
+        path: String,
+        #[source]
+        source: crate::backends::tls::TlsError,
+    },
+}
+
+/// The TLS of a scrape address (`run`'s `--metrics-listen`, `recover`'s) from
+/// `--metrics-tls-cert-file`, `--metrics-tls-key-file` and `--metrics-client-ca-file`: all
+/// three or none (TLS on a scrape address always authenticates the scraper).
+pub fn tls_config(
+    cert: Option<&PathBuf>,
+    key: Option<&PathBuf>,
+    ca: Option<&PathBuf>,
+) -> Result<Option<Arc<rustls::ServerConfig>>, TlsConfigError> {
+    use crate::backends::tls;
+    let missing = |flag, message| Err(TlsConfigError::Missing { flag, message });
+    let (cert, key, ca) = match (cert, key, ca) {
+        (None, None, None) => return Ok(None),
+        (Some(cert), Some(key), Some(ca)) => (cert, key, ca),
+        (None, _, _) => {
+            return missing(
+                "--metrics-tls-cert-file",
+                "missing (needed with --metrics-tls-key-file or --metrics-client-ca-file)",
+            )
+        }
+        (_, None, _) => {
+            return missing(
+                "--metrics-tls-key-file",
+                "missing (needed with --metrics-tls-cert-file)",
+            )
+        }
+        (_, _, None) => {
+            return missing(
+                "--metrics-client-ca-file",
+                "missing: TLS on --metrics-listen requires client certificates",
+            )
+        }
+    };
+    let file_err = |flag: &'static str, path: &PathBuf| {
+        let path = path.display().to_string();
+        move |source| TlsConfigError::File { flag, path, source }
+    };
+    let certs = tls::load_certs(cert).map_err(file_err("--metrics-tls-cert-file", cert))?;
+    let key_der = tls::load_key(key).map_err(file_err("--metrics-tls-key-file", key))?;
+    let roots = tls::load_roots(ca).map_err(file_err("--metrics-client-ca-file", ca))?;
+    tls::server_config(certs, key_der, roots)
+        .map(Some)
+        .map_err(file_err("--metrics-tls-key-file", key))
+}
+
 use crate::base::http_client::{self, HttpError};
 use crate::observe::admin::{self, AdminView};
 

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{ensure, Context as _, Result};
 use kube_apiserver_proxy_tests::certs::Pki;
-use kube_apiserver_proxy_tests::client::http_get;
+use kube_apiserver_proxy_tests::client::{http_get, HttpsClient};
 use kube_apiserver_proxy_tests::fake_apiserver::FakeApiserver;
 use kube_apiserver_proxy_tests::process::ChildProcess;
 use kube_apiserver_proxy_tests::proxy::{proxy_bin, require_metric, run_cli, ProxyBuilder};
@@ -1130,5 +1130,73 @@ async fn stop_traced(traced: &ChildProcess) -> Result<()> {
     )?;
     let status = traced.wait_exit(DEADLINE).await?;
     ensure!(status.success(), "recover under strace: {status}");
+    Ok(())
+}
+
+/// The agent's metrics address takes the TLS options of the proxy's scrape address: with a
+/// certificate it speaks TLS and answers only scrapers presenting a client certificate of
+/// `--metrics-client-ca-file`; plain HTTP and a client without a certificate get nothing; a
+/// certificate without the other two flags is bad input (exit 2, one line).
+#[tokio::test]
+async fn recover_metrics_over_tls_answer_client_certificates_only() -> Result<()> {
+    let pki = Pki::new()?;
+    let dir = TempDir::new("recover-tls")?;
+    let metrics = free_random_loopback_addr()?;
+    let tls = [
+        format!(
+            "--metrics-tls-cert-file={}",
+            pki.server_cert_file().display()
+        ),
+        format!("--metrics-tls-key-file={}", pki.server_key_file().display()),
+        format!("--metrics-client-ca-file={}", pki.ca_file().display()),
+    ];
+    let mut command = Command::new(proxy_bin()?);
+    command
+        .arg("recover")
+        .arg(format!("--node-address={}", free_random_loopback_addr()?))
+        .arg(format!("--static-pod-dir={}", dir.path().display()))
+        .arg("--boot-marker")
+        .arg(dir.join("boot"))
+        .arg(format!("--retire-file={}", dir.join("retire").display()))
+        .arg(format!("--metrics-listen={metrics}"))
+        .args(&tls)
+        .env_remove("RUST_LOG");
+    let agent = ChildProcess::spawn(command, "recover")?;
+    let client = HttpsClient::new(pki.client_config(true)?);
+    eventually(DEADLINE, || async {
+        agent.ensure_running()?;
+        let (code, body) = client.get(metrics, "/metrics").await?;
+        ensure!(code == 200, "HTTP {code}");
+        ensure!(
+            body.contains("kube_apiserver_proxy_checkpoint"),
+            "no checkpoint metric: {body}"
+        );
+        Ok(())
+    })
+    .await?;
+    let anonymous = HttpsClient::new(pki.client_config(false)?);
+    for i in 0..3 {
+        if let Ok((code, _)) = anonymous.get(metrics, "/metrics").await {
+            anyhow::bail!("scrape {i} without a client certificate answered HTTP {code}");
+        }
+        if let Ok((code, _)) = http_get(metrics, "/metrics").await {
+            anyhow::bail!("plain-HTTP scrape {i} answered HTTP {code}");
+        }
+    }
+    drop(agent);
+    let out = run_cli([
+        "recover".to_owned(),
+        "--node-address=127.0.0.1:6443".to_owned(),
+        format!("--static-pod-dir={}", dir.path().display()),
+        format!("--metrics-listen={metrics}"),
+        tls[0].clone(),
+    ])
+    .await?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        out.status.code() == Some(2) && stderr.contains("--metrics-tls-key-file"),
+        "a certificate alone: {:?} {stderr}",
+        out.status
+    );
     Ok(())
 }
