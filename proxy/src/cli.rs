@@ -362,6 +362,20 @@ pub struct RecoverArgs {
     #[arg(long = "allow-capability", value_name = "CAP")]
     pub allow_capability: Vec<String>,
 
+    /// kubeadm's apiserver manifest: at boot a checkpoint more than one minor version behind
+    /// its image is not activated (the apiserver would meet data and clients of a newer one).
+    /// Absent or unreadable: no such check (logged).
+    #[arg(
+        long,
+        value_name = "FILE",
+        default_value = "/etc/kubernetes/manifests/kube-apiserver.yaml"
+    )]
+    pub kubeadm_manifest: PathBuf,
+
+    /// Activate a checkpoint whatever its version is behind --kubeadm-manifest's.
+    #[arg(long)]
+    pub allow_version_skew: bool,
+
     /// Serve the agent's metrics (checkpoint age and refusals) on ADDR at /metrics.
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<String>,

@@ -106,6 +106,9 @@ pub struct Recover {
     /// What a checkpoint may hold, at writing and at activation.
     pub policy: staticpod::Policy,
     pub metrics_listen: Option<SocketAddr>,
+    /// kubeadm's apiserver manifest, for the version check at boot (`--kubeadm-manifest`),
+    /// unless `--allow-version-skew`.
+    pub kubeadm_manifest: Option<PathBuf>,
     /// TLS on `metrics_listen` (with client certificates), as `run`'s scrape address.
     pub metrics_tls: Option<std::sync::Arc<rustls::ServerConfig>>,
     pub interval: Duration,
@@ -196,6 +199,7 @@ impl TryFrom<&RecoverArgs> for Recover {
             node_address,
             policy,
             metrics_listen,
+            kubeadm_manifest: (!args.allow_version_skew).then(|| args.kubeadm_manifest.clone()),
             metrics_tls,
             interval: args.interval,
         })
@@ -352,10 +356,17 @@ async fn decide(config: &Recover) -> Decision {
             ))
         }
     };
-    let origin = match serde_json::from_slice(&bytes)
-        .map_err(Refusal::from)
-        .and_then(|v| Ok(staticpod::validate(&v, &config.policy)?))
-    {
+    let pod: serde_json::Value = match serde_json::from_slice(&bytes) {
+        Ok(v) => v,
+        Err(e) => {
+            return Decision::Not(format!(
+                "checkpoint {} refused: {}",
+                config.checkpoint.display(),
+                Refusal::from(e)
+            ))
+        }
+    };
+    let origin = match staticpod::validate(&pod, &config.policy).map_err(Refusal::from) {
         Ok(o) => o,
         Err(e) => {
             return Decision::Not(format!(
@@ -364,6 +375,13 @@ async fn decide(config: &Recover) -> Decision {
             ))
         }
     };
+    if let Some(why) = config
+        .kubeadm_manifest
+        .as_deref()
+        .and_then(|m| too_far_behind(&pod, m))
+    {
+        return Decision::Not(why);
+    }
     if serves(config.node_address).await {
         return Decision::Not(format!(
             "{} accepts connections: an apiserver serves the node already",
@@ -376,6 +394,37 @@ async fn decide(config: &Recover) -> Decision {
         Ok(()) => Decision::Activated(origin.pod),
         Err(e) => Decision::Not(format!("cannot write {}: {e}", manifest.display())),
     }
+}
+
+/// Why a checkpoint whose apiserver is more than one minor version behind kubeadm's manifest's
+/// is not activated (None: it may be, or there is nothing to compare). Such an apiserver would
+/// serve data written by a newer one, to clients and kubelets of a newer one: Kubernetes
+/// supports one minor of skew. `--allow-version-skew` activates it anyway.
+fn too_far_behind(checkpoint: &serde_json::Value, kubeadm_manifest: &Path) -> Option<String> {
+    let image = checkpoint["spec"]["containers"]
+        .as_array()?
+        .iter()
+        .find(|c| c["name"] == crate::node::render::CONTAINER)?["image"]
+        .as_str()?
+        .to_owned();
+    let text = match std::fs::read_to_string(kubeadm_manifest) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::info!(manifest = %kubeadm_manifest.display(), error = %e, "recover: kubeadm's manifest not read; the checkpoint's version is not compared with it");
+            return None;
+        }
+    };
+    let kubeadm = crate::node::render::StaticPod::parse(&text).ok()?.image();
+    let (km, kn, ..) = crate::node::render::image_version(&kubeadm)?;
+    let (cm, cn, ..) = crate::node::render::image_version(&image)?;
+    (cm < km || (cm == km && cn + 1 < kn)).then(|| {
+        format!(
+            "checkpoint runs {} and kubeadm's manifest {} {}: more than one minor version behind (--allow-version-skew to activate it anyway)",
+            image,
+            kubeadm_manifest.display(),
+            kubeadm
+        )
+    })
 }
 
 /// Why the checkpoint file is not activated.

@@ -292,7 +292,7 @@ pub fn files_digest(files: &[String]) -> Option<String> {
 }
 
 /// `(major, minor, patch, pre-release)` of an image's `vX.Y.Z[-pre]` tag.
-fn image_version(image: &str) -> Option<(u64, u64, u64, Option<String>)> {
+pub fn image_version(image: &str) -> Option<(u64, u64, u64, Option<String>)> {
     let name = image.split('@').next()?;
     let (_, tag) = name.rsplit_once(':').filter(|(n, _)| !n.ends_with('/'))?;
     if tag.contains('/') {

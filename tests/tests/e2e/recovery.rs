@@ -824,6 +824,11 @@ impl AgentNode {
         self.dir.join("boot")
     }
 
+    /// kubeadm's apiserver manifest (absent unless a test writes it).
+    fn kubeadm_manifest(&self) -> PathBuf {
+        self.dir.join("kubeadm-kube-apiserver.yaml")
+    }
+
     fn retire(&self) -> PathBuf {
         self.dir.join("retire")
     }
@@ -853,6 +858,8 @@ impl AgentNode {
             .arg(self.retire())
             .arg("--boot-marker")
             .arg(self.marker())
+            .arg("--kubeadm-manifest")
+            .arg(self.kubeadm_manifest())
             .arg("--interval=100ms")
             .args(extra)
             .env_remove("RUST_LOG");
@@ -1016,6 +1023,52 @@ async fn recover_does_not_activate_when_the_node_serves_or_the_checkpoint_is_ref
     ensure!(
         node.marker_text().contains("no checkpoint"),
         "{}",
+        node.marker_text()
+    );
+    Ok(())
+}
+
+/// At boot a checkpoint more than one minor version behind kubeadm's manifest (the node was
+/// upgraded twice since it was written) is not activated, unless `--allow-version-skew`; one
+/// minor behind (an upgrade whose new pod never became the checkpoint) is.
+#[tokio::test]
+async fn a_checkpoint_two_minors_behind_kubeadm_is_not_activated() -> Result<()> {
+    let kubeadm = |version: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: kube-apiserver\n  namespace: kube-system\nspec:\n  containers:\n  - name: kube-apiserver\n    image: registry.k8s.io/kube-apiserver:{version}\n    command: [kube-apiserver, --secure-port=6443]\n"
+        )
+    };
+    // The checkpoint runs v1.37.2 (APISERVER_IMAGE).
+    let node = AgentNode::new(&checkpoint("/etc/kubernetes/pki"))?;
+    std::fs::write(node.kubeadm_manifest(), kubeadm("v1.39.0"))?;
+    let _agent = node.agent().await?;
+    ensure!(
+        node.marker_text()
+            .contains("more than one minor version behind")
+            && node.marker_text().contains("v1.39.0"),
+        "marker: {}",
+        node.marker_text()
+    );
+    ensure!(
+        !node.manifest().exists(),
+        "a checkpoint two minors behind was activated"
+    );
+
+    let node = AgentNode::new(&checkpoint("/etc/kubernetes/pki"))?;
+    std::fs::write(node.kubeadm_manifest(), kubeadm("v1.39.0"))?;
+    let _agent = node.agent_with(&["--allow-version-skew"]).await?;
+    ensure!(
+        node.manifest().exists(),
+        "not activated with --allow-version-skew: {}",
+        node.marker_text()
+    );
+
+    let node = AgentNode::new(&checkpoint("/etc/kubernetes/pki"))?;
+    std::fs::write(node.kubeadm_manifest(), kubeadm("v1.38.1"))?;
+    let _agent = node.agent().await?;
+    ensure!(
+        node.manifest().exists(),
+        "one minor behind was not activated: {}",
         node.marker_text()
     );
     Ok(())
