@@ -1128,6 +1128,52 @@ status: {}
         );
     }
 
+    /// The pod of `--client-address transparent` is a checkpoint only with the four
+    /// capabilities it adds allowed (docs/runbooks/reboot-recovery.md): the init container's
+    /// NET_ADMIN among them.
+    #[test]
+    fn a_transparent_pod_is_a_checkpoint_with_its_four_capabilities_allowed() {
+        use crate::node::staticpod;
+        let options = Options {
+            proxy_image: Some("ghcr.io/example/kube-apiserver-proxy:v1".into()),
+            client_address_transparent: true,
+            ..Options::default()
+        };
+        let d = render(KUBEADM, &options).unwrap();
+        let template = &d["spec"]["template"];
+        let mut spec = template["spec"].clone();
+        spec["nodeName"] = json!("node-1");
+        let pod = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "kube-apiserver-7d4f9c-abcde", "namespace": "kube-system",
+                "uid": "u", "creationTimestamp": "2025-01-02T03:04:05Z",
+                "labels": template["metadata"]["labels"],
+                "ownerReferences": [{"kind": "ReplicaSet", "name": "kube-apiserver-7d4f9c"}]},
+            "spec": spec});
+        let checkpoint = staticpod::from_pod(&pod, "/run/retire", "2025-01-02T03:05:05Z").unwrap();
+        let paths: Vec<String> = template["spec"]["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|v| v["hostPath"]["path"].as_str().map(str::to_owned))
+            .collect();
+        let policy = |caps: &[&str]| {
+            staticpod::Policy::new(
+                &paths,
+                &["ghcr.io/example/kube-apiserver-proxy".to_owned()],
+                &[],
+            )
+            .allow_capabilities(&caps.iter().map(|c| c.to_string()).collect::<Vec<_>>())
+        };
+        staticpod::validate(
+            &checkpoint,
+            &policy(&["NET_ADMIN", "NET_RAW", "SETUID", "SETGID"]),
+        )
+        .unwrap();
+        let refused = staticpod::validate(&checkpoint, &policy(&["NET_RAW", "SETUID", "SETGID"]))
+            .unwrap_err();
+        assert!(refused.to_string().contains("NET_ADMIN"), "{refused}");
+    }
+
     #[test]
     fn a_lost_flag_is_found() {
         let mut d = render(KUBEADM, &Options::default()).unwrap();
