@@ -60,6 +60,14 @@ pub const APISERVER: &str = "kube-apiserver.yaml";
 pub const SET_ASIDE: &str = ".kube-apiserver.yaml";
 /// The names of the copies this agent made (a dot file: the kubelet ignores it).
 const MANAGED: &str = ".kubeadm-sync";
+/// The stand-in's containers' security context: no capability (the agent, root, reads and
+/// writes root's files under /etc/kubernetes as their owner), no escalation, a read-only root
+/// file system (it writes only to its mounts).
+static LEAST_PRIVILEGE: std::sync::LazyLock<Value> = std::sync::LazyLock::new(|| {
+    json!({"capabilities": {"drop": ["ALL"]}, "allowPrivilegeEscalation": false,
+        "readOnlyRootFilesystem": true})
+});
+
 /// Where the stand-in's container finds this binary (copied by its init container).
 const BIN: &str = "/proxy-bin/kube-apiserver-proxy";
 
@@ -112,6 +120,7 @@ pub fn standin(
     files: Option<&str>,
     proxy_image: &str,
     command: &[String],
+    writable: &[&Path],
 ) -> Value {
     let meta = &pod.pod["metadata"];
     let mut annotations = render::kubeadm_annotations(pod);
@@ -133,9 +142,26 @@ pub fn standin(
         "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}},
         "volumeMounts": [
             {"name": "proxy-bin", "mountPath": "/proxy-bin", "readOnly": true},
-            {"name": "etc-kubernetes", "mountPath": "/etc/kubernetes"},
+            {"name": "etc-kubernetes", "mountPath": "/etc/kubernetes", "readOnly": true},
         ],
+        "securityContext": LEAST_PRIVILEGE.clone(),
     });
+    // Writable: kubeadm's manifest directory (the manifest set aside by `--once` is put back)
+    // and the kubelet's, below the read-only /etc/kubernetes (its certificates and keys, the
+    // kubeconfigs, what the apiserver's flags name: read for the digests and the API client).
+    let mut volumes = vec![
+        json!({"name": "proxy-bin", "emptyDir": {"sizeLimit": "64Mi"}}),
+        json!({"name": "etc-kubernetes", "hostPath": {"path": "/etc/kubernetes", "type": "Directory"}}),
+    ];
+    for (i, dir) in writable.iter().enumerate() {
+        let name = format!("writable-{i}");
+        container["volumeMounts"]
+            .as_array_mut()
+            .expect("a list")
+            .push(json!({"name": name, "mountPath": dir.display().to_string()}));
+        volumes.push(json!({"name": name,
+            "hostPath": {"path": dir.display().to_string(), "type": "DirectoryOrCreate"}}));
+    }
     // kubeadm's readiness probe (through the node address) and the port it names.
     for key in ["readinessProbe", "ports"] {
         if let Some(v) = kubeadm.get(key) {
@@ -152,12 +178,10 @@ pub fn standin(
             "imagePullPolicy": "IfNotPresent",
             "command": ["/kube-apiserver-proxy", "install", BIN],
             "volumeMounts": [{"name": "proxy-bin", "mountPath": "/proxy-bin"}],
+            "securityContext": LEAST_PRIVILEGE.clone(),
         }],
         "containers": [container],
-        "volumes": [
-            {"name": "proxy-bin", "emptyDir": {"sizeLimit": "64Mi"}},
-            {"name": "etc-kubernetes", "hostPath": {"path": "/etc/kubernetes", "type": "Directory"}},
-        ],
+        "volumes": volumes,
     });
     if let Some(sc) = pod.pod["spec"].get("securityContext") {
         spec["securityContext"] = sc.clone();
@@ -594,7 +618,13 @@ impl Sync {
         if stood_for {
             return Ok(Pass::InStep);
         }
-        let mut stand = standin(&pod, files.as_deref(), &self.proxy_image, &self.command);
+        let mut stand = standin(
+            &pod,
+            files.as_deref(),
+            &self.proxy_image,
+            &self.command,
+            &[&self.kubeadm_dir, &self.static_pod_dir],
+        );
         stand["metadata"]["uid"] = json!(static_uid(&self.node, APISERVER, &stand));
         write_durable(
             &dst,
@@ -812,7 +842,16 @@ mod tests {
     #[test]
     fn the_standin_is_what_kubeadm_and_cluster_api_look_for() {
         let pod = StaticPod::parse(KUBEADM).unwrap();
-        let s = standin(&pod, Some("f"), "kap:v1", &["kubeadm-sync".into()]);
+        let s = standin(
+            &pod,
+            Some("f"),
+            "kap:v1",
+            &["kubeadm-sync".into()],
+            &[
+                Path::new("/etc/kubernetes/manifests"),
+                Path::new("/etc/kubernetes/kubelet-manifests"),
+            ],
+        );
         let meta = &s["metadata"];
         assert_eq!(meta["name"], "kube-apiserver");
         assert_eq!(meta["namespace"], "kube-system");
@@ -834,6 +873,29 @@ mod tests {
         assert_eq!(c["command"][0], BIN);
         assert_eq!(s["spec"]["initContainers"][0]["image"], "kap:v1");
         assert_eq!(s["spec"]["hostNetwork"], true);
+        // Least privilege: no capability, read-only root, /etc/kubernetes read-only but for
+        // the two manifest directories.
+        for c in [&s["spec"]["containers"][0], &s["spec"]["initContainers"][0]] {
+            assert_eq!(c["securityContext"]["capabilities"]["drop"], json!(["ALL"]));
+            assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
+            assert_eq!(c["securityContext"]["allowPrivilegeEscalation"], false);
+        }
+        let mounts = c["volumeMounts"].as_array().unwrap();
+        let writable: Vec<&str> = mounts
+            .iter()
+            .filter(|m| m["readOnly"] != true)
+            .map(|m| m["mountPath"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            writable,
+            [
+                "/etc/kubernetes/manifests",
+                "/etc/kubernetes/kubelet-manifests"
+            ]
+        );
+        assert!(mounts
+            .iter()
+            .any(|m| m["mountPath"] == "/etc/kubernetes" && m["readOnly"] == true));
     }
 
     #[test]
