@@ -7,7 +7,8 @@
 //!   pods (their mirror pods' `kubernetes.io/config.hash`); the Deployment, stale, replaced by
 //!   the one rendered from kubeadm's manifest, the live proxy image kept; the stand-in
 //!   `kube-apiserver` written only once the rollout completed; kubeadm's manifest set aside
-//!   until the agent runs (then put back);
+//!   until the agent runs (then put back), or put back at once, and `--once` failed, while
+//!   kubeadm's apiserver goes on running;
 //! - running: a new kubeadm manifest (what `kubeadm upgrade apply` writes) becomes a `PUT`, and
 //!   the stand-in, whose hash kubeadm waits on, changes only when the rollout is complete; an
 //!   updated manifest of another component is copied with a UID of its content (the same
@@ -21,6 +22,7 @@
 //! tests say they are skipped, except in CI, where they fail.
 
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt as _;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -543,6 +545,53 @@ async fn kubeadm_sync_turns_kubeadm_manifests_into_static_pods_and_rollouts() ->
         "the same content got another UID"
     );
     agent.ensure_running()?;
+    Ok(())
+}
+
+/// `--once` while kubeadm's static apiserver does not stop (the kubelet down, or running
+/// another directory): restarting the kubelet then would kill it as an orphan, cutting its
+/// requests. Past `--once-timeout` the agent puts kubeadm's manifest back (the node as before)
+/// and fails, exit 1, naming the process and saying not to restart the kubelet; once that
+/// apiserver is gone, `--once` again succeeds.
+#[tokio::test]
+async fn kubeadm_sync_once_puts_the_manifest_back_and_fails_while_kubeadms_apiserver_runs(
+) -> Result<()> {
+    let node = Node::new().await?;
+    // A process that looks like kubeadm's apiserver: named kube-apiserver, not bound to a
+    // 127. address (a Deployment's is). It only sleeps.
+    let mut sleeper = Command::new("sleep");
+    sleeper.arg0("kube-apiserver").arg("600");
+    let apiserver = ChildProcess::spawn(sleeper, "kube-apiserver")?;
+    let mut once = node.agent(true);
+    once.arg("--once-timeout=2s");
+    let out = tokio::task::spawn_blocking(move || once.output()).await??;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        out.status.code() == Some(1),
+        "--once: {}: {stderr}",
+        out.status
+    );
+    let said = format!(
+        "kubeadm's static apiserver (pid {}) still runs 2s after its manifest was set aside",
+        apiserver.pid()
+    );
+    ensure!(
+        stderr.contains(&said) && stderr.contains("do not restart the kubelet"),
+        "{stderr}"
+    );
+    ensure!(
+        node.dir.join("manifests/kube-apiserver.yaml").exists()
+            && !node.dir.join("manifests/.kube-apiserver.yaml").exists(),
+        "kubeadm's manifest not put back: {stderr}"
+    );
+
+    drop(apiserver);
+    migrate(&node).await?;
+    ensure!(
+        node.dir.join("manifests/.kube-apiserver.yaml").exists()
+            && !node.dir.join("manifests/kube-apiserver.yaml").exists(),
+        "kubeadm's manifest not set aside by the second --once"
+    );
     Ok(())
 }
 
