@@ -163,6 +163,13 @@ pub struct KubeadmSyncArgs {
     /// exit; then restart the kubelet on --static-pod-dir.
     #[arg(long)]
     pub once: bool,
+
+    /// With --once: how long kubeadm's static apiserver may take to exit once its manifest is
+    /// set aside (the kubelet's look at the directory, then the pod's grace period, 30s).
+    /// Still running then: the manifest is put back and --once fails (exit 1), so that the
+    /// kubelet is not restarted under it.
+    #[arg(long, value_name = "DURATION", default_value = "120s", value_parser = parse_duration)]
+    pub once_timeout: Duration,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -13,6 +13,7 @@ use std::time::Duration;
 use crate::backends::check::{HealthCheck, HealthConfig};
 use crate::backends::discovery::DiscoveryConfig;
 use crate::backends::tls::{self, TlsError};
+use crate::backends::transparent;
 use crate::base::addr::{AdminAddr, BackendAddr, ListenAddr};
 use crate::cli::{
     parse_socket_addr, ClientAddress, CopyMode, HealthCheckKind, LogFormat, RunArgs, RuntimeShape,
@@ -194,8 +195,19 @@ fn listen_addrs(args: &RunArgs) -> Result<Vec<SocketAddr>, ConfigError> {
 }
 
 /// `--backend`: some backend must come from somewhere (or discovery); `--backend-expiry`.
+/// With `--client-address transparent`, none in 127.0.0.0/24: the policy routing leaves that
+/// range to the host's own traffic, so the mode could never keep a client's address there
+/// (and a remote client's transparent connect would wait out `--connect-timeout`).
 fn backend_addrs(args: &RunArgs) -> Result<Vec<SocketAddr>, ConfigError> {
     let backends = parse_addrs("--backend", &args.backend)?;
+    if args.client_address == ClientAddress::Transparent {
+        if let Some(b) = backends.iter().find(|b| transparent::in_host_range(b.ip())) {
+            return Err(invalid(
+                "--backend",
+                format!("{b} is in 127.0.0.0/24, where --client-address transparent cannot keep client addresses (its policy routing leaves that range to the host's own traffic): bind the apiserver outside it, as launch does"),
+            ));
+        }
+    }
     if backends.is_empty() && args.own_backend_file.is_none() && args.backend_dir.is_none() {
         return Err(invalid(
             "--backend",
@@ -665,5 +677,36 @@ mod tests {
             assert!(err.starts_with(flag), "{args:?}: {err}");
             assert!(!err.contains('\n'), "{err}");
         }
+    }
+
+    /// The transparent mode's routing leaves 127.0.0.0/24 to the host: a backend there is
+    /// refused with the mode, and only with it; 127.0.1.0 and beyond (launch's) are taken.
+    #[test]
+    fn transparent_mode_refuses_a_backend_in_the_hosts_range() {
+        let with = |backend: &'static str, mode: &'static str| {
+            parse(&[
+                "--listen",
+                "192.0.2.10:6443",
+                "--backend",
+                "127.1.2.3:6443",
+                "--backend",
+                backend,
+                "--health-check",
+                "tcp",
+                "--client-address",
+                mode,
+            ])
+        };
+        let err = with("127.0.0.77:6443", "transparent")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("--backend: 127.0.0.77:6443 is in 127.0.0.0/24"),
+            "{err}"
+        );
+        assert!(with("127.0.0.77:6443", "proxy").is_ok());
+        assert!(with("127.0.1.1:6443", "transparent").is_ok());
+        assert!(with("[::1]:6443", "transparent").is_ok());
+        assert!(with("192.0.2.20:6443", "transparent").is_ok());
     }
 }

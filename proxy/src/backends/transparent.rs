@@ -17,7 +17,9 @@
 //! a firewall rule dropping it), connections to that backend are made normally and counted
 //! (`client_address_connections_total{result="fallback"}`), the reason is logged once and
 //! shown in `/status`: a client is never refused for it. A transparent connect that times out
-//! is retried at once without the mode.
+//! is retried at once without the mode. A backend in 127.0.0.0/24, which the routing leaves to
+//! the host's own traffic, never verifies ([`verify`]); given as `--backend` it is refused at
+//! start (`crate::config`): the mode could never keep an address there.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -146,7 +148,15 @@ pub async fn run(
 
 /// One verification: a transparent connect from [`test_source`] to a listener of our own on
 /// `ip`, answered through the same routing a backend's answers take. `Err`: why not.
+///
+/// A backend in 127.0.0.0/24 fails at once: the routing sends its answers by the main table,
+/// where whether they come back depends on the client's address (a test source without a
+/// route there comes back, a client on the node's network never does), so no test source can
+/// stand for every client.
 pub async fn verify(ip: IpAddr) -> Result<(), String> {
+    if in_host_range(ip) {
+        return Err(HOST_RANGE.into());
+    }
     let listener = tokio::net::TcpListener::bind((ip, 0))
         .await
         .map_err(|e| format!("cannot listen on {ip} to verify: {e}"))?;
@@ -173,7 +183,6 @@ pub async fn verify(ip: IpAddr) -> Result<(), String> {
             .await
             .unwrap_or_else(|e| Err(std::io::Error::other(e)));
             Err(match lookup {
-                Ok(false) if in_host_range(ip) => "the backend is in 127.0.0.0/24, which the policy routing leaves to the host's own traffic: bind the backend outside it".into(),
                 Ok(false) => "the answers are not routed back: the policy routing is missing (run `kube-apiserver-proxy transparent-routes`)".into(),
                 Ok(true) => "no answer although the policy routing is in place: a firewall rule drops it (kubelet's and kube-proxy's `block incoming localnet connections`, docs/operations.md)".into(),
                 Err(e) => format!("no answer (and the route could not be looked up: {e})"),
@@ -183,8 +192,11 @@ pub async fn verify(ip: IpAddr) -> Result<(), String> {
     }
 }
 
+/// Why a backend in 127.0.0.0/24 is never connected transparently.
+pub const HOST_RANGE: &str = "the backend is in 127.0.0.0/24, which the policy routing leaves to the host's own traffic: bind the backend outside it";
+
 /// 127.0.0.0/24: the loopback addresses the policy routing leaves alone ([`crate::backends::routes`]).
-fn in_host_range(ip: IpAddr) -> bool {
+pub fn in_host_range(ip: IpAddr) -> bool {
     matches!(ip, IpAddr::V4(v4) if v4.octets()[..3] == [127, 0, 0])
 }
 

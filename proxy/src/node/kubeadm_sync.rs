@@ -39,8 +39,10 @@
 //! on the new directory, keeps etcd, the controller-manager and the scheduler running. It sets
 //! kubeadm's apiserver manifest aside as `.kube-apiserver.yaml` (the kubelet ignores dot files)
 //! and waits until kubeadm's apiserver has stopped, gracefully, within its grace period: a
-//! kubelet restarted while it still ran would kill it as an orphan, cutting its requests. The
-//! agent, once it runs from the new directory, puts the manifest back.
+//! kubelet restarted while it still ran would kill it as an orphan, cutting its requests; if it
+//! still runs after `--once-timeout` (the kubelet down, or running another directory), the
+//! manifest is put back and `--once` fails. The agent, once it runs from the new directory,
+//! puts the manifest back.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -93,6 +95,8 @@ pub enum SyncError {
     SeveralControllers { count: usize, names: String },
     #[error("--kubeadm-dir and --static-pod-dir must differ (the kubelet would run kubeadm's apiserver)")]
     SameDir,
+    #[error("kubeadm's static apiserver (pid {pid}) still runs {waited:?} after its manifest was set aside; the manifest is put back, the node as before --once: do not restart the kubelet (it would kill that apiserver as an orphan, cutting its requests), find why the kubelet does not stop it (journalctl -u kubelet) and run --once again")]
+    StaticApiserverRuns { pid: u32, waited: Duration },
 }
 
 impl SyncError {
@@ -714,21 +718,18 @@ pub fn progress_deadline_exceeded(d: &Value) -> bool {
         .any(|c| c["type"] == "Progressing" && c["reason"] == "ProgressDeadlineExceeded")
 }
 
-/// Whether a kube-apiserver process other than a Deployment's (which binds a `127.` address,
-/// `launch`'s) runs: kubeadm's static apiserver.
-fn static_apiserver_running() -> bool {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return false;
-    };
-    entries.flatten().any(|e| {
-        let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else {
-            return false;
-        };
+/// The pid of a kube-apiserver process other than a Deployment's (which binds a `127.`
+/// address, `launch`'s): kubeadm's static apiserver.
+fn static_apiserver() -> Option<u32> {
+    let entries = std::fs::read_dir("/proc").ok()?;
+    entries.flatten().find_map(|e| {
+        let pid = e.file_name().to_str()?.parse().ok()?;
+        let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
         let mut args = cmdline.split(|b| *b == 0).filter(|a| !a.is_empty());
         let is_apiserver = args
             .next()
             .is_some_and(|a0| a0.rsplit(|b| *b == b'/').next() == Some(b"kube-apiserver"));
-        is_apiserver && !args.any(|a| a.starts_with(b"--bind-address=127."))
+        (is_apiserver && !args.any(|a| a.starts_with(b"--bind-address=127."))).then_some(pid)
     })
 }
 
@@ -737,6 +738,10 @@ fn static_apiserver_running() -> bool {
 /// kubeadm's apiserver gracefully (its grace period, as when the manifest is moved away by
 /// hand); returns once that apiserver has exited. The kubelet is then restarted on
 /// `--static-pod-dir`, where the agent runs and puts kubeadm's manifest back.
+///
+/// If that apiserver still runs after `wait` (the kubelet is down, or runs another directory),
+/// restarting the kubelet would kill it as an orphan: the manifest is put back, leaving the
+/// node as before (both apiservers serving), and `--once` fails.
 fn once(sync: &Sync, wait: Duration) -> Result<(), SyncError> {
     let copied = sync.copy_manifests(true)?;
     tracing::info!(copied = ?copied, "kubeadm-sync: manifests copied");
@@ -751,12 +756,12 @@ fn once(sync: &Sync, wait: Duration) -> Result<(), SyncError> {
         );
     }
     let started = Instant::now();
-    while static_apiserver_running() {
+    while let Some(pid) = static_apiserver() {
         if started.elapsed() > wait {
-            tracing::warn!(
-                "kubeadm-sync: kubeadm's static apiserver still runs; restart the kubelet anyway"
-            );
-            break;
+            if let Err(e) = restore(sync) {
+                tracing::error!(error = %e, "kubeadm-sync: kubeadm's manifest not put back: move {} back to {} by hand", sync.kubeadm_dir.join(SET_ASIDE).display(), manifest.display());
+            }
+            return Err(SyncError::StaticApiserverRuns { pid, waited: wait });
         }
         std::thread::sleep(Duration::from_millis(250));
     }
@@ -789,7 +794,7 @@ pub fn run(args: &crate::cli::KubeadmSyncArgs) -> Result<(), SyncError> {
     let sync = Sync::try_from(args)?;
     std::fs::create_dir_all(&sync.static_pod_dir).map_err(io("create", &sync.static_pod_dir))?;
     if args.once {
-        return once(&sync, Duration::from_secs(120));
+        return once(&sync, args.once_timeout);
     }
     if let Err(e) = restore(&sync) {
         tracing::warn!(error = %e, "kubeadm-sync: kubeadm's manifest not put back");

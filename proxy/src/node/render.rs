@@ -219,7 +219,9 @@ impl StaticPod {
     /// Paths under `/etc/kubernetes/` that the flags name and that exist as regular files:
     /// what the apiserver reads from kubeadm's directory at start (certificates, keys, the
     /// audit policy, the encryption configuration). Only that directory: the node agent sees
-    /// the node's `/etc/kubernetes` and nothing else of it.
+    /// the node's `/etc/kubernetes` and nothing else of it. Not the files these name in turn
+    /// (an admission plugin's configuration, a webhook's kubeconfig): a change to one of those
+    /// alone rolls nothing (docs/runbooks/upgrade-kubernetes.md).
     pub fn files(&self) -> Vec<String> {
         let Ok((_, flags)) = self.command() else {
             return Vec::new();

@@ -205,6 +205,23 @@ async fn bad_input_zero_max_connections() -> Result<()> {
     expect_bad_args(&["--max-connections", "0"], "--max-connections").await
 }
 
+/// With `--client-address transparent`, a `--backend` in 127.0.0.0/24: its policy routing
+/// leaves that range to the host, so no client's address could be kept there (each client off
+/// the node would wait out the connect timeout, then be connected normally).
+#[tokio::test]
+async fn bad_input_transparent_backend_in_the_hosts_range() -> Result<()> {
+    expect_bad_args(
+        &[
+            "--backend",
+            "127.0.0.77:6443",
+            "--client-address",
+            "transparent",
+        ],
+        "--backend: 127.0.0.77:6443 is in 127.0.0.0/24",
+    )
+    .await
+}
+
 #[tokio::test]
 async fn help_explains_every_flag() -> Result<()> {
     let output = run_cli(["run", "--help"]).await?;

@@ -7,7 +7,8 @@
 //!   pods (their mirror pods' `kubernetes.io/config.hash`); the Deployment, stale, replaced by
 //!   the one rendered from kubeadm's manifest, the live proxy image kept; the stand-in
 //!   `kube-apiserver` written only once the rollout completed; kubeadm's manifest set aside
-//!   until the agent runs (then put back);
+//!   until the agent runs (then put back), or put back at once, and `--once` failed, while
+//!   kubeadm's apiserver goes on running;
 //! - running: a new kubeadm manifest (what `kubeadm upgrade apply` writes) becomes a `PUT`, and
 //!   the stand-in, whose hash kubeadm waits on, changes only when the rollout is complete; an
 //!   updated manifest of another component is copied with a UID of its content (the same
@@ -15,12 +16,15 @@
 //!   copy without a UID (an earlier release's) gets the running pod's.
 //!
 //! And under `strace`: every static pod it writes at the migration (etcd's copy, the stand-in,
-//! the list of its copies) is written durably, in kubeadm's mode 0600.
+//! the list of its copies) is written durably, in kubeadm's mode 0600. And the static binary,
+//! in an otherwise empty root, migrates through a `controlPlaneEndpoint` given as a name
+//! (`/etc/hosts`).
 //!
 //! Needs python3 with PyYAML to read the YAML the agent writes, and strace; without them the
 //! tests say they are skipped, except in CI, where they fail.
 
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt as _;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -37,6 +41,8 @@ use serde_json::{json, Value};
 use crate::DEADLINE;
 
 const DEPLOYMENT: &str = "/apis/apps/v1/namespaces/kube-system/deployments/kube-apiserver";
+/// A `controlPlaneEndpoint` given as a name (also in the fake apiserver's certificate).
+const CONTROL_PLANE_NAME: &str = "control-plane.cluster.test";
 const ROLLOUT: Duration = Duration::from_millis(1500);
 /// The stand-in's file in the kubelet's directory.
 const APISERVER_STANDIN: &str = "kube-apiserver.yaml";
@@ -160,7 +166,9 @@ impl Node {
     ) -> Result<Self> {
         let pki = Pki::new()?;
         let ip = kube_apiserver_proxy_tests::util::random_loopback_ip()?;
-        let serving = pki.ca.server_cert(&["kubernetes", &ip.to_string()])?;
+        let serving = pki
+            .ca
+            .server_cert(&["kubernetes", CONTROL_PLANE_NAME, &ip.to_string()])?;
         // A Deployment applied from an earlier rendering: other digests, a live proxy image.
         let live = json!({"apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": {"name": "kube-apiserver", "namespace": "kube-system", "generation": 4,
@@ -609,6 +617,138 @@ async fn kubeadm_sync_turns_kubeadm_manifests_into_static_pods_and_rollouts() ->
         "the same content got another UID"
     );
     agent.ensure_running()?;
+    Ok(())
+}
+
+/// `--once` while kubeadm's static apiserver does not stop (the kubelet down, or running
+/// another directory): restarting the kubelet then would kill it as an orphan, cutting its
+/// requests. Past `--once-timeout` the agent puts kubeadm's manifest back (the node as before)
+/// and fails, exit 1, naming the process and saying not to restart the kubelet; once that
+/// apiserver is gone, `--once` again succeeds.
+#[tokio::test]
+async fn kubeadm_sync_once_puts_the_manifest_back_and_fails_while_kubeadms_apiserver_runs(
+) -> Result<()> {
+    let node = Node::new().await?;
+    // A process that looks like kubeadm's apiserver: named kube-apiserver, not bound to a
+    // 127. address (a Deployment's is). It only sleeps.
+    let mut sleeper = Command::new("sleep");
+    sleeper.arg0("kube-apiserver").arg("600");
+    let apiserver = ChildProcess::spawn(sleeper, "kube-apiserver")?;
+    let mut once = node.agent(true);
+    once.arg("--once-timeout=2s");
+    let out = tokio::task::spawn_blocking(move || once.output()).await??;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        out.status.code() == Some(1),
+        "--once: {}: {stderr}",
+        out.status
+    );
+    let said = format!(
+        "kubeadm's static apiserver (pid {}) still runs 2s after its manifest was set aside",
+        apiserver.pid()
+    );
+    ensure!(
+        stderr.contains(&said) && stderr.contains("do not restart the kubelet"),
+        "{stderr}"
+    );
+    ensure!(
+        node.dir.join("manifests/kube-apiserver.yaml").exists()
+            && !node.dir.join("manifests/.kube-apiserver.yaml").exists(),
+        "kubeadm's manifest not put back: {stderr}"
+    );
+
+    drop(apiserver);
+    migrate(&node).await?;
+    ensure!(
+        node.dir.join("manifests/.kube-apiserver.yaml").exists()
+            && !node.dir.join("manifests/kube-apiserver.yaml").exists(),
+        "kubeadm's manifest not set aside by the second --once"
+    );
+    Ok(())
+}
+
+/// The migration's `--once` by the static binary, in a root holding nothing but it, kubeadm's
+/// files at kubeadm's paths (the agent's defaults) and `/etc/hosts`, with an `admin.conf` whose
+/// server is a `controlPlaneEndpoint` given as a name: the static glibc resolves it from
+/// `/etc/hosts` (without `/etc/nsswitch.conf`; the DNS servers of `/etc/resolv.conf` are the
+/// next source), and the agent replaces the Deployment and writes its stand-in through it.
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+#[tokio::test]
+async fn kubeadm_sync_once_by_the_static_binary_reaches_the_control_plane_endpoint_by_name(
+) -> Result<()> {
+    let name = "kubeadm_sync_once_by_the_static_binary_reaches_the_control_plane_endpoint_by_name";
+    if !kube_apiserver_proxy_tests::util::is_root() {
+        return skip(name, "chroot needs root");
+    }
+    let node = Node::new().await?;
+    let bin = crate::static_binary::static_bin()?;
+    let root = TempDir::new("kubeadm-sync-root")?;
+    let logs = TempDir::new("kubeadm-sync-root-logs")?;
+    std::fs::copy(&bin, root.join("kube-apiserver-proxy"))?;
+    let etc = root.join("etc");
+    std::fs::create_dir_all(etc.join("kubernetes/manifests"))?;
+    std::fs::create_dir_all(etc.join("kubernetes/pki"))?;
+    for manifest in ["kube-apiserver.yaml", "etcd.yaml", "kube-scheduler.yaml"] {
+        std::fs::copy(
+            node.dir.join("manifests").join(manifest),
+            etc.join("kubernetes/manifests").join(manifest),
+        )?;
+    }
+    for (from, to) in [
+        (node.pki.ca_file(), "ca.crt"),
+        (node.pki.client_cert_file(), "admin.crt"),
+        (node.pki.client_key_file(), "admin.key"),
+    ] {
+        std::fs::copy(from, etc.join("kubernetes/pki").join(to))?;
+    }
+    std::fs::write(
+        etc.join("kubernetes/admin.conf"),
+        format!(
+            "apiVersion: v1\nclusters:\n- cluster:\n    certificate-authority: /etc/kubernetes/pki/ca.crt\n    server: https://{CONTROL_PLANE_NAME}:{}\n  name: c\nusers:\n- name: kubernetes-admin\n  user:\n    client-certificate: /etc/kubernetes/pki/admin.crt\n    client-key: /etc/kubernetes/pki/admin.key\n",
+            node.fake.addr().port()
+        ),
+    )?;
+    std::fs::write(
+        etc.join("hosts"),
+        format!(
+            "127.0.0.1 localhost\n{} {CONTROL_PLANE_NAME}\n",
+            node.fake.addr().ip()
+        ),
+    )?;
+
+    let args: Vec<String> = [
+        "/kube-apiserver-proxy",
+        "kubeadm-sync",
+        "--once",
+        "--node-name=node-1",
+        "--proxy-image=registry.example/kap:agent",
+        "--interval=100ms",
+        "--settle=300ms",
+        "--rollout-timeout=30s",
+    ]
+    .map(String::from)
+    .to_vec();
+    let mut once = crate::static_binary::Chrooted::spawn(root.path(), &logs, "once", &args)?;
+    let status = once.wait_exit(DEADLINE).await?;
+    ensure!(status.success(), "--once: {status}:\n{}", once.log());
+    let d = node.deployment();
+    ensure!(
+        d["spec"]["template"]["spec"]["containers"]
+            .to_string()
+            .contains("registry.k8s.io/kube-apiserver:v1.36.3"),
+        "the Deployment was not replaced: {}",
+        once.log()
+    );
+    ensure!(
+        etc.join("kubernetes/kubelet-manifests")
+            .join(APISERVER_STANDIN)
+            .is_file()
+            && etc
+                .join("kubernetes/manifests/.kube-apiserver.yaml")
+                .is_file(),
+        "no stand-in, or kubeadm's manifest not set aside: {}",
+        once.log()
+    );
     Ok(())
 }
 

@@ -31,7 +31,7 @@ use crate::{connect_echo, DEADLINE};
 const TARGET: &str = "x86_64-unknown-linux-gnu";
 
 /// The statically linked binary, built once per test process.
-fn static_bin() -> Result<PathBuf> {
+pub(crate) fn static_bin() -> Result<PathBuf> {
     static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     BIN.get_or_init(|| build_static().map_err(|e| format!("{e:#}")))
         .clone()
@@ -175,13 +175,13 @@ fn static_build_needs_no_loader_and_no_shared_library() -> Result<()> {
 }
 
 /// A process run in the chroot; its output goes to files outside it. Killed when dropped.
-struct Chrooted {
+pub(crate) struct Chrooted {
     child: Child,
     log: PathBuf,
 }
 
 impl Chrooted {
-    fn spawn(root: &Path, logs: &TempDir, name: &str, args: &[String]) -> Result<Self> {
+    pub(crate) fn spawn(root: &Path, logs: &TempDir, name: &str, args: &[String]) -> Result<Self> {
         let log = logs.join(&format!("{name}.log"));
         let file = File::create(&log)?;
         // Found through our PATH: the child's environment is empty.
@@ -201,7 +201,7 @@ impl Chrooted {
         Ok(Self { child, log })
     }
 
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
@@ -212,7 +212,10 @@ impl Chrooted {
         Ok(())
     }
 
-    async fn wait_exit(&mut self, deadline: Duration) -> Result<std::process::ExitStatus> {
+    pub(crate) async fn wait_exit(
+        &mut self,
+        deadline: Duration,
+    ) -> Result<std::process::ExitStatus> {
         let start = Instant::now();
         loop {
             if let Some(status) = self.child.try_wait()? {

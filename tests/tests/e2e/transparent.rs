@@ -256,6 +256,64 @@ async fn inner_clients_keep_their_address_and_fall_back_without_the_routing() ->
 }
 
 #[test]
+fn a_backend_in_the_hosts_range_never_verifies() -> Result<()> {
+    run_in_netns("transparent::inner_a_backend_in_the_hosts_range_never_verifies")
+}
+
+/// A backend in 127.0.0.0/24 found at run time (the own backend's file; as `--backend` it is
+/// refused at start, `cli`): the routing leaves that range to the host, so the backend's
+/// answers to a client on the node's network never come back, whatever a connection from the
+/// documentation address (no route to it in this namespace) would show. It fails its
+/// verification at once, saying why, and each client off the node is connected normally
+/// without waiting out the connect timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "runs inside a private network namespace: see its wrapper without the inner_ prefix"]
+async fn inner_a_backend_in_the_hosts_range_never_verifies() -> Result<()> {
+    inside()?;
+    let net = ClientNet::new()?;
+    install_routes()?;
+    let backend = WhoAmI::start(SocketAddr::new(Ipv4Addr::new(127, 0, 0, 77).into(), 0)).await?;
+    let listen = free_addr(NODE_V4.parse()?)?;
+    let dir = TempDir::new("transparent-host-range")?;
+    let own = dir.join("address");
+    std::fs::write(&own, backend.addr().to_string())?;
+    let connect_timeout = Duration::from_secs(10);
+    let proxy = serving(
+        ProxyBuilder::new()
+            .listen(listen)
+            .arg("--own-backend-file")
+            .arg(&own)
+            .health_check("tcp")
+            .fast_health()
+            .arg("--client-address=transparent")
+            .arg(format!("--connect-timeout={}s", connect_timeout.as_secs())),
+    )
+    .await?;
+    eventually(VERIFIED, || async {
+        let sees = backend_sees(&proxy, backend.addr()).await?;
+        ensure!(
+            sees.contains("fails: the backend is in 127.0.0.0/24"),
+            "backend: {sees}"
+        );
+        Ok(())
+    })
+    .await?;
+    for client in CLIENT_V4 {
+        let started = std::time::Instant::now();
+        let (seen, _) = net.seen_as(client, listen)?;
+        ensure!(seen == LOCALHOST, "client {client}: the backend saw {seen}");
+        ensure!(
+            started.elapsed() < connect_timeout / 2,
+            "client {client} waited {:?}",
+            started.elapsed()
+        );
+    }
+    ensure!(counted(&proxy, "fallback").await? == 2.0);
+    ensure!(counted(&proxy, "transparent").await? == 0.0);
+    Ok(())
+}
+
+#[test]
 fn user_keeps_only_net_raw_and_upgrades_in_place() -> Result<()> {
     run_in_netns("transparent::inner_user_keeps_only_net_raw_and_upgrades_in_place")
 }
