@@ -719,11 +719,17 @@ pub fn progress_deadline_exceeded(d: &Value) -> bool {
 }
 
 /// The pid of a kube-apiserver process other than a Deployment's (which binds a `127.`
-/// address, `launch`'s): kubeadm's static apiserver.
+/// address, `launch`'s): kubeadm's static apiserver. Only in this process's network namespace,
+/// the node's (kubeadm's apiserver is on the host network, where `--once` runs): an apiserver
+/// of another namespace (a test cluster, a nested node) does not hold the node's addresses.
 fn static_apiserver() -> Option<u32> {
     let entries = std::fs::read_dir("/proc").ok()?;
+    let our_net = std::fs::read_link("/proc/self/ns/net").ok();
     entries.flatten().find_map(|e| {
         let pid = e.file_name().to_str()?.parse().ok()?;
+        if our_net.is_some() && std::fs::read_link(e.path().join("ns/net")).ok() != our_net {
+            return None;
+        }
         let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
         let mut args = cmdline.split(|b| *b == 0).filter(|a| !a.is_empty());
         let is_apiserver = args

@@ -667,6 +667,41 @@ async fn kubeadm_sync_once_puts_the_manifest_back_and_fails_while_kubeadms_apise
     Ok(())
 }
 
+/// kubeadm's apiserver is looked for in the node's network namespace only (it is on the host
+/// network): a kube-apiserver of another namespace (a nested test node, another cluster on the
+/// machine) does not hold `--once` back.
+#[tokio::test]
+async fn kubeadm_sync_once_ignores_an_apiserver_of_another_network_namespace() -> Result<()> {
+    let name = "kubeadm_sync_once_ignores_an_apiserver_of_another_network_namespace";
+    if !kube_apiserver_proxy_tests::util::is_root() {
+        return skip(name, "unshare --net needs root");
+    }
+    let node = Node::new().await?;
+    let mut other = Command::new("unshare");
+    other.args([
+        "--net",
+        "--",
+        "bash",
+        "-c",
+        "exec -a kube-apiserver sleep 600",
+    ]);
+    let other = ChildProcess::spawn(other, "kube-apiserver")?;
+    eventually(DEADLINE, || async {
+        let cmdline = std::fs::read(format!("/proc/{}/cmdline", other.pid()))?;
+        ensure!(
+            cmdline.starts_with(b"kube-apiserver\0"),
+            "not named yet: {cmdline:?}"
+        );
+        Ok(())
+    })
+    .await?;
+    let mut once = node.agent(true);
+    once.arg("--once-timeout=2s");
+    run_once(once).await?;
+    other.ensure_running()?;
+    Ok(())
+}
+
 /// The migration's `--once` by the static binary, in a root holding nothing but it, kubeadm's
 /// files at kubeadm's paths (the agent's defaults) and `/etc/hosts`, with an `admin.conf` whose
 /// server is a `controlPlaneEndpoint` given as a name: the static glibc resolves it from
