@@ -122,9 +122,40 @@ fn cmdline(pid: u32) -> Result<Vec<u8>> {
 
 /// One instance run from a replaceable copy of the binary, with a handoff directory.
 pub struct Upgradable {
-    pub dir: TempDir,
+    pub dir: ReapingDir,
     pub bin: PathBuf,
     pub first: Proxy,
+}
+
+/// The directory of an upgradable instance's binary: when it goes, so does every process
+/// still running a binary from it. Successors are not the test's children: one started by an
+/// upgrade that the test gave up on before it knew the successor's pid (a failed assertion)
+/// would otherwise live on, serving and holding its sockets, after the test.
+pub struct ReapingDir(TempDir);
+
+impl std::ops::Deref for ReapingDir {
+    type Target = TempDir;
+    fn deref(&self) -> &TempDir {
+        &self.0
+    }
+}
+
+impl Drop for ReapingDir {
+    fn drop(&mut self) {
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return;
+        };
+        for e in entries.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|p| p.parse::<i32>().ok()) else {
+                continue;
+            };
+            if std::fs::read_link(e.path().join("exe"))
+                .is_ok_and(|exe| exe.starts_with(self.0.path()))
+            {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+        }
+    }
 }
 
 impl Upgradable {
@@ -135,7 +166,7 @@ impl Upgradable {
         backend: SocketAddr,
         customize: impl FnOnce(ProxyBuilder) -> ProxyBuilder,
     ) -> Result<Self> {
-        let dir = TempDir::new("upgrade")?;
+        let dir = ReapingDir(TempDir::new("upgrade")?);
         std::fs::create_dir_all(dir.join("bin"))?;
         let bin = dir.join("bin").join("kube-apiserver-proxy");
         install_binary(&bin, "")?;
