@@ -11,6 +11,7 @@ import (
 	"encoding/hex"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"math/big"
 	"os"
 	"path/filepath"
@@ -186,6 +187,31 @@ func (r *reboot) rotate() bool {
 	}
 	r.Pass("the kubelet rotated its client certificate %s s after its restart: kubelet-client-current.pem -> %s, %s, valid until %s; the old one expires at %s",
 		Since(t0), target, rotationSerial(), until, r.rotationExpires.UTC().Format(time.TimeOnly))
+	// The restarted kubelet runs the static pods' probes again, and holds no status for them
+	// until they answer: a mirror pod may still turn unready for a moment. The next step (the
+	// migration) fails on a Ready flip of the controller-manager or the scheduler, so it starts
+	// once the kubelet's own view has every static pod Ready and the mirror pods agree.
+	settled := func() bool {
+		kubelet, err := r.KubeletPods()
+		if err != nil {
+			return false
+		}
+		api, err := r.Client.CoreV1().Pods("kube-system").List(r.Ctx, metav1.ListOptions{})
+		return err == nil && nodecheck.StaticReadyInKubelet(kubelet) && nodecheck.StaticSettled(kubelet, api)
+	}
+	t1 := time.Now()
+	if !r.WaitFor(120*time.Second, settled) {
+		var seen []string
+		if kubelet, err := r.KubeletPods(); err == nil {
+			for i := range kubelet.Items {
+				p := &kubelet.Items[i]
+				seen = append(seen, fmt.Sprintf("%s ready=%v", p.Name, nodecheck.Ready(p)))
+			}
+		}
+		r.Fail("the static pods not Ready again in the restarted kubelet within 120 s: the kubelet's view: %s", strings.Join(seen, ", "))
+		return false
+	}
+	r.Pass("every static pod Ready again in the restarted kubelet's own view and in its mirror pod, %s s after the rotation", Since(t1))
 	return true
 }
 

@@ -12,6 +12,26 @@ import (
 	corev1 "k8s.io/api/core/v1"
 )
 
+// StaticReadyInKubelet: every static pod the kubelet runs (config.source file) is Ready in the
+// kubelet's own view (its /pods: the status its status manager holds now). A restarted kubelet
+// runs each static pod's start-up and readiness probes again and holds no status until they
+// answer, so its mirror pods may still turn unready for a moment after StaticSettled; once the
+// kubelet's own view is Ready, the restart is behind them.
+func StaticReadyInKubelet(kubelet *corev1.PodList) bool {
+	n := 0
+	for i := range kubelet.Items {
+		p := &kubelet.Items[i]
+		if p.Annotations["kubernetes.io/config.source"] != "file" {
+			continue
+		}
+		n++
+		if !Ready(p) {
+			return false
+		}
+	}
+	return n > 0
+}
+
 // StaticSettled: every static pod the kubelet runs (config.source file) is there once and is
 // the one its mirror pod in the apiserver shows (the kubelet's UID in the mirror's
 // kubernetes.io/config.mirror), and that mirror pod is Ready. A kubelet of another minor

@@ -30,6 +30,33 @@ func TestStaticSettled(t *testing.T) {
 	}
 }
 
+func TestStaticReadyInKubelet(t *testing.T) {
+	pod := func(name, source, ready string) string {
+		status := ""
+		if ready != "" {
+			status = `, "status": {"conditions": [{"type": "Ready", "status": "` + ready + `"}]}`
+		}
+		return `{"metadata": {"name": "` + name + `", "annotations": {"kubernetes.io/config.source": "` + source + `"}}` + status + `}`
+	}
+	list := func(pods ...string) *corev1.PodList {
+		return decode[corev1.PodList](t, `{"items": [`+strings.Join(pods, ",")+`]}`)
+	}
+	proxy := pod("kube-proxy-x", "api", "")
+	if !StaticReadyInKubelet(list(pod("etcd-n", "file", "True"), pod("kube-scheduler-n", "file", "True"), proxy)) {
+		t.Fatalf("every static pod Ready in the kubelet, but not ready")
+	}
+	for name, l := range map[string]*corev1.PodList{
+		// Just restarted: the scheduler's probes have not answered yet.
+		"a static pod not Ready":          list(pod("etcd-n", "file", "True"), pod("kube-scheduler-n", "file", "False"), proxy),
+		"a static pod with no status yet": list(pod("etcd-n", "file", "True"), pod("kube-scheduler-n", "file", ""), proxy),
+		"no static pod":                   list(proxy),
+	} {
+		if StaticReadyInKubelet(l) {
+			t.Errorf("%s: ready", name)
+		}
+	}
+}
+
 func TestEtcdDown(t *testing.T) {
 	const log = `I1203 13:00:00.000000 1 other.go:1] "Killing container with a grace period" pod="kube-system/kube-apiserver-n"
 I1203 13:00:01.000000 1 kuberuntime.go:1] "Killing container with a grace period" pod="kube-system/etcd-n"
