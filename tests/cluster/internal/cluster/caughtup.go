@@ -21,6 +21,21 @@ const WatcherCatchUp = 10 * time.Second
 // resourceVersion.
 type Versions map[string]string
 
+// versionsOf are the objects of a list the apiserver returned.
+func versionsOf[T any, P interface {
+	*T
+	GetNamespace() string
+	GetName() string
+	GetResourceVersion() string
+}](items []T) Versions {
+	v := Versions{}
+	for i := range items {
+		o := P(&items[i])
+		v[o.GetNamespace()+"/"+o.GetName()] = o.GetResourceVersion()
+	}
+	return v
+}
+
 // storeVersions are the objects of an informer's store.
 func storeVersions(store cache.Store) Versions {
 	v := Versions{}

@@ -2,11 +2,15 @@ package cluster
 
 import (
 	"context"
+	"maps"
 	"errors"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 func TestBehind(t *testing.T) {
@@ -43,5 +47,16 @@ func TestBehind(t *testing.T) {
 	failing := func(context.Context) (Versions, error) { return nil, errors.New("connection refused") }
 	if b := Behind(ctx, "w", 300*time.Millisecond, func() Versions { return apiserver }, failing); !strings.Contains(b, "list: connection refused") {
 		t.Errorf("list error: %q", b)
+	}
+}
+
+func TestVersionsOf(t *testing.T) {
+	pods := []corev1.Pod{
+		{ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "a", ResourceVersion: "5"}},
+		{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "b", ResourceVersion: "9"}},
+	}
+	want := Versions{"kube-system/a": "5", "default/b": "9"}
+	if got := versionsOf(pods); !maps.Equal(got, want) {
+		t.Fatalf("versionsOf = %v, want %v", got, want)
 	}
 }

@@ -137,11 +137,7 @@ func WatchEndpoints(parent context.Context, kubeconfig string) (*EndpointsWatche
 				if err != nil {
 					return nil, err
 				}
-				v := Versions{}
-				for _, o := range l.Items {
-					v[o.Namespace+"/"+o.Name] = o.ResourceVersion
-				}
-				return v, nil
+				return versionsOf(l.Items), nil
 			}); b != "" {
 			return b
 		}
@@ -152,11 +148,7 @@ func WatchEndpoints(parent context.Context, kubeconfig string) (*EndpointsWatche
 				if err != nil {
 					return nil, err
 				}
-				v := Versions{}
-				for _, o := range l.Items {
-					v[o.Namespace+"/"+o.Name] = o.ResourceVersion
-				}
-				return v, nil
+				return versionsOf(l.Items), nil
 			})
 	}
 	// The state at the start, whatever it is: an object that is missing or empty now is a gap

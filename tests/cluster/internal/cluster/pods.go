@@ -105,11 +105,7 @@ func WatchPods(parent context.Context, kubeconfig, namespace, selector string, m
 				if err != nil {
 					return nil, err
 				}
-				v := Versions{}
-				for _, p := range l.Items {
-					v[p.Namespace+"/"+p.Name] = p.ResourceVersion
-				}
-				return v, nil
+				return versionsOf(l.Items), nil
 			})
 	}
 	update := func(any) { w.observe(w.list()) }
