@@ -2,8 +2,8 @@ package cluster
 
 import (
 	"context"
-	"maps"
 	"errors"
+	"maps"
 	"strings"
 	"sync/atomic"
 	"testing"
