@@ -315,3 +315,22 @@ impl TcpClient {
         self.stream
     }
 }
+
+/// A metrics address with TLS and client certificates answers neither a TLS client without a
+/// certificate of `pki`'s CA nor plain HTTP: `tries` attempts of each, all refused.
+pub async fn ensure_scrapes_refused(
+    addr: SocketAddr,
+    pki: &crate::certs::Pki,
+    tries: usize,
+) -> Result<()> {
+    let anonymous = HttpsClient::new(pki.client_config(false)?);
+    for i in 0..tries {
+        if let Ok((code, _)) = anonymous.get(addr, "/metrics").await {
+            bail!("scrape {i} without a client certificate answered HTTP {code}");
+        }
+        if let Ok((code, _)) = http_get(addr, "/metrics").await {
+            bail!("plain-HTTP scrape {i} answered HTTP {code}");
+        }
+    }
+    Ok(())
+}

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use anyhow::{ensure, Context as _, Result};
 use kube_apiserver_proxy_tests::certs::Pki;
-use kube_apiserver_proxy_tests::client::{http_get, HttpsClient};
+use kube_apiserver_proxy_tests::client::{ensure_scrapes_refused, http_get, HttpsClient};
 use kube_apiserver_proxy_tests::fake_apiserver::FakeApiserver;
 use kube_apiserver_proxy_tests::proxy::{run_cli, Proxy, METRIC_PREFIX};
 use kube_apiserver_proxy_tests::util::{eventually, free_random_loopback_addr, TempDir};
@@ -266,15 +266,7 @@ async fn tls_scrape_address_requires_a_client_certificate() -> Result<()> {
         Ok(())
     })
     .await?;
-    let anonymous = HttpsClient::new(pki.client_config(false)?);
-    for i in 0..5 {
-        if let Ok((code, _)) = anonymous.get(scrape, "/metrics").await {
-            anyhow::bail!("scrape {i} without a client certificate answered HTTP {code}");
-        }
-        if let Ok((code, _)) = http_get(scrape, "/metrics").await {
-            anyhow::bail!("plain-HTTP scrape {i} answered HTTP {code}");
-        }
-    }
+    ensure_scrapes_refused(scrape, &pki, 5).await?;
     // Bad flags: one line, exit 2.
     let out = run_cli([
         "run",

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{ensure, Context as _, Result};
 use kube_apiserver_proxy_tests::certs::Pki;
-use kube_apiserver_proxy_tests::client::{http_get, HttpsClient};
+use kube_apiserver_proxy_tests::client::{ensure_scrapes_refused, http_get, HttpsClient};
 use kube_apiserver_proxy_tests::fake_apiserver::FakeApiserver;
 use kube_apiserver_proxy_tests::process::ChildProcess;
 use kube_apiserver_proxy_tests::proxy::{proxy_bin, require_metric, run_cli, ProxyBuilder};
@@ -1227,15 +1227,7 @@ async fn recover_metrics_over_tls_answer_client_certificates_only() -> Result<()
         Ok(())
     })
     .await?;
-    let anonymous = HttpsClient::new(pki.client_config(false)?);
-    for i in 0..3 {
-        if let Ok((code, _)) = anonymous.get(metrics, "/metrics").await {
-            anyhow::bail!("scrape {i} without a client certificate answered HTTP {code}");
-        }
-        if let Ok((code, _)) = http_get(metrics, "/metrics").await {
-            anyhow::bail!("plain-HTTP scrape {i} answered HTTP {code}");
-        }
-    }
+    ensure_scrapes_refused(metrics, &pki, 3).await?;
     drop(agent);
     let out = run_cli([
         "recover".to_owned(),
