@@ -47,7 +47,7 @@ func main() {
 		return nil
 	})
 	results := flag.String("results", "cluster-results.json", "where the JSON results go")
-	flag.StringVar(&only, "scenarios", "", "comma-separated scenario names to run (default: all)")
+	flag.StringVar(&only, "scenarios", "", "comma-separated scenario names to run (default: all but haproxy-sidecar, figures only, run when named)")
 	flag.Parse()
 
 	for name, v := range map[string]string{"--proxy": o.Proxy, "--apiserver": o.APIServer, "--apiserver-old": o.APIServerOld, "--kubeadm": o.Kubeadm, "--etcd": o.Etcd, "--node-ip": o.NodeIP} {

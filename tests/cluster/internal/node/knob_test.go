@@ -110,12 +110,15 @@ func TestJudgeKnobsByScenario(t *testing.T) {
 	if defs["MIGRATE_MORE_RESTARTS"] != "3" || defs["CHECKPOINT_WAIT"] != "180" || defs["BROKEN_SOAK"] != "90" {
 		t.Fatalf("computed defaults: %v", defs)
 	}
-	// IMAGE_CHANGE is the migration's and the pivot's, not the reboot's.
-	if notes, errs := JudgeKnobs("reboot", lookup, defs, true); len(notes)+len(errs) != 0 {
-		t.Errorf("reboot: %q %q", notes, errs)
+	// IMAGE_CHANGE is the migration's (also run by the reboot's rehearsal) and the pivot's,
+	// not the lifecycle's.
+	if notes, errs := JudgeKnobs("lifecycle", lookup, defs, true); len(errs) != 0 || len(notes) != 1 || !strings.Contains(notes[0], "DS_RESTARTS") {
+		t.Errorf("lifecycle: %q %q", notes, errs)
 	}
-	if _, errs := JudgeKnobs("migrate", lookup, defs, true); len(errs) != 1 || !strings.Contains(errs[0], "IMAGE_CHANGE") {
-		t.Errorf("migrate: %q", errs)
+	for _, sc := range []string{"migrate", "reboot"} {
+		if _, errs := JudgeKnobs(sc, lookup, defs, true); len(errs) != 1 || !strings.Contains(errs[0], "IMAGE_CHANGE") {
+			t.Errorf("%s: %q", sc, errs)
+		}
 	}
 	// tests/cluster/run --rollouts 2 with CI: notes, no refusal.
 	delete(env, "IMAGE_CHANGE")

@@ -29,7 +29,11 @@ import (
 //     recovery agent manifests/node/kube-apiserver-recovery.yaml installed as a static pod;
 //     then the kubelet's certificate rotation is turned on (the agent must follow it);
 //  2. the migration to the Deployment of manifests/single-controller, as RunMigrate does it
-//     (`kube-apiserver-proxy migrate`, checked there);
+//     (`kube-apiserver-proxy migrate`), and once the first checkpoint is written RunMigrate's
+//     rollouts by the real controllers: MIGRATE_RESTARTS rollout restarts, then
+//     MIGRATE_MORE_RESTARTS more and the image change v1.36 -> v1.37 and back (IMAGE_CHANGE),
+//     each under the loads and judged as there (this mode is the migration's rehearsal in CI:
+//     `smoke --migrate` runs the same steps without the reboot, for debugging);
 //  3. the checkpoint: written by the recovery agent once the Deployment's pod stayed ready for
 //     --checkpoint-after; a completed rollout moves it to the new pod (written with the rotated
 //     certificate: the first one has expired by then); a broken rollout left in progress for
@@ -81,11 +85,13 @@ func RunReboot(n *Node) {
 	r.agentMetrics()
 	r.admission()
 	r.rotationExpired()
-	if !n.Rollout("rollout restart", "rollout", "restart", "deployment/kube-apiserver") {
+	// The migration's rollouts (RunMigrate's); the last pod they leave is the checkpoint's next.
+	restarts := EnvKnobInt("MIGRATE_RESTARTS", 0)
+	if !n.MigrateRollouts(restarts) || !n.Rollouts(EnvKnobInt("MIGRATE_MORE_RESTARTS", max(0, 5-restarts))) {
 		return
 	}
 	second := n.ThePod()
-	if !r.waitCheckpoint(second, "after a completed rollout, with the rotated certificate") || !r.brokenRollout(second) {
+	if !r.waitCheckpoint(second, "after the completed rollouts, with the rotated certificate") || !r.brokenRollout(second) {
 		return
 	}
 	broken := ""

@@ -107,7 +107,7 @@ func RunAll(ctx context.Context, o Options) *Results {
 	report(setup)
 
 	for _, s := range scenarios() {
-		if o.Only != nil && !o.Only[s.name] {
+		if o.Only != nil && !o.Only[s.name] || o.Only == nil && byHand[s.name] {
 			continue
 		}
 		r := &Result{Name: s.name}

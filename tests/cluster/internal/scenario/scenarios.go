@@ -23,6 +23,10 @@ type spec struct {
 	rollouts func(o Options) int
 }
 
+// byHand are the scenarios that check nothing of this project (figures only, for
+// docs/benchmarks.md's comparison): they run when named with --scenarios, not by default.
+var byHand = map[string]bool{"haproxy-sidecar": true}
+
 func none(Options) int              { return 0 }
 func fixed(n int) func(Options) int { return func(Options) int { return n } }
 func asked(o Options) int           { return o.Rollouts }
@@ -59,6 +63,7 @@ func scenarios() []spec {
 		{"self-test-stall-3s", selfTest("stall-3s", "stalled connections"), none},
 		{"self-test-leak-fd-per-check", selfTest("leak-fd-per-check", "descriptor leak"), none},
 		{"ha-surge-kubernetes-service", haSurgeKubernetesService, asked},
+		// Figures only (docs/benchmarks.md's comparison): by hand, not by default.
 		{"haproxy-sidecar", haproxySidecar, asked},
 		// As shipped, the switch, --rollouts more, and back.
 		{"client-address-transparent", clientAddressTransparent, func(o Options) int { return o.Rollouts + 3 }},
