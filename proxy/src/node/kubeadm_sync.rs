@@ -34,6 +34,16 @@
 //!   carries the digests it stands for; it is rewritten only once the rollout is complete, so
 //!   the hash kubeadm waits on changes exactly when the new apiserver serves.
 //!
+//! kubeadm's upgrade of etcd (a new image, etcd's flags with it) would replace etcd's pod: a
+//! new UID, and the kubelet deletes the old mirror pod through the apiserver before it starts
+//! the new etcd, a call that waits while etcd is down (about a minute of outage). So when only
+//! etcd's containers change and each of them changes its image, the copy keeps the running
+//! pod's UID ([`restarts_in_place`]): the kubelet updates the pod and restarts those containers
+//! in their sandbox, with no API call; etcd drains its requests at SIGTERM and the apiserver's
+//! requests wait for the new one. The kubelet leaves the mirror pod as it was, so once the pod
+//! runs the new containers, ready, the agent writes their images and a new
+//! `kubernetes.io/config.hash` into it ([`Sync::fix_mirrors`]): what kubeadm waits on and reads.
+//!
 //! The first pass at the migration (`--once`) adopts the running static pods: each copy gets the
 //! running pod's UID (its mirror pod's `kubernetes.io/config.hash`), so the kubelet, restarted
 //! on the new directory, keeps etcd, the controller-manager and the scheduler running. It sets
@@ -238,6 +248,104 @@ pub fn same_pod(source: &Value, copy: &Value) -> bool {
         v
     };
     strip(source) == strip(copy)
+}
+
+/// The static pod whose copy keeps the running UID when kubeadm changes only its images:
+/// etcd's, whose replacement by a new pod waits on the API while etcd itself is down. (The
+/// controller-manager's and the scheduler's replacements cost nothing: the apiserver serves.)
+pub const RESTART_IN_PLACE: &str = "etcd.yaml";
+
+/// Whether the kubelet brings its pod from `old` to `new` by restarting containers in place
+/// when the UID stays: the pods are the same but for their containers, and every container
+/// that differs runs another image. The kubelet keeps a pod whose UID it knows and restarts a
+/// container only when its name or image changed (`pkg/kubelet/container/helpers.go`,
+/// `HashContainer`, v1.36 and v1.37); the restarted container runs the new spec whole (its
+/// flags too). Any other change needs a new pod.
+pub fn restarts_in_place(old: &Value, new: &Value) -> bool {
+    let rest = |v: &Value| {
+        let mut v = v.clone();
+        if let Some(m) = v["metadata"].as_object_mut() {
+            m.remove("uid");
+        }
+        if let Some(s) = v["spec"].as_object_mut() {
+            s.remove("containers");
+        }
+        v
+    };
+    let (Some(a), Some(b)) = (
+        old["spec"]["containers"].as_array(),
+        new["spec"]["containers"].as_array(),
+    ) else {
+        return false;
+    };
+    if rest(old) != rest(new) || a.len() != b.len() {
+        return false;
+    }
+    let mut changed = false;
+    for (x, y) in a.iter().zip(b) {
+        if x["name"] != y["name"] || (x != y && x["image"] == y["image"]) {
+            return false;
+        }
+        changed |= x != y;
+    }
+    changed
+}
+
+/// Whether a container's image as the kubelet reports it (`status.containerStatuses[].image`,
+/// the runtime's name: `docker.io/library/…` added, or the same name) is `image`.
+fn same_image(reported: &str, image: &str) -> bool {
+    reported == image
+        || reported.ends_with(&format!("/{image}"))
+        || image.ends_with(&format!("/{reported}"))
+}
+
+/// The update a mirror pod needs once its pod was restarted in place for `copy`: `None` while
+/// the mirror pod already shows the copy's images (nothing to do) or while the kubelet does
+/// not yet report every container of `copy` running its image and ready; else the mirror pod
+/// with the copy's images and `hash` as its `kubernetes.io/config.hash`.
+pub fn mirror_update(mirror: &Value, copy: &Value, hash: &str) -> Option<Value> {
+    let containers = copy["spec"]["containers"].as_array()?;
+    let image_of = |pod: &Value, name: &Value| {
+        pod["spec"]["containers"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["name"] == *name))
+            .and_then(|c| c["image"].as_str())
+            .map(str::to_owned)
+    };
+    if containers
+        .iter()
+        .all(|c| image_of(mirror, &c["name"]).as_deref() == c["image"].as_str())
+    {
+        return None;
+    }
+    let statuses = mirror["status"]["containerStatuses"].as_array()?;
+    let serving = containers.iter().all(|c| {
+        statuses.iter().any(|st| {
+            st["name"] == c["name"]
+                && st["ready"] == json!(true)
+                && st["state"]["running"].is_object()
+                && match (st["image"].as_str(), c["image"].as_str()) {
+                    (Some(r), Some(i)) => same_image(r, i),
+                    _ => false,
+                }
+        })
+    });
+    if !serving {
+        return None;
+    }
+    let mut m = mirror.clone();
+    m["metadata"]["annotations"]["kubernetes.io/config.hash"] = json!(hash);
+    if let Some(cs) = m["spec"]["containers"].as_array_mut() {
+        for mc in cs {
+            if let Some(c) = containers.iter().find(|c| c["name"] == mc["name"]) {
+                mc["image"] = c["image"].clone();
+            }
+        }
+    }
+    if let Some(obj) = m.as_object_mut() {
+        obj.remove("status");
+    }
+    Some(m)
 }
 
 /// What `kubectl rollout status` waits for: the controller saw the latest generation, every
@@ -469,6 +577,23 @@ impl Sync {
                 Err(_) if adopt => self
                     .running_uid(&pod)
                     .unwrap_or_else(|| static_uid(&self.node, &name, &pod)),
+                // kubeadm changed etcd's images (its upgrade): the running UID, so that the
+                // kubelet restarts etcd in its pod, with no call to the API (fix_mirrors then
+                // brings the mirror pod in line).
+                Ok(copy)
+                    if name == RESTART_IN_PLACE
+                        && copy["metadata"]["uid"].is_string()
+                        && restarts_in_place(&copy, &pod) =>
+                {
+                    tracing::info!(
+                        manifest = %name,
+                        "kubeadm-sync: only its images changed: restarted in its pod, the UID kept"
+                    );
+                    copy["metadata"]["uid"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned()
+                }
                 // kubeadm changed it: a new pod.
                 _ => static_uid(&self.node, &name, &pod),
             };
@@ -499,6 +624,45 @@ impl Sync {
                 .map_err(io("write", &managed_path))?;
         }
         Ok(changed)
+    }
+
+    /// The mirror pod of a copy restarted in place (`RESTART_IN_PLACE`): once the kubelet
+    /// reports the copy's containers running and ready, the mirror pod gets their images and a
+    /// `kubernetes.io/config.hash` of the copy's content ([`static_uid`]), which kubeadm waits
+    /// to see change before it checks the new etcd ([`mirror_update`]). Returns the mirror pods
+    /// updated; nothing while the apiserver cannot be reached (the next pass tries again).
+    pub fn fix_mirrors(&self) -> Result<Vec<String>, SyncError> {
+        let path = self.static_pod_dir.join(RESTART_IN_PLACE);
+        let copy = match read_pod(&path) {
+            Ok(copy) => copy,
+            Err(_) if !path.exists() => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        let (Some(name), Some(uid)) = (
+            copy["metadata"]["name"].as_str(),
+            copy["metadata"]["uid"].as_str(),
+        ) else {
+            return Ok(Vec::new());
+        };
+        let ns = copy["metadata"]["namespace"].as_str().unwrap_or("default");
+        let mirror_path = format!("/api/v1/namespaces/{ns}/pods/{name}-{}", self.node);
+        let api = self.api()?;
+        let mirror = self
+            .block_on(api.get_json(&mirror_path))
+            .map_err(|e| SyncError::Api(e.to_string()))?;
+        // Only the mirror pod of this very pod (a new UID means a new pod, a new mirror pod).
+        if mirror["metadata"]["annotations"]["kubernetes.io/config.mirror"].as_str() != Some(uid) {
+            return Ok(Vec::new());
+        }
+        let hash = static_uid(&self.node, RESTART_IN_PLACE, &copy);
+        let Some(update) = mirror_update(&mirror, &copy, &hash) else {
+            return Ok(Vec::new());
+        };
+        self.block_on(api.send_json("PUT", &mirror_path, &update))
+            .map_err(|e| SyncError::Api(e.to_string()))?;
+        tracing::info!(pod = %format!("{ns}/{name}-{}", self.node), hash = %hash,
+            "kubeadm-sync: mirror pod brought to the pod restarted in place (images, config hash)");
+        Ok(vec![format!("{name}-{}", self.node)])
     }
 
     fn deployment_path(&self) -> String {
@@ -819,6 +983,12 @@ pub fn run(args: &crate::cli::KubeadmSyncArgs) -> Result<(), SyncError> {
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "kubeadm-sync: copying manifests failed"),
         }
+        if let Err(e) = sync.fix_mirrors() {
+            // While etcd restarts the apiserver cannot answer: the next pass tries again.
+            if let Some(suppressed) = API_ERRORS.allow() {
+                tracing::warn!(error = %e, suppressed, "kubeadm-sync: mirror pod not updated");
+            }
+        }
         match sync.apiserver(&mut state, true) {
             Ok(_) => {}
             Err(e @ SyncError::Rollout(_)) => {
@@ -927,6 +1097,112 @@ mod tests {
         assert_ne!(static_uid("node-1", "etcd.yaml", &newer), uid);
         assert_ne!(static_uid("node-1", "etcd2.yaml", &pod), uid);
         assert_ne!(static_uid("node-2", "etcd.yaml", &pod), uid);
+    }
+
+    fn etcd(image: &str, flags: &[&str]) -> Value {
+        json!({"metadata": {"name": "etcd", "namespace": "kube-system", "uid": "u1",
+                "annotations": {"kubeadm.kubernetes.io/etcd.advertise-client-urls": "https://10.0.0.1:2379"}},
+            "spec": {"hostNetwork": true, "containers": [{"name": "etcd", "image": image, "command": flags}]}})
+    }
+
+    #[test]
+    fn only_an_image_change_restarts_in_place() {
+        let old = etcd("registry.k8s.io/etcd:3.6.16-0", &["etcd", "--a"]);
+        // The image, with or without the flags: the container restarts with the new spec.
+        assert!(restarts_in_place(
+            &old,
+            &etcd("registry.k8s.io/etcd:3.7.0-0", &["etcd", "--a"])
+        ));
+        assert!(restarts_in_place(
+            &old,
+            &etcd("registry.k8s.io/etcd:3.7.0-0", &["etcd", "--b"])
+        ));
+        // The UID aside, nothing changed: nothing to restart.
+        let mut same = old.clone();
+        same["metadata"].as_object_mut().unwrap().remove("uid");
+        assert!(!restarts_in_place(&old, &same));
+        // The flags alone: the kubelet would not restart the container.
+        assert!(!restarts_in_place(
+            &old,
+            &etcd("registry.k8s.io/etcd:3.6.16-0", &["etcd", "--b"])
+        ));
+        // Anything of the pod beside its containers: a new pod.
+        let mut pod_level = etcd("registry.k8s.io/etcd:3.7.0-0", &["etcd", "--a"]);
+        pod_level["spec"]["hostNetwork"] = json!(false);
+        assert!(!restarts_in_place(&old, &pod_level));
+        let mut label = etcd("registry.k8s.io/etcd:3.7.0-0", &["etcd", "--a"]);
+        label["metadata"]["labels"] = json!({"x": "y"});
+        assert!(!restarts_in_place(&old, &label));
+        // A container more, or renamed.
+        let mut more = etcd("registry.k8s.io/etcd:3.7.0-0", &["etcd", "--a"]);
+        more["spec"]["containers"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"name": "x", "image": "x"}));
+        assert!(!restarts_in_place(&old, &more));
+        let mut renamed = etcd("registry.k8s.io/etcd:3.7.0-0", &["etcd", "--a"]);
+        renamed["spec"]["containers"][0]["name"] = json!("etcd2");
+        assert!(!restarts_in_place(&old, &renamed));
+    }
+
+    fn mirror(image: &str, status_image: &str, ready: bool) -> Value {
+        json!({"metadata": {"name": "etcd-n", "namespace": "kube-system", "resourceVersion": "7",
+                "annotations": {"kubernetes.io/config.hash": "u1", "kubernetes.io/config.mirror": "u1"}},
+            "spec": {"containers": [{"name": "etcd", "image": image}]},
+            "status": {"containerStatuses": [{"name": "etcd", "image": status_image, "ready": ready,
+                "state": {"running": {"startedAt": "2026-12-05T00:00:00Z"}}}]}})
+    }
+
+    #[test]
+    fn the_mirror_pod_follows_a_pod_restarted_in_place_once_it_serves() {
+        let copy = etcd("registry.k8s.io/etcd:3.7.0-0", &["etcd"]);
+        // Already the copy's images: nothing.
+        let done = mirror(
+            "registry.k8s.io/etcd:3.7.0-0",
+            "registry.k8s.io/etcd:3.7.0-0",
+            true,
+        );
+        assert_eq!(mirror_update(&done, &copy, "h2"), None);
+        // The old container still runs, or the new one is not ready: not yet.
+        let old = mirror(
+            "registry.k8s.io/etcd:3.6.16-0",
+            "registry.k8s.io/etcd:3.6.16-0",
+            true,
+        );
+        assert_eq!(mirror_update(&old, &copy, "h2"), None);
+        let starting = mirror(
+            "registry.k8s.io/etcd:3.6.16-0",
+            "registry.k8s.io/etcd:3.7.0-0",
+            false,
+        );
+        assert_eq!(mirror_update(&starting, &copy, "h2"), None);
+        // Running and ready (the runtime's name for the image): images and hash, no status.
+        for reported in [
+            "registry.k8s.io/etcd:3.7.0-0",
+            "docker.io/library/etcd:3.7.0-0",
+        ] {
+            let c = if reported.starts_with("docker") {
+                etcd("etcd:3.7.0-0", &["etcd"])
+            } else {
+                copy.clone()
+            };
+            let serving = mirror("registry.k8s.io/etcd:3.6.16-0", reported, true);
+            let u = mirror_update(&serving, &c, "h2").expect("an update");
+            assert_eq!(
+                u["metadata"]["annotations"]["kubernetes.io/config.hash"],
+                "h2"
+            );
+            assert_eq!(
+                u["metadata"]["annotations"]["kubernetes.io/config.mirror"],
+                "u1"
+            );
+            assert_eq!(u["metadata"]["resourceVersion"], "7");
+            assert_eq!(
+                u["spec"]["containers"][0]["image"],
+                c["spec"]["containers"][0]["image"]
+            );
+            assert!(u.get("status").is_none());
+        }
     }
 
     #[test]
