@@ -39,6 +39,7 @@ type options struct {
 	duration, startTimeout      time.Duration
 	probes, watchPods, restarts list
 	endpoints, load, reportOnly bool
+	criteria                    string
 }
 
 func main() {
@@ -54,6 +55,7 @@ func main() {
 	flag.Var(&o.restarts, "watch-restarts", "NAMESPACE/SELECTOR of pods (mirror pods too) that must neither restart nor turn unready (repeatable)")
 	flag.BoolVar(&o.load, "load", true, "run the client-go load (false: only the observers)")
 	flag.BoolVar(&o.reportOnly, "report-only", false, "print the problems but exit 0: the step's outage is measured, not asserted")
+	flag.StringVar(&o.criteria, "criteria", "", "the load's criteria: default (strict) or store-restart (etcd restarts: seconds without a completion and the p99 not bounded)")
 	flag.Parse()
 	if o.kubeconfig == "" || flag.NArg() > 0 {
 		fmt.Fprintln(os.Stderr, "loadgen: -kubeconfig is required, and no arguments")
@@ -100,7 +102,7 @@ func run(o options) (*step.Report, error) {
 	defer stop()
 	w, err := step.Start(step.Options{
 		Kubeconfig: o.kubeconfig, Probes: o.probes, Endpoints: o.endpoints,
-		WatchPods: o.watchPods, Restarts: o.restarts, NoLoad: !o.load,
+		WatchPods: o.watchPods, Restarts: o.restarts, NoLoad: !o.load, Criteria: o.criteria,
 	}, o.startTimeout)
 	if err != nil {
 		return nil, err

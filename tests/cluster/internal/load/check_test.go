@@ -132,6 +132,46 @@ func TestProblems(t *testing.T) {
 	}
 }
 
+// An etcd restart's seconds without a completed request and its p99 of seconds pass the
+// store-restart criteria; a failed request, a cut watch, a request past the bound or a late
+// event still fail them.
+func TestStoreRestartCriteria(t *testing.T) {
+	cfg := DefaultConfig("")
+	c, err := CriteriaNamed("store-restart")
+	if err != nil {
+		t.Fatal(err)
+	}
+	restart := func(r *Report) {
+		r.Latency = append(r.Latency[:3], r.Latency[8:]...)
+		r.Overall.P99, r.Overall.Max = 5200, 6100
+	}
+	r := clean(cfg)
+	restart(r)
+	if p := r.Problems(c, cfg); len(p) != 0 {
+		t.Errorf("an etcd restart of 5 s: %v", p)
+	}
+	if p := r.Problems(DefaultCriteria(), cfg); len(p) != 2 {
+		t.Errorf("the default criteria must see the silence and the p99: %v", p)
+	}
+	for _, plant := range []func(*Report){
+		func(r *Report) { r.Requests["get"].Failed = 1; r.Failures["http-504-timeout"] = 1 },
+		func(r *Report) { r.Streams.Cut["unexpected-eof"] = 1 },
+		func(r *Report) { r.Overall.Max = 32700 },
+		func(r *Report) { r.Deliveries["stream-0"].Late = 1 },
+		func(r *Report) { r.Connections.FirstByte.P99 = 3050 },
+	} {
+		r := clean(cfg)
+		restart(r)
+		plant(r)
+		if p := r.Problems(c, cfg); len(p) != 1 {
+			t.Errorf("store-restart criteria: want one problem, got %q", p)
+		}
+	}
+	if _, err := CriteriaNamed("lenient"); err == nil {
+		t.Error("an unknown name must be refused")
+	}
+}
+
 func TestRanges(t *testing.T) {
 	if got := ranges([]int{1, 3, 4, 5, 9, 10}); got != "1, 3-5, 9-10" {
 		t.Errorf("ranges = %q", got)

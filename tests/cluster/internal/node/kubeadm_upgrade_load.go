@@ -63,7 +63,7 @@ func (u *upgrade) podSetup() error {
 }
 
 // loadPod is the pod of step name's load.
-func (u *upgrade) loadPod(name string) *corev1.Pod {
+func (u *upgrade) loadPod(name, criteria string) *corev1.Pod {
 	grace := int64(90)
 	directory := corev1.HostPathDirectory
 	return &corev1.Pod{
@@ -77,7 +77,7 @@ func (u *upgrade) loadPod(name string) *corev1.Pod {
 				Name:            "loadgen",
 				Image:           u.ImageRepo + "/loadgen:dev",
 				ImagePullPolicy: corev1.PullNever,
-				Args:            []string{"-kubeconfig", "/etc/ku-loadgen/kubeconfig", "-out", "/reports/" + name + ".json", "-ready", "/reports/" + name + ".ready"},
+				Args:            []string{"-kubeconfig", "/etc/ku-loadgen/kubeconfig", "-out", "/reports/" + name + ".json", "-ready", "/reports/" + name + ".ready", "-criteria", criteria},
 				// A share of the CPU like the node's loads (a BestEffort pod gets 2 of 1024
 				// shares, and starves while a new apiserver starts on this 2-core node).
 				Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
@@ -93,11 +93,11 @@ func (u *upgrade) loadPod(name string) *corev1.Pod {
 }
 
 // podStart starts the load in a pod for step name; true once its load runs.
-func (u *upgrade) podStart(name string) bool {
+func (u *upgrade) podStart(name, criteria string) bool {
 	report, ready := filepath.Join(kuPodReports, name+".json"), filepath.Join(kuPodReports, name+".ready")
 	_ = os.Remove(report)
 	_ = os.Remove(ready)
-	_, err := u.Client.CoreV1().Pods("default").Create(u.Ctx, u.loadPod(name), metav1.CreateOptions{})
+	_, err := u.Client.CoreV1().Pods("default").Create(u.Ctx, u.loadPod(name, criteria), metav1.CreateOptions{})
 	if err == nil && u.WaitFor(180*time.Second, func() bool { _, err := os.Stat(ready); return err == nil }) {
 		return true
 	}
@@ -170,7 +170,11 @@ type kuStep struct {
 func (u *upgrade) startStep(name string, watch *step.Options, reportOnly bool) *kuStep {
 	s := &kuStep{name: name, mark: u.MarkLogs(), reportOnly: reportOnly}
 	s.both = u.StartBoth(name, watch, reportOnly)
-	s.pod = u.pod && u.podStart(name)
+	criteria := ""
+	if watch != nil {
+		criteria = watch.Criteria
+	}
+	s.pod = u.pod && u.podStart(name, criteria)
 	return s
 }
 

@@ -93,7 +93,7 @@ func (n *Node) StartBoth(name string, watch *step.Options, reportOnly bool) Both
 	remote.Endpoints = true
 	b := Both{
 		Remote: n.StartStep(name, remote),
-		Local:  n.StartStep(name+"-local", step.Options{Kubeconfig: n.LocalAdmin(), Probes: o.Probes, Restarts: o.Restarts}),
+		Local:  n.StartStep(name+"-local", step.Options{Kubeconfig: n.LocalAdmin(), Probes: o.Probes, Restarts: o.Restarts, Criteria: o.Criteria}),
 	}
 	for _, s := range []*Step{b.Remote, b.Local} {
 		if s != nil {

@@ -26,6 +26,8 @@ type Options struct {
 	// turn unready unless deleted. Restarts: the same, mirror pods included.
 	WatchPods, Restarts []string
 	NoLoad              bool
+	// Criteria names the load's criteria (load.CriteriaNamed): "" is the strict default.
+	Criteria string
 }
 
 // Watch is one step being watched: Start it, run the step, Stop it for the verdict.
@@ -50,6 +52,9 @@ func Start(o Options, startTimeout time.Duration) (*Watch, error) {
 		if !strings.Contains(s, "/") {
 			return nil, fmt.Errorf("%q: want NAMESPACE/SELECTOR", s)
 		}
+	}
+	if _, err := load.CriteriaNamed(o.Criteria); err != nil {
+		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &Watch{opts: o, cancel: cancel}
@@ -121,7 +126,8 @@ func (w *Watch) Stop(summary io.Writer) *Report {
 		lr := w.load.Stop()
 		rep.Load = &lr
 		fmt.Fprintln(summary, "load", lr.Summary())
-		rep.Problems = append(rep.Problems, lr.Problems(load.DefaultCriteria(), load.DefaultConfig(w.opts.Kubeconfig))...)
+		criteria, _ := load.CriteriaNamed(w.opts.Criteria) // checked at Start
+		rep.Problems = append(rep.Problems, lr.Problems(criteria, load.DefaultConfig(w.opts.Kubeconfig))...)
 		for kind, samples := range lr.Samples {
 			for _, s := range samples {
 				rep.Notes = append(rep.Notes, kind+": "+s)
