@@ -13,7 +13,9 @@
 //!   the stand-in, whose hash kubeadm waits on, changes only when the rollout is complete; an
 //!   updated manifest of another component is copied with a UID of its content (the same
 //!   content, the same UID, whatever the kubelet's version), a removed one's copy removed; a
-//!   copy without a UID (an earlier release's) gets the running pod's.
+//!   copy without a UID (an earlier release's) gets the running pod's; etcd's new image keeps
+//!   the running pod's UID (the kubelet restarts etcd in its pod), and once the kubelet reports
+//!   the new container running and ready, the mirror pod gets the image and a new config hash.
 //!
 //! And under `strace`: every static pod it writes at the migration (etcd's copy, the stand-in,
 //! the list of its copies) is written durably, in kubeadm's mode 0600. And the static binary,
@@ -580,27 +582,33 @@ async fn kubeadm_sync_turns_kubeadm_manifests_into_static_pods_and_rollouts() ->
 
     // Another component's new manifest is copied with a UID of its content (a new pod for the
     // kubelet, and the same one for a kubelet of any version); a removed one's copy goes.
-    let etcd_uid = |image: &'static str| {
+    let scheduler_uid = |image: &'static str| {
         let node = &node;
         async move {
             std::fs::write(
-                node.dir.join("manifests/etcd.yaml"),
-                other_manifest("etcd", image),
+                node.dir.join("manifests/kube-scheduler.yaml"),
+                other_manifest("kube-scheduler", image),
             )?;
             eventually(DEADLINE, || async {
-                let etcd = read_yaml(&node.dir.join("kubelet/etcd.yaml"))?;
-                ensure!(etcd["spec"]["containers"][0]["image"] == image, "{etcd}");
-                let uid = etcd["metadata"]["uid"]
+                let copy = read_yaml(&node.dir.join("kubelet/kube-scheduler.yaml"))?;
+                ensure!(copy["spec"]["containers"][0]["image"] == image, "{copy}");
+                let uid = copy["metadata"]["uid"]
                     .as_str()
                     .unwrap_or_default()
                     .to_owned();
-                ensure!(uid.len() == 32 && uid != "uid-etcd", "{etcd}");
+                ensure!(uid.len() == 32 && uid != "uid-scheduler", "{copy}");
                 Ok(uid)
             })
             .await
         }
     };
-    let newer = etcd_uid("etcd:3.7.0-0").await?;
+    let newer = scheduler_uid("kube-scheduler:v1.37.2").await?;
+    let back = scheduler_uid("kube-scheduler:v1.36.3").await?;
+    ensure!(back != newer, "two contents, one UID: {back}");
+    ensure!(
+        scheduler_uid("kube-scheduler:v1.37.2").await? == newer,
+        "the same content got another UID"
+    );
     std::fs::remove_file(node.dir.join("manifests/kube-scheduler.yaml"))?;
     eventually(DEADLINE, || async {
         ensure!(
@@ -610,12 +618,60 @@ async fn kubeadm_sync_turns_kubeadm_manifests_into_static_pods_and_rollouts() ->
         Ok(())
     })
     .await?;
-    let back = etcd_uid("etcd:3.6.8-0").await?;
-    ensure!(back != newer, "two contents, one UID: {back}");
+
+    // etcd's new image (kubeadm's upgrade of etcd): the copy keeps the running pod's UID, so
+    // the kubelet restarts etcd in its pod; once the kubelet reports the new container running
+    // and ready, the agent sets the mirror pod's image and a new config hash (what kubeadm
+    // waits on), and keeps its mirror annotation.
+    const ETCD_MIRROR: &str = "/api/v1/namespaces/kube-system/pods/etcd-node-1";
+    let etcd_mirror = |image: &str, running: &str| {
+        json!({"metadata": {"name": "etcd-node-1", "namespace": "kube-system",
+                "annotations": {"kubernetes.io/config.hash": "uid-etcd", "kubernetes.io/config.mirror": "uid-etcd"}},
+            "spec": {"containers": [{"name": "etcd", "image": image}]},
+            "status": {"containerStatuses": [{"name": "etcd", "image": running, "ready": true,
+                "state": {"running": {"startedAt": "2026-12-05T00:00:00Z"}}}]}})
+    };
+    node.fake
+        .set_object(ETCD_MIRROR, &etcd_mirror("etcd:3.6.8-0", "etcd:3.6.8-0"));
+    std::fs::write(
+        node.dir.join("manifests/etcd.yaml"),
+        other_manifest("etcd", "etcd:3.7.0-0"),
+    )?;
+    eventually(DEADLINE, || async {
+        let etcd = read_yaml(&node.dir.join("kubelet/etcd.yaml"))?;
+        ensure!(
+            etcd["spec"]["containers"][0]["image"] == "etcd:3.7.0-0",
+            "{etcd}"
+        );
+        ensure!(
+            etcd["metadata"]["uid"] == "uid-etcd",
+            "etcd's UID not kept: {etcd}"
+        );
+        Ok(())
+    })
+    .await?;
+    // The old container still runs: the mirror pod is left as it is.
+    let m = node.fake.object(ETCD_MIRROR).context("etcd's mirror pod")?;
     ensure!(
-        etcd_uid("etcd:3.7.0-0").await? == newer,
-        "the same content got another UID"
+        m["metadata"]["annotations"]["kubernetes.io/config.hash"] == "uid-etcd",
+        "the mirror pod changed before the new etcd ran: {m}"
     );
+    node.fake
+        .set_object(ETCD_MIRROR, &etcd_mirror("etcd:3.6.8-0", "etcd:3.7.0-0"));
+    eventually(DEADLINE, || async {
+        let m = node.fake.object(ETCD_MIRROR).context("etcd's mirror pod")?;
+        let a = &m["metadata"]["annotations"];
+        ensure!(
+            a["kubernetes.io/config.hash"]
+                .as_str()
+                .is_some_and(|h| h.len() == 32 && h != "uid-etcd"),
+            "config hash: {m}"
+        );
+        ensure!(a["kubernetes.io/config.mirror"] == "uid-etcd", "{m}");
+        ensure!(m["spec"]["containers"][0]["image"] == "etcd:3.7.0-0", "{m}");
+        Ok(())
+    })
+    .await?;
     agent.ensure_running()?;
     Ok(())
 }
