@@ -246,6 +246,20 @@ impl Node {
         c
     }
 
+    /// kubeadm writes etcd's manifest with `image`; the agent's copy of it, once copied.
+    async fn new_etcd(&self, image: &str) -> Result<Value> {
+        std::fs::write(
+            self.dir.join("manifests/etcd.yaml"),
+            other_manifest("etcd", image),
+        )?;
+        eventually(DEADLINE, || async {
+            let etcd = read_yaml(&self.dir.join("kubelet/etcd.yaml"))?;
+            ensure!(etcd["spec"]["containers"][0]["image"] == image, "{etcd}");
+            Ok(etcd)
+        })
+        .await
+    }
+
     fn standin(&self) -> Result<Value> {
         read_yaml(&self.dir.join("kubelet/kube-apiserver.yaml"))
     }
@@ -356,20 +370,12 @@ async fn kubeadm_sync_rolls_back_with_kubeadm_when_the_new_apiserver_never_gets_
     })
     .await?;
     // While it hangs, another component's new manifest is still copied.
-    std::fs::write(
-        node.dir.join("manifests/etcd.yaml"),
-        other_manifest("etcd", "etcd:3.7.0-0"),
-    )?;
-    eventually(DEADLINE, || async {
-        let etcd = read_yaml(&node.dir.join("kubelet/etcd.yaml"))?;
-        ensure!(
-            etcd["spec"]["containers"][0]["image"] == "etcd:3.7.0-0",
+    node.new_etcd("etcd:3.7.0-0").await.with_context(|| {
+        format!(
             "etcd not copied while the apiserver's rollout hangs: {}",
             agent.stderr()
-        );
-        Ok(())
-    })
-    .await?;
+        )
+    })?;
     eventually(DEADLINE, || async {
         ensure!(
             agent.stderr().contains("ProgressDeadlineExceeded"),
@@ -633,23 +639,11 @@ async fn kubeadm_sync_turns_kubeadm_manifests_into_static_pods_and_rollouts() ->
     };
     node.fake
         .set_object(ETCD_MIRROR, &etcd_mirror("etcd:3.6.8-0", "etcd:3.6.8-0"));
-    std::fs::write(
-        node.dir.join("manifests/etcd.yaml"),
-        other_manifest("etcd", "etcd:3.7.0-0"),
-    )?;
-    eventually(DEADLINE, || async {
-        let etcd = read_yaml(&node.dir.join("kubelet/etcd.yaml"))?;
-        ensure!(
-            etcd["spec"]["containers"][0]["image"] == "etcd:3.7.0-0",
-            "{etcd}"
-        );
-        ensure!(
-            etcd["metadata"]["uid"] == "uid-etcd",
-            "etcd's UID not kept: {etcd}"
-        );
-        Ok(())
-    })
-    .await?;
+    let etcd = node.new_etcd("etcd:3.7.0-0").await?;
+    ensure!(
+        etcd["metadata"]["uid"] == "uid-etcd",
+        "etcd's UID not kept: {etcd}"
+    );
     // The old container still runs: the mirror pod is left as it is.
     let m = node.fake.object(ETCD_MIRROR).context("etcd's mirror pod")?;
     ensure!(
