@@ -246,16 +246,18 @@ impl Node {
         c
     }
 
-    /// kubeadm writes etcd's manifest with `image`; the agent's copy of it, once copied.
-    async fn new_etcd(&self, image: &str) -> Result<Value> {
+    /// kubeadm writes `name`'s manifest (etcd, kube-scheduler) with `image`; the agent's copy
+    /// of it, once copied.
+    async fn kubeadm_writes(&self, name: &str, image: &str) -> Result<Value> {
+        let file = format!("{name}.yaml");
         std::fs::write(
-            self.dir.join("manifests/etcd.yaml"),
-            other_manifest("etcd", image),
+            self.dir.join("manifests").join(&file),
+            other_manifest(name, image),
         )?;
         eventually(DEADLINE, || async {
-            let etcd = read_yaml(&self.dir.join("kubelet/etcd.yaml"))?;
-            ensure!(etcd["spec"]["containers"][0]["image"] == image, "{etcd}");
-            Ok(etcd)
+            let copy = read_yaml(&self.dir.join("kubelet").join(&file))?;
+            ensure!(copy["spec"]["containers"][0]["image"] == image, "{copy}");
+            Ok(copy)
         })
         .await
     }
@@ -370,12 +372,14 @@ async fn kubeadm_sync_rolls_back_with_kubeadm_when_the_new_apiserver_never_gets_
     })
     .await?;
     // While it hangs, another component's new manifest is still copied.
-    node.new_etcd("etcd:3.7.0-0").await.with_context(|| {
-        format!(
-            "etcd not copied while the apiserver's rollout hangs: {}",
-            agent.stderr()
-        )
-    })?;
+    node.kubeadm_writes("etcd", "etcd:3.7.0-0")
+        .await
+        .with_context(|| {
+            format!(
+                "etcd not copied while the apiserver's rollout hangs: {}",
+                agent.stderr()
+            )
+        })?;
     eventually(DEADLINE, || async {
         ensure!(
             agent.stderr().contains("ProgressDeadlineExceeded"),
@@ -591,21 +595,13 @@ async fn kubeadm_sync_turns_kubeadm_manifests_into_static_pods_and_rollouts() ->
     let scheduler_uid = |image: &'static str| {
         let node = &node;
         async move {
-            std::fs::write(
-                node.dir.join("manifests/kube-scheduler.yaml"),
-                other_manifest("kube-scheduler", image),
-            )?;
-            eventually(DEADLINE, || async {
-                let copy = read_yaml(&node.dir.join("kubelet/kube-scheduler.yaml"))?;
-                ensure!(copy["spec"]["containers"][0]["image"] == image, "{copy}");
-                let uid = copy["metadata"]["uid"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned();
-                ensure!(uid.len() == 32 && uid != "uid-scheduler", "{copy}");
-                Ok(uid)
-            })
-            .await
+            let copy = node.kubeadm_writes("kube-scheduler", image).await?;
+            let uid = copy["metadata"]["uid"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            ensure!(uid.len() == 32 && uid != "uid-scheduler", "{copy}");
+            Ok(uid)
         }
     };
     let newer = scheduler_uid("kube-scheduler:v1.37.2").await?;
@@ -639,7 +635,7 @@ async fn kubeadm_sync_turns_kubeadm_manifests_into_static_pods_and_rollouts() ->
     };
     node.fake
         .set_object(ETCD_MIRROR, &etcd_mirror("etcd:3.6.8-0", "etcd:3.6.8-0"));
-    let etcd = node.new_etcd("etcd:3.7.0-0").await?;
+    let etcd = node.kubeadm_writes("etcd", "etcd:3.7.0-0").await?;
     ensure!(
         etcd["metadata"]["uid"] == "uid-etcd",
         "etcd's UID not kept: {etcd}"
