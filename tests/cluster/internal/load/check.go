@@ -244,12 +244,12 @@ func sortedKeys[V any](m map[string]V) []string {
 // Summary is the report in one line: requests, attempts, relists, streams, connections,
 // latency.
 func (r *Report) Summary() string {
-	return fmt.Sprintf("%d requests ok in %s, %d failed %v; %d attempts, %d failed, %d answered Retry-After; %d relists (+%d after Expired, +%d after a very short watch); %d streams cut; %d of %d connections failed (%d closed before any byte); latency p50 %.0f ms, p99 %.0f ms, max %.0f ms; first byte p50 %.0f ms, p99 %.0f ms, max %.0f ms; watch delivery max %.0f ms",
+	return fmt.Sprintf("%d requests ok in %s, %d failed %v; %d attempts, %d failed, %d answered Retry-After; %d relists (+%d after Expired, +%d after a very short watch); %d streams cut; %d of %d connections failed (%d closed before any byte); latency p50 %.0f ms, p99 %.0f ms, max %.0f ms, %d over 1 s; first byte p50 %.0f ms, p99 %.0f ms, max %.0f ms; watch delivery max %.0f ms",
 		r.TotalOK(), r.Issuing.Round(time.Second), r.TotalFailed(), r.Failures,
 		r.Attempts.Total, r.TotalAttemptsFailed(), r.Attempts.RetryAfter,
 		r.TotalRelists(), r.TotalRelistsExpired(), r.TotalRelistsShortWatch(),
 		r.TotalStreamCuts(), r.TotalConnErrors(), r.Connections.Dialed, r.Connections.ClosedBeforeAnyByte,
-		r.Overall.P50, r.Overall.P99, r.Overall.Max,
+		r.Overall.P50, r.Overall.P99, r.Overall.Max, r.Overall.Over1s,
 		r.Connections.FirstByte.P50, r.Connections.FirstByte.P99, r.Connections.FirstByte.Max, r.MaxDeliveryLag())
 }
 

@@ -172,6 +172,20 @@ func TestStoreRestartCriteria(t *testing.T) {
 	}
 }
 
+func TestPercentilesCountTheRequestsThatWaited(t *testing.T) {
+	var d []time.Duration
+	for _, ms := range []int{5, 900, 1000, 1001, 9000, 30, 2500} {
+		d = append(d, time.Duration(ms)*time.Millisecond)
+	}
+	w := percentiles(d)
+	if w.Over1s != 3 || w.Count != 7 || w.Max != 9000 {
+		t.Errorf("percentiles: %+v (want 3 over a second of 7, max 9000 ms)", w)
+	}
+	if w := percentiles(d[:2]); w.Over1s != 0 {
+		t.Errorf("none over a second: %+v", w)
+	}
+}
+
 func TestRanges(t *testing.T) {
 	if got := ranges([]int{1, 3, 4, 5, 9, 10}); got != "1, 3-5, 9-10" {
 		t.Errorf("ranges = %q", got)

@@ -114,6 +114,9 @@ type Window struct {
 	P99   float64 `json:"p99_ms"`
 	P999  float64 `json:"p999_ms"`
 	Max   float64 `json:"max_ms"`
+	// Over1s: how many took longer than a second (the requests that waited: for an etcd
+	// restart, how many met it).
+	Over1s int `json:"over_1s"`
 }
 
 // recorder collects the report from many goroutines.
@@ -265,7 +268,8 @@ func percentiles(d []time.Duration) Window {
 		i := int(q * float64(len(s)-1))
 		return float64(s[i]) / float64(time.Millisecond)
 	}
-	return Window{Count: len(s), P50: at(0.50), P99: at(0.99), P999: at(0.999), Max: at(1)}
+	over := len(s) - sort.Search(len(s), func(i int) bool { return s[i] > time.Second })
+	return Window{Count: len(s), P50: at(0.50), P99: at(0.99), P999: at(0.999), Max: at(1), Over1s: over}
 }
 
 // sum adds up f over the values of m.
