@@ -467,6 +467,13 @@ func (u *upgrade) etcdUpgrade() {
 	} else {
 		u.Fail("the etcd upgrade: %v, generation delta %d, etcd image %s: %s", a.err, a.genDelta, image, grepTail(a.log, kuErrors, 3))
 	}
+	// etcd itself: the new version, one member (kubeadm's layout, nothing left beside it).
+	version, members, err := etcdMembers()
+	if want := strings.TrimPrefix(u.newEtcd, "v"); err == nil && version == want && len(members) == 1 && !strings.Contains(members[0], "learner") {
+		u.Pass("etcd reports version %s and one member: %s", version, members[0])
+	} else {
+		u.Fail("etcd after its upgrade: version %q (want %s), members %v%s", version, want, members, errSuffix(err))
+	}
 	// kubeadm-sync kept the pod (its UID) and brought the mirror pod in line: the pod restarted
 	// in place, with no API call (a new pod waits on the API while etcd is down).
 	if uid == uid0 && uid != "" && hash != hash0 {

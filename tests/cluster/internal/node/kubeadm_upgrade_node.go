@@ -108,32 +108,86 @@ func (u *upgrade) standinHash() string {
 // etcdValue: the first bytes of key's value as stored in etcd (its JSON gateway, with the
 // apiserver's etcd client certificate), written as Python writes bytes.
 func (u *upgrade) etcdValue(key string) (string, error) {
-	const pki = "/etc/kubernetes/pki"
-	ca, err := os.ReadFile(pki + "/etcd/ca.crt")
+	body, _ := json.Marshal(map[string]string{"key": base64.StdEncoding.EncodeToString([]byte(key))})
+	answer, err := etcdCall("POST", "/v3/kv/range", body)
 	if err != nil {
 		return "", err
 	}
+	return storedValue(answer)
+}
+
+// etcdCall: METHOD path on etcd's client URL (https://127.0.0.1:2379, its JSON gateway under
+// /v3), with the apiserver's etcd client certificate; the answer of a 200.
+func etcdCall(method, path string, body []byte) ([]byte, error) {
+	const pki = "/etc/kubernetes/pki"
+	ca, err := os.ReadFile(pki + "/etcd/ca.crt")
+	if err != nil {
+		return nil, err
+	}
 	cert, err := tls.LoadX509KeyPair(pki+"/apiserver-etcd-client.crt", pki+"/apiserver-etcd-client.key")
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(ca)
 	c := http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}}}}
-	body, _ := json.Marshal(map[string]string{"key": base64.StdEncoding.EncodeToString([]byte(key))})
-	resp, err := c.Post("https://127.0.0.1:2379/v3/kv/range", "application/json", bytes.NewReader(body))
+	req, err := http.NewRequest(method, "https://127.0.0.1:2379"+path, bytes.NewReader(body))
 	if err != nil {
-		return "", err
+		return nil, err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return nil, err
 	}
 	defer resp.Body.Close()
 	answer, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("etcd: %s: %s", resp.Status, Cut(string(answer), 200))
+		return nil, fmt.Errorf("etcd %s: %s: %s", path, resp.Status, Cut(string(answer), 200))
 	}
-	return storedValue(answer)
+	return answer, nil
+}
+
+// etcdMembers: etcd's server version (GET /version) and its members as "NAME (learner)" or
+// "NAME", from etcd itself.
+func etcdMembers() (version string, members []string, err error) {
+	answer, err := etcdCall("GET", "/version", nil)
+	if err != nil {
+		return "", nil, err
+	}
+	var v struct {
+		Server string `json:"etcdserver"`
+	}
+	if err := json.Unmarshal(answer, &v); err != nil {
+		return "", nil, fmt.Errorf("etcd's /version: %w", err)
+	}
+	if answer, err = etcdCall("POST", "/v3/cluster/member/list", []byte("{}")); err != nil {
+		return v.Server, nil, err
+	}
+	return v.Server, MemberNames(answer), nil
+}
+
+// MemberNames: the members of etcd's member list answer, "NAME" or "NAME (learner)".
+func MemberNames(answer []byte) []string {
+	var l struct {
+		Members []struct {
+			Name      string `json:"name"`
+			IsLearner bool   `json:"isLearner"`
+		} `json:"members"`
+	}
+	if json.Unmarshal(answer, &l) != nil {
+		return nil
+	}
+	names := []string{}
+	for _, m := range l.Members {
+		if m.IsLearner {
+			m.Name += " (learner)"
+		}
+		names = append(names, m.Name)
+	}
+	return names
 }
 
 // storedValue is the first 24 bytes of the value in etcd's range answer, as Python writes

@@ -125,3 +125,13 @@ func TestSkipLines(t *testing.T) {
 		t.Errorf("skipLines of a last line without a newline: %q", got)
 	}
 }
+
+func TestMemberNames(t *testing.T) {
+	answer := []byte(`{"header":{"cluster_id":"1"},"members":[{"ID":"8e9e05c52164694d","name":"smoke-node","peerURLs":["https://192.0.2.10:2380"],"clientURLs":["https://192.0.2.10:2379"]},{"ID":"2","name":"next","isLearner":true}]}`)
+	if got := MemberNames(answer); len(got) != 2 || got[0] != "smoke-node" || got[1] != "next (learner)" {
+		t.Errorf("MemberNames = %q", got)
+	}
+	if got := MemberNames([]byte("not json")); got != nil {
+		t.Errorf("MemberNames(not json) = %q", got)
+	}
+}
