@@ -230,24 +230,25 @@ pub fn digests(meta: &Value) -> (Option<&str>, Option<&str>) {
 /// UID in the file, the kubelet's upgrade keeps them; a changed file still gets a new UID, and
 /// the mirror pod's `kubernetes.io/config.hash` that kubeadm waits on changes with it.
 pub fn static_uid(node: &str, name: &str, pod: &Value) -> String {
+    let text = format!(
+        "{node}\n{name}\n{}",
+        crate::base::yaml::to_yaml(&without_uid(pod))
+    );
+    render::sha256_hex(text.as_bytes())[..32].to_owned()
+}
+
+/// `pod` without its `metadata.uid` (set by this agent, not by kubeadm).
+fn without_uid(pod: &Value) -> Value {
     let mut p = pod.clone();
     if let Some(m) = p["metadata"].as_object_mut() {
         m.remove("uid");
     }
-    let text = format!("{node}\n{name}\n{}", crate::base::yaml::to_yaml(&p));
-    render::sha256_hex(text.as_bytes())[..32].to_owned()
+    p
 }
 
 /// Whether a copy holds the same pod as its source (`metadata.uid`, set at adoption, aside).
 pub fn same_pod(source: &Value, copy: &Value) -> bool {
-    let strip = |v: &Value| {
-        let mut v = v.clone();
-        if let Some(m) = v["metadata"].as_object_mut() {
-            m.remove("uid");
-        }
-        v
-    };
-    strip(source) == strip(copy)
+    without_uid(source) == without_uid(copy)
 }
 
 /// The static pod whose copy keeps the running UID when kubeadm changes only its images:
@@ -263,10 +264,7 @@ pub const RESTART_IN_PLACE: &str = "etcd.yaml";
 /// flags too). Any other change needs a new pod.
 pub fn restarts_in_place(old: &Value, new: &Value) -> bool {
     let rest = |v: &Value| {
-        let mut v = v.clone();
-        if let Some(m) = v["metadata"].as_object_mut() {
-            m.remove("uid");
-        }
+        let mut v = without_uid(v);
         if let Some(s) = v["spec"].as_object_mut() {
             s.remove("containers");
         }
@@ -299,12 +297,26 @@ fn same_image(reported: &str, image: &str) -> bool {
         || image.ends_with(&format!("/{reported}"))
 }
 
-/// The update a mirror pod needs once its pod was restarted in place for `copy`: `None` while
-/// the mirror pod already shows the copy's images (nothing to do) or while the kubelet does
-/// not yet report every container of `copy` running its image and ready; else the mirror pod
-/// with the copy's images and `hash` as its `kubernetes.io/config.hash`.
-pub fn mirror_update(mirror: &Value, copy: &Value, hash: &str) -> Option<Value> {
-    let containers = copy["spec"]["containers"].as_array()?;
+/// Where a mirror pod stands against the copy its pod runs ([`mirror_update`]).
+#[derive(Debug, PartialEq)]
+pub enum Mirror {
+    /// It shows the copy's images (or there is nothing to compare): nothing to do.
+    InLine,
+    /// The pod was restarted in place for the copy, and the kubelet does not yet report every
+    /// container of the copy running its image and ready.
+    Waiting,
+    /// The new containers serve: the mirror pod with their images and the new config hash.
+    Update(Value),
+}
+
+/// What a mirror pod needs once its pod was restarted in place for `copy`: nothing while it
+/// already shows the copy's images, a wait while the kubelet does not yet report every
+/// container of `copy` running its image and ready, else the mirror pod with the copy's images
+/// and `hash` as its `kubernetes.io/config.hash`.
+pub fn mirror_update(mirror: &Value, copy: &Value, hash: &str) -> Mirror {
+    let Some(containers) = copy["spec"]["containers"].as_array() else {
+        return Mirror::InLine;
+    };
     let image_of = |pod: &Value, name: &Value| {
         pod["spec"]["containers"]
             .as_array()
@@ -316,9 +328,11 @@ pub fn mirror_update(mirror: &Value, copy: &Value, hash: &str) -> Option<Value> 
         .iter()
         .all(|c| image_of(mirror, &c["name"]).as_deref() == c["image"].as_str())
     {
-        return None;
+        return Mirror::InLine;
     }
-    let statuses = mirror["status"]["containerStatuses"].as_array()?;
+    let Some(statuses) = mirror["status"]["containerStatuses"].as_array() else {
+        return Mirror::Waiting;
+    };
     let serving = containers.iter().all(|c| {
         statuses.iter().any(|st| {
             st["name"] == c["name"]
@@ -331,7 +345,7 @@ pub fn mirror_update(mirror: &Value, copy: &Value, hash: &str) -> Option<Value> 
         })
     });
     if !serving {
-        return None;
+        return Mirror::Waiting;
     }
     let mut m = mirror.clone();
     m["metadata"]["annotations"]["kubernetes.io/config.hash"] = json!(hash);
@@ -345,7 +359,7 @@ pub fn mirror_update(mirror: &Value, copy: &Value, hash: &str) -> Option<Value> 
     if let Some(obj) = m.as_object_mut() {
         obj.remove("status");
     }
-    Some(m)
+    Mirror::Update(m)
 }
 
 /// What `kubectl rollout status` waits for: the controller saw the latest generation, every
@@ -629,20 +643,21 @@ impl Sync {
     /// The mirror pod of a copy restarted in place (`RESTART_IN_PLACE`): once the kubelet
     /// reports the copy's containers running and ready, the mirror pod gets their images and a
     /// `kubernetes.io/config.hash` of the copy's content ([`static_uid`]), which kubeadm waits
-    /// to see change before it checks the new etcd ([`mirror_update`]). Returns the mirror pods
-    /// updated; nothing while the apiserver cannot be reached (the next pass tries again).
-    pub fn fix_mirrors(&self) -> Result<Vec<String>, SyncError> {
+    /// to see change before it checks the new etcd ([`mirror_update`]). Returns whether the
+    /// mirror pod is in line (false: the new containers do not serve yet); an error while the
+    /// apiserver cannot be reached (the next pass tries again).
+    pub fn fix_mirrors(&self) -> Result<bool, SyncError> {
         let path = self.static_pod_dir.join(RESTART_IN_PLACE);
         let copy = match read_pod(&path) {
             Ok(copy) => copy,
-            Err(_) if !path.exists() => return Ok(Vec::new()),
+            Err(_) if !path.exists() => return Ok(true),
             Err(e) => return Err(e),
         };
         let (Some(name), Some(uid)) = (
             copy["metadata"]["name"].as_str(),
             copy["metadata"]["uid"].as_str(),
         ) else {
-            return Ok(Vec::new());
+            return Ok(true);
         };
         let ns = copy["metadata"]["namespace"].as_str().unwrap_or("default");
         let mirror_path = format!("/api/v1/namespaces/{ns}/pods/{name}-{}", self.node);
@@ -652,17 +667,19 @@ impl Sync {
             .map_err(|e| SyncError::Api(e.to_string()))?;
         // Only the mirror pod of this very pod (a new UID means a new pod, a new mirror pod).
         if mirror["metadata"]["annotations"]["kubernetes.io/config.mirror"].as_str() != Some(uid) {
-            return Ok(Vec::new());
+            return Ok(true);
         }
         let hash = static_uid(&self.node, RESTART_IN_PLACE, &copy);
-        let Some(update) = mirror_update(&mirror, &copy, &hash) else {
-            return Ok(Vec::new());
+        let update = match mirror_update(&mirror, &copy, &hash) {
+            Mirror::InLine => return Ok(true),
+            Mirror::Waiting => return Ok(false),
+            Mirror::Update(update) => update,
         };
         self.block_on(api.send_json("PUT", &mirror_path, &update))
             .map_err(|e| SyncError::Api(e.to_string()))?;
         tracing::info!(pod = %format!("{ns}/{name}-{}", self.node), hash = %hash,
             "kubeadm-sync: mirror pod brought to the pod restarted in place (images, config hash)");
-        Ok(vec![format!("{name}-{}", self.node)])
+        Ok(true)
     }
 
     fn deployment_path(&self) -> String {
@@ -975,18 +992,27 @@ pub fn run(args: &crate::cli::KubeadmSyncArgs) -> Result<(), SyncError> {
         "kubeadm-sync: following kubeadm's manifests"
     );
     let mut state = State::default();
+    // Whether etcd's mirror pod may lag its copy: at the start (a restart in place may have
+    // been under way) and after each change of the copy, until fix_mirrors finds it in line.
+    let mut mirror_due = true;
     loop {
         match sync.copy_manifests(false) {
             Ok(changed) if !changed.is_empty() => {
+                mirror_due |= changed.iter().any(|c| c == RESTART_IN_PLACE);
                 tracing::info!(changed = ?changed, "kubeadm-sync: static pods updated")
             }
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "kubeadm-sync: copying manifests failed"),
         }
-        if let Err(e) = sync.fix_mirrors() {
-            // While etcd restarts the apiserver cannot answer: the next pass tries again.
-            if let Some(suppressed) = API_ERRORS.allow() {
-                tracing::warn!(error = %e, suppressed, "kubeadm-sync: mirror pod not updated");
+        if mirror_due {
+            match sync.fix_mirrors() {
+                Ok(in_line) => mirror_due = !in_line,
+                // While etcd restarts the apiserver cannot answer: the next pass tries again.
+                Err(e) => {
+                    if let Some(suppressed) = API_ERRORS.allow() {
+                        tracing::warn!(error = %e, suppressed, "kubeadm-sync: mirror pod not updated");
+                    }
+                }
             }
         }
         match sync.apiserver(&mut state, true) {
@@ -1162,20 +1188,20 @@ mod tests {
             "registry.k8s.io/etcd:3.7.0-0",
             true,
         );
-        assert_eq!(mirror_update(&done, &copy, "h2"), None);
+        assert_eq!(mirror_update(&done, &copy, "h2"), Mirror::InLine);
         // The old container still runs, or the new one is not ready: not yet.
         let old = mirror(
             "registry.k8s.io/etcd:3.6.16-0",
             "registry.k8s.io/etcd:3.6.16-0",
             true,
         );
-        assert_eq!(mirror_update(&old, &copy, "h2"), None);
+        assert_eq!(mirror_update(&old, &copy, "h2"), Mirror::Waiting);
         let starting = mirror(
             "registry.k8s.io/etcd:3.6.16-0",
             "registry.k8s.io/etcd:3.7.0-0",
             false,
         );
-        assert_eq!(mirror_update(&starting, &copy, "h2"), None);
+        assert_eq!(mirror_update(&starting, &copy, "h2"), Mirror::Waiting);
         // Running and ready (the runtime's name for the image): images and hash, no status.
         for reported in [
             "registry.k8s.io/etcd:3.7.0-0",
@@ -1187,7 +1213,9 @@ mod tests {
                 copy.clone()
             };
             let serving = mirror("registry.k8s.io/etcd:3.6.16-0", reported, true);
-            let u = mirror_update(&serving, &c, "h2").expect("an update");
+            let Mirror::Update(u) = mirror_update(&serving, &c, "h2") else {
+                panic!("an update for {reported}");
+            };
             assert_eq!(
                 u["metadata"]["annotations"]["kubernetes.io/config.hash"],
                 "h2"
