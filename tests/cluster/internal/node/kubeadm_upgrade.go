@@ -37,7 +37,8 @@ import (
 //  3. etcd: the pinned etcd imageTag set to KU_ETCD_VERSION in kubeadm-config and `kubeadm
 //     upgrade apply` again, which upgrades etcd alone: kubeadm-sync restarts etcd in its pod
 //     (the UID kept) and brings the mirror pod in line; judged with the store-restart criteria
-//     (load.StoreRestartCriteria: nothing fails, each request within 10 s);
+//     (load.StoreRestartCriteria: nothing fails, each request within 15 s), and etcd itself
+//     must report the new version and one member;
 //  4. the kubelet binary replaced by VERSION's and restarted: the static pods must keep
 //     running (the agent's copies carry their UIDs);
 //  5. a third `kubeadm upgrade apply VERSION`: a no-op;
@@ -469,8 +470,8 @@ func (u *upgrade) etcdUpgrade() {
 	}
 	// etcd itself: the new version, one member (kubeadm's layout, nothing left beside it).
 	version, members, err := etcdMembers()
-	if want := strings.TrimPrefix(u.newEtcd, "v"); err == nil && version == want && len(members) == 1 && !strings.Contains(members[0], "learner") {
-		u.Pass("etcd reports version %s and one member: %s", version, members[0])
+	if want := strings.TrimPrefix(u.newEtcd, "v"); err == nil && version == want && len(members) == 1 && !members[0].Learner {
+		u.Pass("etcd reports version %s and one member: %s", version, members[0].Name)
 	} else {
 		u.Fail("etcd after its upgrade: version %q (want %s), members %v%s", version, want, members, errSuffix(err))
 	}

@@ -150,9 +150,8 @@ func etcdCall(method, path string, body []byte) ([]byte, error) {
 	return answer, nil
 }
 
-// etcdMembers: etcd's server version (GET /version) and its members as "NAME (learner)" or
-// "NAME", from etcd itself.
-func etcdMembers() (version string, members []string, err error) {
+// etcdMembers: etcd's server version (GET /version) and its members, from etcd itself.
+func etcdMembers() (version string, members []Member, err error) {
 	answer, err := etcdCall("GET", "/version", nil)
 	if err != nil {
 		return "", nil, err
@@ -166,28 +165,25 @@ func etcdMembers() (version string, members []string, err error) {
 	if answer, err = etcdCall("POST", "/v3/cluster/member/list", []byte("{}")); err != nil {
 		return v.Server, nil, err
 	}
-	return v.Server, MemberNames(answer), nil
+	members, err = Members(answer)
+	return v.Server, members, err
 }
 
-// MemberNames: the members of etcd's member list answer, "NAME" or "NAME (learner)".
-func MemberNames(answer []byte) []string {
+// Member is one etcd member as its member list names it.
+type Member struct {
+	Name    string `json:"name"`
+	Learner bool   `json:"isLearner"`
+}
+
+// Members: the members of etcd's member list answer (its JSON gateway's).
+func Members(answer []byte) ([]Member, error) {
 	var l struct {
-		Members []struct {
-			Name      string `json:"name"`
-			IsLearner bool   `json:"isLearner"`
-		} `json:"members"`
+		Members []Member `json:"members"`
 	}
-	if json.Unmarshal(answer, &l) != nil {
-		return nil
+	if err := json.Unmarshal(answer, &l); err != nil {
+		return nil, fmt.Errorf("etcd's member list: %w", err)
 	}
-	names := []string{}
-	for _, m := range l.Members {
-		if m.IsLearner {
-			m.Name += " (learner)"
-		}
-		names = append(names, m.Name)
-	}
-	return names
+	return l.Members, nil
 }
 
 // storedValue is the first 24 bytes of the value in etcd's range answer, as Python writes

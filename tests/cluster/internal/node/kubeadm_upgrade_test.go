@@ -126,12 +126,13 @@ func TestSkipLines(t *testing.T) {
 	}
 }
 
-func TestMemberNames(t *testing.T) {
+func TestMembers(t *testing.T) {
 	answer := []byte(`{"header":{"cluster_id":"1"},"members":[{"ID":"8e9e05c52164694d","name":"smoke-node","peerURLs":["https://192.0.2.10:2380"],"clientURLs":["https://192.0.2.10:2379"]},{"ID":"2","name":"next","isLearner":true}]}`)
-	if got := MemberNames(answer); len(got) != 2 || got[0] != "smoke-node" || got[1] != "next (learner)" {
-		t.Errorf("MemberNames = %q", got)
+	got, err := Members(answer)
+	if err != nil || len(got) != 2 || got[0] != (Member{Name: "smoke-node"}) || got[1] != (Member{Name: "next", Learner: true}) {
+		t.Errorf("Members = %+v, %v", got, err)
 	}
-	if got := MemberNames([]byte("not json")); got != nil {
-		t.Errorf("MemberNames(not json) = %q", got)
+	if _, err := Members([]byte("not json")); err == nil {
+		t.Error("Members(not json): no error")
 	}
 }

@@ -33,6 +33,7 @@ type Options struct {
 // Watch is one step being watched: Start it, run the step, Stop it for the verdict.
 type Watch struct {
 	opts      Options
+	criteria  load.Criteria
 	cancel    context.CancelFunc
 	load      *load.Load
 	prober    *load.Prober
@@ -53,13 +54,14 @@ func Start(o Options, startTimeout time.Duration) (*Watch, error) {
 			return nil, fmt.Errorf("%q: want NAMESPACE/SELECTOR", s)
 		}
 	}
-	if _, err := load.CriteriaNamed(o.Criteria); err != nil {
+	criteria, err := load.CriteriaNamed(o.Criteria)
+	if err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	w := &Watch{opts: o, cancel: cancel}
+	w := &Watch{opts: o, criteria: criteria, cancel: cancel}
 	deadline := time.AfterFunc(startTimeout, cancel)
-	err := w.start(ctx)
+	err = w.start(ctx)
 	if !deadline.Stop() && err == nil {
 		err = fmt.Errorf("start: not running within %s", startTimeout)
 	}
@@ -126,8 +128,7 @@ func (w *Watch) Stop(summary io.Writer) *Report {
 		lr := w.load.Stop()
 		rep.Load = &lr
 		fmt.Fprintln(summary, "load", lr.Summary())
-		criteria, _ := load.CriteriaNamed(w.opts.Criteria) // checked at Start
-		rep.Problems = append(rep.Problems, lr.Problems(criteria, load.DefaultConfig(w.opts.Kubeconfig))...)
+		rep.Problems = append(rep.Problems, lr.Problems(w.criteria, load.DefaultConfig(w.opts.Kubeconfig))...)
 		for kind, samples := range lr.Samples {
 			for _, s := range samples {
 				rep.Notes = append(rep.Notes, kind+": "+s)
