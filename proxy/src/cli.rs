@@ -157,6 +157,19 @@ pub struct KubeadmSyncArgs {
     #[arg(long, value_name = "DURATION", default_value = "4m", value_parser = parse_duration)]
     pub rollout_timeout: Duration,
 
+    /// How long the canary of a change to etcd's manifest may take to serve: kubeadm's new
+    /// etcd pod, run first as a learner member beside the running etcd (its own ports, its data
+    /// in an emptyDir), must apply the cluster's data before etcd's copy is changed; failed or
+    /// past this, etcd is left as it runs and kubeadm's wait fails (it puts its manifest
+    /// back). Below kubeadm's wait (5m), with room for etcd's restart. 0s: no canary.
+    #[arg(long, value_name = "DURATION", default_value = "2m", value_parser = parse_duration)]
+    pub etcd_canary_timeout: Duration,
+
+    /// The canary's client port on 127.0.0.1; its peer port is the next, its metrics port the
+    /// one after (2479, 2480, 2481: beside etcd's 2379, 2380, 2381).
+    #[arg(long, value_name = "PORT", default_value = "2479", value_parser = clap::value_parser!(u16).range(1..=65533))]
+    pub etcd_canary_port: u16,
+
     /// One pass, at the migration: copy the manifests (each keeps the running pod's UID, so
     /// nothing restarts when the kubelet moves to --static-pod-dir), write the stand-in, set
     /// kubeadm's apiserver manifest aside until the agent runs, wait for kubeadm's apiserver to

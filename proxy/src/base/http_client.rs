@@ -95,12 +95,14 @@ impl Answer {
         }
         Err(HttpError::Status {
             status: self.status,
-            excerpt: String::from_utf8_lossy(&self.body)
-                .chars()
-                .take(excerpt)
-                .collect(),
+            excerpt: excerpt_of(&String::from_utf8_lossy(&self.body), excerpt),
         })
     }
+}
+
+/// The first `chars` characters of `text` (cut on a character, never inside one).
+pub fn excerpt_of(text: &str, chars: usize) -> String {
+    text.chars().take(chars).collect()
 }
 
 /// `fut`, or [`HttpError::Timeout`] once `timeout` has passed.

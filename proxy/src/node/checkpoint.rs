@@ -176,6 +176,26 @@ impl ApiClient {
         })
     }
 
+    /// A server at `host:port` that asks for a client certificate (etcd's client port, its JSON
+    /// gateway): verified against the PEM CA bundle `ca`, as the PEM certificate `cert` with its
+    /// key `key`.
+    pub fn mutual(
+        host: &str,
+        port: u16,
+        ca: Vec<u8>,
+        cert: Vec<u8>,
+        key: Vec<u8>,
+    ) -> Result<Self, Problem> {
+        Self::from_current_context(kubeconfig::Kubeconfig {
+            host: host.to_owned(),
+            port,
+            server: format!("https://{host}:{port}"),
+            ca,
+            client: Some((cert, key)),
+            token: None,
+        })
+    }
+
     /// An apiserver at `addr` verified against the CA bundle `ca` under `server_name`, read
     /// anonymously (`/readyz`, `/version`); the error as one line of text.
     pub fn anonymous(addr: SocketAddr, ca: &Path, server_name: &str) -> Result<Self, String> {

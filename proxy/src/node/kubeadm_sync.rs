@@ -39,10 +39,14 @@
 //! the new etcd, a call that waits while etcd is down (about a minute of outage). So when only
 //! etcd's containers change and each of them changes its image, the copy keeps the running
 //! pod's UID ([`restarts_in_place`]): the kubelet updates the pod and restarts those containers
-//! in their sandbox, with no API call; etcd drains its requests at SIGTERM and the apiserver's
+//! in their sandbox, with no API call, after a grace period of 2 s ([`RESTART_GRACE`]: etcd's
+//! short requests are done, its drain is held only by watches, which resume); the apiserver's
 //! requests wait for the new one. The kubelet leaves the mirror pod as it was, so once the pod
 //! runs the new containers, ready, the agent writes their images and a new
-//! `kubernetes.io/config.hash` into it ([`Sync::fix_mirrors`]): what kubeadm waits on and reads.
+//! `kubernetes.io/config.hash` into it ([`Sync::fix_mirrors`]): what kubeadm waits on and reads;
+//! and the copy gets kubeadm's grace period back. Before any change of etcd's copy, kubeadm's new
+//! etcd pod runs as a canary ([`crate::node::etcd_canary`]): one that cannot start leaves etcd
+//! untouched.
 //!
 //! The first pass at the migration (`--once`) adopts the running static pods: each copy gets the
 //! running pod's UID (its mirror pod's `kubernetes.io/config.hash`), so the kubelet, restarted
@@ -62,6 +66,7 @@ use serde_json::{json, Value};
 
 use crate::base::fsutil::write_durable;
 use crate::node::checkpoint::ApiClient;
+use crate::node::etcd_canary;
 use crate::node::render::{self, StaticPod};
 use crate::node::staticpod::MANIFEST_MODE;
 
@@ -232,23 +237,58 @@ pub fn digests(meta: &Value) -> (Option<&str>, Option<&str>) {
 pub fn static_uid(node: &str, name: &str, pod: &Value) -> String {
     let text = format!(
         "{node}\n{name}\n{}",
-        crate::base::yaml::to_yaml(&without_uid(pod))
+        crate::base::yaml::to_yaml(&as_kubeadms(pod))
     );
     render::sha256_hex(text.as_bytes())[..32].to_owned()
 }
 
-/// `pod` without its `metadata.uid` (set by this agent, not by kubeadm).
-fn without_uid(pod: &Value) -> Value {
+/// `pod` as kubeadm wrote it: without what this agent adds, its `metadata.uid` and the short
+/// grace period of a restart in place ([`RESTART_GRACE`], marked by [`GRACE_MARK`]).
+fn as_kubeadms(pod: &Value) -> Value {
     let mut p = pod.clone();
     if let Some(m) = p["metadata"].as_object_mut() {
         m.remove("uid");
+        let (marked, emptied) = match m.get_mut("annotations").and_then(Value::as_object_mut) {
+            Some(a) => (a.remove(GRACE_MARK).is_some(), a.is_empty()),
+            None => (false, false),
+        };
+        if marked && emptied {
+            m.remove("annotations");
+        }
+        if marked {
+            if let Some(spec) = p["spec"].as_object_mut() {
+                spec.remove("terminationGracePeriodSeconds");
+            }
+        }
     }
     p
 }
 
+/// The grace period of etcd's container when it restarts in place: etcd drains its requests
+/// for up to 7 s after SIGTERM, held by the apiserver's watch streams, while the apiserver's
+/// new requests wait; by 2 s (the kubelet's minimum) its unary requests are done, and only the
+/// watches are left, which the apiserver resumes from the next revision. Set only for the
+/// restart (kubeadm's pod sets none: 30 s), and taken out once the new etcd serves.
+pub const RESTART_GRACE: i64 = 2;
+/// The annotation that marks the grace period as this agent's.
+pub const GRACE_MARK: &str = "kube-apiserver-proxy/restart-grace";
+
+/// `copy` (kubeadm's etcd pod with the running UID) with [`RESTART_GRACE`], when kubeadm's
+/// pod sets no grace period of its own.
+fn with_restart_grace(mut copy: Value) -> Value {
+    if copy["spec"].get("terminationGracePeriodSeconds").is_none() {
+        copy["spec"]["terminationGracePeriodSeconds"] = json!(RESTART_GRACE);
+        if !copy["metadata"]["annotations"].is_object() {
+            copy["metadata"]["annotations"] = json!({});
+        }
+        copy["metadata"]["annotations"][GRACE_MARK] = json!(RESTART_GRACE.to_string());
+    }
+    copy
+}
+
 /// Whether a copy holds the same pod as its source (`metadata.uid`, set at adoption, aside).
 pub fn same_pod(source: &Value, copy: &Value) -> bool {
-    without_uid(source) == without_uid(copy)
+    as_kubeadms(source) == as_kubeadms(copy)
 }
 
 /// The static pod whose copy keeps the running UID when kubeadm changes only its images:
@@ -264,7 +304,7 @@ pub const RESTART_IN_PLACE: &str = "etcd.yaml";
 /// flags too). Any other change needs a new pod.
 pub fn restarts_in_place(old: &Value, new: &Value) -> bool {
     let rest = |v: &Value| {
-        let mut v = without_uid(v);
+        let mut v = as_kubeadms(v);
         if let Some(s) = v["spec"].as_object_mut() {
             s.remove("containers");
         }
@@ -428,6 +468,13 @@ pub struct Sync {
     pub interval: Duration,
     pub settle: Duration,
     pub rollout_timeout: Duration,
+    /// The canary of etcd's changes ([`crate::node::etcd_canary`]): its timeout (zero: none)
+    /// and its client port.
+    pub etcd_canary_timeout: Duration,
+    pub etcd_canary_port: u16,
+    /// The last change of etcd's manifest whose canary ran: its digest, when, and whether it
+    /// passed (a failed one is tried again after [`CANARY_RETRY`]).
+    canaried: std::sync::Mutex<Option<Canaried>>,
     /// The kubeconfig (kubeadm's admin.conf), read again on every pass: `kubeadm certs renew`
     /// rewrites it, and a client certificate read once would outlive its renewal.
     pub kubeconfig: PathBuf,
@@ -460,6 +507,11 @@ impl TryFrom<&crate::cli::KubeadmSyncArgs> for Sync {
                 "--rollout-timeout={}",
                 humantime::format_duration(a.rollout_timeout)
             ),
+            format!(
+                "--etcd-canary-timeout={}",
+                humantime::format_duration(a.etcd_canary_timeout)
+            ),
+            format!("--etcd-canary-port={}", a.etcd_canary_port),
         ];
         Ok(Sync {
             kubeadm_dir: a.kubeadm_dir.clone(),
@@ -471,6 +523,9 @@ impl TryFrom<&crate::cli::KubeadmSyncArgs> for Sync {
             interval: a.interval,
             settle: a.settle,
             rollout_timeout: a.rollout_timeout,
+            etcd_canary_timeout: a.etcd_canary_timeout,
+            etcd_canary_port: a.etcd_canary_port,
+            canaried: std::sync::Mutex::new(None),
             kubeconfig: a.kubeconfig.clone(),
             command,
         })
@@ -514,6 +569,21 @@ pub struct State {
     /// The rollout the Deployment is in, if any.
     rolling: Option<Rolling>,
 }
+
+/// The canary of one content of etcd's manifest ([`Sync::canary_passes`]).
+#[derive(Debug)]
+struct Canaried {
+    digest: String,
+    at: Instant,
+    passed: bool,
+}
+
+/// When a content of etcd's manifest whose canary failed is tried again.
+const CANARY_RETRY: Duration = Duration::from_secs(300);
+
+/// A refused etcd manifest: one log line a minute.
+static CANARY_REFUSED: crate::base::lograte::LogRate =
+    crate::base::lograte::LogRate::new(Duration::from_secs(60));
 
 /// A rollout seen running: since when, and whether its failure was reported.
 #[derive(Debug)]
@@ -573,7 +643,18 @@ impl Sync {
                 }
             };
             now.insert(name.clone());
-            let uid = match read_pod(&dst) {
+            let existing = read_pod(&dst);
+            let mut in_place = false;
+            // kubeadm changed etcd's pod: its canary first; failed, etcd runs on as it is.
+            if let Ok(copy) = &existing {
+                if name == RESTART_IN_PLACE
+                    && !same_pod(&pod, copy)
+                    && !self.canary_passes(copy, &pod)
+                {
+                    continue;
+                }
+            }
+            let uid = match existing {
                 Ok(copy) if same_pod(&pod, &copy) => {
                     // The same pod with its UID: nothing to do. Without one (written by an
                     // earlier release of this agent): the UID the kubelet gave it, so that
@@ -593,7 +674,7 @@ impl Sync {
                     .unwrap_or_else(|| static_uid(&self.node, &name, &pod)),
                 // kubeadm changed etcd's images (its upgrade): the running UID, so that the
                 // kubelet restarts etcd in its pod, with no call to the API (fix_mirrors then
-                // brings the mirror pod in line).
+                // brings the mirror pod in line), after a short grace period.
                 Ok(copy)
                     if name == RESTART_IN_PLACE
                         && copy["metadata"]["uid"].is_string()
@@ -603,6 +684,7 @@ impl Sync {
                         manifest = %name,
                         "kubeadm-sync: only its images changed: restarted in its pod, the UID kept"
                     );
+                    in_place = true;
                     copy["metadata"]["uid"]
                         .as_str()
                         .unwrap_or_default()
@@ -613,6 +695,9 @@ impl Sync {
             };
             let mut p = pod.clone();
             p["metadata"]["uid"] = json!(uid);
+            if in_place {
+                p = with_restart_grace(p);
+            }
             // Durably: the kubelet runs it after a power loss (etcd's too), and kubeadm's mode.
             write_durable(
                 &dst,
@@ -638,6 +723,78 @@ impl Sync {
                 .map_err(io("write", &managed_path))?;
         }
         Ok(changed)
+    }
+
+    /// Whether kubeadm's new etcd pod `new` may replace the running copy `running`: its canary
+    /// ([`etcd_canary`]) served, now or for the same content before. A failed canary is tried
+    /// again for the same content after [`CANARY_RETRY`] (kubeadm's own wait, after which an
+    /// upgrade has put its manifest back; a manifest changed by hand stays refused, logged).
+    fn canary_passes(&self, running: &Value, new: &Value) -> bool {
+        if self.etcd_canary_timeout.is_zero() {
+            return true;
+        }
+        let digest = static_uid(&self.node, RESTART_IN_PLACE, new);
+        let mut memo = self.canaried.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = memo.as_ref().filter(|c| c.digest == digest) {
+            if c.passed {
+                return true;
+            }
+            if c.at.elapsed() < CANARY_RETRY {
+                if let Some(suppressed) = CANARY_REFUSED.allow() {
+                    tracing::warn!(suppressed, digest = %digest,
+                        "kubeadm-sync: kubeadm's etcd manifest still not copied: its canary failed (above); retried {:?} after", CANARY_RETRY);
+                }
+                return false;
+            }
+        }
+        tracing::info!(digest = %digest,
+            "kubeadm-sync: kubeadm changed etcd's manifest: its canary first (the new pod as a learner member, beside etcd)");
+        let ns = new["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("kube-system");
+        let mirror_path = format!("/api/v1/namespaces/{ns}/pods/etcd-canary-{}", self.node);
+        // One client for the canary's polls (the kubeconfig is read once per pass, not per poll).
+        let api = self.api().ok();
+        let mirror = || self.block_on(api.as_ref()?.get_json(&mirror_path)).ok();
+        let passed = match self.canary().run(running, new, &mirror) {
+            Ok(served) => {
+                tracing::info!(version = %served.version, took = ?served.took,
+                    "kubeadm-sync: etcd's canary served the cluster's data (learner removed): etcd's copy changed");
+                true
+            }
+            Err(e) => {
+                tracing::error!(error = %e,
+                    "kubeadm-sync: etcd's canary failed (removed): kubeadm's etcd manifest not copied, etcd runs on untouched; an upgrade fails by kubeadm's wait, which puts its manifest back");
+                false
+            }
+        };
+        *memo = Some(Canaried {
+            digest,
+            at: Instant::now(),
+            passed,
+        });
+        passed
+    }
+
+    /// The canary of etcd's changes, as the flags set it.
+    fn canary(&self) -> etcd_canary::Canary<'_> {
+        etcd_canary::Canary {
+            static_pod_dir: &self.static_pod_dir,
+            port: self.etcd_canary_port,
+            timeout: self.etcd_canary_timeout,
+        }
+    }
+
+    /// Removes what a canary left when the agent stopped half-way (its pod, its learner).
+    fn canary_clean_up(&self) {
+        let canary = self.canary();
+        if !canary.left_behind() {
+            return;
+        }
+        let copy = self.static_pod_dir.join(RESTART_IN_PLACE);
+        if let Err(e) = read_pod(&copy).map(|running| canary.clean_up(&running)) {
+            tracing::warn!(error = %e, "kubeadm-sync: an earlier etcd canary not removed (the next canary tries again)");
+        }
     }
 
     /// The mirror pod of a copy restarted in place (`RESTART_IN_PLACE`): once the kubelet
@@ -670,15 +827,28 @@ impl Sync {
             return Ok(true);
         }
         let hash = static_uid(&self.node, RESTART_IN_PLACE, &copy);
-        let update = match mirror_update(&mirror, &copy, &hash) {
-            Mirror::InLine => return Ok(true),
+        match mirror_update(&mirror, &copy, &hash) {
+            Mirror::InLine => {}
             Mirror::Waiting => return Ok(false),
-            Mirror::Update(update) => update,
-        };
-        self.block_on(api.send_json("PUT", &mirror_path, &update))
-            .map_err(|e| SyncError::Api(e.to_string()))?;
-        tracing::info!(pod = %format!("{ns}/{name}-{}", self.node), hash = %hash,
-            "kubeadm-sync: mirror pod brought to the pod restarted in place (images, config hash)");
+            Mirror::Update(update) => {
+                self.block_on(api.send_json("PUT", &mirror_path, &update))
+                    .map_err(|e| SyncError::Api(e.to_string()))?;
+                tracing::info!(pod = %format!("{ns}/{name}-{}", self.node), hash = %hash,
+                    "kubeadm-sync: mirror pod brought to the pod restarted in place (images, config hash)");
+            }
+        }
+        // The new etcd serves: the copy back to kubeadm's grace period (a change of the pod
+        // alone, with its UID: the kubelet restarts nothing).
+        if copy["metadata"]["annotations"].get(GRACE_MARK).is_some() {
+            let mut plain = as_kubeadms(&copy);
+            plain["metadata"]["uid"] = json!(uid);
+            write_durable(
+                &path,
+                crate::base::yaml::to_yaml(&plain).as_bytes(),
+                MANIFEST_MODE,
+            )
+            .map_err(io("write", &path))?;
+        }
         Ok(true)
     }
 
@@ -986,6 +1156,7 @@ pub fn run(args: &crate::cli::KubeadmSyncArgs) -> Result<(), SyncError> {
     if let Err(e) = restore(&sync) {
         tracing::warn!(error = %e, "kubeadm-sync: kubeadm's manifest not put back");
     }
+    sync.canary_clean_up();
     tracing::info!(
         kubeadm_dir = %sync.kubeadm_dir.display(),
         static_pod_dir = %sync.static_pod_dir.display(),
@@ -1241,6 +1412,42 @@ mod tests {
         assert!(same_pod(&a, &b));
         b["spec"]["x"] = json!(2);
         assert!(!same_pod(&a, &b));
+    }
+
+    #[test]
+    fn the_restart_grace_is_the_agents_and_compares_away() {
+        let kubeadm = etcd("registry.k8s.io/etcd:3.7.0-0", &["--name=n"]);
+        let mut copy = kubeadm.clone();
+        copy["metadata"]["uid"] = json!("uid-etcd");
+        let short = with_restart_grace(copy.clone());
+        assert_eq!(short["spec"]["terminationGracePeriodSeconds"], json!(2));
+        assert!(same_pod(&kubeadm, &short), "{short}");
+        assert_eq!(
+            static_uid("n", RESTART_IN_PLACE, &short),
+            static_uid("n", RESTART_IN_PLACE, &kubeadm)
+        );
+        // Taken out whole: no annotation left where kubeadm's pod had none.
+        let mut bare = kubeadm.clone();
+        bare["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove("annotations");
+        let bare_short = with_restart_grace(bare.clone());
+        assert!(bare_short["metadata"]["annotations"][GRACE_MARK].is_string());
+        assert_eq!(as_kubeadms(&bare_short), as_kubeadms(&bare));
+        // The next image change still restarts in place from a copy that has it.
+        let next = etcd("registry.k8s.io/etcd:3.7.1-0", &["--name=n"]);
+        assert!(restarts_in_place(&short, &next));
+        // kubeadm's own grace period (a patch) stays: neither changed nor compared away.
+        let mut patched = kubeadm.clone();
+        patched["spec"]["terminationGracePeriodSeconds"] = json!(10);
+        let kept = with_restart_grace(patched.clone());
+        assert_eq!(kept["spec"]["terminationGracePeriodSeconds"], json!(10));
+        assert!(!same_pod(&kubeadm, &kept));
+        // A grace period without the mark is not the agent's: it counts.
+        let mut unmarked = kubeadm.clone();
+        unmarked["spec"]["terminationGracePeriodSeconds"] = json!(2);
+        assert!(!same_pod(&kubeadm, &unmarked));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The node commands and agents: migration to and from kubeadm's static pod, recovery, rendering, probes.
 
 pub mod checkpoint;
+pub mod etcd_canary;
 pub mod install;
 pub mod kubeadm_sync;
 pub mod kubeconfig;

@@ -89,6 +89,55 @@ fn other_manifest(name: &str, image: &str) -> String {
     )
 }
 
+/// kubeadm's etcd manifest (the flags the canary reads and rewrites) with `image`, `member`
+/// its client address (the fake etcd's), its CA in `pki`, and `extra` flags.
+fn etcd_manifest(image: &str, member: std::net::SocketAddr, pki: &Path, extra: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: Pod
+metadata:
+  annotations:
+    kubeadm.kubernetes.io/etcd.advertise-client-urls: https://{member}
+  labels:
+    component: etcd
+    tier: control-plane
+  name: etcd
+  namespace: kube-system
+spec:
+  containers:
+  - command:
+    - etcd
+    - --advertise-client-urls=https://{member}
+    - --data-dir=/var/lib/etcd
+    - --listen-client-urls=https://127.0.0.1:2379
+    - --listen-metrics-urls=http://127.0.0.1:2381
+    - --listen-peer-urls=https://192.0.2.10:2380
+    - --name=node-1
+    - --trusted-ca-file={}/ca.crt{extra}
+    image: {image}
+    name: etcd
+    volumeMounts:
+    - {{mountPath: /var/lib/etcd, name: etcd-data}}
+  hostNetwork: true
+  volumes:
+  - {{hostPath: {{path: /var/lib/etcd, type: DirectoryOrCreate}}, name: etcd-data}}
+",
+        pki.display()
+    )
+}
+
+/// etcd's JSON gateway calls the canary makes.
+const ETCD_STATUS: &str = "/v3/maintenance/status";
+const ETCD_ADD: &str = "/v3/cluster/member/add";
+const ETCD_LIST: &str = "/v3/cluster/member/list";
+const ETCD_REMOVE: &str = "/v3/cluster/member/remove";
+
+/// The canary's answer to Status: a learner that applied the log up to `applied` (the fake
+/// member's index is 5).
+fn canary_status(applied: u64) -> Value {
+    json!({"version": "3.7.0", "isLearner": true, "raftIndex": "5", "raftAppliedIndex": applied.to_string()})
+}
+
 /// A YAML file as JSON (PyYAML).
 fn read_yaml(path: &Path) -> Result<Value> {
     let out = Command::new("python3")
@@ -115,6 +164,10 @@ fn digest(meta: &Value) -> Option<String> {
 
 struct Node {
     fake: FakeApiserver,
+    /// etcd's running member (its JSON gateway) and the canary's learner, over mTLS with the
+    /// `healthcheck-client` certificate beside etcd's CA in `dir/pki/etcd`.
+    etcd: FakeApiserver,
+    canary: FakeApiserver,
     dir: TempDir,
     pki: Pki,
 }
@@ -199,13 +252,49 @@ impl Node {
             .await?;
         let dir = TempDir::new("kubeadm-sync")?;
         std::fs::create_dir(dir.join("manifests"))?;
+        let etcd_pki = dir.join("pki/etcd");
+        std::fs::create_dir_all(&etcd_pki)?;
+        std::fs::copy(pki.ca_file(), etcd_pki.join("ca.crt"))?;
+        pki.ca
+            .client_cert("kube-etcd-healthcheck-client")?
+            .write_pem(&etcd_pki, "healthcheck-client")?;
+        let etcd_ip = kube_apiserver_proxy_tests::util::random_loopback_ip()?;
+        let etcd_serving = pki.ca.server_cert(&[&etcd_ip.to_string()])?;
+        let etcd = FakeApiserver::https_with_identity(
+            etcd_serving.cert_chain(),
+            etcd_serving.private_key(),
+        )
+        .bind(std::net::SocketAddr::new(etcd_ip, 0))
+        .require_client_cert(pki.ca.root_store()?)
+        .start()
+        .await?;
+        let canary_serving = pki.ca.server_cert(&["127.0.0.1"])?;
+        let canary = FakeApiserver::https_with_identity(
+            canary_serving.cert_chain(),
+            canary_serving.private_key(),
+        )
+        .bind("127.0.0.1:0".parse()?)
+        .require_client_cert(pki.ca.root_store()?)
+        .object(ETCD_STATUS, &canary_status(5))
+        .start()
+        .await?;
+        let learner = json!({"ID": "42", "peerURLs": [format!("https://127.0.0.1:{}", canary.addr().port() + 1)], "isLearner": true});
+        let member = json!({"ID": "7", "name": "node-1", "peerURLs": ["https://192.0.2.10:2380"]});
+        etcd.set_object(ETCD_STATUS, &json!({"version": "3.6.8", "raftIndex": "5"}));
+        etcd.set_object(
+            ETCD_ADD,
+            &json!({"member": learner, "members": [member, learner]}),
+        );
+        // The learner stays listed: each canary removes it before and after.
+        etcd.set_object(ETCD_LIST, &json!({"members": [member, learner]}));
+        etcd.set_object(ETCD_REMOVE, &json!({}));
         std::fs::write(
             dir.join("manifests/kube-apiserver.yaml"),
             apiserver_manifest("v1.36.3", ""),
         )?;
         std::fs::write(
             dir.join("manifests/etcd.yaml"),
-            other_manifest("etcd", "etcd:3.6.8-0"),
+            etcd_manifest("etcd:3.6.8-0", etcd.addr(), &etcd_pki, ""),
         )?;
         std::fs::write(
             dir.join("manifests/kube-scheduler.yaml"),
@@ -218,7 +307,13 @@ impl Node {
             &pki.client_cert_file(),
             &pki.client_key_file(),
         )?;
-        Ok(Self { fake, dir, pki })
+        Ok(Self {
+            fake,
+            etcd,
+            canary,
+            dir,
+            pki,
+        })
     }
 
     fn agent(&self, once: bool) -> Command {
@@ -238,7 +333,9 @@ impl Node {
                 "--interval=100ms",
                 "--settle=300ms",
                 "--rollout-timeout=30s",
+                "--etcd-canary-timeout=5s",
             ])
+            .arg(format!("--etcd-canary-port={}", self.canary.addr().port()))
             .env_remove("RUST_LOG");
         if once {
             c.arg("--once");
@@ -250,16 +347,21 @@ impl Node {
     /// of it, once copied.
     async fn kubeadm_writes(&self, name: &str, image: &str) -> Result<Value> {
         let file = format!("{name}.yaml");
-        std::fs::write(
-            self.dir.join("manifests").join(&file),
-            other_manifest(name, image),
-        )?;
+        let text = match name {
+            "etcd" => self.etcd_manifest(image, ""),
+            _ => other_manifest(name, image),
+        };
+        std::fs::write(self.dir.join("manifests").join(&file), text)?;
         eventually(DEADLINE, || async {
             let copy = read_yaml(&self.dir.join("kubelet").join(&file))?;
             ensure!(copy["spec"]["containers"][0]["image"] == image, "{copy}");
             Ok(copy)
         })
         .await
+    }
+
+    fn etcd_manifest(&self, image: &str, extra: &str) -> String {
+        etcd_manifest(image, self.etcd.addr(), &self.dir.join("pki/etcd"), extra)
     }
 
     fn standin(&self) -> Result<Value> {
@@ -277,6 +379,22 @@ fn pyyaml() -> bool {
         .args(["-c", "import yaml"])
         .status()
         .is_ok_and(|s| s.success())
+}
+
+/// Waits until the agent has said each of `said` and the canary's pod file is gone.
+async fn canary_ended(agent: &ChildProcess, canary_file: &Path, said: &[&str]) -> Result<()> {
+    eventually(DEADLINE, || async {
+        for text in said {
+            ensure!(
+                agent.stderr().contains(text),
+                "not said: {text}: {}",
+                agent.stderr()
+            );
+        }
+        ensure!(!canary_file.exists(), "the canary's pod left");
+        Ok(())
+    })
+    .await
 }
 
 /// `--once`, the migration: returns when it succeeded.
@@ -640,6 +758,27 @@ async fn kubeadm_sync_turns_kubeadm_manifests_into_static_pods_and_rollouts() ->
         etcd["metadata"]["uid"] == "uid-etcd",
         "etcd's UID not kept: {etcd}"
     );
+    // Its canary ran first: a learner added, asked, removed, its pod file gone.
+    ensure!(
+        node.etcd.requests(ETCD_ADD) == 1
+            && node.etcd.requests(ETCD_REMOVE) >= 1
+            && node.canary.requests(ETCD_STATUS) >= 1,
+        "etcd's copy changed without its canary: member add {}, remove {}, canary asked {}: {}",
+        node.etcd.requests(ETCD_ADD),
+        node.etcd.requests(ETCD_REMOVE),
+        node.canary.requests(ETCD_STATUS),
+        agent.stderr()
+    );
+    ensure!(
+        !node.dir.join("kubelet/etcd-canary.yaml").exists(),
+        "the canary's pod left"
+    );
+    // Stopped with a short grace period (kubeadm's pod sets none: 30 s), the agent's.
+    ensure!(
+        etcd["spec"]["terminationGracePeriodSeconds"] == 2
+            && etcd["metadata"]["annotations"]["kube-apiserver-proxy/restart-grace"] == "2",
+        "etcd's copy restarts without the short grace period: {etcd}"
+    );
     // The old container still runs: the mirror pod is left as it is.
     let m = node.fake.object(ETCD_MIRROR).context("etcd's mirror pod")?;
     ensure!(
@@ -662,6 +801,98 @@ async fn kubeadm_sync_turns_kubeadm_manifests_into_static_pods_and_rollouts() ->
         Ok(())
     })
     .await?;
+    // The new etcd serves: the copy is kubeadm's pod again (with its UID), its grace period too.
+    eventually(DEADLINE, || async {
+        let etcd = read_yaml(&node.dir.join("kubelet/etcd.yaml"))?;
+        ensure!(
+            etcd["spec"].get("terminationGracePeriodSeconds").is_none()
+                && etcd["metadata"]["annotations"]
+                    .get("kube-apiserver-proxy/restart-grace")
+                    .is_none()
+                && etcd["metadata"]["uid"] == "uid-etcd"
+                && etcd["spec"]["containers"][0]["image"] == "etcd:3.7.0-0",
+            "etcd's copy keeps the restart's grace period: {etcd}"
+        );
+        Ok(())
+    })
+    .await?;
+
+    // A new etcd that cannot start (a flag it rejects): its canary stops at once, as the
+    // kubelet reports it, so etcd's copy is left as it runs (kubeadm's wait then fails and it
+    // puts its manifest back); the canary is removed, and not run again for the same content.
+    node.canary.set_object(ETCD_STATUS, &canary_status(0));
+    let removed = node.etcd.requests(ETCD_REMOVE);
+    std::fs::write(
+        node.dir.join("manifests/etcd.yaml"),
+        node.etcd_manifest("etcd:3.7.1-0", "\n    - --kap-rejected=1"),
+    )?;
+    let canary_file = node.dir.join("kubelet/etcd-canary.yaml");
+    let canary = eventually(DEADLINE, || async {
+        read_yaml(&canary_file).with_context(|| format!("no canary: {}", agent.stderr()))
+    })
+    .await?;
+    let args = canary["spec"]["containers"][0]["command"].to_string();
+    ensure!(
+        canary["spec"]["containers"][0]["image"] == "etcd:3.7.1-0"
+            && args.contains("--kap-rejected=1")
+            && args.contains(&format!(
+                "--listen-client-urls=https://127.0.0.1:{}",
+                node.canary.addr().port()
+            )),
+        "the canary is not kubeadm's new pod on its own port: {canary}"
+    );
+    let uid = canary["metadata"]["uid"]
+        .as_str()
+        .context("the canary's UID")?;
+    node.fake.set_object(
+        "/api/v1/namespaces/kube-system/pods/etcd-canary-node-1",
+        &json!({"metadata": {"annotations": {"kubernetes.io/config.mirror": uid}},
+            "status": {"phase": "Failed", "containerStatuses": [{"name": "etcd",
+                "state": {"terminated": {"exitCode": 2, "reason": "Error",
+                    "message": "flag provided but not defined: -kap-rejected"}}}]}}),
+    );
+    canary_ended(
+        &agent,
+        &canary_file,
+        &[
+            "the new etcd stopped: exit code 2, Error: flag provided but not defined: -kap-rejected",
+            // The next pass refuses it without running the canary again.
+            "kubeadm's etcd manifest still not copied",
+        ],
+    )
+    .await?;
+    ensure!(
+        node.etcd.requests(ETCD_REMOVE) > removed && node.etcd.requests(ETCD_ADD) == 2,
+        "the learner not removed, or the canary run again: remove {} -> {}, add {}",
+        removed,
+        node.etcd.requests(ETCD_REMOVE),
+        node.etcd.requests(ETCD_ADD)
+    );
+    let etcd = read_yaml(&node.dir.join("kubelet/etcd.yaml"))?;
+    ensure!(
+        etcd["spec"]["containers"][0]["image"] == "etcd:3.7.0-0"
+            && etcd["metadata"]["uid"] == "uid-etcd"
+            && !etcd.to_string().contains("kap-rejected"),
+        "etcd's copy changed after its canary failed: {etcd}"
+    );
+
+    // A canary that neither serves nor is reported stopped (a pod the kubelet did not admit
+    // has no mirror pod): failed at its timeout, the copy left as it is.
+    std::fs::write(
+        node.dir.join("manifests/etcd.yaml"),
+        node.etcd_manifest("etcd:3.7.2-0", ""),
+    )?;
+    canary_ended(
+        &agent,
+        &canary_file,
+        &["the new etcd did not serve within 5s: applied index Some(0), the cluster's was 5"],
+    )
+    .await?;
+    ensure!(
+        read_yaml(&node.dir.join("kubelet/etcd.yaml"))?["spec"]["containers"][0]["image"]
+            == "etcd:3.7.0-0",
+        "etcd's copy changed after its canary timed out"
+    );
     agent.ensure_running()?;
     Ok(())
 }
