@@ -132,9 +132,10 @@ func TestProblems(t *testing.T) {
 	}
 }
 
-// An etcd restart's seconds without a completed request, its 10 s request and its p99 of
+// An etcd restart's seconds without a completed request, its 5 s request and its p99 of
 // seconds pass the store-restart criteria; a failed request, a cut watch, a request past the
-// bound (the replaced pod's 32.7 s), a late event or stalled connections still fail them.
+// bound (etcd's full 7 s drain: 10.5 s; the replaced pod's 32.7 s), a late event or stalled
+// connections still fail them.
 func TestStoreRestartCriteria(t *testing.T) {
 	cfg := DefaultConfig("")
 	c, err := CriteriaNamed("store-restart")
@@ -143,19 +144,21 @@ func TestStoreRestartCriteria(t *testing.T) {
 	}
 	restart := func(r *Report) {
 		r.Latency = append(r.Latency[:3], r.Latency[8:]...)
-		r.Overall.P99, r.Overall.Max = 5200, 10020
+		r.Overall.P99, r.Overall.Max = 3100, 5200
 	}
 	r := clean(cfg)
 	restart(r)
 	if p := r.Problems(c, cfg); len(p) != 0 {
 		t.Errorf("an etcd restart of 5 s: %v", p)
 	}
-	if p := r.Problems(DefaultCriteria(), cfg); len(p) != 3 {
-		t.Errorf("the default criteria must see the silence, the slowest request and the p99: %v", p)
+	// (Its slowest request is within the default bound too: the store-restart one is lower.)
+	if p := r.Problems(DefaultCriteria(), cfg); len(p) != 2 {
+		t.Errorf("the default criteria must see the silence and the p99: %v", p)
 	}
 	for _, plant := range []func(*Report){
 		func(r *Report) { r.Requests["get"].Failed = 1; r.Failures["http-504-timeout"] = 1 },
 		func(r *Report) { r.Streams.Cut["unexpected-eof"] = 1 },
+		func(r *Report) { r.Overall.Max = 10522 },
 		func(r *Report) { r.Overall.Max = 32700 },
 		func(r *Report) { r.Deliveries["stream-0"].Late = 1 },
 		func(r *Report) { r.Connections.FirstByte.P99 = 3050 },

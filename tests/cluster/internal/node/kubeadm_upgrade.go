@@ -13,6 +13,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -37,7 +38,7 @@ import (
 //  3. etcd: the pinned etcd imageTag set to KU_ETCD_VERSION in kubeadm-config and `kubeadm
 //     upgrade apply` again, which upgrades etcd alone: kubeadm-sync restarts etcd in its pod
 //     (the UID kept) and brings the mirror pod in line; judged with the store-restart criteria
-//     (load.StoreRestartCriteria: nothing fails, each request within 15 s), and etcd itself
+//     (load.StoreRestartCriteria: nothing fails, each request within 8 s), and etcd itself
 //     must report the new version and one member;
 //  4. the kubelet binary replaced by VERSION's and restarted: the static pods must keep
 //     running (the agent's copies carry their UIDs);
@@ -99,14 +100,16 @@ func RunKubeadmUpgrade(n *Node) {
 	n.Note("images before the upgrade (etcd, controller-manager, scheduler, apiserver): %s", u.images())
 	u.kubeProxy()
 	u.minor()
+	u.failedEtcdUpgrade()
 	u.etcdUpgrade()
 	u.kubeletUpgrade()
 	u.again()
-	u.failedUpgrade()
+	u.failedUpgrade(u.rejectedFlag())
+	u.failedUpgrade(u.absentImage())
 	u.renew()
 	u.kept()
 	n.Note("per step (load through both addresses):")
-	for _, row := range u.table("migrate", "upgrade", "etcd", "kubelet", "again", "failed", "renew") {
+	for _, row := range u.table("migrate", "upgrade", "etcd-failed", "etcd", "kubelet", "again", "failed", "failed-image", "renew", "restart") {
 		n.Note("%s", row)
 	}
 	n.Note("reports: %s, %s", n.Path("kubeadm-*.log"), n.Path("step-*.json"))
@@ -115,8 +118,10 @@ func RunKubeadmUpgrade(n *Node) {
 const (
 	// kuSyncDir is the kubelet's static pod directory once kubeadm-sync follows kubeadm's.
 	kuSyncDir = "/etc/kubernetes/kubelet-manifests"
-	kuIgnore  = "CoreDNSMigration,CoreDNSUnsupportedPlugins,SystemVerification"
-	kuSecret  = "ku-before-upgrade"
+	// kuManifests is kubeadm's static pod directory.
+	kuManifests = "/etc/kubernetes/manifests"
+	kuIgnore    = "CoreDNSMigration,CoreDNSUnsupportedPlugins,SystemVerification"
+	kuSecret    = "ku-before-upgrade"
 	// kuPodReports is where the load in a pod writes its report (a hostPath).
 	kuPodReports = "/var/lib/ku-loadgen"
 )
@@ -442,26 +447,19 @@ func (u *upgrade) minor() {
 // (docs/runbooks/upgrade-kubernetes.md): kubeadm-config edited, `kubeadm upgrade apply` again.
 func (u *upgrade) etcdUpgrade() {
 	before := u.containerIDs()
-	if err := u.setEtcdTag(); err != nil {
+	if err := u.setEtcdTag(u.etcd, u.newEtcd); err != nil {
 		u.Fail("kubeadm-config's etcd imageTag not changed: %v", err)
 	} else {
 		u.Note("kubeadm-config: etcd imageTag %s -> %s", u.etcd, u.newEtcd)
 	}
-	mirror := func() (uid types.UID, hash, image string) {
-		p, err := u.Client.CoreV1().Pods("kube-system").Get(u.Ctx, "etcd-"+u.NodeName, metav1.GetOptions{})
-		if err != nil {
-			return "", "", err.Error()
-		}
-		return p.UID, p.Annotations["kubernetes.io/config.hash"], p.Spec.Containers[0].Image
-	}
-	uid0, hash0, _ := mirror()
+	uid0, hash0, _ := u.etcdMirror()
 	// etcd restarts under the loads: 0 failed and each request within the bound, the seconds
 	// of the restart waited out (load.StoreRestartCriteria).
 	watch := u.probeOnly()
 	watch.Criteria = "store-restart"
 	s := u.startStep("etcd", watch, false)
 	a := u.apply(fmt.Sprintf("kubeadm upgrade apply %s (etcd %s)", u.Version, u.newEtcd), "etcd")
-	uid, hash, image := mirror()
+	uid, hash, image := u.etcdMirror()
 	if a.err == nil && a.genDelta == 0 && image == u.ImageRepo+"/etcd:"+u.newEtcd {
 		u.Pass("kubeadm upgrade apply upgraded etcd to %s after %s s, the apiserver untouched (no new generation): %s; containers before: %s after: %s",
 			u.newEtcd, a.seconds, u.etcdDown(s), before, u.containerIDs())
@@ -482,13 +480,32 @@ func (u *upgrade) etcdUpgrade() {
 	} else {
 		u.Fail("etcd's pod replaced or its mirror pod not brought in line: mirror pod uid %s -> %s, config hash %s -> %s, image %s", uid0, uid, hash0, hash, image)
 	}
+	// The restart's short grace period is gone: the copy is kubeadm's pod again.
+	var why string
+	if u.WaitFor(30*time.Second, func() bool {
+		var same bool
+		same, why = copyIsKubeadms("etcd.yaml")
+		return same
+	}) {
+		u.Pass("etcd's copy is kubeadm's new pod again, the restart's grace period taken out (%s)", why)
+	} else {
+		u.Fail("etcd's copy is not kubeadm's new pod: %s", why)
+	}
 	u.endStep(s, "etcd's upgrade (etcd restarted in its pod)")
 }
 
-// setEtcdTag: in kubeadm-config's ClusterConfiguration, etcd's imageTag from ETCD_VERSION to
-// KU_ETCD_VERSION (an update: it fails when the ConfigMap changed meanwhile, as kubectl
-// replace does).
-func (u *upgrade) setEtcdTag() error {
+// etcdMirror: etcd's mirror pod's UID, config hash and image (the error as image).
+func (u *upgrade) etcdMirror() (uid types.UID, hash, image string) {
+	p, err := u.Client.CoreV1().Pods("kube-system").Get(u.Ctx, "etcd-"+u.NodeName, metav1.GetOptions{})
+	if err != nil {
+		return "", "", err.Error()
+	}
+	return p.UID, p.Annotations["kubernetes.io/config.hash"], p.Spec.Containers[0].Image
+}
+
+// setEtcdTag: in kubeadm-config's ClusterConfiguration, etcd's imageTag from one version to
+// another (an update: it fails when the ConfigMap changed meanwhile, as kubectl replace does).
+func (u *upgrade) setEtcdTag(from, to string) error {
 	cms := u.Client.CoreV1().ConfigMaps("kube-system")
 	cm, err := cms.Get(u.Ctx, "kubeadm-config", metav1.GetOptions{})
 	if err != nil {
@@ -498,9 +515,9 @@ func (u *upgrade) setEtcdTag() error {
 	if !ok {
 		return fmt.Errorf("no data.ClusterConfiguration")
 	}
-	changed := strings.ReplaceAll(cfg, "imageTag: "+u.etcd, "imageTag: "+u.newEtcd)
+	changed := strings.ReplaceAll(cfg, "imageTag: "+from, "imageTag: "+to)
 	if changed == cfg {
-		return fmt.Errorf("no imageTag: %s in the ClusterConfiguration", u.etcd)
+		return fmt.Errorf("no imageTag: %s in the ClusterConfiguration", from)
 	}
 	cm.Data["ClusterConfiguration"] = changed
 	_, err = cms.Update(u.Ctx, cm, metav1.UpdateOptions{})
@@ -555,7 +572,8 @@ func (u *upgrade) again() {
 // renew: step 6, `kubeadm certs renew all`: the agent rolls the Deployment.
 func (u *upgrade) renew() {
 	s := u.startStep("renew", nil, false)
-	gen0 := u.generation()
+	gen0, before := u.generation(), u.containerIDs()
+	serials0, _ := etcdServes()
 	t0 := time.Now()
 	out, err := u.kubeadm("kubeadm-renew.log", 5*time.Minute, u.Bin("kubeadm"), "certs", "renew", "all")
 	if err == nil && u.WaitFor(240*time.Second, func() bool {
@@ -565,7 +583,65 @@ func (u *upgrade) renew() {
 	} else {
 		u.Fail("kubeadm certs renew all: %v, no rollout of the Deployment within 240 s: %s; pods: %s", err, lastLines(out, 2), u.DeployPodsLine())
 	}
+	// etcd needs no restart: it reads its certificate files at each handshake.
+	serials, err := etcdServes()
+	if after := u.containerIDs(); serials.Same() && after == before && serials.File != serials0.File {
+		u.Pass("etcd serves its renewed certificate with no restart (%s; before the renewal %s; containers %s)", serials, serials0, after)
+	} else {
+		u.Fail("etcd after the renewal: serves the certificate of its file %v (%s%s; before the renewal: %s), containers %s -> %s", serials.Same(), serials, errSuffix(err), serials0, before, after)
+	}
 	u.endStep(s, "kubeadm certs renew all")
+	u.restartControllers()
+}
+
+// restartControllers: docs/runbooks/upgrade-kubernetes.md step 7, after `kubeadm certs renew
+// all`: the controller-manager and the scheduler restarted as kubeadm says, their manifests
+// moved out of kubeadm's directory and back (the agent removes their copies, then writes them
+// again). Strict: 0 failed, 0 refused; each comes back Ready in a new container.
+func (u *upgrade) restartControllers() {
+	s := u.startStep("restart", u.probeOnly(), false)
+	defer u.endStep(s, "the controller-manager and the scheduler restarted for their renewed kubeconfigs")
+	// Beside kubeadm's directory, as an operator does (a rename: the same file system).
+	aside, err := os.MkdirTemp(filepath.Dir(kuManifests), "manifests-aside-")
+	if err != nil {
+		u.Fail("%v", err)
+		return
+	}
+	defer os.RemoveAll(aside)
+	for _, c := range []string{"kube-controller-manager", "kube-scheduler"} {
+		pod := c + "-" + u.NodeName
+		id0 := u.containerOf(pod)
+		from, to := filepath.Join(kuManifests, c+".yaml"), filepath.Join(aside, c+".yaml")
+		if err := os.Rename(from, to); err != nil {
+			u.Fail("move %s out: %v", from, err)
+			return
+		}
+		gone := u.WaitFor(90*time.Second, func() bool {
+			_, err := u.Client.CoreV1().Pods("kube-system").Get(u.Ctx, pod, metav1.GetOptions{})
+			return apierrors.IsNotFound(err)
+		})
+		if err := os.Rename(to, from); err != nil {
+			u.Fail("move %s back: %v", from, err)
+			return
+		}
+		if gone && u.WaitFor(120*time.Second, func() bool {
+			id := u.containerOf(pod)
+			return u.mirrorReady(pod) && id != "" && id != id0
+		}) {
+			u.Pass("%s restarted by moving its manifest out and back: its pod gone, back Ready in a new container (%s -> %s)", c, Cut(id0, 24), Cut(u.containerOf(pod), 24))
+		} else {
+			u.Fail("%s not restarted by moving its manifest out and back: pod gone %v; now %s", c, gone, u.podLine(pod))
+		}
+	}
+}
+
+// containerOf: the ID of pod's first container, as its mirror pod reports it ("" when none).
+func (u *upgrade) containerOf(pod string) string {
+	p, err := u.Client.CoreV1().Pods("kube-system").Get(u.Ctx, pod, metav1.GetOptions{})
+	if err != nil || len(p.Status.ContainerStatuses) == 0 {
+		return ""
+	}
+	return p.Status.ContainerStatuses[0].ContainerID
 }
 
 // kept: what the upgrade must have kept: the new server version, the Secret readable and

@@ -3,6 +3,7 @@ package node
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -14,57 +15,89 @@ const (
 	// kuBadFlag is a flag kube-apiserver rejects (it exits at once): the new pod of an upgrade
 	// that sets it never gets ready.
 	kuBadFlag = "kap-rehearsal-rejected-flag"
-	// kuFailedWait is kubeadm's wait for each component in the failed upgrade
+	// kuFailedWait is kubeadm's wait for each component in the failed upgrades
 	// (UpgradeConfiguration timeouts.upgradeManifests; 5 min by default).
-	kuFailedWait = 90 * time.Second
+	kuFailedWait = 60 * time.Second
+	// kuAbsentImage is an apiserver image that exists nowhere (no registry answers for it on
+	// the test node).
+	kuAbsentImage = "localhost/kube-apiserver-proxy/kube-apiserver:v0.0.0-absent"
 	// kuManifestDigest is the Deployment template's annotation naming kubeadm's manifest
 	// (render).
 	kuManifestDigest = "kube-apiserver-proxy/kubeadm-manifest-sha256"
 )
 
+// failure is what makes the new apiserver of a failed upgrade never get ready: set before
+// `kubeadm upgrade apply`, taken out after it.
+type failure struct {
+	step, what string
+	// set makes it so; it returns the UpgradeConfiguration's patches directory, if any.
+	set  func() (patches string, err error)
+	undo func() error
+}
+
+// rejectedFlag: an apiServer extraArg kube-apiserver rejects (it exits at once), set in
+// kubeadm-config as an operator would.
+func (u *upgrade) rejectedFlag() failure {
+	return failure{
+		step: "failed", what: "--" + kuBadFlag + " (an apiServer extraArg kube-apiserver rejects)",
+		set:  func() (string, error) { return "", u.editExtraArgs(withArg(kuBadFlag, "1"), "apiServer") },
+		undo: func() error { return u.editExtraArgs(withoutArg(kuBadFlag), "apiServer") },
+	}
+}
+
+// absentImage: kube-apiserver's image replaced, by a kubeadm patch of the upgrade's
+// UpgradeConfiguration, with one that exists nowhere (its pull fails, the surge pod stays in
+// ImagePullBackOff). kubeadm pulls the images of its configuration before it starts, not a
+// patched one.
+func (u *upgrade) absentImage() failure {
+	return failure{
+		step: "failed-image", what: "the image " + kuAbsentImage + " (a kubeadm patch of kube-apiserver's)",
+		set: func() (string, error) {
+			dir := u.Path("patches-failed-image")
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				return "", err
+			}
+			patch := fmt.Sprintf(`[{"op": "replace", "path": "/spec/containers/0/image", "value": %q}]`+"\n", kuAbsentImage)
+			return dir, os.WriteFile(filepath.Join(dir, "kube-apiserver+json.json"), []byte(patch), 0o644)
+		},
+		undo: func() error { return nil },
+	}
+}
+
 // failedUpgrade: docs/runbooks/upgrade-kubernetes.md, "If the upgrade fails". An upgrade whose
-// new apiserver never gets ready (an apiServer extraArg kube-apiserver rejects, set in
-// kubeadm-config as an operator would) fails safe, in step with kubeadm, under the loads:
-// kubeadm's wait (kuFailedWait) fails and it puts its old manifest back; kubeadm-sync, which
-// never rewrote its stand-in for the rollout that did not complete, rolls the Deployment back
-// to the old template; no surge pod is left; no request fails. Then, the flag taken out
-// again, `kubeadm upgrade apply` succeeds and changes nothing.
-func (u *upgrade) failedUpgrade() {
-	s := u.startStep("failed", nil, false)
-	defer u.endStep(s, "the failed upgrade and its rollback")
+// new apiserver never gets ready (f: a flag it rejects, an image that cannot be pulled) fails
+// safe, in step with kubeadm, under the loads: kubeadm's wait (kuFailedWait) fails and it puts
+// its old manifest back; kubeadm-sync, which never rewrote its stand-in for the rollout that
+// did not complete, rolls the Deployment back to the old template; no surge pod is left; no
+// request fails. Then, f undone, `kubeadm upgrade apply` succeeds and changes nothing.
+func (u *upgrade) failedUpgrade(f failure) {
+	s := u.startStep(f.step, nil, false)
+	defer u.endStep(s, "the failed upgrade and its rollback: "+f.what)
 	gen0, hash0, digest0 := u.generation(), u.standinHash(), u.templateDigest()
-	if err := u.editAPIServerArgs(func(args []any) []any {
-		return append(args, map[string]any{"name": kuBadFlag, "value": "1"})
-	}); err != nil {
-		u.Fail("kubeadm-config: the rejected flag not set: %v", err)
+	rollbacks := strings.Count(u.syncLog(5000), "replacing it (rollback)")
+	patches, err := f.set()
+	if err != nil {
+		u.Fail("%s not set: %v", f.what, err)
 		return
 	}
-	config := u.Path("upgrade-failed.yaml")
-	if err := os.WriteFile(config, []byte(fmt.Sprintf(`apiVersion: kubeadm.k8s.io/v1beta4
-kind: UpgradeConfiguration
-apply:
-  kubernetesVersion: %s
-  certificateRenewal: false
-  etcdUpgrade: false
-timeouts:
-  upgradeManifests: %s
-`, u.Version, kuFailedWait)), 0o600); err != nil {
+	config, err := u.failedConfig("upgrade-"+f.step+".yaml", false, patches)
+	if err != nil {
 		u.Fail("%v", err)
 		return
 	}
 	t0 := time.Now()
-	out, err := u.kubeadm("kubeadm-failed.log", 15*time.Minute, u.Bin("kubeadm"), "upgrade", "apply", "-y",
+	out, err := u.kubeadm("kubeadm-"+f.step+".log", 15*time.Minute, u.Bin("kubeadm"), "upgrade", "apply", "-y",
 		"--config", config, "--ignore-preflight-errors="+kuIgnore)
 	took := Since(t0)
-	u.Note("failed upgrade: kubeadm said: %s", kubeadmSaid(out))
+	u.Note("failed upgrade (%s): kubeadm said: %s", f.what, kubeadmSaid(out))
 	switch {
 	case err == nil:
-		u.Fail("kubeadm upgrade apply with --%s succeeded (%s s): the apiserver that cannot start went unnoticed", kuBadFlag, took)
+		u.Fail("kubeadm upgrade apply with %s succeeded (%s s): the apiserver that cannot start went unnoticed", f.what, took)
 	case !strings.Contains(out, "couldn't upgrade control plane. kubeadm has tried to recover everything into the earlier state"):
-		u.Fail("kubeadm upgrade apply with --%s failed (%s s), but not by its wait for the apiserver: %s", kuBadFlag, took, grepTail(out, kuErrors, 3))
+		u.Fail("kubeadm upgrade apply with %s failed (%s s), but not by its wait for the apiserver: %s", f.what, took, grepTail(out, kuErrors, 3))
 	default:
-		u.Pass("kubeadm upgrade apply with --%s failed after %s s, its wait for kube-apiserver timed out, and it put its old manifest back: %s",
-			kuBadFlag, took, grepTail(out, "static Pod hash|couldn't upgrade", 2))
+		u.Pass("kubeadm upgrade apply with %s failed after %s s, its wait for kube-apiserver timed out, and it put its old manifest back: %s",
+			f.what, took, grepTail(out, "static Pod hash|couldn't upgrade", 2))
 	}
 	gen1 := u.generation()
 	back := func() bool {
@@ -84,23 +117,15 @@ timeouts:
 	} else {
 		u.Fail("the stand-in's hash changed from %s to %s for a rollout that never completed", hash0, hash)
 	}
-	if !strings.Contains(u.syncLog(200), "replacing it (rollback)") {
+	if strings.Count(u.syncLog(5000), "replacing it (rollback)") <= rollbacks {
 		u.Fail("kubeadm-sync's log does not say it rolled the Deployment back: %s", u.syncLog(8))
 	}
-	if err := u.editAPIServerArgs(func(args []any) []any {
-		var kept []any
-		for _, a := range args {
-			if m, ok := a.(map[string]any); !ok || m["name"] != kuBadFlag {
-				kept = append(kept, a)
-			}
-		}
-		return kept
-	}); err != nil {
-		u.Fail("kubeadm-config: the rejected flag not taken out: %v", err)
+	if err := f.undo(); err != nil {
+		u.Fail("%s not taken out: %v", f.what, err)
 		return
 	}
 	gen2 := u.generation()
-	a := u.apply("kubeadm upgrade apply "+u.Version+" after the failed one", "after-failed")
+	a := u.apply("kubeadm upgrade apply "+u.Version+" after the failed one", "after-"+f.step)
 	if a.err == nil && u.generation() == gen2 && strings.Contains(a.log, "Current and new manifests of kube-apiserver are equal") {
 		u.Pass("kubeadm upgrade apply %s after the failed one succeeded in %s s, the apiserver's manifest equal (no new generation)", u.Version, a.seconds)
 	} else {
@@ -127,11 +152,11 @@ func (u *upgrade) syncLog(lines int64) string {
 	return strings.ReplaceAll(strings.TrimSpace(log), "\n", "|")
 }
 
-// editAPIServerArgs changes apiServer.extraArgs of kubeadm-config's ClusterConfiguration (a
-// list of {name, value}, kubeadm.k8s.io/v1beta4) with edit: what an operator does with
-// `kubectl -n kube-system edit cm kubeadm-config` (an update: it fails when the ConfigMap
-// changed meanwhile).
-func (u *upgrade) editAPIServerArgs(edit func([]any) []any) error {
+// editExtraArgs changes the extraArgs under path of kubeadm-config's ClusterConfiguration
+// ("apiServer", or "etcd", "local"; a list of {name, value}, kubeadm.k8s.io/v1beta4) with
+// edit: what an operator does with `kubectl -n kube-system edit cm kubeadm-config` (an update:
+// it fails when the ConfigMap changed meanwhile).
+func (u *upgrade) editExtraArgs(edit func([]any) []any, path ...string) error {
 	cms := u.Client.CoreV1().ConfigMaps("kube-system")
 	cm, err := cms.Get(u.Ctx, "kubeadm-config", metav1.GetOptions{})
 	if err != nil {
@@ -141,13 +166,17 @@ func (u *upgrade) editAPIServerArgs(edit func([]any) []any) error {
 	if err := yaml.Unmarshal([]byte(cm.Data["ClusterConfiguration"]), &cfg); err != nil {
 		return fmt.Errorf("data.ClusterConfiguration: %w", err)
 	}
-	api, _ := cfg["apiServer"].(map[string]any)
-	if api == nil {
-		api = map[string]any{}
+	section := cfg
+	for _, key := range path {
+		next, _ := section[key].(map[string]any)
+		if next == nil {
+			next = map[string]any{}
+			section[key] = next
+		}
+		section = next
 	}
-	args, _ := api["extraArgs"].([]any)
-	api["extraArgs"] = edit(args)
-	cfg["apiServer"] = api
+	args, _ := section["extraArgs"].([]any)
+	section["extraArgs"] = edit(args)
 	text, err := yaml.Marshal(cfg)
 	if err != nil {
 		return err
@@ -155,4 +184,41 @@ func (u *upgrade) editAPIServerArgs(edit func([]any) []any) error {
 	cm.Data["ClusterConfiguration"] = string(text)
 	_, err = cms.Update(u.Ctx, cm, metav1.UpdateOptions{})
 	return err
+}
+
+// withArg is args and {name, value}.
+func withArg(name, value string) func([]any) []any {
+	return func(args []any) []any { return append(args, map[string]any{"name": name, "value": value}) }
+}
+
+// withoutArg is args without the ones named name.
+func withoutArg(name string) func([]any) []any {
+	return func(args []any) []any {
+		var kept []any
+		for _, a := range args {
+			if m, ok := a.(map[string]any); !ok || m["name"] != name {
+				kept = append(kept, a)
+			}
+		}
+		return kept
+	}
+}
+
+// failedConfig writes the UpgradeConfiguration of a failed upgrade step (kubeadm's wait
+// kuFailedWait, no certificate renewal) to file; etcd upgraded or not; with a patches
+// directory or none.
+func (u *upgrade) failedConfig(file string, etcd bool, patches string) (string, error) {
+	config := u.Path(file)
+	text := fmt.Sprintf(`apiVersion: kubeadm.k8s.io/v1beta4
+kind: UpgradeConfiguration
+apply:
+  kubernetesVersion: %s
+  certificateRenewal: false
+  etcdUpgrade: %t
+`, u.Version, etcd)
+	if patches != "" {
+		text += fmt.Sprintf("  patches:\n    directory: %s\n", patches)
+	}
+	text += fmt.Sprintf("timeouts:\n  upgradeManifests: %s\n", kuFailedWait)
+	return config, os.WriteFile(config, []byte(text), 0o600)
 }

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"kube-apiserver-proxy/tests/cluster/internal/nodecheck"
 	"kube-apiserver-proxy/tests/cluster/internal/step"
 )
 
@@ -162,13 +164,66 @@ type kuStep struct {
 	pod        bool
 	mark       LogMark
 	reportOnly bool
+	// leaders stops the step's read of the controllers' Leases and says who led when.
+	leaders func() string
+}
+
+// kuLeases are the controllers' leader-election Leases (kube-system).
+var kuLeases = []string{"kube-controller-manager", "kube-scheduler"}
+
+// watchLeaders reads the controllers' Leases every 250 ms until the returned function is
+// called, which says per Lease how often leadership passed and the longest time without a
+// leader (nodecheck.LeaderGap): reported per step, against the lease's duration.
+func (u *upgrade) watchLeaders() func() string {
+	ctx, cancel := context.WithCancel(u.Ctx)
+	samples := map[string][]nodecheck.LeaseSample{}
+	durations := map[string]time.Duration{}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(250 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			for _, name := range kuLeases {
+				l, err := u.Client.CoordinationV1().Leases("kube-system").Get(ctx, name, metav1.GetOptions{})
+				if err != nil || l.Spec.HolderIdentity == nil {
+					continue
+				}
+				s := nodecheck.LeaseSample{Holder: *l.Spec.HolderIdentity}
+				if l.Spec.AcquireTime != nil {
+					s.Acquire = l.Spec.AcquireTime.Time
+				}
+				if l.Spec.RenewTime != nil {
+					s.Renew = l.Spec.RenewTime.Time
+				}
+				if l.Spec.LeaseDurationSeconds != nil {
+					durations[name] = time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second
+				}
+				samples[name] = append(samples[name], s)
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return func() string {
+		cancel()
+		<-done
+		var lines []string
+		for _, name := range kuLeases {
+			lines = append(lines, nodecheck.LeaderLine(name, samples[name], durations[name]))
+		}
+		return strings.Join(lines, "; ")
+	}
 }
 
 // startStep starts step name: the load on NODE_IP:6443 with the probers of both addresses
 // and the endpoints watcher, a second load on 127.0.0.1:6443, and the load in a pod. watch,
 // when not nil, replaces Watched (a step that restarts the controllers does not watch them).
 func (u *upgrade) startStep(name string, watch *step.Options, reportOnly bool) *kuStep {
-	s := &kuStep{name: name, mark: u.MarkLogs(), reportOnly: reportOnly}
+	s := &kuStep{name: name, mark: u.MarkLogs(), reportOnly: reportOnly, leaders: u.watchLeaders()}
 	s.both = u.StartBoth(name, watch, reportOnly)
 	criteria := ""
 	if watch != nil {
@@ -180,6 +235,7 @@ func (u *upgrade) startStep(name string, watch *step.Options, reportOnly bool) *
 
 // endStep stops the step and reports its verdicts, then the control plane's error lines.
 func (u *upgrade) endStep(s *kuStep, what string) {
+	u.Note("%s: the controllers' leaders: %s", what, s.leaders())
 	s.both.End(what)
 	if s.pod {
 		u.podEnd(s.name, what, s.reportOnly)

@@ -6,15 +6,19 @@ import (
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
 
 	"kube-apiserver-proxy/tests/cluster/internal/nodecheck"
 )
@@ -119,18 +123,11 @@ func (u *upgrade) etcdValue(key string) (string, error) {
 // etcdCall: METHOD path on etcd's client URL (https://127.0.0.1:2379, its JSON gateway under
 // /v3), with the apiserver's etcd client certificate; the answer of a 200.
 func etcdCall(method, path string, body []byte) ([]byte, error) {
-	const pki = "/etc/kubernetes/pki"
-	ca, err := os.ReadFile(pki + "/etcd/ca.crt")
+	config, err := etcdTLS()
 	if err != nil {
 		return nil, err
 	}
-	cert, err := tls.LoadX509KeyPair(pki+"/apiserver-etcd-client.crt", pki+"/apiserver-etcd-client.key")
-	if err != nil {
-		return nil, err
-	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(ca)
-	c := http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}}}}
+	c := http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: config}}
 	req, err := http.NewRequest(method, "https://127.0.0.1:2379"+path, bytes.NewReader(body))
 	if err != nil {
 		return nil, err
@@ -148,6 +145,25 @@ func etcdCall(method, path string, body []byte) ([]byte, error) {
 		return nil, fmt.Errorf("etcd %s: %s: %s", path, resp.Status, Cut(string(answer), 200))
 	}
 	return answer, nil
+}
+
+// kuPKI is kubeadm's certificatesDir on the test node.
+const kuPKI = "/etc/kubernetes/pki"
+
+// etcdTLS: the client side of etcd's TLS as the apiserver has it: etcd's CA, the
+// apiserver-etcd-client certificate.
+func etcdTLS() (*tls.Config, error) {
+	ca, err := os.ReadFile(kuPKI + "/etcd/ca.crt")
+	if err != nil {
+		return nil, err
+	}
+	cert, err := tls.LoadX509KeyPair(kuPKI+"/apiserver-etcd-client.crt", kuPKI+"/apiserver-etcd-client.key")
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(ca)
+	return &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}}, nil
 }
 
 // etcdMembers: etcd's server version (GET /version) and its members, from etcd itself.
@@ -293,4 +309,77 @@ func audited(name, since string) bool {
 	}
 	ok, err := nodecheck.Audited(io.MultiReader(readers...), name, since)
 	return err == nil && ok
+}
+
+// etcdCertSerials: the serials of etcd's serving certificate as served on a new connection
+// to its client URL and as in /etc/kubernetes/pki/etcd/server.crt (etcd reads its
+// certificate files again for each handshake).
+type etcdCertSerials struct{ Served, File string }
+
+// Same: whether etcd serves the certificate of its file.
+func (s etcdCertSerials) Same() bool { return s.Served != "" && s.Served == s.File }
+
+func (s etcdCertSerials) String() string { return fmt.Sprintf("served %s, file %s", s.Served, s.File) }
+
+// etcdServes: etcdCertSerials now.
+func etcdServes() (etcdCertSerials, error) {
+	pemBytes, err := os.ReadFile(kuPKI + "/etcd/server.crt")
+	if err != nil {
+		return etcdCertSerials{}, err
+	}
+	block, _ := pem.Decode(pemBytes)
+	if block == nil {
+		return etcdCertSerials{}, fmt.Errorf("%s/etcd/server.crt: no PEM block", kuPKI)
+	}
+	file, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		return etcdCertSerials{}, err
+	}
+	s := etcdCertSerials{File: fmt.Sprintf("%x", file.SerialNumber)}
+	config, err := etcdTLS()
+	if err != nil {
+		return s, err
+	}
+	d := &net.Dialer{Timeout: 5 * time.Second}
+	conn, err := tls.DialWithDialer(d, "tcp", "127.0.0.1:2379", config)
+	if err != nil {
+		return s, err
+	}
+	defer conn.Close()
+	s.Served = fmt.Sprintf("%x", conn.ConnectionState().PeerCertificates[0].SerialNumber)
+	return s, nil
+}
+
+// copyIsKubeadms: whether the kubelet's copy of kubeadm's manifest name (kuSyncDir) is
+// kubeadm's pod with only its metadata.uid added (no restart grace period or other mark of the
+// agent's left), and if not, the difference in a line.
+func copyIsKubeadms(name string) (bool, string) {
+	read := func(path string) (map[string]any, error) {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil, err
+		}
+		var pod map[string]any
+		return pod, yaml.Unmarshal(b, &pod)
+	}
+	kubeadm, err := read(filepath.Join(kuManifests, name))
+	if err != nil {
+		return false, err.Error()
+	}
+	copied, err := read(filepath.Join(kuSyncDir, name))
+	if err != nil {
+		return false, err.Error()
+	}
+	meta, _ := copied["metadata"].(map[string]any)
+	uid, _ := meta["uid"].(string)
+	delete(meta, "uid")
+	if uid == "" {
+		return false, "the copy has no uid"
+	}
+	if !reflect.DeepEqual(kubeadm, copied) {
+		a, _ := json.Marshal(kubeadm)
+		b, _ := json.Marshal(copied)
+		return false, fmt.Sprintf("kubeadm's %s, the copy (uid aside) %s", Cut(string(a), 300), Cut(string(b), 300))
+	}
+	return true, "uid " + uid
 }
