@@ -125,8 +125,8 @@ pub struct KubeadmSyncArgs {
     pub kubeconfig: PathBuf,
 
     /// This node's name (the mirror pods are <name>-<node>).
-    #[arg(long, value_name = "NAME")]
-    pub node_name: String,
+    #[arg(long, value_name = "NAME", required_unless_present = "undo")]
+    pub node_name: Option<String>,
 
     /// Namespace of the apiserver Deployment.
     #[arg(long, value_name = "NAMESPACE", default_value = "kube-system")]
@@ -138,8 +138,8 @@ pub struct KubeadmSyncArgs {
 
     /// The proxy image: this agent's own (its init container), and the Deployment's sidecar
     /// when the live Deployment has none.
-    #[arg(long, value_name = "IMAGE")]
-    pub proxy_image: String,
+    #[arg(long, value_name = "IMAGE", required_unless_present = "undo")]
+    pub proxy_image: Option<String>,
 
     /// How often the directories are compared.
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
@@ -183,6 +183,15 @@ pub struct KubeadmSyncArgs {
     /// kubelet is not restarted under it.
     #[arg(long, value_name = "DURATION", default_value = "120s", value_parser = parse_duration)]
     pub once_timeout: Duration,
+
+    /// Going back to kubeadm's layout (docs/runbooks/going-back.md), once migrate-back has put
+    /// kubeadm's apiserver into --static-pod-dir and the Deployment is gone: writes each pod
+    /// the kubelet runs from --static-pod-dir into --kubeadm-dir as it runs, with its UID, so
+    /// that the kubelet, restarted on kubeadm's directory, restarts none of them. Refuses
+    /// (exit 2, nothing written) what is not one of kubeadm's pods as kubeadm has it. Needs no
+    /// API access.
+    #[arg(long, conflicts_with = "once")]
+    pub undo: bool,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -110,6 +110,8 @@ pub enum SyncError {
     SeveralControllers { count: usize, names: String },
     #[error("--kubeadm-dir and --static-pod-dir must differ (the kubelet would run kubeadm's apiserver)")]
     SameDir,
+    #[error("kubeadm-sync --undo: {path}: {why}; nothing written")]
+    Undo { path: String, why: String },
     #[error("kubeadm's static apiserver (pid {pid}) still runs {waited:?} after its manifest was set aside; the manifest is put back, the node as before --once: do not restart the kubelet (it would kill that apiserver as an orphan, cutting its requests), find why the kubelet does not stop it (journalctl -u kubelet) and run --once again")]
     StaticApiserverRuns { pid: u32, waited: Duration },
 }
@@ -119,7 +121,10 @@ impl SyncError {
     pub fn is_bad_input(&self) -> bool {
         matches!(
             self,
-            SyncError::Kubeconfig(_) | SyncError::SameDir | SyncError::SeveralControllers { .. }
+            SyncError::Kubeconfig(_)
+                | SyncError::SameDir
+                | SyncError::SeveralControllers { .. }
+                | SyncError::Undo { .. }
         )
     }
 }
@@ -497,10 +502,13 @@ impl TryFrom<&crate::cli::KubeadmSyncArgs> for Sync {
             format!("--kubeadm-dir={}", a.kubeadm_dir.display()),
             format!("--static-pod-dir={}", a.static_pod_dir.display()),
             format!("--kubeconfig={}", a.kubeconfig.display()),
-            format!("--node-name={}", a.node_name),
+            format!("--node-name={}", a.node_name.as_deref().unwrap_or_default()),
             format!("--namespace={}", a.namespace),
             format!("--deployment={}", a.deployment),
-            format!("--proxy-image={}", a.proxy_image),
+            format!(
+                "--proxy-image={}",
+                a.proxy_image.as_deref().unwrap_or_default()
+            ),
             format!("--interval={}", humantime::format_duration(a.interval)),
             format!("--settle={}", humantime::format_duration(a.settle)),
             format!(
@@ -516,10 +524,10 @@ impl TryFrom<&crate::cli::KubeadmSyncArgs> for Sync {
         Ok(Sync {
             kubeadm_dir: a.kubeadm_dir.clone(),
             static_pod_dir: a.static_pod_dir.clone(),
-            node: a.node_name.clone(),
+            node: a.node_name.clone().unwrap_or_default(),
             namespace: a.namespace.clone(),
             deployment: a.deployment.clone(),
-            proxy_image: a.proxy_image.clone(),
+            proxy_image: a.proxy_image.clone().unwrap_or_default(),
             interval: a.interval,
             settle: a.settle,
             rollout_timeout: a.rollout_timeout,
@@ -533,7 +541,7 @@ impl TryFrom<&crate::cli::KubeadmSyncArgs> for Sync {
 }
 
 /// Non-dot regular files of `dir`, by name.
-fn manifests(dir: &Path) -> Result<BTreeSet<String>, SyncError> {
+pub(crate) fn manifests(dir: &Path) -> Result<BTreeSet<String>, SyncError> {
     let mut names = BTreeSet::new();
     for entry in std::fs::read_dir(dir).map_err(io("read", dir))? {
         let entry = entry.map_err(io("read", dir))?;
@@ -545,7 +553,7 @@ fn manifests(dir: &Path) -> Result<BTreeSet<String>, SyncError> {
     Ok(names)
 }
 
-fn read_pod(path: &Path) -> Result<Value, SyncError> {
+pub(crate) fn read_pod(path: &Path) -> Result<Value, SyncError> {
     let bytes = std::fs::read(path).map_err(io("read", path))?;
     let text = String::from_utf8_lossy(&bytes);
     let mut docs = crate::base::yaml::parse_documents(&text).map_err(|e| SyncError::Manifest {
@@ -1148,6 +1156,10 @@ static API_ERRORS: crate::base::lograte::LogRate =
 
 /// `kubeadm-sync`: one pass with `--once` (the migration), else passes every `--interval`.
 pub fn run(args: &crate::cli::KubeadmSyncArgs) -> Result<(), SyncError> {
+    if args.undo {
+        return crate::node::kubeadm_undo::undo(&args.kubeadm_dir, &args.static_pod_dir)
+            .map(|_| ());
+    }
     let sync = Sync::try_from(args)?;
     std::fs::create_dir_all(&sync.static_pod_dir).map_err(io("create", &sync.static_pod_dir))?;
     if args.once {

@@ -123,6 +123,8 @@ pub enum ManifestError {
     SecurePort(String),
     #[error("no image")]
     NoImage,
+    #[error("not one pod: {0}")]
+    NotOnePod(String),
 }
 
 /// What went wrong on the way back.
@@ -326,6 +328,10 @@ fn check_input(
         path: path(),
         source,
     })?;
+    let text = with_uid(&text).map_err(|source| BackInput::Manifest {
+        path: path(),
+        source,
+    })?;
     let port = manifest.port;
     if !args.static_pod_dir.is_dir() {
         return Err(BackInput::StaticPodDir(args.static_pod_dir.clone()));
@@ -346,6 +352,33 @@ fn check_input(
         });
     }
     Ok((text, manifest, target, held))
+}
+
+/// The manifest with a `metadata.uid` (its own if it has one): the UID the kubelet runs the
+/// static apiserver under is then the file's, wherever the file is read from, so that
+/// `kubeadm-sync --undo` can carry it into kubeadm's directory, and a kubelet of another minor
+/// keeps the pod ([`crate::node::kubeadm_sync::static_uid`]: without one the kubelet derives it
+/// from the file's path and from the pod as its version decodes it).
+pub fn with_uid(text: &str) -> Result<String, ManifestError> {
+    let mut docs = crate::base::yaml::parse_documents(text)
+        .map_err(|e| ManifestError::NotOnePod(e.to_string()))?;
+    if docs.len() != 1 || !docs[0].is_object() {
+        return Err(ManifestError::NotOnePod(format!(
+            "{} documents, one pod expected",
+            docs.len()
+        )));
+    }
+    let mut pod = docs.remove(0);
+    if pod["metadata"]["uid"]
+        .as_str()
+        .is_some_and(|u| !u.is_empty())
+    {
+        return Ok(text.to_owned());
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let uid = crate::node::kubeadm_sync::static_uid(host.trim(), "kube-apiserver.yaml", &pod);
+    pod["metadata"]["uid"] = serde_json::json!(uid);
+    Ok(crate::base::yaml::to_yaml(&pod))
 }
 
 /// Sets `SO_REUSEPORT` on the socket listening at `e` and gives it to root, through a
@@ -744,6 +777,23 @@ mod tests {
     use super::*;
 
     const KUBEADM: &str = "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - command:\n    - kube-apiserver\n    - --advertise-address=192.0.2.10\n    - --secure-port=6443\n    - --permit-port-sharing=true\n    image: registry.k8s.io/kube-apiserver:v1.37.2\n    name: kube-apiserver\n";
+
+    #[test]
+    fn the_installed_manifest_carries_a_uid_of_its_content() {
+        let a = with_uid(KUBEADM).unwrap();
+        let docs = crate::base::yaml::parse_documents(&a).unwrap();
+        let uid = docs[0]["metadata"]["uid"].as_str().unwrap().to_owned();
+        assert_eq!(uid.len(), 32);
+        // The same pod again: the same UID; another: another; one given: kept as it is.
+        assert_eq!(with_uid(KUBEADM).unwrap(), a);
+        let other = with_uid(&KUBEADM.replace("v1.37.2", "v1.37.3")).unwrap();
+        assert!(!other.contains(&uid));
+        assert_eq!(with_uid(&a).unwrap(), a);
+        assert!(matches!(
+            with_uid("a: 1\n---\nb: 2\n"),
+            Err(ManifestError::NotOnePod(_))
+        ));
+    }
 
     #[test]
     fn kubeadms_manifest_is_read_and_checked() {

@@ -4,6 +4,7 @@ pub mod checkpoint;
 pub mod etcd_canary;
 pub mod install;
 pub mod kubeadm_sync;
+pub mod kubeadm_undo;
 pub mod kubeconfig;
 pub mod kubernetes_endpoints;
 pub mod launch;

@@ -1093,3 +1093,89 @@ async fn kubeadm_sync_writes_the_static_pods_durably_in_kubeadms_mode() -> Resul
     }
     Ok(())
 }
+
+/// Going back (docs/runbooks/going-back.md): after the migration the kubelet runs the copies
+/// (each with its UID) and the stand-in. `--undo` refuses while the stand-in is there (exit 2,
+/// one line, kubeadm's files untouched); once kubeadm's apiserver runs from the kubelet's
+/// directory in its place (what `migrate-back` installs: kubeadm's manifest with
+/// `--permit-port-sharing=true` and a UID), it writes each pod the kubelet runs into kubeadm's
+/// directory as it runs, with its UID: durably, in kubeadm's mode. It needs neither the API nor
+/// `--node-name`/`--proxy-image`.
+#[tokio::test]
+async fn kubeadm_sync_undo_hands_kubeadm_the_pods_the_kubelet_runs_with_their_uids() -> Result<()> {
+    if let Err(reason) = strace::usable() {
+        return skip(
+            "kubeadm_sync_undo_hands_kubeadm_the_pods_the_kubelet_runs_with_their_uids",
+            &reason,
+        );
+    }
+    let node = Node::new().await?;
+    migrate(&node).await?;
+    let (kubeadm, kubelet) = (node.dir.join("manifests"), node.dir.join("kubelet"));
+    let bin = proxy_bin()?;
+    let undo = || {
+        let mut c = Command::new(&bin);
+        c.args(["kubeadm-sync", "--undo", "--kubeadm-dir"])
+            .arg(&kubeadm)
+            .arg("--static-pod-dir")
+            .arg(&kubelet);
+        c
+    };
+    let before = std::fs::read(kubeadm.join("etcd.yaml"))?;
+    let out = undo().output()?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        out.status.code() == Some(2)
+            && stderr.trim().lines().count() == 1
+            && stderr.contains("stand-in still runs")
+            && stderr.contains("nothing written"),
+        "--undo with the stand-in in the kubelet's directory: {:?} {stderr}",
+        out.status
+    );
+    ensure!(
+        std::fs::read(kubeadm.join("etcd.yaml"))? == before,
+        "etcd.yaml written by a refusal"
+    );
+
+    // The agent, once it ran, put kubeadm's manifest back; migrate-back's is in the stand-in's
+    // place.
+    if kubeadm.join(".kube-apiserver.yaml").exists() {
+        std::fs::rename(
+            kubeadm.join(".kube-apiserver.yaml"),
+            kubeadm.join("kube-apiserver.yaml"),
+        )?;
+    }
+    let back = apiserver_manifest("v1.37.2", "--permit-port-sharing=true").replacen(
+        "metadata:\n",
+        "metadata:\n  uid: 6d6967726174652d6261636b00000001\n",
+        1,
+    );
+    std::fs::write(kubelet.join(APISERVER_STANDIN), &back)?;
+    let trace = node.dir.join("trace-undo");
+    std::fs::create_dir(&trace)?;
+    let out = strace::traced(&undo(), &trace).output()?;
+    ensure!(
+        out.status.success(),
+        "--undo: {:?} {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let t = Trace::read(&trace)?;
+    for name in ["etcd.yaml", "kube-scheduler.yaml", "kube-apiserver.yaml"] {
+        let path = kubeadm.join(name);
+        let runs = std::fs::read(kubelet.join(name))?;
+        ensure!(
+            std::fs::read(&path)? == runs,
+            "{name}: not what the kubelet runs"
+        );
+        let uid = read_yaml(&path)?["metadata"]["uid"].clone();
+        ensure!(
+            uid.as_str().is_some_and(|u| !u.is_empty()),
+            "{name}: uid {uid}"
+        );
+        t.ensure_written_durably(&path, 0o600)?;
+        let mode = std::fs::metadata(&path)?.permissions().mode() & 0o7777;
+        ensure!(mode == 0o600, "{name}: mode {mode:o}");
+    }
+    Ok(())
+}
