@@ -97,6 +97,17 @@ impl Streams {
         self.shared.failures.lock().unwrap().len()
     }
 
+    /// The first `n` failures so far, one line each, with their client-side addresses.
+    pub fn first_failures(&self, n: usize) -> String {
+        let failures = self.shared.failures.lock().unwrap();
+        let lines: Vec<String> = failures
+            .iter()
+            .take(n)
+            .map(|(a, f)| format!("{a}: {f}"))
+            .collect();
+        lines.join("; ")
+    }
+
     /// The client-side addresses of the streams failed so far.
     pub fn failed_locals(&self) -> Vec<SocketAddr> {
         let failures = self.shared.failures.lock().unwrap();

@@ -300,7 +300,11 @@ async fn upgrade_hands_over_established_connections() -> Result<()> {
         wait_gone(pid)
             .await
             .context("old instance kept connections")?;
-        ensure!(streams.failed() == 0, "a stream failed");
+        ensure!(
+            streams.failed() == 0,
+            "a stream failed: {}",
+            streams.first_failures(5)
+        );
         eventually(UPGRADE_DEADLINE, || async {
             ensure!(streams.words() > words + 10_000, "streams stalled");
             Ok(())
@@ -490,7 +494,11 @@ async fn taken_over_connections_run_on_the_worker_threads() -> Result<()> {
     wait_gone(first)
         .await
         .context("old instance kept connections")?;
-    ensure!(streams.failed() == 0, "a stream failed at the upgrade");
+    ensure!(
+        streams.failed() == 0,
+        "a stream failed at the upgrade: {}",
+        streams.first_failures(5)
+    );
     // No new connection from now on: every byte the successor moves is a taken-over one's.
     let before = thread_cpu(next)?;
     let words = streams.words();
@@ -594,9 +602,10 @@ async fn inner_upgrades_under_load_cut_no_stream() -> Result<()> {
         drop(previous);
         ensure!(
             streams.failed() == 0 && load.failed() == 0,
-            "upgrade {i}: {} streams cut, {} requests failed",
+            "upgrade {i}: {} streams cut, {} requests failed (streams: {})",
             streams.failed(),
-            load.failed()
+            load.failed(),
+            streams.first_failures(5)
         );
         ensure!(
             cookies_at(admin).await? == cookies,
