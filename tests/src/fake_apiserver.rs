@@ -377,6 +377,11 @@ impl FakeApiserver {
             .insert(path.to_owned(), json.to_string());
     }
 
+    /// https: `GET path` answers 404 from now on (a deleted object).
+    pub fn remove_object(&self, path: &str) {
+        self.shared.objects.lock().unwrap().remove(path);
+    }
+
     /// https: requests presenting this client certificate get 401 on objects from now on.
     pub fn revoke_client_cert(&self, cert: &CertificateDer<'_>) {
         self.shared.revoked.lock().unwrap().push(cert.to_vec());

@@ -17,7 +17,10 @@
 //!
 //! - every manifest but `kube-apiserver.yaml` is copied as it is (etcd, controller-manager,
 //!   scheduler, anything else), and a copy whose source is gone is removed: kubeadm's upgrade
-//!   of them, its waits and its rollbacks behave as on any kubeadm node;
+//!   of them, its waits and its rollbacks behave as on any kubeadm node. A changed or removed
+//!   controller-manager or scheduler is stopped before its successor starts, and the leader
+//!   lease it still holds is released ([`crate::node::leader_handover`]): the successor leads
+//!   at once;
 //! - `kube-apiserver.yaml` becomes the Deployment ([`crate::node::render`]): when kubeadm's manifest
 //!   or a file its flags name changes (a new version, a flag, `kubeadm certs renew`) and has
 //!   been stable for `--settle`, the Deployment is rendered again and replaced (a surge
@@ -67,6 +70,7 @@ use serde_json::{json, Value};
 use crate::base::fsutil::write_durable;
 use crate::node::checkpoint::ApiClient;
 use crate::node::etcd_canary;
+use crate::node::leader_handover::{self, LEADERS};
 use crate::node::render::{self, StaticPod};
 use crate::node::staticpod::MANIFEST_MODE;
 
@@ -652,6 +656,13 @@ impl Sync {
             };
             now.insert(name.clone());
             let existing = read_pod(&dst);
+            // kubeadm changed a controller's pod: the old one stopped first (its lease handed over).
+            let replaced_leader = match &existing {
+                Ok(copy) if LEADERS.contains(&name.as_str()) && !same_pod(&pod, copy) => {
+                    Some(copy.clone())
+                }
+                _ => None,
+            };
             let mut in_place = false;
             // kubeadm changed etcd's pod: its canary first; failed, etcd runs on as it is.
             if let Ok(copy) = &existing {
@@ -706,6 +717,9 @@ impl Sync {
             if in_place {
                 p = with_restart_grace(p);
             }
+            if let Some(old) = &replaced_leader {
+                self.stop_leader(&dst, old)?;
+            }
             // Durably: the kubelet runs it after a power loss (etcd's too), and kubeadm's mode.
             write_durable(
                 &dst,
@@ -717,6 +731,13 @@ impl Sync {
         }
         for gone in before.difference(&now) {
             let dst = self.static_pod_dir.join(gone);
+            if LEADERS.contains(&gone.as_str()) {
+                if let Ok(old) = read_pod(&dst) {
+                    self.stop_leader(&dst, &old)?;
+                    changed.push(format!("-{gone}"));
+                    continue;
+                }
+            }
             match std::fs::remove_file(&dst) {
                 Ok(()) => changed.push(format!("-{gone}")),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -731,6 +752,59 @@ impl Sync {
                 .map_err(io("write", &managed_path))?;
         }
         Ok(changed)
+    }
+
+    /// Removes the copy `dst` of a controller pod (`old`), waits for the kubelet to stop it
+    /// and releases its leader lease ([`leader_handover`]): the pod that follows takes the lease
+    /// at once instead of waiting out its duration.
+    fn stop_leader(&self, dst: &Path, old: &Value) -> Result<(), SyncError> {
+        match std::fs::remove_file(dst) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io("remove", dst)(e)),
+        }
+        let (Some(lease), Some(name), Some(uid)) = (
+            leader_handover::lease_of(old),
+            old["metadata"]["name"].as_str(),
+            old["metadata"]["uid"].as_str(),
+        ) else {
+            return Ok(());
+        };
+        let ns = old["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("kube-system");
+        let mirror = format!("/api/v1/namespaces/{ns}/pods/{name}-{}", self.node);
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        let hosts = [host.trim(), self.node.as_str()];
+        let started = Instant::now();
+        let outcome = self.block_on(leader_handover::after_stop(
+            || self.api().ok(),
+            &mirror,
+            uid,
+            (&lease.0, &lease.1),
+            &hosts,
+        ));
+        let lease = format!("{}/{}", lease.0, lease.1);
+        let waited_ms = started.elapsed().as_millis() as u64;
+        match outcome {
+            Ok(leader_handover::Handover::Released(holder)) => tracing::info!(
+                pod = %format!("{ns}/{name}-{}", self.node), lease, holder, waited_ms,
+                "kubeadm-sync: the old pod stopped; its leader lease released, the new pod leads at once"
+            ),
+            Ok(leader_handover::Handover::NotHeld) => tracing::info!(
+                pod = %format!("{ns}/{name}-{}", self.node), lease, waited_ms,
+                "kubeadm-sync: the old pod stopped; its lease was not held by it (released at its exit)"
+            ),
+            Ok(leader_handover::Handover::StillRunning) => tracing::warn!(
+                pod = %format!("{ns}/{name}-{}", self.node), lease, waited_ms,
+                "kubeadm-sync: the old pod's mirror pod is still there; its lease left to expire"
+            ),
+            Err(e) => tracing::warn!(
+                pod = %format!("{ns}/{name}-{}", self.node), lease, error = %e,
+                "kubeadm-sync: the old pod's lease not released; left to expire"
+            ),
+        }
+        Ok(())
     }
 
     /// Whether kubeadm's new etcd pod `new` may replace the running copy `running`: its canary

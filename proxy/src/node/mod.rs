@@ -8,6 +8,7 @@ pub mod kubeadm_undo;
 pub mod kubeconfig;
 pub mod kubernetes_endpoints;
 pub mod launch;
+pub mod leader_handover;
 pub mod migrate;
 pub mod migrate_back;
 pub mod probe;

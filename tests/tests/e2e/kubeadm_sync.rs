@@ -1179,3 +1179,78 @@ async fn kubeadm_sync_undo_hands_kubeadm_the_pods_the_kubelet_runs_with_their_ui
     }
     Ok(())
 }
+
+/// kubeadm replaces the scheduler's pod (an upgrade): the agent removes the copy first, and only
+/// once the kubelet has stopped the old pod (its mirror pod deleted) releases the lease the old
+/// process still holds, as client-go releases its own (no holder, 1 s, the resourceVersion
+/// read), then writes the new copy: the new scheduler leads at once instead of waiting out the
+/// lease. While the old mirror pod is there, the lease stays its holder's and no copy is written.
+#[tokio::test]
+async fn kubeadm_sync_stops_a_controller_before_its_successor_and_hands_its_lease_over(
+) -> Result<()> {
+    const MIRROR: &str = "/api/v1/namespaces/kube-system/pods/kube-scheduler-node-1";
+    const LEASE: &str = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/kube-scheduler";
+    let node = Node::new().await?;
+    migrate(&node).await?;
+    let annotations = json!({"kubernetes.io/config.hash": "uid-scheduler", "kubernetes.io/config.mirror": "uid-scheduler"});
+    node.fake
+        .set_object(MIRROR, &json!({"metadata": {"annotations": annotations}}));
+    node.fake.set_object(
+        LEASE,
+        &json!({"metadata": {"name": "kube-scheduler", "namespace": "kube-system", "resourceVersion": "9"},
+                "spec": {"holderIdentity": "node-1_4f1d", "leaseDurationSeconds": 15, "leaseTransitions": 2}}),
+    );
+    let agent = ChildProcess::spawn(node.agent(false), "kubeadm-sync")?;
+    let copy = node.dir.join("kubelet/kube-scheduler.yaml");
+    ensure!(copy.exists(), "no copy after the migration");
+    std::fs::write(
+        node.dir.join("manifests/kube-scheduler.yaml"),
+        other_manifest("kube-scheduler", "kube-scheduler:v1.37.2"),
+    )?;
+    eventually(DEADLINE, || async {
+        ensure!(!copy.exists(), "the old copy is still there");
+        Ok(())
+    })
+    .await?;
+    // The agent looks at the old mirror pod again and again while it is there.
+    let looked = node.fake.requests(MIRROR);
+    eventually(DEADLINE, || async {
+        ensure!(
+            node.fake.requests(MIRROR) >= looked + 3,
+            "the mirror pod not looked at"
+        );
+        Ok(())
+    })
+    .await?;
+    let held = node.fake.object(LEASE).context("lease")?;
+    ensure!(
+        held["spec"]["holderIdentity"] == "node-1_4f1d" && !copy.exists(),
+        "while the old pod runs: lease {held}, new copy written: {}",
+        copy.exists()
+    );
+    node.fake.remove_object(MIRROR);
+    eventually(DEADLINE, || async {
+        let c = read_yaml(&copy)?;
+        ensure!(
+            c["spec"]["containers"][0]["image"] == "kube-scheduler:v1.37.2",
+            "{c}"
+        );
+        Ok(())
+    })
+    .await?;
+    let lease = node.fake.object(LEASE).context("lease")?;
+    ensure!(
+        lease["spec"]["holderIdentity"] == ""
+            && lease["spec"]["leaseDurationSeconds"] == 1
+            && lease["spec"]["leaseTransitions"] == 2
+            && lease["metadata"]["resourceVersion"] == "9",
+        "lease once the old pod stopped: {lease}; agent: {}",
+        agent.stderr()
+    );
+    ensure!(
+        agent.stderr().contains("its leader lease released"),
+        "{}",
+        agent.stderr()
+    );
+    Ok(())
+}

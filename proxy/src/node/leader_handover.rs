@@ -1,0 +1,188 @@
+//! The leader election lease of a controller pod whose copy `kubeadm-sync` replaces or removes
+//! (kube-controller-manager, kube-scheduler: kubeadm's upgrade, `kubeadm certs renew` and the
+//! restart its docs ask for).
+//!
+//! Written in place, a new copy gets a new UID: the kubelet stops the old pod and starts the new
+//! one at the same time. The old process exits on SIGTERM without releasing its lease
+//! (kube-controller-manager releases it only behind an alpha gate), and the new one, once up,
+//! must see the lease unrenewed for its whole duration (15 s) from its own first look before it
+//! takes it: measured on the rehearsal's node, 32 s without a controller-manager leader in a
+//! minor upgrade. So for these pods the copy is removed first; once the kubelet has deleted the
+//! old mirror pod (it does so only after the pod's containers have stopped,
+//! `pkg/kubelet/kubelet_pods.go` `deleteOrphanedMirrorPods`), the lease, if this node's process
+//! still holds it, is released as client-go releases its own (`holderIdentity` empty,
+//! `leaseDurationSeconds: 1`; a conditional update on its `resourceVersion`); then the new copy
+//! is written and its process takes the lease at its first try. The old process is known gone
+//! and the new one not started, so no two leaders can overlap. Without an answer from the
+//! apiserver, or when the old mirror pod is still there after [`STOP_WAIT`], the lease is left
+//! to expire (as before).
+
+use std::time::{Duration, Instant, SystemTime};
+
+use serde_json::{json, Value};
+
+use crate::node::checkpoint::ApiClient;
+
+/// The copies whose pod elects a leader with a lease.
+pub const LEADERS: [&str; 2] = ["kube-controller-manager.yaml", "kube-scheduler.yaml"];
+
+/// How long the old pod may take to stop (the kubelet's look at the directory, the pod's
+/// grace period: kubeadm sets none, 30 s, and both exit at once on SIGTERM).
+pub const STOP_WAIT: Duration = Duration::from_secs(45);
+
+/// The lease `pod` elects its leader with, as its flags say: `(namespace, name)`,
+/// `kube-system/<its container's name>` by default; none with `--leader-elect=false` or a lock
+/// other than leases.
+pub fn lease_of(pod: &Value) -> Option<(String, String)> {
+    let c = &pod["spec"]["containers"][0];
+    let container = c["name"].as_str()?;
+    let words: Vec<&str> = ["command", "args"]
+        .iter()
+        .filter_map(|k| c[k].as_array())
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    let flag = |name: &str| {
+        words
+            .iter()
+            .find_map(|w| w.strip_prefix(name).and_then(|r| r.strip_prefix('=')))
+    };
+    if flag("--leader-elect") == Some("false")
+        || flag("--leader-elect-resource-lock").is_some_and(|l| l != "leases")
+    {
+        return None;
+    }
+    Some((
+        flag("--leader-elect-resource-namespace")
+            .unwrap_or("kube-system")
+            .to_owned(),
+        flag("--leader-elect-resource-name")
+            .unwrap_or(container)
+            .to_owned(),
+    ))
+}
+
+/// `lease` released, as client-go releases its own, when a process of this host holds it (its
+/// identity is `<hostname>_<uuid>`); none otherwise (released already, or another's).
+pub fn released(lease: &Value, hosts: &[&str], now: SystemTime) -> Option<Value> {
+    let holder = lease["spec"]["holderIdentity"].as_str().unwrap_or("");
+    if !hosts
+        .iter()
+        .any(|h| !h.is_empty() && holder.starts_with(&format!("{h}_")))
+    {
+        return None;
+    }
+    let at = humantime::format_rfc3339_micros(now).to_string();
+    let mut l = lease.clone();
+    l["spec"]["holderIdentity"] = json!("");
+    l["spec"]["leaseDurationSeconds"] = json!(1);
+    l["spec"]["acquireTime"] = json!(at);
+    l["spec"]["renewTime"] = json!(at);
+    Some(l)
+}
+
+/// What became of the lease.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Handover {
+    /// Released: the holder it had.
+    Released(String),
+    /// Not held by this node's process (released at its exit, or another's).
+    NotHeld,
+    /// The old pod not seen gone within [`STOP_WAIT`]: left to expire.
+    StillRunning,
+}
+
+/// Waits until the mirror pod `path` of the pod `uid` is gone, then releases `lease`.
+pub async fn after_stop(
+    api: impl Fn() -> Option<ApiClient>,
+    mirror_path: &str,
+    uid: &str,
+    (namespace, name): (&str, &str),
+    hosts: &[&str],
+) -> Result<Handover, String> {
+    let started = Instant::now();
+    loop {
+        if let Some(api) = api() {
+            match api.get_json(mirror_path).await {
+                Err(e) if e.status() == Some(hyper::StatusCode::NOT_FOUND) => break,
+                Ok(m)
+                    if m["metadata"]["annotations"]["kubernetes.io/config.mirror"].as_str()
+                        != Some(uid) =>
+                {
+                    break
+                }
+                _ => {}
+            }
+        }
+        if started.elapsed() > STOP_WAIT {
+            return Ok(Handover::StillRunning);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let api = api().ok_or("no API client")?;
+    let path = format!("/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}");
+    let lease = api.get_json(&path).await.map_err(|e| e.to_string())?;
+    let Some(free) = released(&lease, hosts, SystemTime::now()) else {
+        return Ok(Handover::NotHeld);
+    };
+    // With the resourceVersion read: refused (409) if anyone wrote it meanwhile.
+    api.send_json("PUT", &path, &free)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(Handover::Released(
+        lease["spec"]["holderIdentity"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(args: &[&str]) -> Value {
+        json!({"spec": {"containers": [{"name": "kube-controller-manager", "command": args}]}})
+    }
+
+    #[test]
+    fn the_lease_is_the_one_its_flags_name() {
+        assert_eq!(
+            lease_of(&pod(&["kube-controller-manager", "--leader-elect=true"])),
+            Some(("kube-system".into(), "kube-controller-manager".into()))
+        );
+        assert_eq!(
+            lease_of(&pod(&[
+                "kube-controller-manager",
+                "--leader-elect-resource-name=cm",
+                "--leader-elect-resource-namespace=ops"
+            ])),
+            Some(("ops".into(), "cm".into()))
+        );
+        assert_eq!(
+            lease_of(&pod(&["kube-controller-manager", "--leader-elect=false"])),
+            None
+        );
+        assert_eq!(
+            lease_of(&pod(&[
+                "kube-controller-manager",
+                "--leader-elect-resource-lock=endpoints"
+            ])),
+            None
+        );
+    }
+
+    #[test]
+    fn only_this_hosts_holder_is_released_as_client_go_releases() {
+        let lease = json!({"metadata": {"resourceVersion": "7"}, "spec": {"holderIdentity": "node-1_0b7e", "leaseDurationSeconds": 15, "leaseTransitions": 3}});
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let free = released(&lease, &["node-1"], now).unwrap();
+        assert_eq!(free["spec"]["holderIdentity"], "");
+        assert_eq!(free["spec"]["leaseDurationSeconds"], 1);
+        assert_eq!(free["spec"]["leaseTransitions"], 3);
+        assert_eq!(free["metadata"]["resourceVersion"], "7");
+        assert_eq!(free["spec"]["renewTime"], "2027-01-15T08:00:00.000000Z");
+        assert_eq!(released(&lease, &["node-10", ""], now), None);
+        assert_eq!(released(&free, &["node-1"], now), None);
+    }
+}
