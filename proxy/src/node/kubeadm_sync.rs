@@ -1228,6 +1228,10 @@ fn restore(sync: &Sync) -> Result<(), SyncError> {
 static API_ERRORS: crate::base::lograte::LogRate =
     crate::base::lograte::LogRate::new(Duration::from_secs(60));
 
+/// The stand-in gone: one log line a minute.
+static STANDIN_GONE: crate::base::lograte::LogRate =
+    crate::base::lograte::LogRate::new(Duration::from_secs(60));
+
 /// `kubeadm-sync`: one pass with `--once` (the migration), else passes every `--interval`.
 pub fn run(args: &crate::cli::KubeadmSyncArgs) -> Result<(), SyncError> {
     if args.undo {
@@ -1253,6 +1257,20 @@ pub fn run(args: &crate::cli::KubeadmSyncArgs) -> Result<(), SyncError> {
     // been under way) and after each change of the copy, until fix_mirrors finds it in line.
     let mut mirror_due = true;
     loop {
+        // The stand-in moved out of the kubelet's directory: going back
+        // (docs/runbooks/going-back.md), and the kubelet stops this agent. Never written back:
+        // the agent would start again and follow kubeadm's files on.
+        if !sync.static_pod_dir.join(APISERVER).exists() {
+            if let Some(suppressed) = STANDIN_GONE.allow() {
+                tracing::warn!(
+                    standin = %sync.static_pod_dir.join(APISERVER).display(),
+                    suppressed,
+                    "kubeadm-sync: the stand-in is gone from the kubelet's directory: nothing is followed any more (going back; the kubelet stops this agent)"
+                );
+            }
+            std::thread::sleep(sync.interval);
+            continue;
+        }
         match sync.copy_manifests(false) {
             Ok(changed) if !changed.is_empty() => {
                 mirror_due |= changed.iter().any(|c| c == RESTART_IN_PLACE);

@@ -1254,3 +1254,41 @@ async fn kubeadm_sync_stops_a_controller_before_its_successor_and_hands_its_leas
     );
     Ok(())
 }
+
+/// Going back starts with the stand-in moved out of the kubelet's directory, which makes the
+/// kubelet stop the agent: the agent, still running meanwhile, must not write it back (it would
+/// start again and follow kubeadm's files on, and `migrate-back` would find a manifest there).
+#[tokio::test]
+async fn kubeadm_sync_never_writes_its_stand_in_back_once_it_is_moved_out() -> Result<()> {
+    let node = Node::new().await?;
+    migrate(&node).await?;
+    let agent = ChildProcess::spawn(node.agent(false), "kubeadm-sync")?;
+    eventually(DEADLINE, || async {
+        ensure!(
+            agent.stderr().contains("following kubeadm's manifests"),
+            "{}",
+            agent.stderr()
+        );
+        Ok(())
+    })
+    .await?;
+    let standin = node.dir.join("kubelet").join(APISERVER_STANDIN);
+    std::fs::rename(&standin, node.dir.join("standin-aside.yaml"))?;
+    eventually(DEADLINE, || async {
+        ensure!(
+            agent
+                .stderr()
+                .contains("the stand-in is gone from the kubelet's directory"),
+            "{}",
+            agent.stderr()
+        );
+        Ok(())
+    })
+    .await?;
+    ensure!(
+        !standin.exists(),
+        "the stand-in was written back: {}",
+        agent.stderr()
+    );
+    Ok(())
+}

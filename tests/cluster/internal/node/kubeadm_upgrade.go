@@ -43,7 +43,11 @@ import (
 //  4. the kubelet binary replaced by VERSION's and restarted: the static pods must keep
 //     running (the agent's copies carry their UIDs);
 //  5. a third `kubeadm upgrade apply VERSION`: a no-op;
-//  6. `kubeadm certs renew all`: the agent rolls the Deployment.
+//  6. `kubeadm certs renew all`: the agent rolls the Deployment;
+//  7. going back (docs/runbooks/going-back.md, kubeadm-sync's form): the stand-in moved out,
+//     migrate-back into the kubelet's directory, the Deployment deleted, `kubeadm-sync
+//     --undo`, the kubelet restarted on kubeadm's directory: nothing but the apiserver
+//     hand-over restarts (goBack).
 //
 // Afterwards: the new apiserver writes the audit log, the Secret written before is still
 // readable and stored encrypted in etcd, the server version is the new one, etcd runs
@@ -108,8 +112,9 @@ func RunKubeadmUpgrade(n *Node) {
 	u.failedUpgrade(u.absentImage())
 	u.renew()
 	u.kept()
+	u.goBack()
 	n.Note("per step (load through both addresses):")
-	for _, row := range u.table("migrate", "upgrade", "etcd-failed", "etcd", "kubelet", "again", "failed", "failed-image", "renew", "restart") {
+	for _, row := range u.table("migrate", "upgrade", "etcd-failed", "etcd", "kubelet", "again", "failed", "failed-image", "renew", "restart", "goback") {
 		n.Note("%s", row)
 	}
 	n.Note("reports: %s, %s", n.Path("kubeadm-*.log"), n.Path("step-*.json"))

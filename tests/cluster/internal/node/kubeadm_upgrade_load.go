@@ -165,7 +165,7 @@ type kuStep struct {
 	mark       LogMark
 	reportOnly bool
 	// leaders stops the step's read of the controllers' Leases and says who led when.
-	leaders func() string
+	leaders func() (string, bool)
 }
 
 // kuLeases are the controllers' leader-election Leases (kube-system).
@@ -173,8 +173,8 @@ var kuLeases = []string{"kube-controller-manager", "kube-scheduler"}
 
 // watchLeaders reads the controllers' Leases every 250 ms until the returned function is
 // called, which says per Lease how often leadership passed and the longest time without a
-// leader (nodecheck.LeaderGap): reported per step, against the lease's duration.
-func (u *upgrade) watchLeaders() func() string {
+// leader (nodecheck.LeaderGap), and whether each stayed within its lease's duration.
+func (u *upgrade) watchLeaders() func() (string, bool) {
 	ctx, cancel := context.WithCancel(u.Ctx)
 	samples := map[string][]nodecheck.LeaseSample{}
 	durations := map[string]time.Duration{}
@@ -196,7 +196,8 @@ func (u *upgrade) watchLeaders() func() string {
 				if l.Spec.RenewTime != nil {
 					s.Renew = l.Spec.RenewTime.Time
 				}
-				if l.Spec.LeaseDurationSeconds != nil {
+				// The holders' duration (a released lease says 1 s).
+				if l.Spec.LeaseDurationSeconds != nil && *l.Spec.HolderIdentity != "" {
 					durations[name] = time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second
 				}
 				samples[name] = append(samples[name], s)
@@ -208,14 +209,17 @@ func (u *upgrade) watchLeaders() func() string {
 			}
 		}
 	}()
-	return func() string {
+	return func() (string, bool) {
 		cancel()
 		<-done
 		var lines []string
+		within := true
 		for _, name := range kuLeases {
-			lines = append(lines, nodecheck.LeaderLine(name, samples[name], durations[name]))
+			line, ok := nodecheck.LeaderLine(name, samples[name], durations[name])
+			lines = append(lines, line)
+			within = within && ok
 		}
-		return strings.Join(lines, "; ")
+		return strings.Join(lines, "; "), within
 	}
 }
 
@@ -235,7 +239,13 @@ func (u *upgrade) startStep(name string, watch *step.Options, reportOnly bool) *
 
 // endStep stops the step and reports its verdicts, then the control plane's error lines.
 func (u *upgrade) endStep(s *kuStep, what string) {
-	u.Note("%s: the controllers' leaders: %s", what, s.leaders())
+	// kubeadm-sync stops a replaced controller before its successor and releases its lease:
+	// the time without a leader stays within the lease's duration.
+	if line, within := s.leaders(); s.reportOnly {
+		u.Note("%s: the controllers' leaders: %s", what, line)
+	} else {
+		u.Check(within, "%s: the controllers' leaders, each time without one within its lease: %s", what, line)
+	}
 	s.both.End(what)
 	if s.pod {
 		u.podEnd(s.name, what, s.reportOnly)

@@ -23,11 +23,11 @@ import (
 // goBackDir is where the way back keeps kubeadm's files and the logs, in the state directory.
 const goBackDir = "kubeadm-back"
 
-func (r *reboot) gb(name string) string { return r.Path(filepath.Join(goBackDir, name)) }
+func (n *Node) gb(name string) string { return n.Path(filepath.Join(goBackDir, name)) }
 
 // runLogged runs a command to completion with its output in a file (appended to when add):
 // its exit status (-1 when it did not run or was killed).
-func (r *reboot) runLogged(timeout time.Duration, log string, add bool, env []string, argv ...string) int {
+func (n *Node) runLogged(timeout time.Duration, log string, add bool, env []string, argv ...string) int {
 	flags := os.O_CREATE | os.O_WRONLY | os.O_TRUNC
 	if add {
 		flags = os.O_CREATE | os.O_WRONLY | os.O_APPEND
@@ -50,7 +50,7 @@ func (r *reboot) runLogged(timeout time.Duration, log string, add bool, env []st
 		case <-done:
 		case <-time.After(timeout):
 			_ = cmd.Process.Kill()
-		case <-r.Ctx.Done():
+		case <-n.Ctx.Done():
 			_ = cmd.Process.Kill()
 		}
 	}()
@@ -81,21 +81,21 @@ func (r *reboot) uploadConfig(version string) bool {
 	return true
 }
 
-// render: kubeadm's manifest for this node from the cluster's ClusterConfiguration
+// renderKubeadms: kubeadm's manifest for this node from the cluster's ClusterConfiguration
 // (kubeadm-config), with the documented patch, into out/ (kubeadm's dry-run directory).
-func (r *reboot) render() bool {
-	out := r.gb("out")
+func (n *Node) renderKubeadms() bool {
+	out := n.gb("out")
 	_ = os.RemoveAll(out)
-	if err := os.MkdirAll(r.gb("patches"), 0o755); err != nil {
+	if err := os.MkdirAll(n.gb("patches"), 0o755); err != nil {
 		return false
 	}
 	patch := `[{"op": "add", "path": "/spec/containers/0/command/-", "value": "--permit-port-sharing=true"}]` + "\n"
-	if os.WriteFile(r.gb("patches/kube-apiserver+json.json"), []byte(patch), 0o644) != nil {
+	if os.WriteFile(n.gb("patches/kube-apiserver+json.json"), []byte(patch), 0o644) != nil {
 		return false
 	}
-	cm, err := r.Client.CoreV1().ConfigMaps("kube-system").Get(r.Ctx, "kubeadm-config", metav1.GetOptions{})
+	cm, err := n.Client.CoreV1().ConfigMaps("kube-system").Get(n.Ctx, "kubeadm-config", metav1.GetOptions{})
 	if err != nil {
-		appendFile(r.gb("kubeadm.log"), err.Error()+"\n")
+		appendFile(n.gb("kubeadm.log"), err.Error()+"\n")
 		return false
 	}
 	cfg := fmt.Sprintf(`apiVersion: kubeadm.k8s.io/v1beta4
@@ -105,19 +105,21 @@ localAPIEndpoint: {advertiseAddress: %s, bindPort: 6443}
 nodeRegistration: {name: %s}
 patches: {directory: %s}
 ---
-%s`, r.NodeIP, r.NodeName, r.gb("patches"), cm.Data["ClusterConfiguration"])
-	if os.WriteFile(r.gb("kubeadm.yaml"), []byte(cfg), 0o644) != nil {
+%s`, n.NodeIP, n.NodeName, n.gb("patches"), cm.Data["ClusterConfiguration"])
+	if os.WriteFile(n.gb("kubeadm.yaml"), []byte(cfg), 0o644) != nil {
 		return false
 	}
-	rc := r.runLogged(120*time.Second, r.gb("kubeadm.log"), false, []string{"KUBEADM_INIT_DRYRUN_DIR=" + out},
-		r.Bin("kubeadm"), "init", "phase", "control-plane", "apiserver", "--config", r.gb("kubeadm.yaml"))
+	rc := n.runLogged(120*time.Second, n.gb("kubeadm.log"), false, []string{"KUBEADM_INIT_DRYRUN_DIR=" + out},
+		n.Bin("kubeadm"), "init", "phase", "control-plane", "apiserver", "--config", n.gb("kubeadm.yaml"))
 	fi, err := os.Stat(filepath.Join(out, "kube-apiserver.yaml"))
 	return rc == 0 && err == nil && fi.Size() > 0
 }
 
-func (r *reboot) migrateBack() []string {
-	return []string{r.Bin("kube-apiserver-proxy"), "migrate-back", "--manifest", r.gb("out/kube-apiserver.yaml"),
-		"--static-pod-dir", r.Manifests, "--handoff-dir", HandoffDir, "--timeout", "600s"}
+// migrateBack is migrate-back's command line with kubeadm's rendered manifest, into staticDir
+// (the kubelet's static pod directory).
+func (n *Node) migrateBack(staticDir string) []string {
+	return []string{n.Bin("kube-apiserver-proxy"), "migrate-back", "--manifest", n.gb("out/kube-apiserver.yaml"),
+		"--static-pod-dir", staticDir, "--handoff-dir", HandoffDir, "--timeout", "600s"}
 }
 
 var kubeadmWildcard = regexp.MustCompile(`^(\*|0\.0\.0\.0|\[::\]):6443 .*kube-apiserver`)
@@ -182,7 +184,7 @@ func AddedLines(before, after string) []string {
 
 // leftovers are the objects of the install still there (a failed lookup other than "not
 // found" counts, with its error).
-func (r *reboot) leftovers() []string {
+func (n *Node) leftovers() []string {
 	var left []string
 	check := func(name string, err error) {
 		switch {
@@ -192,22 +194,22 @@ func (r *reboot) leftovers() []string {
 			left = append(left, name+" ("+err.Error()+")")
 		}
 	}
-	vap := r.Client.AdmissionregistrationV1().ValidatingAdmissionPolicies()
+	vap := n.Client.AdmissionregistrationV1().ValidatingAdmissionPolicies()
 	for _, name := range []string{"kube-apiserver-proxy-workload", "kube-apiserver-proxy-pods", "kube-apiserver-proxy-kubernetes-endpoints"} {
-		_, err := vap.Get(r.Ctx, name, metav1.GetOptions{})
+		_, err := vap.Get(n.Ctx, name, metav1.GetOptions{})
 		check("validatingadmissionpolicy/"+name, err)
 	}
-	_, err := r.Client.RbacV1().Roles("kube-system").Get(r.Ctx, "kube-apiserver-proxy:recover", metav1.GetOptions{})
+	_, err := n.Client.RbacV1().Roles("kube-system").Get(n.Ctx, "kube-apiserver-proxy:recover", metav1.GetOptions{})
 	check("role/kube-apiserver-proxy:recover", err)
-	_, err = r.Client.RbacV1().RoleBindings("kube-system").Get(r.Ctx, "kube-apiserver-proxy:recover", metav1.GetOptions{})
+	_, err = n.Client.RbacV1().RoleBindings("kube-system").Get(n.Ctx, "kube-apiserver-proxy:recover", metav1.GetOptions{})
 	check("rolebinding/kube-apiserver-proxy:recover", err)
-	_, err = r.Client.AppsV1().Deployments("kube-system").Get(r.Ctx, "kube-apiserver", metav1.GetOptions{})
+	_, err = n.Client.AppsV1().Deployments("kube-system").Get(n.Ctx, "kube-apiserver", metav1.GetOptions{})
 	check("deployment/kube-apiserver", err)
-	_, err = r.Client.PolicyV1().PodDisruptionBudgets("kube-system").Get(r.Ctx, "kube-apiserver", metav1.GetOptions{})
+	_, err = n.Client.PolicyV1().PodDisruptionBudgets("kube-system").Get(n.Ctx, "kube-apiserver", metav1.GetOptions{})
 	check("poddisruptionbudget/kube-apiserver", err)
-	_, err = r.Client.DiscoveryV1().EndpointSlices("default").Get(r.Ctx, "kubernetes-kube-apiserver-proxy", metav1.GetOptions{})
+	_, err = n.Client.DiscoveryV1().EndpointSlices("default").Get(n.Ctx, "kubernetes-kube-apiserver-proxy", metav1.GetOptions{})
 	check("endpointslice/kubernetes-kube-apiserver-proxy", err)
-	for _, p := range []string{filepath.Join(r.Manifests, "kube-apiserver-recovery.yaml"), CheckpointDir} {
+	for _, p := range []string{filepath.Join(n.Manifests, "kube-apiserver-recovery.yaml"), CheckpointDir} {
 		if _, err := os.Stat(p); err == nil {
 			left = append(left, p)
 		}
@@ -216,8 +218,8 @@ func (r *reboot) leftovers() []string {
 }
 
 // serviceSlices are the kubernetes Service's EndpointSlices, by name.
-func (r *reboot) serviceSlices() string {
-	list, err := r.Client.DiscoveryV1().EndpointSlices("default").List(r.Ctx, metav1.ListOptions{LabelSelector: "kubernetes.io/service-name=kubernetes"})
+func (n *Node) serviceSlices() string {
+	list, err := n.Client.DiscoveryV1().EndpointSlices("default").List(n.Ctx, metav1.ListOptions{LabelSelector: "kubernetes.io/service-name=kubernetes"})
 	if err != nil {
 		return err.Error()
 	}
@@ -265,11 +267,11 @@ func (r *reboot) goBackPrepare() bool {
 		return false
 	}
 	// kubeadm's record not updated yet: migrate-back refuses the manifest kubeadm renders from it.
-	if !r.render() {
+	if !r.renderKubeadms() {
 		r.Fail("kubeadm init phase control-plane apiserver (dry run) failed: %s", Tail(r.gb("kubeadm.log"), 3))
 		return false
 	}
-	rc := r.runLogged(660*time.Second, r.gb("refused.log"), false, nil, r.migrateBack()...)
+	rc := r.runLogged(660*time.Second, r.gb("refused.log"), false, nil, r.migrateBack(r.Manifests)...)
 	refused, _ := os.ReadFile(r.gb("refused.log"))
 	_, staticErr := os.Stat(filepath.Join(r.Manifests, "kube-apiserver.yaml"))
 	want := regexp.MustCompile("the manifest runs .*:" + regexp.QuoteMeta(r.Version) + " but the apiserver serving now is " + regexp.QuoteMeta(r.OldVersion))
@@ -282,7 +284,7 @@ func (r *reboot) goBackPrepare() bool {
 	if !r.uploadConfig(r.OldVersion) {
 		return false
 	}
-	rendered := r.render()
+	rendered := r.renderKubeadms()
 	manifest, _ := os.ReadFile(r.gb("out/kube-apiserver.yaml"))
 	if !rendered || !regexp.MustCompile(`(?m)image: `+regexp.QuoteMeta(oldImage)+`$`).Match(manifest) {
 		r.Fail("kubeadm's manifest is not of %s: %s %s", r.OldVersion, grepLines(string(manifest), "image:"), Tail(r.gb("kubeadm.log"), 2))
@@ -316,47 +318,62 @@ func (r *reboot) removeRecovery() {
 func (r *reboot) migrateBackUnderLoad() bool {
 	r.Note("listeners on port 6443 before going back: %s", r.Listeners6443())
 	steps := r.StartBoth("goback", nil, false)
-	t0 := time.Now()
-	mb, err := r.Background(filepath.Join(goBackDir, "migrate-back.log"), r.migrateBack()...)
-	if err != nil {
-		r.Fail("migrate-back: %v", err)
+	deleted, ok := r.swapBack(r.Manifests)
+	if !ok {
 		steps.End("going back")
 		return false
 	}
-	if r.WaitFor(300*time.Second, func() bool { return strings.Contains(ReadTail(mb.Log, 1000), "delete the Deployment now") }) {
-		r.Pass("migrate-back: kubeadm's apiserver binds 0.0.0.0:6443 beside the proxy and is ready %s s after migrate-back started: %s",
+	r.Settle(15 * time.Second)
+	steps.End(fmt.Sprintf("going back, the Deployment deleted at +%d s", deleted))
+	return true
+}
+
+// swapBack: migrate-back into staticDir (kubeadm's apiserver binds beside the proxy), the
+// Deployment deleted, migrate-back takes the proxy's sockets and closes them; then what
+// kubernetes-endpoints added and the node's directories go. It returns when the Deployment was
+// deleted (seconds after migrate-back started); false: migrate-back did not start.
+func (n *Node) swapBack(staticDir string) (deleted int, started bool) {
+	t0 := time.Now()
+	mb, err := n.Background(filepath.Join(goBackDir, "migrate-back.log"), n.migrateBack(staticDir)...)
+	if err != nil {
+		n.Fail("migrate-back: %v", err)
+		return 0, false
+	}
+	if n.WaitFor(300*time.Second, func() bool { return strings.Contains(ReadTail(mb.Log, 1000), "delete the Deployment now") }) {
+		n.Pass("migrate-back: kubeadm's apiserver binds 0.0.0.0:6443 beside the proxy and is ready %s s after migrate-back started: %s",
 			Since(t0), Cut(MigrateBackSteps(ReadTail(mb.Log, 1000)), 600))
 	} else {
-		r.Fail("migrate-back: kubeadm's apiserver not ready within 300 s: %s; listeners: %s", Tail(mb.Log, 3), r.Listeners6443())
+		// The Deployment stays: the runbook deletes it only once migrate-back says so.
+		n.Fail("migrate-back: kubeadm's apiserver not ready within 300 s: %s; listeners: %s", Tail(mb.Log, 3), n.Listeners6443())
+		mb.Signal(syscall.SIGTERM)
+		return 0, false
 	}
-	r.Note("listeners on port 6443 with both: %s", r.Listeners6443())
+	n.Note("listeners on port 6443 with both: %s", n.Listeners6443())
 	t1 := time.Now()
-	out1, _ := r.Kubectls(60*time.Second, "delete", "deployment", "kube-apiserver", "--wait=false")
-	out2, _ := r.Kubectls(60*time.Second, "delete", "pdb", "kube-apiserver")
-	_ = os.WriteFile(r.gb("delete.log"), []byte(out1+"\n"+out2+"\n"), 0o644)
-	if r.WaitFor(420*time.Second, mb.Exited) {
+	out1, _ := n.Kubectls(60*time.Second, "delete", "deployment", "kube-apiserver", "--wait=false")
+	out2, _ := n.Kubectls(60*time.Second, "delete", "pdb", "kube-apiserver")
+	_ = os.WriteFile(n.gb("delete.log"), []byte(out1+"\n"+out2+"\n"), 0o644)
+	if n.WaitFor(420*time.Second, mb.Exited) {
 		if rc := mb.ExitCode(); rc == 0 {
-			r.Pass("migrate-back done %s s after the Deployment's deletion (exit 0): %s", Since(t1),
+			n.Pass("migrate-back done %s s after the Deployment's deletion (exit 0): %s", Since(t1),
 				grepCut(ReadTail(mb.Log, 1000), 250, "closed with nothing reset", "done:"))
 		} else {
-			r.Fail("migrate-back exited %d: %s", rc, Tail(mb.Log, 3))
+			n.Fail("migrate-back exited %d: %s", rc, Tail(mb.Log, 3))
 		}
 	} else {
-		r.Fail("migrate-back still waiting 420 s after the Deployment's deletion: %s; listeners: %s", Tail(mb.Log, 3), r.Listeners6443())
+		n.Fail("migrate-back still waiting 420 s after the Deployment's deletion: %s; listeners: %s", Tail(mb.Log, 3), n.Listeners6443())
 		mb.Signal(syscall.SIGTERM)
 	}
-	r.Check(r.WaitFor(60*time.Second, func() bool { return OnlyKubeadmListens(r.Listeners6443()) }),
-		"only kubeadm's apiserver listens on port 6443: %s", r.Listeners6443())
+	n.Check(n.WaitFor(60*time.Second, func() bool { return OnlyKubeadmListens(n.Listeners6443()) }),
+		"only kubeadm's apiserver listens on port 6443: %s", n.Listeners6443())
 	// What kubernetes-endpoints added (kubeadm's lease reconciler writes the rest itself), then
 	// the node's directories.
-	out3, _ := r.Kubectl(60*time.Second, "-n", "default", "delete", "endpointslice", "kubernetes-kube-apiserver-proxy")
-	out4, _ := r.Kubectl(60*time.Second, "delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", "kube-apiserver-proxy-kubernetes-endpoints")
-	_ = os.WriteFile(r.gb("delete-rest.log"), []byte(out3+"\n"+out4+"\n"), 0o644)
+	out3, _ := n.Kubectl(60*time.Second, "-n", "default", "delete", "endpointslice", "kubernetes-kube-apiserver-proxy")
+	out4, _ := n.Kubectl(60*time.Second, "delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", "kube-apiserver-proxy-kubernetes-endpoints")
+	_ = os.WriteFile(n.gb("delete-rest.log"), []byte(out3+"\n"+out4+"\n"), 0o644)
 	_ = os.RemoveAll("/run/kube-apiserver-proxy")
 	_ = os.RemoveAll("/var/lib/kube-apiserver-proxy")
-	r.Settle(15 * time.Second)
-	steps.End(fmt.Sprintf("going back, the Deployment deleted at +%d s", int(t1.Sub(t0).Seconds())))
-	return true
+	return int(t1.Sub(t0).Seconds()), true
 }
 
 // checkWentBack: kubeadm's static apiserver serves the old version, its mirror pod is Ready

@@ -33,11 +33,13 @@ func LeaderGap(samples []LeaseSample) (handovers int, longest time.Duration) {
 	return handovers, longest
 }
 
-// LeaderLine says LeaderGap of a Lease in a line.
-func LeaderLine(name string, samples []LeaseSample, duration time.Duration) string {
+// LeaderLine says LeaderGap of a Lease in a line, and whether the longest time without a
+// leader stayed within the lease's duration (the time a stopped leader's successor waits when
+// nothing releases the lease).
+func LeaderLine(name string, samples []LeaseSample, duration time.Duration) (string, bool) {
 	n, gap := LeaderGap(samples)
 	if n == 0 {
-		return fmt.Sprintf("%s: one leader throughout", name)
+		return fmt.Sprintf("%s: one leader throughout", name), true
 	}
-	return fmt.Sprintf("%s: %d handovers, the longest time without a leader %.1f s (lease %s)", name, n, gap.Seconds(), duration)
+	return fmt.Sprintf("%s: %d handovers, the longest time without a leader %.1f s (lease %s)", name, n, gap.Seconds(), duration), gap <= duration
 }

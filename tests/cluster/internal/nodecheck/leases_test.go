@@ -22,4 +22,10 @@ func TestLeaderGap(t *testing.T) {
 	if n, gap := LeaderGap(again); n != 1 || gap != 19*time.Second {
 		t.Errorf("a re-acquisition: %d, %s", n, gap)
 	}
+	if line, ok := LeaderLine("kube-scheduler", again, 15*time.Second); ok || line != "kube-scheduler: 1 handovers, the longest time without a leader 19.0 s (lease 15s)" {
+		t.Errorf("19 s without a leader, lease 15 s: %q %t", line, ok)
+	}
+	if _, ok := LeaderLine("kube-scheduler", moved, 15*time.Second); !ok {
+		t.Errorf("3.5 s without a leader is within a 15 s lease")
+	}
 }
