@@ -13,8 +13,8 @@ use kube_apiserver_proxy::cli::{self, Cli, Command, LogFormat, RunArgs, RuntimeS
 use kube_apiserver_proxy::config::Config;
 use kube_apiserver_proxy::{
     backends::routes, instance::privileges, instance::signal, node::install, node::kubeadm_sync,
-    node::kubernetes_endpoints, node::launch, node::migrate, node::migrate_back, node::probe,
-    node::recover, node::render, server,
+    node::kubeadm_undo, node::kubernetes_endpoints, node::launch, node::migrate,
+    node::migrate_back, node::probe, node::recover, node::render, server,
 };
 
 fn main() -> ExitCode {
@@ -74,7 +74,12 @@ fn main() -> ExitCode {
         }
         Some(Command::KubeadmSync(args)) => {
             init_tracing(LogFormat::Text, "info");
-            match kubeadm_sync::run(&args) {
+            let result = if args.undo {
+                kubeadm_undo::undo(&args.kubeadm_dir, &args.static_pod_dir).map(|_| ())
+            } else {
+                kubeadm_sync::run(&args)
+            };
+            match result {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) if e.is_bad_input() => bad_input(format!("error: kubeadm-sync: {e}")),
                 Err(e) => {

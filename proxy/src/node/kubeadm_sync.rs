@@ -1232,12 +1232,9 @@ static API_ERRORS: crate::base::lograte::LogRate =
 static STANDIN_GONE: crate::base::lograte::LogRate =
     crate::base::lograte::LogRate::new(Duration::from_secs(60));
 
-/// `kubeadm-sync`: one pass with `--once` (the migration), else passes every `--interval`.
+/// `kubeadm-sync`: one pass with `--once` (the migration), else passes every `--interval`
+/// (`--undo` is [`crate::node::kubeadm_undo::undo`]).
 pub fn run(args: &crate::cli::KubeadmSyncArgs) -> Result<(), SyncError> {
-    if args.undo {
-        return crate::node::kubeadm_undo::undo(&args.kubeadm_dir, &args.static_pod_dir)
-            .map(|_| ());
-    }
     let sync = Sync::try_from(args)?;
     std::fs::create_dir_all(&sync.static_pod_dir).map_err(io("create", &sync.static_pod_dir))?;
     if args.once {
