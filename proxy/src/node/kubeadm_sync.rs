@@ -646,15 +646,17 @@ impl Sync {
             }
             let src = self.kubeadm_dir.join(&name);
             let dst = self.static_pod_dir.join(&name);
+            // Its source is there: its copy stays, even while the source cannot be read.
+            now.insert(name.clone());
             let pod = match read_pod(&src) {
                 Ok(p) => p,
                 Err(e) => {
-                    // Half-written or not a pod: the kubelet would not run it either.
+                    // Half-written (kubeadm init and editors write in place) or not a pod: the
+                    // copy is left as it is (removing it would stop etcd); read again next pass.
                     tracing::warn!(error = %e, "kubeadm-sync: manifest not copied");
                     continue;
                 }
             };
-            now.insert(name.clone());
             let existing = read_pod(&dst);
             // kubeadm changed a controller's pod: the old one stopped first (its lease handed over).
             let replaced_leader = match &existing {

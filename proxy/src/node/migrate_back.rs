@@ -360,15 +360,17 @@ fn check_input(
 /// keeps the pod ([`crate::node::kubeadm_sync::static_uid`]: without one the kubelet derives it
 /// from the file's path and from the pod as its version decodes it).
 pub fn with_uid(text: &str) -> Result<String, ManifestError> {
-    let mut docs = crate::base::yaml::parse_documents(text)
-        .map_err(|e| ManifestError::NotOnePod(e.to_string()))?;
+    let parse = |t: &str| {
+        crate::base::yaml::parse_documents(t).map_err(|e| ManifestError::NotOnePod(e.to_string()))
+    };
+    let docs = parse(text)?;
     if docs.len() != 1 || !docs[0].is_object() {
         return Err(ManifestError::NotOnePod(format!(
             "{} documents, one pod expected",
             docs.len()
         )));
     }
-    let mut pod = docs.remove(0);
+    let pod = &docs[0];
     if pod["metadata"]["uid"]
         .as_str()
         .is_some_and(|u| !u.is_empty())
@@ -376,9 +378,35 @@ pub fn with_uid(text: &str) -> Result<String, ManifestError> {
         return Ok(text.to_owned());
     }
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    let uid = crate::node::kubeadm_sync::static_uid(host.trim(), "kube-apiserver.yaml", &pod);
-    pod["metadata"]["uid"] = serde_json::json!(uid);
-    Ok(crate::base::yaml::to_yaml(&pod))
+    let uid = crate::node::kubeadm_sync::static_uid(host.trim(), "kube-apiserver.yaml", pod);
+    let mut want = pod.clone();
+    want["metadata"]["uid"] = serde_json::json!(uid);
+    // kubeadm's text with one line added (what an operator diffs), when that reads back as
+    // the pod with the UID; else the pod written anew.
+    let lines: Vec<&str> = text.split_inclusive('\n').collect();
+    let edited = match lines.iter().position(|l| l.trim_end() == "metadata:") {
+        Some(i) => {
+            let indent = lines[i + 1..]
+                .iter()
+                .find(|l| !l.trim().is_empty())
+                .map(|l| l.len() - l.trim_start().len())
+                .filter(|n| *n > 0)
+                .unwrap_or(2);
+            let mut t: String = lines[..=i].concat();
+            t.push_str(&format!("{}uid: {uid}\n", " ".repeat(indent)));
+            t.push_str(&lines[i + 1..].concat());
+            t
+        }
+        None if pod.get("metadata").is_none() => {
+            let sep = if text.ends_with('\n') { "" } else { "\n" };
+            format!("{text}{sep}metadata:\n  uid: {uid}\n")
+        }
+        None => String::new(),
+    };
+    if parse(&edited).is_ok_and(|d| d.len() == 1 && d[0] == want) {
+        return Ok(edited);
+    }
+    Ok(crate::base::yaml::to_yaml(&want))
 }
 
 /// Sets `SO_REUSEPORT` on the socket listening at `e` and gives it to root, through a
@@ -793,6 +821,21 @@ mod tests {
             with_uid("a: 1\n---\nb: 2\n"),
             Err(ManifestError::NotOnePod(_))
         ));
+        // Without metadata: added at the end; kubeadm's text kept, one line added under its
+        // metadata.
+        assert!(a.starts_with(KUBEADM) && a.ends_with(&format!("metadata:\n  uid: {uid}\n")));
+        let kubeadms = KUBEADM.replace(
+            "kind: Pod\n",
+            "kind: Pod\nmetadata:\n  name: kube-apiserver\n  namespace: kube-system\n",
+        );
+        let b = with_uid(&kubeadms).unwrap();
+        let added: Vec<&str> = b
+            .lines()
+            .filter(|l| !kubeadms.lines().any(|k| k == *l))
+            .collect();
+        assert_eq!(added.len(), 1, "{b}");
+        assert!(added[0].starts_with("  uid: "), "{b}");
+        assert_eq!(b.replace(&format!("{}\n", added[0]), ""), kubeadms);
     }
 
     #[test]

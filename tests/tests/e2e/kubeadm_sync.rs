@@ -1292,3 +1292,32 @@ async fn kubeadm_sync_never_writes_its_stand_in_back_once_it_is_moved_out() -> R
     );
     Ok(())
 }
+
+/// kubeadm (at `init`) and editors write a manifest in place: a pass may read it half-written,
+/// even empty. The copy stays as it is until the file reads whole (removing it would make the
+/// kubelet stop the pod: etcd, for etcd's).
+#[tokio::test]
+async fn kubeadm_sync_keeps_a_copy_while_its_source_is_half_written() -> Result<()> {
+    let node = Node::new().await?;
+    migrate(&node).await?;
+    let agent = ChildProcess::spawn(node.agent(false), "kubeadm-sync")?;
+    let copy = node.dir.join("kubelet/kube-scheduler.yaml");
+    ensure!(copy.exists(), "no copy after the migration");
+    std::fs::write(node.dir.join("manifests/kube-scheduler.yaml"), "")?;
+    // Two passes over the empty file: the first one has ended.
+    eventually(DEADLINE, || async {
+        ensure!(
+            agent.stderr().matches("manifest not copied").count() >= 2,
+            "{}",
+            agent.stderr()
+        );
+        Ok(())
+    })
+    .await?;
+    ensure!(
+        copy.exists(),
+        "the copy was removed while its source was half-written: {}",
+        agent.stderr()
+    );
+    Ok(())
+}

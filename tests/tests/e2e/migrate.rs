@@ -767,7 +767,21 @@ async fn migrate_back_rehearsal(with_device: bool) -> Result<()> {
         Ok(())
     })
     .await?;
-    ensure!(std::fs::read(&placed)? == std::fs::read(&manifest)?);
+    // kubeadm's manifest with one line added: a UID of its content (going-back.md), which
+    // keeps the pod through a move of the kubelet's directory or a kubelet upgrade.
+    let (placed_text, given) = (
+        std::fs::read_to_string(&placed)?,
+        std::fs::read_to_string(&manifest)?,
+    );
+    let uid_line = placed_text
+        .lines()
+        .find(|l| l.starts_with("  uid: "))
+        .with_context(|| format!("no uid: {placed_text}"))?;
+    ensure!(
+        placed_text.replace(&format!("metadata:\n{uid_line}\n"), "") == given
+            && uid_line.len() == "  uid: ".len() + 32,
+        "the installed manifest is not kubeadm's with a UID: {placed_text}"
+    );
     let kubeadm = fake(format!("0.0.0.0:{port}"), &["--permit-port-sharing=true"])?;
     eventually(DEADLINE, || async {
         kubeadm.ensure_running()?;
