@@ -15,8 +15,11 @@ var (
 	// i/o timeout, a lost HTTP/2 connection or a broken pipe.
 	connFailure = regexp.MustCompile(`connection refused|connection reset|(^|[^A-Za-z])(unexpected )?EOF([^A-Za-z]|$)|TLS handshake|i/o timeout|http2: client connection lost|broken pipe|use of closed network connection`)
 	// notAPIServer: lines about another peer than the apiserver (containerd's socket, the
-	// kubelet's and the controllers' own ports, etcd).
-	notAPIServer = regexp.MustCompile(`unix|\.sock|:10250|:10255|:10257|:10259|:2379|:2380`)
+	// kubelet's and the controllers' own ports, etcd), and the kubelet's gRPC calls to the
+	// container runtime (remote_runtime.go, "rpc error:": an exec probe into a container that
+	// is stopping ends with runc's "write init-p: broken pipe"): the apiserver is spoken to over
+	// HTTP only.
+	notAPIServer = regexp.MustCompile(`unix|\.sock|:10250|:10255|:10257|:10259|:2379|:2380|remote_runtime\.go|rpc error:`)
 )
 
 // toleration is a kind of connection error line that is not the path's doing, and why.

@@ -20,6 +20,7 @@ func TestConnectionErrors(t *testing.T) {
 		`kubelet: E1205 06:00:00.000000 1 prober.go:1] err="Get \"http://127.0.0.1:10257/healthz\": dial tcp 127.0.0.1:10257: connect: connection refused"`,
 		`kubelet: E1205 06:00:00.000000 1 server.go:1] err="Get \"https://127.8.9.10:6443/readyz\": dial tcp 127.8.9.10:6443: connect: connection refused"`,
 		`kube-controller-manager: E1205 06:00:00.000000 1 replica_set.go:1] "Unhandled Error" err="sync failed with read version: 5 is not as new as written version: 6"`,
+		`kubelet: E1205 23:43:37.316443 9627 remote_runtime.go:724] "ExecSync cmd from runtime service failed" err="rpc error: code = Unknown desc = failed to exec in container: failed to start exec \"26b6\": OCI runtime exec failed: exec failed: unable to start container process: error writing config to pipe: write init-p: broken pipe" containerID="26b6"`,
 		// Tolerated: the client's own close.
 		`kubelet: E1205 06:00:00.000000 1 event.go:1] "Unable to write event" err="Post \"https://192.0.2.10:6443/api/v1/namespaces/kube-system/events\": read tcp 192.0.2.10:1->192.0.2.10:6443: use of closed network connection"`,
 	}
