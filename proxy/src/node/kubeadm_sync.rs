@@ -236,6 +236,14 @@ pub fn digests(meta: &Value) -> (Option<&str>, Option<&str>) {
     )
 }
 
+/// This host's name (its UTS namespace's; empty when unreadable): what controllers put
+/// before `_` in their lease identity, and a salt of [`static_uid`].
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_default()
+}
+
 /// The UID a copy or the stand-in carries when no running pod is adopted: derived from the
 /// node, the file's name and its content, as the kubelet derives one for a static pod without
 /// a UID, but with nothing of the kubelet's own: the kubelet hashes the pod as its version
@@ -776,8 +784,8 @@ impl Sync {
             .as_str()
             .unwrap_or("kube-system");
         let mirror = format!("/api/v1/namespaces/{ns}/pods/{name}-{}", self.node);
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-        let hosts = [host.trim(), self.node.as_str()];
+        let host = hostname();
+        let hosts = [host.as_str(), self.node.as_str()];
         let started = Instant::now();
         let outcome = self.block_on(leader_handover::after_stop(
             || self.api().ok(),

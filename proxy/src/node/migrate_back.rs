@@ -377,8 +377,11 @@ pub fn with_uid(text: &str) -> Result<String, ManifestError> {
     {
         return Ok(text.to_owned());
     }
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    let uid = crate::node::kubeadm_sync::static_uid(host.trim(), "kube-apiserver.yaml", pod);
+    let uid = crate::node::kubeadm_sync::static_uid(
+        &crate::node::kubeadm_sync::hostname(),
+        "kube-apiserver.yaml",
+        pod,
+    );
     let mut want = pod.clone();
     want["metadata"]["uid"] = serde_json::json!(uid);
     // kubeadm's text with one line added (what an operator diffs), when that reads back as
