@@ -116,13 +116,37 @@ pub struct KubeadmSyncArgs {
     )]
     pub static_pod_dir: PathBuf,
 
-    /// Credentials that may replace the Deployment (kubeadm's admin.conf on a controller).
+    /// The agent's own credentials, read again on every pass: the kubeconfig
+    /// --write-kubeconfig writes (a ServiceAccount's token with only what the agent calls).
+    /// Any kubeconfig whose user may do the same works (kubeadm's admin.conf did, with every
+    /// right of the cluster).
+    #[arg(
+        long,
+        value_name = "FILE",
+        default_value = "/etc/kubernetes/kube-apiserver-proxy/kubeadm-sync.conf"
+    )]
+    pub kubeconfig: PathBuf,
+
+    /// Gives the agent its own identity and exits: with --admin-kubeconfig, creates or
+    /// updates the ServiceAccount kube-system/kube-apiserver-proxy-kubeadm-sync and the RBAC of
+    /// what the agent calls, requests a token for --token-lifetime and writes a kubeconfig
+    /// with it to --kubeconfig (0600). Run it before --once, and again before the token
+    /// expires (the agent warns 30 days ahead; it reads the file again on every pass).
+    #[arg(long, conflicts_with_all = ["once", "undo"])]
+    pub write_kubeconfig: bool,
+
+    /// With --write-kubeconfig: administrator credentials that may create the agent's
+    /// ServiceAccount, its RBAC and a token for it.
     #[arg(
         long,
         value_name = "FILE",
         default_value = "/etc/kubernetes/admin.conf"
     )]
-    pub kubeconfig: PathBuf,
+    pub admin_kubeconfig: PathBuf,
+
+    /// With --write-kubeconfig: how long the agent's token is valid.
+    #[arg(long, value_name = "DURATION", default_value = "8760h", value_parser = parse_duration)]
+    pub token_lifetime: Duration,
 
     /// This node's name (the mirror pods are <name>-<node>).
     #[arg(long, value_name = "NAME", required_unless_present = "undo")]
@@ -138,7 +162,7 @@ pub struct KubeadmSyncArgs {
 
     /// The proxy image: this agent's own (its init container), and the Deployment's sidecar
     /// when the live Deployment has none.
-    #[arg(long, value_name = "IMAGE", required_unless_present = "undo")]
+    #[arg(long, value_name = "IMAGE", required_unless_present_any = ["undo", "write_kubeconfig"])]
     pub proxy_image: Option<String>,
 
     /// How often the directories are compared.

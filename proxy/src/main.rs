@@ -12,9 +12,10 @@ use clap::Parser;
 use kube_apiserver_proxy::cli::{self, Cli, Command, LogFormat, RunArgs, RuntimeShape};
 use kube_apiserver_proxy::config::Config;
 use kube_apiserver_proxy::{
-    backends::routes, instance::privileges, instance::signal, node::install, node::kubeadm_sync,
-    node::kubeadm_undo, node::kubernetes_endpoints, node::launch, node::migrate,
-    node::migrate_back, node::probe, node::recover, node::render, server,
+    backends::routes, instance::privileges, instance::signal, node::install,
+    node::kubeadm_identity, node::kubeadm_sync, node::kubeadm_undo, node::kubernetes_endpoints,
+    node::launch, node::migrate, node::migrate_back, node::probe, node::recover, node::render,
+    server,
 };
 
 fn main() -> ExitCode {
@@ -74,6 +75,9 @@ fn main() -> ExitCode {
         }
         Some(Command::KubeadmSync(args)) => {
             init_tracing(LogFormat::Text, "info");
+            if args.write_kubeconfig {
+                return write_kubeconfig(&args);
+            }
             let result = if args.undo {
                 kubeadm_undo::undo(&args.kubeadm_dir, &args.static_pod_dir).map(|_| ())
             } else {
@@ -143,6 +147,36 @@ where
                 return bad_input(line);
             }
             eprintln!("{line}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `kubeadm-sync --write-kubeconfig` (`node::kubeadm_identity`).
+fn write_kubeconfig(args: &cli::KubeadmSyncArgs) -> ExitCode {
+    let id = kubeadm_identity::Identity {
+        node: args.node_name.as_deref().unwrap_or_default(),
+        deployment: (&args.namespace, &args.deployment),
+        kubeadm_dir: &args.kubeadm_dir,
+    };
+    match kubeadm_identity::write(
+        &args.admin_kubeconfig,
+        &args.kubeconfig,
+        &id,
+        args.token_lifetime,
+    ) {
+        Ok(expiry) => {
+            tracing::info!(
+                kubeconfig = %args.kubeconfig.display(),
+                user = kubeadm_identity::USER,
+                expires = %humantime::format_rfc3339_seconds(expiry),
+                "kubeadm-sync: the agent's kubeconfig written; write it again before it expires"
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) if e.is_bad_input() => bad_input(format!("error: kubeadm-sync: {e}")),
+        Err(e) => {
+            eprintln!("error: kubeadm-sync --write-kubeconfig: {e}");
             ExitCode::FAILURE
         }
     }

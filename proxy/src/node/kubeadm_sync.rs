@@ -507,8 +507,14 @@ impl TryFrom<&crate::cli::KubeadmSyncArgs> for Sync {
             return Err(SyncError::SameDir);
         }
         // Checked at the start (a bad one is bad input), read again on every pass.
-        ApiClient::from_kubeconfig(&a.kubeconfig)
-            .map_err(|e| SyncError::Kubeconfig(e.to_string()))?;
+        ApiClient::from_kubeconfig(&a.kubeconfig).map_err(|e| {
+            let hint = if a.kubeconfig.exists() {
+                ""
+            } else {
+                " (the agent's own is written by `kube-apiserver-proxy kubeadm-sync --write-kubeconfig --node-name NAME`, docs/runbooks/migrate-from-kubeadm.md step 6)"
+            };
+            SyncError::Kubeconfig(format!("{e}{hint}"))
+        })?;
         let command = vec![
             "kubeadm-sync".to_owned(),
             format!("--kubeadm-dir={}", a.kubeadm_dir.display()),
@@ -1242,6 +1248,35 @@ static API_ERRORS: crate::base::lograte::LogRate =
 static STANDIN_GONE: crate::base::lograte::LogRate =
     crate::base::lograte::LogRate::new(Duration::from_secs(60));
 
+/// The agent's token close to its expiry: one log line an hour.
+static TOKEN_EXPIRY: crate::base::lograte::LogRate =
+    crate::base::lograte::LogRate::new(Duration::from_secs(3600));
+
+/// Warns when the kubeconfig's token expires within
+/// [`kubeadm_identity::EXPIRY_WARNING`](crate::node::kubeadm_identity::EXPIRY_WARNING), or has.
+fn check_token_expiry(kubeconfig: &Path) {
+    let Some(expiry) = crate::node::kubeconfig::read(kubeconfig)
+        .ok()
+        .and_then(|k| k.token)
+        .and_then(|t| crate::node::kubeconfig::token_expiry(&t))
+    else {
+        return;
+    };
+    let left = expiry
+        .duration_since(std::time::SystemTime::now())
+        .unwrap_or_default();
+    if left < crate::node::kubeadm_identity::EXPIRY_WARNING {
+        if let Some(suppressed) = TOKEN_EXPIRY.allow() {
+            tracing::warn!(
+                kubeconfig = %kubeconfig.display(),
+                expires = %humantime::format_rfc3339_seconds(expiry),
+                suppressed,
+                "kubeadm-sync: this agent's token expires soon (or has): write its kubeconfig again with `kube-apiserver-proxy kubeadm-sync --write-kubeconfig --node-name NAME` (docs/runbooks/upgrade-kubernetes.md)"
+            );
+        }
+    }
+}
+
 /// `kubeadm-sync`: one pass with `--once` (the migration), else passes every `--interval`
 /// (`--undo` is [`crate::node::kubeadm_undo::undo`]).
 pub fn run(args: &crate::cli::KubeadmSyncArgs) -> Result<(), SyncError> {
@@ -1278,6 +1313,7 @@ pub fn run(args: &crate::cli::KubeadmSyncArgs) -> Result<(), SyncError> {
             std::thread::sleep(sync.interval);
             continue;
         }
+        check_token_expiry(&sync.kubeconfig);
         match sync.copy_manifests(false) {
             Ok(changed) if !changed.is_empty() => {
                 mirror_due |= changed.iter().any(|c| c == RESTART_IN_PLACE);

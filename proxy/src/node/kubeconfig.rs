@@ -142,6 +142,19 @@ pub fn parse(text: &str, base: &Path) -> Result<Kubeconfig, Problem> {
     })
 }
 
+/// When the bearer `token` expires, if it is a JWT with an `exp` claim (a ServiceAccount's
+/// token is): its payload read, not verified (the apiserver verifies it).
+pub fn token_expiry(token: &str) -> Option<std::time::SystemTime> {
+    use base64::Engine;
+    let payload = token.split('.').nth(1)?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload.trim_end_matches('='))
+        .ok()?;
+    let claims: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    let exp = claims["exp"].as_u64()?;
+    Some(std::time::UNIX_EPOCH + std::time::Duration::from_secs(exp))
+}
+
 /// The `https://HOST[:PORT]` servers of every cluster of the kubeconfig `text`, as (host,
 /// port); other schemes are left out.
 pub fn servers(text: &str) -> Result<Vec<(String, u16)>, crate::base::yaml::YamlError> {
@@ -435,5 +448,22 @@ users:
         assert_eq!(host_port("https://[::1]"), Some(("::1".to_owned(), 443)));
         assert_eq!(host_port("https://h:x"), None);
         assert_eq!(host_port("https://2001:db8::1:6443"), None);
+    }
+
+    #[test]
+    fn a_tokens_expiry_is_its_exp_claim() {
+        use base64::Engine;
+        let b64 = |s: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(s);
+        let jwt = format!(
+            "{}.{}.sig",
+            b64(r#"{"alg":"RS256"}"#),
+            b64(r#"{"exp":1900000000,"sub":"x"}"#)
+        );
+        assert_eq!(
+            token_expiry(&jwt),
+            Some(std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_900_000_000))
+        );
+        assert_eq!(token_expiry("opaque-token"), None);
+        assert_eq!(token_expiry(&format!("a.{}.c", b64("{}"))), None);
     }
 }

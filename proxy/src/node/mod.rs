@@ -3,6 +3,7 @@
 pub mod checkpoint;
 pub mod etcd_canary;
 pub mod install;
+pub mod kubeadm_identity;
 pub mod kubeadm_sync;
 pub mod kubeadm_undo;
 pub mod kubeconfig;

@@ -1321,3 +1321,115 @@ async fn kubeadm_sync_keeps_a_copy_while_its_source_is_half_written() -> Result<
     );
     Ok(())
 }
+
+/// A ServiceAccount token whose claims say it expires at 2100-01-01T00:00:00Z (its signature
+/// is the apiserver's business, not the agent's).
+const AGENT_TOKEN: &str = "eyJhbGciOiJSUzI1NiJ9.eyJleHAiOjQxMDI0NDQ4MDAsInN1YiI6InN5c3RlbTpzZXJ2aWNlYWNjb3VudDprdWJlLXN5c3RlbTprdWJlLWFwaXNlcnZlci1wcm94eS1rdWJlYWRtLXN5bmMifQ.c2ln";
+
+/// `--write-kubeconfig` gives the agent its own identity with administrator credentials: the
+/// ServiceAccount updated where it exists, each Role and binding created where it does not, a
+/// token requested, and a kubeconfig with that token, the administrator's server and CA, 0600
+/// in a 0700 directory. The agent started without its kubeconfig says how to write it (exit
+/// 2, nothing written); so does `--write-kubeconfig` without administrator credentials.
+#[tokio::test]
+async fn kubeadm_sync_writes_its_own_kubeconfig_with_a_service_account_token() -> Result<()> {
+    if !pyyaml() {
+        return skip(
+            "kubeadm_sync_writes_its_own_kubeconfig_with_a_service_account_token",
+            "python3 with PyYAML is missing",
+        );
+    }
+    const SA: &str =
+        "/api/v1/namespaces/kube-system/serviceaccounts/kube-apiserver-proxy-kubeadm-sync";
+    const RBAC: &str = "/apis/rbac.authorization.k8s.io/v1";
+    let collections = [
+        format!("{RBAC}/namespaces/kube-system/roles"),
+        format!("{RBAC}/namespaces/kube-system/rolebindings"),
+        format!("{RBAC}/clusterroles"),
+        format!("{RBAC}/clusterrolebindings"),
+    ];
+    let token_path = format!("{SA}/token");
+    let node = Node::with(|mut b| {
+        b = b
+            .object(SA, &json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                "metadata": {"name": "kube-apiserver-proxy-kubeadm-sync", "namespace": "kube-system"}}))
+            .object(&token_path, &json!({"kind": "TokenRequest",
+                "status": {"token": AGENT_TOKEN, "expirationTimestamp": "2100-01-01T00:00:00Z"}}));
+        for c in &collections {
+            b = b.object(c, &json!({}));
+        }
+        b
+    })
+    .await?;
+    let kubeconfig = node.dir.join("kap/kubeadm-sync.conf");
+    let write = |admin: &Path| {
+        let mut c = Command::new(proxy_bin().expect("proxy binary"));
+        c.args(["kubeadm-sync", "--write-kubeconfig", "--node-name=node-1"])
+            .arg("--kubeadm-dir")
+            .arg(node.dir.join("manifests"))
+            .arg("--admin-kubeconfig")
+            .arg(admin)
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .env_remove("RUST_LOG");
+        c
+    };
+    // No administrator credentials: bad input, nothing asked, nothing written.
+    let out = output(write(&node.dir.join("missing.conf"))).await?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        out.status.code() == Some(2) && stderr.contains("--admin-kubeconfig"),
+        "{}: {stderr}",
+        out.status
+    );
+    ensure!(node.fake.requests(&token_path) == 0 && !kubeconfig.exists());
+
+    let out = output(write(&node.dir.join("admin.conf"))).await?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(out.status.success(), "{}: {stderr}", out.status);
+    ensure!(stderr.contains("2100-01-01T00:00:00Z"), "{stderr}");
+    let sa = node.fake.object(SA).context("the ServiceAccount")?;
+    ensure!(
+        sa["metadata"]["labels"]["app.kubernetes.io/part-of"] == "kube-apiserver-proxy",
+        "the ServiceAccount was not updated: {sa}"
+    );
+    for c in &collections {
+        ensure!(node.fake.requests(c) == 1, "{c} not created once");
+    }
+    ensure!(node.fake.requests(&token_path) == 1, "no token requested");
+    let mode = |p: &Path| -> Result<u32> { Ok(std::fs::metadata(p)?.permissions().mode() & 0o777) };
+    ensure!(mode(&kubeconfig)? == 0o600, "{:o}", mode(&kubeconfig)?);
+    ensure!(mode(kubeconfig.parent().unwrap())? == 0o700);
+    let written = read_yaml(&kubeconfig)?;
+    ensure!(
+        written["users"][0]["user"]["token"] == AGENT_TOKEN
+            && written["clusters"][0]["cluster"]["server"]
+                == format!("https://{}", node.fake.addr())
+            && written["clusters"][0]["cluster"]["certificate-authority-data"].is_string(),
+        "{written}"
+    );
+
+    // The agent without its kubeconfig: one line naming the command that writes it.
+    std::fs::rename(node.dir.join("admin.conf"), node.dir.join("moved.conf"))?;
+    let out = output(node.agent(true)).await?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        out.status.code() == Some(2)
+            && stderr.lines().count() == 1
+            && stderr.contains("--write-kubeconfig"),
+        "{}: {stderr}",
+        out.status
+    );
+    ensure!(
+        !node.dir.join("kubelet").exists()
+            || std::fs::read_dir(node.dir.join("kubelet"))?
+                .next()
+                .is_none()
+    );
+    Ok(())
+}
+
+/// Runs `command` to its end off the test's runtime (the fake apiserver serves on it).
+async fn output(mut command: Command) -> Result<std::process::Output> {
+    Ok(tokio::task::spawn_blocking(move || command.output()).await??)
+}

@@ -200,10 +200,32 @@ func renderedSummary(yaml string) (objects int, image string) {
 	return objects, image
 }
 
+// The kubeconfig `kubeadm-sync --write-kubeconfig` writes by default, and the user it names.
+const (
+	agentKubeconfig = "/etc/kubernetes/kube-apiserver-proxy/kubeadm-sync.conf"
+	agentUser       = "system:serviceaccount:kube-system:kube-apiserver-proxy-kubeadm-sync"
+)
+
 // handoff: the runbook's step 6, first form: kubeadm-sync --once, then the kubelet on the
 // agent's directory (a node action). It reports its own checks.
 func (u *upgrade) handoff() error {
 	before := u.containerIDs()
+	// The agent's own identity (a ServiceAccount token, the RBAC of what it calls), written
+	// with kubeadm's admin.conf as the runbook says; every step after this one runs the agent
+	// with it, so a call its RBAC does not allow fails the step that needs it.
+	if _, err := u.kubeadm("kubeadm-sync-identity.log", time.Minute, u.Bin("kube-apiserver-proxy"), "kubeadm-sync",
+		"--write-kubeconfig", "--node-name", u.NodeName); err != nil {
+		u.Fail("kubeadm-sync --write-kubeconfig failed: %v %s", err, Tail(u.Path("kubeadm-sync-identity.log"), 5))
+		return nil
+	}
+	if who, err := u.Run(30*time.Second, u.Bin("kubectl"), "--kubeconfig", agentKubeconfig, "auth", "whoami", "-o", "jsonpath={.status.userInfo.username}"); !u.Check(err == nil && strings.TrimSpace(who) == agentUser,
+		"the agent's kubeconfig %s authenticates as %s: %q%s", agentKubeconfig, agentUser, who, errSuffix(err)) {
+		return nil
+	}
+	if can, _ := u.Run(30*time.Second, u.Bin("kubectl"), "--kubeconfig", agentKubeconfig, "auth", "can-i", "patch", "-n", "kube-system", "secrets"); !u.Check(strings.TrimSpace(can) == "no",
+		"the agent's identity may not touch what it does not call (can-i patch secrets: %q)", strings.TrimSpace(can)) {
+		return nil
+	}
 	t0 := time.Now()
 	// --once sets kubeadm's manifest aside and returns once kubeadm's apiserver has exited.
 	_, err := u.kubeadm("kubeadm-sync-once.log", 5*time.Minute, u.Bin("kube-apiserver-proxy"), "kubeadm-sync", "--once",
