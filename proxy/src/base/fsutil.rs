@@ -8,7 +8,8 @@
 //!   `kubeadm-sync` writes (the copies of kubeadm's manifests, etcd's included, the stand-in,
 //!   and its list of the copies it made), kubeadm's apiserver manifest that `migrate-back` puts
 //!   into the kubelet's directory, the checkpoint and the one it replaced (`recover`), and the
-//!   checkpoint `recover` activates in the kubelet's directory at boot.
+//!   checkpoint `recover` activates in the kubelet's directory at boot, and the `kubeadm-sync`
+//!   agent's own kubeconfig (`--write-kubeconfig`, 0600).
 //! - [`write_atomic`]: files that describe processes running now and are worthless after a
 //!   reboot (`launch`'s address file, the admin and peer-metrics addresses, discovery's
 //!   registrations, the recovery instance's retire request, `recover`'s boot marker in `/run`).

@@ -102,6 +102,9 @@ func RunKubeadmUpgrade(n *Node) {
 	}
 	n.Note("kubeadm-sync's log: %s", Cut(strings.ReplaceAll(strings.TrimSpace(log), "\n", "|"), 600))
 	n.Note("images before the upgrade (etcd, controller-manager, scheduler, apiserver): %s", u.images())
+	if !u.installRecovery() {
+		return
+	}
 	u.kubeProxy()
 	u.minor()
 	u.failedEtcdUpgrade()
@@ -198,6 +201,23 @@ func renderedSummary(yaml string) (objects int, image string) {
 		}
 	}
 	return objects, image
+}
+
+// installRecovery: reboot recovery as docs/runbooks/reboot-recovery.md installs it, on a node
+// kubeadm-sync follows: manifests/recovery (its admission policies judge every later write to
+// the Deployment, kubeadm-sync's included), and the agent's manifest in kubeadm's directory,
+// which kubeadm-sync copies into the kubelet's. The apiserver's audit and encryption
+// directories are allowed host paths (the runbook's --allow-host-path). The failed upgrades
+// then check that the checkpoint stays the pod that served.
+func (u *upgrade) installRecovery() bool {
+	manifest, err := os.ReadFile(filepath.Join(u.Repo, agentManifest))
+	if err != nil {
+		u.Fail("%v", err)
+		return false
+	}
+	return u.applyRecovery() && u.installAgent(string(manifest), kuManifests,
+		"--allow-host-path=/etc/kubernetes/audit", "--allow-host-path=/var/log/kubernetes/audit",
+		"--allow-host-path=/etc/kubernetes/encryption")
 }
 
 // The kubeconfig `kubeadm-sync --write-kubeconfig` writes by default, and the user it names.

@@ -74,6 +74,7 @@ func (u *upgrade) failedUpgrade(f failure) {
 	s := u.startStep(f.step, nil, false)
 	defer u.endStep(s, "the failed upgrade and its rollback: "+f.what)
 	gen0, hash0, digest0 := u.generation(), u.standinHash(), u.templateDigest()
+	serving := u.ThePod()
 	rollbacks := strings.Count(u.syncLog(5000), "replacing it (rollback)")
 	patches, err := f.set()
 	if err != nil {
@@ -119,6 +120,14 @@ func (u *upgrade) failedUpgrade(f failure) {
 	}
 	if strings.Count(u.syncLog(5000), "replacing it (rollback)") <= rollbacks {
 		u.Fail("kubeadm-sync's log does not say it rolled the Deployment back: %s", u.syncLog(8))
+	}
+	// Reboot recovery's checkpoint: the pod that served through it, never the new one (it
+	// never got ready); written by now (the last rollout completed minutes ago).
+	if cp := checkpointOf(checkpointFile); cp == "kube-system/"+serving && serving != "" {
+		u.Pass("the reboot checkpoint is still of %s, the pod that served through the failed upgrade", serving)
+	} else {
+		u.Fail("the reboot checkpoint after the failed upgrade is of %q, not of %s (the pod that served); the recovery agent: %s",
+			cp, serving, strings.ReplaceAll(Tail(u.recoveryLog(), 3), "\n", "|"))
 	}
 	if err := f.undo(); err != nil {
 		u.Fail("%s not taken out: %v", f.what, err)
@@ -221,4 +230,16 @@ apply:
 	}
 	text += fmt.Sprintf("timeouts:\n  upgradeManifests: %s\n", kuFailedWait)
 	return config, os.WriteFile(config, []byte(text), 0o600)
+}
+
+// recoveryLog is the path of the recovery agent's container log (its newest), or "".
+func (u *upgrade) recoveryLog() string {
+	files, _ := filepath.Glob(u.Path("pod-logs/kube-system_kube-apiserver-recovery-*/recover/*.log"))
+	if len(files) == 0 {
+		files, _ = filepath.Glob("/var/log/pods/kube-system_kube-apiserver-recovery-*/recover/*.log")
+	}
+	if len(files) == 0 {
+		return ""
+	}
+	return files[len(files)-1]
 }

@@ -36,6 +36,9 @@ func (u *upgrade) goBack() {
 	if !u.Check(stopped && os.IsNotExist(back), "the kubeadm-sync agent stopped once its manifest left %s, and did not write it back", kuSyncDir) {
 		return
 	}
+	// Reboot recovery, as the runbook's step 3 says: from kubeadm's directory and, the agent
+	// stopped, its copy in the kubelet's.
+	u.removeRecovery(kuManifests, kuSyncDir)
 	if !u.renderKubeadms() {
 		u.Fail("kubeadm init phase control-plane apiserver (dry run) failed: %s", Tail(u.gb("kubeadm.log"), 3))
 		return

@@ -70,7 +70,7 @@ func RunReboot(n *Node) {
 	r.after = after
 	r.checkpointWait = time.Duration(EnvKnobInt("CHECKPOINT_WAIT", int(after.Seconds())+120)) * time.Second
 	r.brokenSoak = time.Duration(EnvKnobInt("BROKEN_SOAK", int(after.Seconds())+30)) * time.Second
-	if !r.applyRecovery() || !r.shortClientCert() || !r.installAgent(string(manifest)) || !r.rotate() {
+	if !r.applyRecovery() || !r.shortClientCert() || !r.installAgent(string(manifest), r.Manifests) || !r.rotate() {
 		return
 	}
 	// The pivot as shipped: the migration from kubeadm's static apiserver.
@@ -174,13 +174,13 @@ func checkpointFlag(path, container, flag string) string {
 
 // kubeletRuns: the kubelet's /pods lists pod name running; kubeletKnows: it lists it at all.
 // ok is false when the kubelet did not answer.
-func (r *reboot) kubeletRuns(name string) bool {
-	pods, err := r.KubeletPods()
+func (n *Node) kubeletRuns(name string) bool {
+	pods, err := n.KubeletPods()
 	return err == nil && nodecheck.Running(pods, name)
 }
 
-func (r *reboot) kubeletKnows(name string) (known, ok bool) {
-	pods, err := r.KubeletPods()
+func (n *Node) kubeletKnows(name string) (known, ok bool) {
+	pods, err := n.KubeletPods()
 	if err != nil {
 		return false, false
 	}
@@ -306,15 +306,15 @@ func (r *reboot) readyz() bool {
 
 // applyRecovery: manifests/recovery (the node identity's reads for the agent's owner check,
 // the admission policies on the apiserver workload), before the agent, as documented.
-func (r *reboot) applyRecovery() bool {
-	out, err := r.Kubectl(60*time.Second, "apply", "-k", filepath.Join(r.Repo, "manifests/recovery"))
-	return r.Check(err == nil, "kubectl apply -k manifests/recovery: %s%s", strings.ReplaceAll(out, "\n", " "), errSuffix(err))
+func (n *Node) applyRecovery() bool {
+	out, err := n.Kubectl(60*time.Second, "apply", "-k", filepath.Join(n.Repo, "manifests/recovery"))
+	return n.Check(err == nil, "kubectl apply -k manifests/recovery: %s%s", strings.ReplaceAll(out, "\n", " "), errSuffix(err))
 }
 
 // AgentManifest is the agent's manifest with the image set, and, as
 // docs/runbooks/reboot-recovery.md says, its repository in --allow-image-repository and the
-// cluster's imageRepository (REPO/kube-apiserver) added.
-func AgentManifest(shipped, image, imageRepo string) (string, error) {
+// cluster's imageRepository (REPO/kube-apiserver) added, and then the flags extra.
+func AgentManifest(shipped, image, imageRepo string, extra ...string) (string, error) {
 	const shippedImage = "image: ghcr.io/example/kube-apiserver-proxy:v0.1.0"
 	lines := strings.Split(shipped, "\n")
 	var out []string
@@ -327,6 +327,9 @@ func AgentManifest(shipped, image, imageRepo string) (string, error) {
 			image0 = true
 		case "- --allow-image-repository=ghcr.io/example/kube-apiserver-proxy":
 			out = append(out, indent+"- --allow-image-repository="+image[:strings.LastIndex(image, ":")])
+			for _, e := range extra {
+				out = append(out, indent+"- "+e)
+			}
 			l = indent + "- --allow-image-repository=" + imageRepo + "/kube-apiserver"
 			allowed = true
 		}
@@ -338,26 +341,28 @@ func AgentManifest(shipped, image, imageRepo string) (string, error) {
 	return strings.Join(out, "\n"), nil
 }
 
-// installAgent installs the agent as a static pod.
-func (r *reboot) installAgent(shipped string) bool {
-	m, err := AgentManifest(shipped, r.ProxyImage(), r.ImageRepo)
+// installAgent installs the agent as a static pod, its manifest in dir (the runbook's
+// /etc/kubernetes/manifests), with the flags extra.
+func (n *Node) installAgent(shipped, dir string, extra ...string) bool {
+	m, err := AgentManifest(shipped, n.ProxyImage(), n.ImageRepo, extra...)
 	if err == nil {
 		// Written beside it, hidden (the kubelet skips dot files), then renamed in: the kubelet
 		// never reads a half-written manifest.
-		tmp := filepath.Join(r.Manifests, ".kube-apiserver-recovery.yaml")
+		tmp := filepath.Join(dir, ".kube-apiserver-recovery.yaml")
 		if err = os.WriteFile(tmp, []byte(m), 0o644); err == nil {
-			err = os.Rename(tmp, filepath.Join(r.Manifests, "kube-apiserver-recovery.yaml"))
+			err = os.Rename(tmp, filepath.Join(dir, "kube-apiserver-recovery.yaml"))
 		}
 	}
 	if err != nil {
-		r.Fail("%v", err)
+		n.Fail("%v", err)
 		return false
 	}
-	if !r.WaitFor(120*time.Second, func() bool { return r.kubeletRuns("kube-apiserver-recovery-" + r.NodeName) }) {
-		r.Fail("recovery agent static pod not running within 120 s")
+	if !n.WaitFor(120*time.Second, func() bool { return n.kubeletRuns("kube-apiserver-recovery-" + n.NodeName) }) {
+		n.Fail("recovery agent static pod not running within 120 s")
 		return false
 	}
-	r.Pass("recovery agent installed as a static pod (%s: the image and its repository set, %s/kube-apiserver allowed) and running", agentManifest, r.ImageRepo)
+	n.Pass("recovery agent installed as a static pod (%s in %s: the image and its repository set, %s/kube-apiserver allowed%s) and running",
+		agentManifest, dir, n.ImageRepo, strings.Join(append([]string{""}, extra...), ", "))
 	return true
 }
 

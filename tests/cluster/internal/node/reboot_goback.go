@@ -241,7 +241,7 @@ func (r *reboot) goBack() {
 	if !r.goBackPrepare() {
 		return
 	}
-	r.removeRecovery()
+	r.removeRecovery(r.Manifests)
 	mark := r.MarkLogs()
 	if !r.migrateBackUnderLoad() {
 		return
@@ -297,18 +297,24 @@ func (r *reboot) goBackPrepare() bool {
 }
 
 // removeRecovery: reboot recovery goes first (the agent's static pod, its checkpoint and
-// manifests/recovery).
-func (r *reboot) removeRecovery() {
-	agent := "kube-apiserver-recovery-" + r.NodeName
-	if err := Move(filepath.Join(r.Manifests, "kube-apiserver-recovery.yaml"), r.gb("kube-apiserver-recovery.yaml")); err != nil {
-		r.Fail("the recovery agent's manifest: %v", err)
+// manifests/recovery): its manifest moved out of dir, and removed from each of copies (the
+// kubelet's directory on a node kubeadm-sync followed: its copy there).
+func (n *Node) removeRecovery(dir string, copies ...string) {
+	agent := "kube-apiserver-recovery-" + n.NodeName
+	if err := Move(filepath.Join(dir, "kube-apiserver-recovery.yaml"), n.gb("kube-apiserver-recovery.yaml")); err != nil {
+		n.Fail("the recovery agent's manifest: %v", err)
 	}
-	if r.WaitFor(60*time.Second, func() bool { known, ok := r.kubeletKnows(agent); return ok && !known }) {
+	for _, c := range copies {
+		if err := os.Remove(filepath.Join(c, "kube-apiserver-recovery.yaml")); err != nil {
+			n.Fail("the recovery agent's manifest: %v", err)
+		}
+	}
+	if n.WaitFor(60*time.Second, func() bool { known, ok := n.kubeletKnows(agent); return ok && !known }) {
 		_ = os.RemoveAll(CheckpointDir)
-		out, _ := r.Kubectl(60*time.Second, "delete", "-k", filepath.Join(r.Repo, "manifests/recovery"))
-		r.Pass("reboot recovery removed: the agent's static pod, %s, manifests/recovery (%s)", CheckpointDir, strings.ReplaceAll(out, "\n", " "))
+		out, _ := n.Kubectl(60*time.Second, "delete", "-k", filepath.Join(n.Repo, "manifests/recovery"))
+		n.Pass("reboot recovery removed: the agent's static pod, %s, manifests/recovery (%s)", CheckpointDir, strings.ReplaceAll(out, "\n", " "))
 	} else {
-		r.Fail("the recovery agent still runs 60 s after its manifest was moved away")
+		n.Fail("the recovery agent still runs 60 s after its manifest was moved away")
 	}
 }
 
