@@ -217,6 +217,7 @@ impl FakeApiserverBuilder {
             eofs: AtomicU64::new(0),
             bytes_received: AtomicU64::new(0),
             requests: Mutex::new(HashMap::new()),
+            calls: Mutex::new(Vec::new()),
             connections: CancellationToken::new(),
             tracker: TaskTracker::new(),
         });
@@ -393,6 +394,11 @@ impl FakeApiserver {
         known.then(|| serde_json::from_str(&self.shared.get(path)).expect("stored as JSON"))
     }
 
+    /// Every request so far, in order: its method and path (without the query).
+    pub fn calls(&self) -> Vec<(String, String)> {
+        self.shared.calls.lock().unwrap().clone()
+    }
+
     /// https: requests received for `path` (without query).
     pub fn requests(&self, path: &str) -> u64 {
         self.shared
@@ -436,6 +442,8 @@ struct Shared {
     eofs: AtomicU64,
     bytes_received: AtomicU64,
     requests: Mutex<HashMap<String, u64>>,
+    /// Every request, in order: its method and path (no query).
+    calls: Mutex<Vec<(String, String)>>,
     /// Cancelled by `vanish`: every connection task drops its socket.
     connections: CancellationToken,
     tracker: TaskTracker,
@@ -649,6 +657,11 @@ async fn handle(
     peer: Option<Vec<u8>>,
 ) -> Result<Response<ResponseBody>, Infallible> {
     let path = request.uri().path().to_owned();
+    shared
+        .calls
+        .lock()
+        .unwrap()
+        .push((request.method().to_string(), path.clone()));
     *shared
         .requests
         .lock()

@@ -7,5 +7,6 @@ pub mod lifecycle;
 pub mod lograte;
 pub mod metrics;
 pub mod net;
+pub mod runtime;
 pub mod shard;
 pub mod yaml;

@@ -270,10 +270,7 @@ impl Canary<'_> {
 }
 
 fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime")
+    crate::base::runtime::current_thread().expect("tokio runtime")
 }
 
 fn answer(what: &'static str, v: &Value) -> CanaryError {

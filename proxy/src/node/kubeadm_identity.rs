@@ -211,11 +211,7 @@ pub fn write(
     let api = ApiClient::from_kubeconfig(admin)
         .map_err(|e| IdentityError::AdminKubeconfig(e.to_string()))?;
     let leases = leases(id.kubeadm_dir);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| IdentityError::Api(format!("runtime: {e}")))?;
-    let token = runtime.block_on(async {
+    let token = crate::base::runtime::block_on(async {
         for (path, object) in objects(id, &leases) {
             apply(&api, &path, &object).await?;
             tracing::info!(%path, "kubeadm-sync: applied");

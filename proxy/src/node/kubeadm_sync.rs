@@ -625,11 +625,7 @@ impl Sync {
     }
 
     fn block_on<T>(&self, f: impl std::future::Future<Output = T>) -> T {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("tokio runtime")
-            .block_on(f)
+        crate::base::runtime::block_on(f)
     }
 
     /// The running static pod's UID (its mirror pod's config hash), for adoption.

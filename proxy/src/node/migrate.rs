@@ -223,8 +223,6 @@ enum ClusterInfoError {
     #[error(transparent)]
     Client(#[from] crate::node::kubeconfig::KubeconfigError),
     #[error(transparent)]
-    Runtime(io::Error),
-    #[error(transparent)]
     Api(#[from] crate::node::checkpoint::ApiError),
     #[error("no data.kubeconfig")]
     NoKubeconfig,
@@ -540,10 +538,7 @@ pub fn run(args: &MigrateArgs) -> Result<Outcome, MigrateError> {
             source,
         }
     })?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(Failure::Runtime)?;
+    let runtime = crate::base::runtime::current_thread().map_err(Failure::Runtime)?;
     runtime.block_on(serve(args, prepared))
 }
 
@@ -588,12 +583,9 @@ fn check_served(args: &MigrateArgs, port: u16, pid: u32) -> Result<(), InputErro
 /// nodes see it), read with `admin.conf`.
 fn read_cluster_info(dir: &Path) -> Result<String, ClusterInfoError> {
     let api = crate::node::checkpoint::ApiClient::from_kubeconfig(&dir.join("admin.conf"))?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(ClusterInfoError::Runtime)?;
-    let cm =
-        runtime.block_on(api.get_json("/api/v1/namespaces/kube-public/configmaps/cluster-info"))?;
+    let cm = crate::base::runtime::block_on(
+        api.get_json("/api/v1/namespaces/kube-public/configmaps/cluster-info"),
+    )?;
     cm["data"]["kubeconfig"]
         .as_str()
         .map(str::to_owned)

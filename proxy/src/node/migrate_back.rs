@@ -247,10 +247,7 @@ fn listening(port: u16) -> Vec<served::TcpEntry> {
 pub fn run(args: &MigrateBackArgs) -> Result<(), MigrateBackError> {
     let (text, manifest, target, held) = check_input(args)?;
     let port = manifest.port;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(BackFailure::Runtime)?;
+    let runtime = crate::base::runtime::current_thread().map_err(BackFailure::Runtime)?;
 
     // 1. The version that serves now.
     let running = runtime.block_on(running_version(&held, &args.ca_file))?;

@@ -67,10 +67,7 @@ pub const WAIT_RETRY: Duration = Duration::from_secs(1);
 /// every [`WAIT_RETRY`] until it passes or the wait is over (the address file is read anew
 /// each time: the instance behind it may have restarted).
 pub fn run(args: &ProbeArgs) -> Result<(), ProbeError> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let runtime = crate::base::runtime::current_thread().expect("tokio runtime");
     let deadline = std::time::Instant::now() + args.wait;
     runtime.block_on(async {
         loop {

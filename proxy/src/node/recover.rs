@@ -220,10 +220,7 @@ pub enum Decision {
 /// Runs the agent until SIGTERM or SIGINT.
 pub fn run(args: &RecoverArgs) -> Result<(), RecoverError> {
     let config = Recover::try_from(args)?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(RecoverError::Runtime)?;
+    let runtime = crate::base::runtime::current_thread().map_err(RecoverError::Runtime)?;
     runtime.block_on(async move {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .map_err(RecoverError::Runtime)?;

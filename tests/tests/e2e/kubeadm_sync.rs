@@ -193,7 +193,131 @@ fn write_admin_conf(
     Ok(())
 }
 
+/// What an API request asks of RBAC: (namespace, API group, resource[/subresource], name, verb).
+fn rbac_request(method: &str, path: &str) -> Option<(String, String, String, String, String)> {
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (group, rest) = match parts.as_slice() {
+        ["api", "v1", rest @ ..] => ("", rest),
+        ["apis", group, _version, rest @ ..] => (*group, rest),
+        _ => return None,
+    };
+    let (ns, rest) = match rest {
+        ["namespaces", ns, rest @ ..] if !rest.is_empty() => (*ns, rest),
+        _ => ("", rest),
+    };
+    let (resource, name, sub) = match rest {
+        [resource] => (*resource, "", None),
+        [resource, name] => (*resource, *name, None),
+        [resource, name, sub] => (*resource, *name, Some(*sub)),
+        _ => return None,
+    };
+    let verb = match (method, name.is_empty()) {
+        ("GET", true) => "list",
+        ("GET", false) => "get",
+        ("PUT", _) => "update",
+        ("POST", _) => "create",
+        ("PATCH", _) => "patch",
+        ("DELETE", true) => "deletecollection",
+        ("DELETE", false) => "delete",
+        _ => return None,
+    };
+    let resource = match sub {
+        Some(sub) => format!("{resource}/{sub}"),
+        None => resource.to_owned(),
+    };
+    Some((
+        ns.to_owned(),
+        group.to_owned(),
+        resource,
+        name.replace("%3A", ":"),
+        verb.to_owned(),
+    ))
+}
+
+/// Whether the rules (by namespace; "" for the ClusterRole's, which hold everywhere) allow
+/// `method path`, as the RBAC authorizer decides.
+fn rbac_allows(rules: &[(String, Vec<Value>)], method: &str, path: &str) -> bool {
+    let Some((ns, group, resource, name, verb)) = rbac_request(method, path) else {
+        return false;
+    };
+    let has = |list: &Value, item: &str| {
+        list.as_array()
+            .is_some_and(|l| l.iter().any(|v| v == item || v == "*"))
+    };
+    rules
+        .iter()
+        .filter(|(scope, _)| scope.is_empty() || *scope == ns)
+        .flat_map(|(_, rules)| rules)
+        .any(|r| {
+            has(&r["apiGroups"], &group)
+                && has(&r["resources"], &resource)
+                && has(&r["verbs"], &verb)
+                && (r.get("resourceNames").is_none() || has(&r["resourceNames"], &name))
+        })
+}
+
+#[test]
+fn the_rbac_evaluator_reads_paths_as_the_authorizer_does() {
+    let rules = vec![
+        (
+            "kube-system".to_owned(),
+            vec![
+                json!({"apiGroups": ["apps"], "resources": ["deployments"], "resourceNames": ["kube-apiserver"], "verbs": ["get", "update"]}),
+            ],
+        ),
+        (
+            String::new(),
+            vec![json!({"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]})],
+        ),
+    ];
+    assert!(rbac_allows(&rules, "PUT", DEPLOYMENT));
+    assert!(!rbac_allows(&rules, "DELETE", DEPLOYMENT));
+    assert!(!rbac_allows(
+        &rules,
+        "GET",
+        "/apis/apps/v1/namespaces/default/deployments/kube-apiserver"
+    ));
+    assert!(!rbac_allows(
+        &rules,
+        "GET",
+        "/apis/apps/v1/namespaces/kube-system/deployments/other"
+    ));
+    assert!(rbac_allows(&rules, "GET", "/api/v1/nodes"));
+    assert!(!rbac_allows(&rules, "GET", "/api/v1/nodes/node-1"));
+    assert!(!rbac_allows(&rules, "GET", "/readyz"));
+}
+
 impl Node {
+    /// Every call the agent made to the apiserver is one its own identity's RBAC
+    /// (`kubeadm-sync --write-kubeconfig`, `kubeadm_identity::rules`) allows: an agent that
+    /// starts calling something new fails here until its RBAC says so.
+    fn ensure_calls_allowed(&self) -> Result<()> {
+        use kube_apiserver_proxy::node::kubeadm_identity::{self, Identity};
+        let manifests = self.dir.join("manifests");
+        let id = Identity {
+            node: "node-1",
+            deployment: ("kube-system", "kube-apiserver"),
+            kubeadm_dir: &manifests,
+        };
+        let rules = kubeadm_identity::rules(&id, &kubeadm_identity::leases(&manifests));
+        let calls = self.fake.calls();
+        let denied: Vec<String> = calls
+            .iter()
+            .filter(|(_, path)| path.starts_with("/api"))
+            .filter(|(method, path)| !rbac_allows(&rules, method, path))
+            .map(|(method, path)| format!("{method} {path}"))
+            .collect();
+        ensure!(
+            calls.iter().any(|(_, p)| p.starts_with("/api")),
+            "no API call recorded"
+        );
+        ensure!(
+            denied.is_empty(),
+            "calls the agent's RBAC does not allow: {denied:?}"
+        );
+        Ok(())
+    }
+
     /// `kubeadm certs renew admin.conf`, and the old client certificate no longer accepted (as
     /// once it expired): admin.conf names a new certificate in new files.
     fn renew_admin_conf(&self) -> Result<()> {
@@ -894,7 +1018,7 @@ async fn kubeadm_sync_turns_kubeadm_manifests_into_static_pods_and_rollouts() ->
         "etcd's copy changed after its canary timed out"
     );
     agent.ensure_running()?;
-    Ok(())
+    node.ensure_calls_allowed()
 }
 
 /// `--once` while kubeadm's static apiserver does not stop (the kubelet down, or running
@@ -1032,6 +1156,9 @@ async fn kubeadm_sync_once_by_the_static_binary_reaches_the_control_plane_endpoi
         "/kube-apiserver-proxy",
         "kubeadm-sync",
         "--once",
+        // kubeadm's own, naming the server by name (the agent's own identity is written by
+        // --write-kubeconfig: kubeadm_sync_writes_its_own_kubeconfig_with_a_service_account_token).
+        "--kubeconfig=/etc/kubernetes/admin.conf",
         "--node-name=node-1",
         "--proxy-image=registry.example/kap:agent",
         "--interval=100ms",
@@ -1252,7 +1379,7 @@ async fn kubeadm_sync_stops_a_controller_before_its_successor_and_hands_its_leas
         "{}",
         agent.stderr()
     );
-    Ok(())
+    node.ensure_calls_allowed()
 }
 
 /// Going back starts with the stand-in moved out of the kubelet's directory, which makes the

@@ -115,9 +115,10 @@ func RunKubeadmUpgrade(n *Node) {
 	u.failedUpgrade(u.absentImage())
 	u.renew()
 	u.kept()
+	u.rebootStep()
 	u.goBack()
 	n.Note("per step (load through both addresses):")
-	for _, row := range u.table("migrate", "upgrade", "etcd-failed", "etcd", "kubelet", "again", "failed", "failed-image", "renew", "restart", "goback") {
+	for _, row := range u.table("migrate", "upgrade", "etcd-failed", "etcd", "kubelet", "again", "failed", "failed-image", "renew", "restart", "reboot", "goback") {
 		n.Note("%s", row)
 	}
 	n.Note("reports: %s, %s", n.Path("kubeadm-*.log"), n.Path("step-*.json"))
@@ -339,12 +340,8 @@ func (u *upgrade) kubeProxy() {
 		}
 		return err == nil && d.Status.NumberReady == 1
 	}
-	rule := func() bool {
-		out, err := exec.CommandContext(u.Ctx, "iptables", "-t", "nat", "-S", "KUBE-SERVICES").Output()
-		return err == nil && strings.Contains(string(out), "10.96.0.1/32")
-	}
 	var err error
-	if u.WaitFor(120*time.Second, ready) && u.WaitFor(60*time.Second, rule) {
+	if u.WaitFor(120*time.Second, ready) && u.WaitFor(60*time.Second, kubeProxyRule) {
 		if err = u.podSetup(); err == nil {
 			u.Pass("kube-proxy %s (kubeadm's addon, iptables mode) ready, 10.96.0.1 in its rules", image[strings.LastIndex(image, ":")+1:])
 			u.pod = true
@@ -353,6 +350,27 @@ func (u *upgrade) kubeProxy() {
 	}
 	logs := u.logsBySelector("k8s-app=kube-proxy", 5)
 	u.Fail("kube-proxy not ready or no rule for 10.96.0.1: %s; %s %s", ds(), Cut(logs, 600), errSuffix(err))
+}
+
+// kubeProxyRule: kube-proxy's rules hold the kubernetes Service's address.
+func kubeProxyRule() bool {
+	out, err := exec.Command("iptables", "-t", "nat", "-S", "KUBE-SERVICES").Output()
+	return err == nil && strings.Contains(string(out), "10.96.0.1/32")
+}
+
+// kubeProxyReadySince: kube-proxy's pod turned Ready after since (its container started again
+// after a reboot) and its rules are in place.
+func (u *upgrade) kubeProxyReadySince(since time.Time) bool {
+	list, err := u.Client.CoreV1().Pods("kube-system").List(u.Ctx, metav1.ListOptions{LabelSelector: "k8s-app=kube-proxy"})
+	if err != nil || len(list.Items) != 1 {
+		return false
+	}
+	for _, c := range list.Items[0].Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue && c.LastTransitionTime.After(since) && kubeProxyRule()
+		}
+	}
+	return false
 }
 
 // logsBySelector: the last lines of the logs of the kube-system pods selector selects.
