@@ -798,6 +798,14 @@ impl Sync {
         ));
         let lease = format!("{}/{}", lease.0, lease.1);
         let waited_ms = started.elapsed().as_millis() as u64;
+        // The mirror pod gone, the kubelet still finishes the old pod: a successor of the same
+        // name written now would be held back for its pod worker's back-off (10–15 s).
+        if matches!(
+            outcome,
+            Ok(leader_handover::Handover::Released(_) | leader_handover::Handover::NotHeld)
+        ) {
+            std::thread::sleep(leader_handover::KUBELET_FINISH);
+        }
         match outcome {
             Ok(leader_handover::Handover::Released(holder)) => tracing::info!(
                 pod = %format!("{ns}/{name}-{}", self.node), lease, holder, waited_ms,

@@ -11,8 +11,13 @@
 //! old mirror pod (it does so only after the pod's containers have stopped,
 //! `pkg/kubelet/kubelet_pods.go` `deleteOrphanedMirrorPods`), the lease, if this node's process
 //! still holds it, is released as client-go releases its own (`holderIdentity` empty,
-//! `leaseDurationSeconds: 1`; a conditional update on its `resourceVersion`); then the new copy
-//! is written and its process takes the lease at its first try. The old process is known gone
+//! `leaseDurationSeconds: 1`; a conditional update on its `resourceVersion`); then, after
+//! [`KUBELET_FINISH`], the new copy is written and its process takes the lease at its first try.
+//! The kubelet deletes the mirror pod before its pod worker has finished the old pod
+//! (`pkg/kubelet/pod_workers.go`): a static pod of the same name that arrives meanwhile is held
+//! back (`allowStaticPodStart`) and tried again only after the worker's back-off, 10–15 s
+//! (measured once: the new controller-manager started 13.4 s after its copy, 16.4 s without a
+//! leader); the old pod's last sync follows the mirror pod's deletion within a second. The old process is known gone
 //! and the new one not started, so no two leaders can overlap. Without an answer from the
 //! apiserver, or when the old mirror pod is still there after [`STOP_WAIT`], the lease is left
 //! to expire (as before).
@@ -25,6 +30,10 @@ use crate::node::checkpoint::ApiClient;
 
 /// The copies whose pod elects a leader with a lease.
 pub const LEADERS: [&str; 2] = ["kube-controller-manager.yaml", "kube-scheduler.yaml"];
+
+/// How long the kubelet is given, after deleting the old mirror pod, to finish the old pod
+/// before a new one of the same name arrives (module documentation).
+pub const KUBELET_FINISH: Duration = Duration::from_secs(3);
 
 /// How long the old pod may take to stop (the kubelet's look at the directory, the pod's
 /// grace period: kubeadm sets none, 30 s, and both exit at once on SIGTERM).

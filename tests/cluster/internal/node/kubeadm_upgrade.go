@@ -43,7 +43,9 @@ import (
 //  4. the kubelet binary replaced by VERSION's and restarted: the static pods must keep
 //     running (the agent's copies carry their UIDs);
 //  5. a third `kubeadm upgrade apply VERSION`: a no-op;
-//  6. `kubeadm certs renew all`: the agent rolls the Deployment;
+//  6. `kubeadm certs renew all`: the agent rolls the Deployment; the controllers restarted
+//     for their renewed kubeconfigs; a power cycle of the node, recovered from reboot
+//     recovery's checkpoint (installed after the migration, rebootStep);
 //  7. going back (docs/runbooks/going-back.md, kubeadm-sync's form): the stand-in moved out,
 //     migrate-back into the kubelet's directory, the Deployment deleted, `kubeadm-sync
 //     --undo`, the kubelet restarted on kubeadm's directory: nothing but the apiserver

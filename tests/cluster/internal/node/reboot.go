@@ -20,6 +20,7 @@ import (
 
 	"kube-apiserver-proxy/tests/cluster/internal/nodecheck"
 	"kube-apiserver-proxy/tests/cluster/internal/step"
+	"sigs.k8s.io/yaml"
 )
 
 // Reboot recovery (`smoke --reboot`), once the kubeadm-style control plane runs:
@@ -145,8 +146,9 @@ func readPod(path string) (*corev1.Pod, error) {
 	if err != nil {
 		return nil, err
 	}
+	// JSON (the recovery agent's checkpoint) or YAML (kubeadm-sync's copy of an activated one).
 	var p corev1.Pod
-	if err := json.Unmarshal(b, &p); err != nil {
+	if err := yaml.Unmarshal(b, &p); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return &p, nil

@@ -9,6 +9,8 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"math/big"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -164,5 +166,23 @@ func TestShortClientCert(t *testing.T) {
 	pool.AddCert(ca)
 	if _, err := c.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, CurrentTime: time.Now()}); err != nil {
 		t.Fatalf("signed by the CA for client auth: %v", err)
+	}
+}
+
+// The checkpoint as the recovery agent writes it (JSON) and as kubeadm-sync copies it (YAML)
+// read alike.
+func TestCheckpointOfJSONAndYAML(t *testing.T) {
+	dir := t.TempDir()
+	for name, text := range map[string]string{
+		"agent.json": `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"c","annotations":{"kube-apiserver-proxy/checkpoint-of":"kube-system/p-1"}}}`,
+		"copy.json":  "apiVersion: v1\nkind: Pod\nmetadata:\n  name: c\n  uid: u\n  annotations:\n    kube-apiserver-proxy/checkpoint-of: kube-system/p-1\n",
+	} {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if got := checkpointOf(path); got != "kube-system/p-1" {
+			t.Errorf("%s: checkpointOf = %q", name, got)
+		}
 	}
 }
