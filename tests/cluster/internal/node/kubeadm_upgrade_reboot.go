@@ -3,7 +3,6 @@ package node
 import (
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"kube-apiserver-proxy/tests/cluster/internal/step"
@@ -86,16 +85,7 @@ func (u *upgrade) rebootStep() {
 	}
 	u.Settle(10 * time.Second)
 	st.End("the reboot, from the takeover on")
-	log, err := u.Logs(good, "proxy", 0, false)
-	if err != nil {
-		log = err.Error()
-	}
-	if shared, adopted := ProxyHandoff(log); shared && adopted {
-		u.Pass("the Deployment's proxy shared the recovery instance's listening sockets, then adopted them at its drain: %s", HandoffSummary(log))
-	} else {
-		u.Fail("no handoff from the recovery instance in the Deployment's proxy log: %s", handoffTail(log))
-	}
-	u.Note("recovery agent log: %s", strings.ReplaceAll(r.agentLog(`activated|retired|not activated`, 4), "\n", "|"))
+	r.handedOverFromRecovery(good)
 	u.kubeProxyBack(tBoot)
 }
 

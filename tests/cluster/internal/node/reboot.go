@@ -634,19 +634,25 @@ func (r *reboot) recover(good, broken string) bool {
 	restarts := r.ControlPlaneRestarts()
 	r.Check(restarts == "kube-controller-manager 1; kube-scheduler 1; ",
 		"the controller-manager and the scheduler restarted once each, by the reboot (1 each expected): %s", restarts)
+	r.handedOverFromRecovery(good)
+	return true
+}
+
+// handedOverFromRecovery: the proxy of the Deployment's pod good shared the recovery
+// instance's listening sockets at its start (one kernel queue with it), then adopted them at
+// the recovery instance's drain: the same sockets, so the adoption brings none it did not hold
+// ("new":0). The agent's decisions are noted.
+func (r *reboot) handedOverFromRecovery(good string) {
 	log, err := r.Logs(good, "proxy", 0, false)
 	if err != nil {
 		log = err.Error()
 	}
-	// Shared at its start (one kernel queue with the recovery instance), adopted at the recovery
-	// instance's drain: the same sockets, so the adoption brings none it did not hold ("new":0).
 	if shared, adopted := ProxyHandoff(log); shared && adopted {
 		r.Pass("the Deployment's proxy shared the recovery instance's listening sockets, then adopted them at its drain (the same sockets): %s", HandoffSummary(log))
 	} else {
 		r.Fail("no handoff from the recovery instance in the Deployment's proxy log: %s", handoffTail(log))
 	}
-	r.Note("recovery agent log: %s", r.agentLog(`activated|retired|not activated`, 4))
-	return true
+	r.Note("recovery agent log: %s", strings.ReplaceAll(r.agentLog(`activated|retired|not activated`, 4), "\n", "|"))
 }
 
 var (
