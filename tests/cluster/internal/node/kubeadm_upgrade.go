@@ -115,12 +115,13 @@ func RunKubeadmUpgrade(n *Node) {
 	u.again()
 	u.failedUpgrade(u.rejectedFlag())
 	u.failedUpgrade(u.absentImage())
+	u.failedUpgrade(u.busyPort())
 	u.renew()
 	u.kept()
 	u.rebootStep()
 	u.goBack()
 	n.Note("per step (load through both addresses):")
-	for _, row := range u.table("migrate", "upgrade", "etcd-failed", "etcd", "kubelet", "again", "failed", "failed-image", "renew", "restart", "reboot", "goback") {
+	for _, row := range u.table("migrate", "upgrade", "etcd-failed", "etcd", "kubelet", "again", "failed", "failed-image", "failed-proxy", "renew", "restart", "reboot", "goback") {
 		n.Note("%s", row)
 	}
 	n.Note("reports: %s, %s", n.Path("kubeadm-*.log"), n.Path("step-*.json"))

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 )
@@ -33,6 +34,76 @@ type failure struct {
 	// set makes it so; it returns the UpgradeConfiguration's patches directory, if any.
 	set  func() (patches string, err error)
 	undo func() error
+	// sidecar: the failure is the proxy sidecar's alone (its apiserver starts): checked on
+	// the surge pod while kubeadm waits.
+	sidecar bool
+}
+
+// busyPort: the apiserver's secure port set, in kubeadm-config as an operator would, to one
+// the kubelet holds on every address (10250): kube-apiserver itself binds a loopback address
+// of its own in the Deployment (launch) and starts, but the proxy sidecar cannot bind the node
+// address on that port and exits, so the new pod never gets ready.
+func (u *upgrade) busyPort() failure {
+	return failure{
+		step: "failed-proxy", what: "--secure-port=10250 (the kubelet's port: the proxy sidecar cannot bind it)",
+		set:     func() (string, error) { return "", u.editExtraArgs(withArg("secure-port", "10250"), "apiServer") },
+		undo:    func() error { return u.editExtraArgs(withoutArg("secure-port"), "apiServer") },
+		sidecar: true,
+	}
+}
+
+// surgeWatch records, until stop is closed, the containers of the Deployment's pods other than
+// serving: the last status seen of each (name: state, restarts, last exit code).
+func (u *upgrade) surgeWatch(serving string, stop <-chan struct{}) <-chan map[string]corev1.ContainerStatus {
+	out := make(chan map[string]corev1.ContainerStatus, 1)
+	go func() {
+		seen := map[string]corev1.ContainerStatus{}
+		tick := time.NewTicker(500 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			for _, p := range u.DeployPods() {
+				if p.Name == serving {
+					continue
+				}
+				for _, c := range p.Status.ContainerStatuses {
+					seen[c.Name] = c
+				}
+			}
+			select {
+			case <-stop:
+				out <- seen
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return out
+}
+
+// sidecarFailed: from the surge pod's containers, whether its proxy exited (a non-zero exit
+// seen, or restarts) while its apiserver container started, and a line saying so.
+func sidecarFailed(seen map[string]corev1.ContainerStatus) (bool, string) {
+	line := func(c corev1.ContainerStatus) string {
+		exit := "-"
+		if t := c.LastTerminationState.Terminated; t != nil {
+			exit = fmt.Sprint(t.ExitCode)
+		} else if t := c.State.Terminated; t != nil {
+			exit = fmt.Sprint(t.ExitCode)
+		}
+		return fmt.Sprintf("%s: ready %v, started %v, restarts %d, last exit %s", c.Name, c.Ready, c.Started != nil && *c.Started, c.RestartCount, exit)
+	}
+	var parts []string
+	for _, name := range []string{"kube-apiserver", "proxy"} {
+		if c, ok := seen[name]; ok {
+			parts = append(parts, line(c))
+		}
+	}
+	proxy, okP := seen["proxy"]
+	api, okA := seen["kube-apiserver"]
+	exited := okP && !proxy.Ready && (proxy.RestartCount > 0 || proxy.LastTerminationState.Terminated != nil ||
+		(proxy.State.Terminated != nil && proxy.State.Terminated.ExitCode != 0))
+	apiStarted := okA && (api.State.Running != nil || api.RestartCount == 0 && api.State.Waiting == nil)
+	return exited && apiStarted, strings.Join(parts, "; ")
 }
 
 // rejectedFlag: an apiServer extraArg kube-apiserver rejects (it exits at once), set in
@@ -87,9 +158,18 @@ func (u *upgrade) failedUpgrade(f failure) {
 		return
 	}
 	t0 := time.Now()
+	stopWatch := make(chan struct{})
+	surge := u.surgeWatch(serving, stopWatch)
 	out, err := u.kubeadm("kubeadm-"+f.step+".log", 15*time.Minute, u.Bin("kubeadm"), "upgrade", "apply", "-y",
 		"--config", config, "--ignore-preflight-errors="+kuIgnore)
 	took := Since(t0)
+	close(stopWatch)
+	failed, containers := sidecarFailed(<-surge)
+	if f.sidecar {
+		u.Check(failed, "the surge pod's proxy sidecar exited while its apiserver started (the failure is the sidecar's): %s", containers)
+	} else {
+		u.Note("the surge pod's containers while kubeadm waited: %s", containers)
+	}
 	u.Note("failed upgrade (%s): kubeadm said: %s", f.what, kubeadmSaid(out))
 	switch {
 	case err == nil:
