@@ -2,7 +2,9 @@
 //! counting sequence of u64s (one message every `interval`, of `words` u64s) and reads the echo
 //! back on its own task, which checks that the sequence arrives complete, in order and without
 //! duplicates. At the end each stream half-closes, reads the rest until EOF and checks that
-//! everything sent came back. Any error, early EOF or wrong word is a stream cut.
+//! everything sent came back. Any error, early EOF or wrong word is a stream cut; so is a
+//! stream that moves nothing for [`STALL`] (a hang: a connection kept open and no longer
+//! relayed).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -13,6 +15,13 @@ use anyhow::{bail, ensure, Context as _, Result};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
+
+/// How long a stream may go without its echo, or with a write blocked, before it counts as
+/// hung. Not a timing goal: a relayed connection always moves again, a hung one never does.
+/// On the 2-core machine with six busy loops beside the upgrade proof, the bulk streams' writes
+/// (64 KiB every 10 ms) were blocked up to 10.1 s, 16 times over 100 upgrades, and each went
+/// on; a bound of 10 s failed such runs.
+pub const STALL: Duration = Duration::from_secs(60);
 
 /// What the streams saw.
 #[derive(Debug, Clone, Default)]
@@ -160,9 +169,9 @@ async fn run(stream: TcpStream, per: usize, interval: Duration, shared: &Shared)
             let mut buf = vec![0u8; 64 * 1024];
             let mut carry: Vec<u8> = Vec::new();
             loop {
-                let n = tokio::time::timeout(Duration::from_secs(10), rd.read(&mut buf))
+                let n = tokio::time::timeout(STALL, rd.read(&mut buf))
                     .await
-                    .context("no echo for 10s")?
+                    .context("no echo for 60s (hung)")?
                     .context("read")?;
                 if n == 0 {
                     let total = sent.load(Ordering::SeqCst);
@@ -197,9 +206,9 @@ async fn run(stream: TcpStream, per: usize, interval: Duration, shared: &Shared)
             let msg: Vec<u8> = (next..next + per as u64)
                 .flat_map(|w| w.to_be_bytes())
                 .collect();
-            tokio::time::timeout(Duration::from_secs(10), wr.write_all(&msg))
+            tokio::time::timeout(STALL, wr.write_all(&msg))
                 .await
-                .context("write blocked for 10s")?
+                .context("write blocked for 60s (hung)")?
                 .context("write")?;
             next += per as u64;
             sent.store(next, Ordering::SeqCst);
