@@ -217,7 +217,6 @@ impl FakeApiserverBuilder {
             eofs: AtomicU64::new(0),
             bytes_received: AtomicU64::new(0),
             requests: Mutex::new(HashMap::new()),
-            calls: Mutex::new(Vec::new()),
             connections: CancellationToken::new(),
             tracker: TaskTracker::new(),
         });
@@ -394,20 +393,30 @@ impl FakeApiserver {
         known.then(|| serde_json::from_str(&self.shared.get(path)).expect("stored as JSON"))
     }
 
-    /// Every request so far, in order: its method and path (without the query).
+    /// Each method and path (without the query) requested so far, once, sorted.
     pub fn calls(&self) -> Vec<(String, String)> {
-        self.shared.calls.lock().unwrap().clone()
+        let mut calls: Vec<_> = self
+            .shared
+            .requests
+            .lock()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect();
+        calls.sort();
+        calls
     }
 
-    /// https: requests received for `path` (without query).
+    /// https: requests received for `path` (without query), by any method.
     pub fn requests(&self, path: &str) -> u64 {
         self.shared
             .requests
             .lock()
             .unwrap()
-            .get(path)
-            .copied()
-            .unwrap_or(0)
+            .iter()
+            .filter(|((_, p), _)| p == path)
+            .map(|(_, n)| n)
+            .sum()
     }
 }
 
@@ -441,9 +450,8 @@ struct Shared {
     active_watches: AtomicU64,
     eofs: AtomicU64,
     bytes_received: AtomicU64,
-    requests: Mutex<HashMap<String, u64>>,
-    /// Every request, in order: its method and path (no query).
-    calls: Mutex<Vec<(String, String)>>,
+    /// Requests by method and path (no query).
+    requests: Mutex<HashMap<(String, String), u64>>,
     /// Cancelled by `vanish`: every connection task drops its socket.
     connections: CancellationToken,
     tracker: TaskTracker,
@@ -657,16 +665,11 @@ async fn handle(
     peer: Option<Vec<u8>>,
 ) -> Result<Response<ResponseBody>, Infallible> {
     let path = request.uri().path().to_owned();
-    shared
-        .calls
-        .lock()
-        .unwrap()
-        .push((request.method().to_string(), path.clone()));
     *shared
         .requests
         .lock()
         .unwrap()
-        .entry(path.clone())
+        .entry((request.method().to_string(), path.clone()))
         .or_default() += 1;
     let response = match (request.method(), path.as_str()) {
         (&Method::GET, "/readyz") => {

@@ -125,7 +125,11 @@ impl ApiClient {
     /// From a kubeconfig (as kubeadm writes `kubelet.conf`, or any other): its current
     /// context's server, CA and client certificate and key or token ([`crate::node::kubeconfig`]).
     pub fn from_kubeconfig(path: &Path) -> Result<Self, KubeconfigError> {
-        let k = kubeconfig::read(path)?;
+        Self::from_config(kubeconfig::read(path)?, path)
+    }
+
+    /// From a kubeconfig already read from `path` (named in errors).
+    pub fn from_config(k: kubeconfig::Kubeconfig, path: &Path) -> Result<Self, KubeconfigError> {
         Self::from_current_context(k).map_err(|problem| KubeconfigError {
             path: path.display().to_string(),
             problem,

@@ -206,10 +206,9 @@ pub fn write(
     id: &Identity<'_>,
     lifetime: Duration,
 ) -> Result<SystemTime, IdentityError> {
-    let admin_config =
-        kubeconfig::read(admin).map_err(|e| IdentityError::AdminKubeconfig(e.to_string()))?;
-    let api = ApiClient::from_kubeconfig(admin)
-        .map_err(|e| IdentityError::AdminKubeconfig(e.to_string()))?;
+    let bad = |e: &dyn std::fmt::Display| IdentityError::AdminKubeconfig(e.to_string());
+    let admin_config = kubeconfig::read(admin).map_err(|e| bad(&e))?;
+    let api = ApiClient::from_config(admin_config.clone(), admin).map_err(|e| bad(&e))?;
     let leases = leases(id.kubeadm_dir);
     let token = crate::base::runtime::block_on(async {
         for (path, object) in objects(id, &leases) {

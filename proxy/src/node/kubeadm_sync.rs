@@ -798,14 +798,6 @@ impl Sync {
         ));
         let lease = format!("{}/{}", lease.0, lease.1);
         let waited_ms = started.elapsed().as_millis() as u64;
-        // The mirror pod gone, the kubelet still finishes the old pod: a successor of the same
-        // name written now would be held back for its pod worker's back-off (10–15 s).
-        if matches!(
-            outcome,
-            Ok(leader_handover::Handover::Released(_) | leader_handover::Handover::NotHeld)
-        ) {
-            std::thread::sleep(leader_handover::KUBELET_FINISH);
-        }
         match outcome {
             Ok(leader_handover::Handover::Released(holder)) => tracing::info!(
                 pod = %format!("{ns}/{name}-{}", self.node), lease, holder, waited_ms,
@@ -1252,6 +1244,9 @@ static API_ERRORS: crate::base::lograte::LogRate =
 static STANDIN_GONE: crate::base::lograte::LogRate =
     crate::base::lograte::LogRate::new(Duration::from_secs(60));
 
+/// How often the agent's token's expiry is read (its warning comes once an hour).
+const TOKEN_CHECK: Duration = Duration::from_secs(60);
+
 /// The agent's token close to its expiry: one log line an hour.
 static TOKEN_EXPIRY: crate::base::lograte::LogRate =
     crate::base::lograte::LogRate::new(Duration::from_secs(3600));
@@ -1302,6 +1297,7 @@ pub fn run(args: &crate::cli::KubeadmSyncArgs) -> Result<(), SyncError> {
     // Whether etcd's mirror pod may lag its copy: at the start (a restart in place may have
     // been under way) and after each change of the copy, until fix_mirrors finds it in line.
     let mut mirror_due = true;
+    let mut token_checked: Option<Instant> = None;
     loop {
         // The stand-in moved out of the kubelet's directory: going back
         // (docs/runbooks/going-back.md), and the kubelet stops this agent. Never written back:
@@ -1317,7 +1313,10 @@ pub fn run(args: &crate::cli::KubeadmSyncArgs) -> Result<(), SyncError> {
             std::thread::sleep(sync.interval);
             continue;
         }
-        check_token_expiry(&sync.kubeconfig);
+        if token_checked.is_none_or(|t| t.elapsed() >= TOKEN_CHECK) {
+            check_token_expiry(&sync.kubeconfig);
+            token_checked = Some(Instant::now());
+        }
         match sync.copy_manifests(false) {
             Ok(changed) if !changed.is_empty() => {
                 mirror_due |= changed.iter().any(|c| c == RESTART_IN_PLACE);

@@ -101,7 +101,8 @@ pub enum Handover {
     StillRunning,
 }
 
-/// Waits until the mirror pod `path` of the pod `uid` is gone, then releases `lease`.
+/// Waits until the mirror pod `path` of the pod `uid` is gone and [`KUBELET_FINISH`] more, then
+/// releases `lease`.
 pub async fn after_stop(
     api: impl Fn() -> Option<ApiClient>,
     mirror_path: &str,
@@ -128,6 +129,9 @@ pub async fn after_stop(
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+    // The mirror pod gone, the kubelet still finishes the old pod: a successor of the same name
+    // written before that is held back for its pod worker's back-off (10–15 s).
+    tokio::time::sleep(KUBELET_FINISH).await;
     let api = api().ok_or("no API client")?;
     let path = format!("/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}");
     let lease = api.get_json(&path).await.map_err(|e| e.to_string())?;

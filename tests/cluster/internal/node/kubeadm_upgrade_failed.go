@@ -102,7 +102,7 @@ func sidecarFailed(seen map[string]corev1.ContainerStatus) (bool, string) {
 	api, okA := seen["kube-apiserver"]
 	exited := okP && !proxy.Ready && (proxy.RestartCount > 0 || proxy.LastTerminationState.Terminated != nil ||
 		(proxy.State.Terminated != nil && proxy.State.Terminated.ExitCode != 0))
-	apiStarted := okA && (api.State.Running != nil || api.RestartCount == 0 && api.State.Waiting == nil)
+	apiStarted := okA && (api.State.Running != nil || api.Started != nil && *api.Started)
 	return exited && apiStarted, strings.Join(parts, "; ")
 }
 
