@@ -232,18 +232,17 @@ pub fn write(
     })?;
     let expiry = kubeconfig::token_expiry(&token)
         .ok_or_else(|| IdentityError::Api("the token carries no expiry (exp)".to_owned()))?;
-    if let Some(dir) = out.parent() {
-        std::fs::create_dir_all(dir).map_err(|source| IdentityError::Write {
-            path: dir.display().to_string(),
-            source,
-        })?;
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(
-            |source| IdentityError::Write {
+    // Missing directories made 0700; one that exists (say /etc/kubernetes itself) left as it is.
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|source| IdentityError::Write {
                 path: dir.display().to_string(),
                 source,
-            },
-        )?;
+            })?;
     }
     let text = kubeconfig_text(&admin_config.server, &admin_config.ca, &token);
     write_durable(out, text.as_bytes(), 0o600).map_err(|source| IdentityError::Write {
