@@ -18,15 +18,48 @@ import (
 
 // PodHistory is what a PodWatcher saw of one pod.
 type PodHistory struct {
-	Name      string        `json:"name"`
-	FirstSeen time.Time     `json:"first_seen"`
-	LastSeen  time.Time     `json:"last_seen"`
-	ReadyAt   time.Time     `json:"ready_at,omitzero"`
-	Flips     int           `json:"ready_flips"`
-	Restarts  int32         `json:"restarts"`
-	Ready     bool          `json:"-"`
-	base      int32         // restarts when first seen
-	Seen      time.Duration `json:"seen_ns"`
+	Name      string    `json:"name"`
+	FirstSeen time.Time `json:"first_seen"`
+	LastSeen  time.Time `json:"last_seen"`
+	ReadyAt   time.Time `json:"ready_at,omitzero"`
+	Flips     int       `json:"ready_flips"`
+	// Unready: from each flip (Ready true to false) until Ready again (To zero: not again).
+	Unready  []Span        `json:"unready,omitempty"`
+	Mirror   bool          `json:"mirror,omitempty"`
+	Restarts int32         `json:"restarts"`
+	Ready    bool          `json:"-"`
+	base     int32         // restarts when first seen
+	Seen     time.Duration `json:"seen_ns"`
+}
+
+// Span is a time from From to To.
+type Span struct {
+	From time.Time `json:"from"`
+	To   time.Time `json:"to,omitzero"`
+}
+
+// Excuse is a window in which a mirror pod's Ready flip that ended within the step is known
+// to belong to the kubelet, not to the subject of the step, and Why.
+type Excuse struct {
+	From, To time.Time
+	Why      string
+}
+
+// excused: every Ready flip of h ended and began within one of excuses, and h is a mirror pod.
+func (h *PodHistory) excused(excuses []Excuse) bool {
+	if !h.Mirror || len(h.Unready) != h.Flips {
+		return false
+	}
+	for _, u := range h.Unready {
+		within := false
+		for _, e := range excuses {
+			within = within || (!u.To.IsZero() && !u.From.Before(e.From) && !u.From.After(e.To))
+		}
+		if !within {
+			return false
+		}
+	}
+	return true
 }
 
 // PodWatch is a PodWatcher's record: every pod and the most seen at once.
@@ -38,18 +71,51 @@ type PodWatch struct {
 }
 
 // Problems: a Ready condition that went from true to false while the pod was not being
-// deleted, a container restart, a watch that failed.
-func (w *PodWatch) Problems() []string {
-	var p []string
+// deleted (unless the flips of a mirror pod are excused: each began within an excuse's window
+// and ended), a container restart, a watch that failed. Excused flips are in notes.
+func (w *PodWatch) Problems(excuses []Excuse) (p, notes []string) {
 	for _, h := range w.Pods {
-		if h.Flips > 0 || h.Restarts > 0 {
-			p = append(p, fmt.Sprintf("pod %s: %d Ready flips, %d restarts", h.Name, h.Flips, h.Restarts))
+		flips := h.Flips
+		if flips > 0 && h.excused(excuses) {
+			notes = append(notes, fmt.Sprintf("pod %s: %d Ready flips, excused (%s): %s", h.Name, flips, whys(excuses), spans(h.Unready)))
+			flips = 0
+		}
+		if flips > 0 || h.Restarts > 0 {
+			p = append(p, fmt.Sprintf("pod %s: %d Ready flips, %d restarts%s", h.Name, h.Flips, h.Restarts, unreadyClause(h.Unready)))
 		}
 	}
 	for _, e := range w.Errors {
 		p = append(p, "pod watch ("+w.Selector+") failed: "+e)
 	}
-	return p
+	return p, notes
+}
+
+func whys(excuses []Excuse) string {
+	var w []string
+	for _, e := range excuses {
+		w = append(w, e.Why)
+	}
+	return strings.Join(w, "; ")
+}
+
+// spans: "unready from 15:04:05.000 for 0.412 s, …" (or "until the end").
+func spans(u []Span) string {
+	var parts []string
+	for _, s := range u {
+		if s.To.IsZero() {
+			parts = append(parts, "unready from "+s.From.Format("15:04:05.000")+" until the end")
+		} else {
+			parts = append(parts, fmt.Sprintf("unready from %s for %.3f s", s.From.Format("15:04:05.000"), s.To.Sub(s.From).Seconds()))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+func unreadyClause(u []Span) string {
+	if len(u) == 0 {
+		return ""
+	}
+	return " (" + spans(u) + ")"
 }
 
 // String: one clause per pod (seen for how long, when Ready, flips, restarts), then the most
@@ -173,12 +239,16 @@ func (w *PodWatcher) observe(objs []any) {
 		}
 		h := w.byUID[string(p.UID)]
 		if h == nil {
-			h = &PodHistory{Name: p.Name, FirstSeen: now, base: restarts}
+			h = &PodHistory{Name: p.Name, FirstSeen: now, base: restarts, Mirror: mirror(p)}
 			w.byUID[string(p.UID)] = h
 			w.watch.Pods = append(w.watch.Pods, h)
 		}
 		if h.Ready && !ready && p.DeletionTimestamp == nil {
 			h.Flips++
+			h.Unready = append(h.Unready, Span{From: now})
+		}
+		if ready && len(h.Unready) > 0 && h.Unready[len(h.Unready)-1].To.IsZero() {
+			h.Unready[len(h.Unready)-1].To = now
 		}
 		if ready && h.ReadyAt.IsZero() {
 			h.ReadyAt = now

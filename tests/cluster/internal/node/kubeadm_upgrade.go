@@ -487,8 +487,8 @@ func (u *upgrade) minor() {
 	images := u.images()
 	want := fmt.Sprintf("etcd:%s kube-controller-manager:%s kube-scheduler:%s kube-apiserver:%s", u.etcd, u.Version, u.Version, u.Version)
 	if images == want &&
-		u.WaitFor(60*time.Second, func() bool { return u.mirrorReady("kube-controller-manager-" + u.NodeName) }) &&
-		u.WaitFor(60*time.Second, func() bool { return u.mirrorReady("kube-scheduler-" + u.NodeName) }) {
+		u.WaitFor(60*time.Second, func() bool { return u.MirrorReady("kube-controller-manager-" + u.NodeName) }) &&
+		u.WaitFor(60*time.Second, func() bool { return u.MirrorReady("kube-scheduler-" + u.NodeName) }) {
 		u.Pass("after the upgrade: %s (etcd pinned by imageTag: kubeadm kept it)", images)
 	} else {
 		u.Fail("after the upgrade, images (etcd, controller-manager, scheduler, apiserver): %s (want %s); %s; %s", images, want,
@@ -694,7 +694,7 @@ func (u *upgrade) restartControllers() {
 		}
 		if gone && u.WaitFor(120*time.Second, func() bool {
 			id := u.containerOf(pod)
-			return u.mirrorReady(pod) && id != "" && id != id0
+			return u.MirrorReady(pod) && id != "" && id != id0
 		}) {
 			u.Pass("%s restarted by moving its manifest out and back: its pod gone, back Ready in a new container (%s -> %s)", c, Cut(id0, 24), Cut(u.containerOf(pod), 24))
 		} else {

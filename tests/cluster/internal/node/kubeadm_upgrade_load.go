@@ -223,10 +223,47 @@ func (u *upgrade) watchLeaders() func() (string, bool) {
 	}
 }
 
+// leadersLive says who holds each controller's Lease and how long ago it was renewed, and
+// whether every one is held and was renewed within its duration: a leader that works. A step
+// starts only then, so that a time without a leader it measures began within it.
+func (u *upgrade) leadersLive() (string, bool) {
+	var parts []string
+	live := true
+	for _, name := range kuLeases {
+		l, err := u.Client.CoordinationV1().Leases("kube-system").Get(u.Ctx, name, metav1.GetOptions{})
+		switch {
+		case err != nil:
+			parts, live = append(parts, name+": "+err.Error()), false
+		case l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" || l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil:
+			parts, live = append(parts, name+": not held"), false
+		default:
+			ago := time.Since(l.Spec.RenewTime.Time)
+			held := ago <= time.Duration(*l.Spec.LeaseDurationSeconds)*time.Second
+			parts = append(parts, fmt.Sprintf("%s: %s, renewed %.1f s ago (lease %d s)", name, *l.Spec.HolderIdentity, ago.Seconds(), *l.Spec.LeaseDurationSeconds))
+			live = live && held
+		}
+	}
+	return strings.Join(parts, "; "), live
+}
+
+// waitLeaders waits up to timeout for leadersLive; false (and a failed check naming before
+// what) when the controllers do not lead by then.
+func (u *upgrade) waitLeaders(timeout time.Duration, before string) bool {
+	live := u.WaitFor(timeout, func() bool { _, ok := u.leadersLive(); return ok })
+	if !live {
+		line, _ := u.leadersLive()
+		u.Fail("%s: the controllers have no working leader after %.0f s: %s", before, timeout.Seconds(), line)
+	}
+	return live
+}
+
 // startStep starts step name: the load on NODE_IP:6443 with the probers of both addresses
 // and the endpoints watcher, a second load on 127.0.0.1:6443, and the load in a pod. watch,
 // when not nil, replaces Watched (a step that restarts the controllers does not watch them).
+// It waits first for the controllers' leaders (waitLeaders): a step is not charged with a time
+// without a leader the one before it left.
 func (u *upgrade) startStep(name string, watch *step.Options, reportOnly bool) *kuStep {
+	u.waitLeaders(120*time.Second, "before the step "+name)
 	s := &kuStep{name: name, mark: u.MarkLogs(), reportOnly: reportOnly, leaders: u.watchLeaders()}
 	s.both = u.StartBoth(name, watch, reportOnly)
 	criteria := ""

@@ -27,12 +27,6 @@ import (
 // images, the Deployment's generation, the stand-in's hash, the node's kubelet, etcd's stored
 // bytes, the audit log, the kubelet's log.
 
-// mirrorReady: the pod kube-system/name exists in the apiserver and is Ready.
-func (u *upgrade) mirrorReady(name string) bool {
-	p, err := u.Client.CoreV1().Pods("kube-system").Get(u.Ctx, name, metav1.GetOptions{})
-	return err == nil && nodecheck.Ready(p)
-}
-
 // podLine is PodLine of kube-system/name, or why there is none.
 func (u *upgrade) podLine(name string) string {
 	p, err := u.Client.CoreV1().Pods("kube-system").Get(u.Ctx, name, metav1.GetOptions{})

@@ -40,6 +40,13 @@ func (n *Node) StartStep(name string, o step.Options) *Step {
 	return &Step{n: n, name: name, w: w}
 }
 
+// Excuse: step.Watch.Excuse.
+func (s *Step) Excuse(from, to time.Time, why string) {
+	if s != nil {
+		s.w.Excuse(from, to, why)
+	}
+}
+
 // End stops the step and reports it: a pass when it was lossless, a failure with every problem
 // found otherwise. The report is kept in the state directory as step-NAME.json.
 func (s *Step) End(what string) *step.Report {
@@ -105,6 +112,12 @@ func (n *Node) StartBoth(name string, watch *step.Options, reportOnly bool) Both
 
 // Started: both loads run.
 func (b Both) Started() bool { return b.Remote != nil && b.Local != nil }
+
+// Excuse excuses mirror pods' Ready flips in both (step.Watch.Excuse).
+func (b Both) Excuse(from, to time.Time, why string) {
+	b.Remote.Excuse(from, to, why)
+	b.Local.Excuse(from, to, why)
+}
 
 // End ends both and reports each: "WHAT (NODE_IP:6443 …)" and "WHAT (127.0.0.1:6443 …)".
 func (b Both) End(what string) {

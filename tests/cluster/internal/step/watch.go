@@ -40,6 +40,13 @@ type Watch struct {
 	endpoints *cluster.EndpointsWatcher
 	pods      []*cluster.PodWatcher
 	before    cluster.TCPCounters
+	excuses   []cluster.Excuse
+}
+
+// Excuse: a mirror pod's Ready flips that began between from and to and ended are the
+// kubelet's (why), not a problem of the step; they are said in the summary. Call before Stop.
+func (w *Watch) Excuse(from, to time.Time, why string) {
+	w.excuses = append(w.excuses, cluster.Excuse{From: from, To: to, Why: why})
 }
 
 // Start starts the load and the observers; it returns once everything runs (the informers
@@ -178,6 +185,10 @@ func (w *Watch) stopObservers(rep *Report, summary io.Writer) {
 		r := pw.Stop()
 		fmt.Fprintf(summary, "pods %s: %s\n", r.Selector, r.String())
 		rep.Pods = append(rep.Pods, r)
-		rep.Problems = append(rep.Problems, r.Problems()...)
+		problems, notes := r.Problems(w.excuses)
+		rep.Problems = append(rep.Problems, problems...)
+		for _, n := range notes {
+			fmt.Fprintln(summary, n)
+		}
 	}
 }
