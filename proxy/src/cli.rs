@@ -511,16 +511,37 @@ pub enum DataPath {
 
 /// Parses `--data-path`: `user`; `sockmap`, the removed kernel path, is refused with what to use
 /// instead.
-pub fn parse_data_path(s: &str) -> Result<DataPath, String> {
+pub fn parse_data_path(s: &str) -> Result<DataPath, ParseError> {
     match s {
         "user" => Ok(DataPath::User),
-        "sockmap" => Err(
-            "the kernel data path (sockmap) was removed: bytes are copied in user space; \
-             drop the flag or use --data-path=user"
-                .to_string(),
-        ),
-        _ => Err("expected user".to_string()),
+        "sockmap" => Err(ParseError::SockmapRemoved),
+        _ => Err(ParseError::DataPath),
     }
+}
+
+/// Why a flag's value does not parse (the `parse_*` value parsers); clap puts it after the
+/// flag's name.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ParseError {
+    #[error(
+        "the kernel data path (sockmap) was removed: bytes are copied in user space; \
+         drop the flag or use --data-path=user"
+    )]
+    SockmapRemoved,
+    #[error("expected user")]
+    DataPath,
+    #[error("{0} is reserved (0 unspecified, 253 default, 254 main, 255 local)")]
+    ReservedTable(u32),
+    #[error("{0:?} is not a table number")]
+    Table(String),
+    #[error("{0} (expected e.g. 500ms, 2s, 1m)")]
+    Duration(humantime::DurationError),
+    #[error("{0:?} is not an IP address")]
+    Ip(String),
+    #[error("{0:?} is not an ip:port address (an IPv6 address goes in brackets: [IPv6]:port; in a manifest write [$(HOST_IP)]:PORT)")]
+    UnbracketedIpv6(String),
+    #[error("{0:?} is not an ip:port address")]
+    SocketAddr(String),
 }
 
 /// How the data path uses threads.
@@ -955,28 +976,26 @@ pub fn is_display(e: &clap::Error) -> bool {
 }
 
 /// Parses a routing table id of `transparent-routes --table`: 1-252 or 256 and above.
-pub fn parse_table(s: &str) -> Result<u32, String> {
+pub fn parse_table(s: &str) -> Result<u32, ParseError> {
     match s.trim().parse::<u32>() {
         Ok(id @ (1..=252 | 256..)) => Ok(id),
-        Ok(id) => Err(format!(
-            "{id} is reserved (0 unspecified, 253 default, 254 main, 255 local)"
-        )),
-        Err(_) => Err(format!("{s:?} is not a table number")),
+        Ok(id) => Err(ParseError::ReservedTable(id)),
+        Err(_) => Err(ParseError::Table(s.to_owned())),
     }
 }
 
 /// Parses `500ms`, `2s`, `1m`, `1h30m`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s).map_err(|e| format!("{e} (expected e.g. 500ms, 2s, 1m)"))
+pub fn parse_duration(s: &str) -> Result<Duration, ParseError> {
+    humantime::parse_duration(s).map_err(ParseError::Duration)
 }
 
 /// Parses an IP (`192.0.2.10`, `::1`, `[::1]`) or the IP of an `ip:port`.
-pub fn parse_ip(s: &str) -> Result<std::net::IpAddr, String> {
+pub fn parse_ip(s: &str) -> Result<std::net::IpAddr, ParseError> {
     let t = s.trim();
     t.parse::<SocketAddr>()
         .map(|a| a.ip())
         .or_else(|_| t.trim_start_matches('[').trim_end_matches(']').parse())
-        .map_err(|_| format!("{s:?} is not an IP address"))
+        .map_err(|_| ParseError::Ip(s.to_owned()))
 }
 
 /// Parses an address, accepting only literal `ip:port` (no DNS: the proxy must not depend on it):
@@ -984,7 +1003,7 @@ pub fn parse_ip(s: &str) -> Result<std::net::IpAddr, String> {
 /// (`[$(HOST_IP)]:6443`) gives a valid address whichever family the node's address has. An
 /// unbracketed IPv6 address with a port (`fd00::10:6443`, what `$(HOST_IP):6443` gives on an
 /// IPv6 node) is ambiguous and rejected, naming the bracketed form.
-pub fn parse_socket_addr(s: &str) -> Result<SocketAddr, String> {
+pub fn parse_socket_addr(s: &str) -> Result<SocketAddr, ParseError> {
     let text = s.trim();
     if let Ok(addr) = text.parse::<SocketAddr>() {
         return Ok(addr);
@@ -1000,11 +1019,9 @@ pub fn parse_socket_addr(s: &str) -> Result<SocketAddr, String> {
         return Ok(addr);
     }
     if text.parse::<std::net::Ipv6Addr>().is_ok() || text.matches(':').count() > 1 {
-        return Err(format!(
-            "{s:?} is not an ip:port address (an IPv6 address goes in brackets: [IPv6]:port; in a manifest write [$(HOST_IP)]:PORT)"
-        ));
+        return Err(ParseError::UnbracketedIpv6(s.to_owned()));
     }
-    Err(format!("{s:?} is not an ip:port address"))
+    Err(ParseError::SocketAddr(s.to_owned()))
 }
 
 #[cfg(test)]

@@ -34,10 +34,17 @@ pub enum ConfigError {
     },
 }
 
-fn invalid(flag: &'static str, message: impl Into<String>) -> ConfigError {
+impl crate::base::exit::Failure for ConfigError {
+    /// A flag or file `run` refuses: bad input, nothing bound.
+    fn is_bad_input(&self) -> bool {
+        true
+    }
+}
+
+fn invalid(flag: &'static str, message: impl std::fmt::Display) -> ConfigError {
     ConfigError::Invalid {
         flag,
-        message: message.into(),
+        message: message.to_string(),
     }
 }
 
@@ -404,24 +411,37 @@ const RESERVED_LABELS: &[&str] = &[
 
 /// Parses `NAME=VALUE` of `--metrics-label`: a Prometheus label name that the metrics do not
 /// use themselves.
-fn metrics_label(text: &str) -> Result<(String, String), String> {
+fn metrics_label(text: &str) -> Result<(String, String), LabelError> {
     let (name, value) = text
         .split_once('=')
-        .ok_or_else(|| format!("{text:?}: expected NAME=VALUE"))?;
+        .ok_or_else(|| LabelError::NotNameValue(text.to_owned()))?;
     let valid = name
         .chars()
         .enumerate()
         .all(|(i, c)| c == '_' || c.is_ascii_alphabetic() || (i > 0 && c.is_ascii_digit()));
     if name.is_empty() || !valid || name.starts_with("__") {
-        return Err(format!("{name:?} is not a label name"));
+        return Err(LabelError::Name(name.to_owned()));
     }
     if RESERVED_LABELS.contains(&name) {
-        return Err(format!("{name:?} is a label of the metrics themselves"));
+        return Err(LabelError::Reserved(name.to_owned()));
     }
     if value.is_empty() {
-        return Err(format!("{name}: empty value"));
+        return Err(LabelError::EmptyValue(name.to_owned()));
     }
     Ok((name.to_owned(), value.to_owned()))
+}
+
+/// Why a `--metrics-label` is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LabelError {
+    #[error("{0:?}: expected NAME=VALUE")]
+    NotNameValue(String),
+    #[error("{0:?} is not a label name")]
+    Name(String),
+    #[error("{0:?} is a label of the metrics themselves")]
+    Reserved(String),
+    #[error("{0}: empty value")]
+    EmptyValue(String),
 }
 
 /// `--metrics-tls-cert-file`, `--metrics-tls-key-file` and `--metrics-client-ca-file`: all

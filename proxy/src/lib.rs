@@ -15,7 +15,7 @@
 //! - [`sys`]: the only `unsafe`: raw descriptor work (`SCM_RIGHTS`, `pidfd_getfd`, socket
 //!   filters, capabilities). Names nothing of the crate.
 //! - [`base`]: what every layer shares: [`base::addr`] (listen, backend, client and admin
-//!   addresses), [`base::lifecycle`] (the lifecycle states on a watch channel),
+//!   addresses), [`base::exit`] (a command's error: exit 2 for bad input, 1 otherwise), [`base::lifecycle`] (the lifecycle states on a watch channel),
 //!   [`base::metrics`] (every Prometheus metric, in one struct, fed its sources),
 //!   [`base::shard`] (per-thread counters), [`base::lograte`] (rate limits for log lines
 //!   traffic can trigger), [`base::net`] (TCP socket options and binding),

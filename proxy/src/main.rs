@@ -9,6 +9,7 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
+use kube_apiserver_proxy::base::exit::Failure;
 use kube_apiserver_proxy::cli::{self, Cli, Command, LogFormat, RunArgs, RuntimeShape};
 use kube_apiserver_proxy::config::Config;
 use kube_apiserver_proxy::{
@@ -27,51 +28,29 @@ fn main() -> ExitCode {
     match cli.command {
         None => run(cli.run),
         Some(Command::Run(args)) => run(*args),
+        // A failed probe is what the kubelet reports: "probe failed: …".
         Some(Command::Probe(args)) => match probe::run(&args) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) if e.is_bad_input() => bad_input(format!("error: {e}")),
-            Err(e) => {
-                eprintln!("probe failed: {e}");
-                ExitCode::FAILURE
-            }
+            Err(e) if !e.is_bad_input() => exit("probe failed: ", Err(e)),
+            result => exit("error: ", result),
         },
-        Some(Command::Install(args)) => match install::install(&args.dest) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => bad_input(format!("error: {e:#}")),
-        },
+        Some(Command::Install(args)) => exit("error: ", install::install(&args.dest)),
         Some(Command::KubernetesEndpoints(args)) => {
-            if let Err(e) = kubernetes_endpoints::check_address(args.address) {
-                return bad_input(format!("error: {e}"));
-            }
-            let yaml = kubernetes_endpoints::render(args.address, args.port);
-            match std::io::Write::write_all(&mut std::io::stdout(), yaml.as_bytes()) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("error: writing to stdout: {e}");
-                    ExitCode::FAILURE
-                }
+            match kubernetes_endpoints::check_address(args.address) {
+                Ok(()) => stdout(&kubernetes_endpoints::render(args.address, args.port)),
+                Err(e) => exit("error: ", Err(e)),
             }
         }
         Some(Command::Render(args)) => match render::print(&args) {
-            Ok(yaml) => match std::io::Write::write_all(&mut std::io::stdout(), yaml.as_bytes()) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("error: writing to stdout: {e}");
-                    ExitCode::FAILURE
-                }
-            },
-            Err(e) => bad_input(format!("error: {e}")),
+            Ok(yaml) => stdout(&yaml),
+            Err(e) => exit("error: ", Err(e)),
         },
         Some(Command::Migrate(args)) => {
             init_tracing(LogFormat::Text, "info");
-            migrate_exit(migrate::run(&args), migrate::MigrateError::is_bad_input)
+            exit("error: ", migrate::run(&args).map(|_| ()))
         }
         Some(Command::MigrateBack(args)) => {
             init_tracing(LogFormat::Text, "info");
-            migrate_exit(
-                migrate_back::run(&args),
-                migrate_back::MigrateBackError::is_bad_input,
-            )
+            exit("error: ", migrate_back::run(&args).map(|_| ()))
         }
         Some(Command::KubeadmSync(args)) => {
             init_tracing(LogFormat::Text, "info");
@@ -83,29 +62,38 @@ fn main() -> ExitCode {
             } else {
                 kubeadm_sync::run(&args)
             };
-            match result {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) if e.is_bad_input() => bad_input(format!("error: kubeadm-sync: {e}")),
-                Err(e) => {
-                    eprintln!("error: kubeadm-sync: {e}");
-                    ExitCode::FAILURE
-                }
-            }
+            exit("error: kubeadm-sync: ", result)
         }
         Some(Command::TransparentRoutes(args)) => transparent_routes(&args),
         Some(Command::Recover(args)) => {
             init_tracing(args.log_format, "info");
-            match recover::run(&args) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) if e.is_bad_input() => bad_input(format!("error: recover: {e}")),
-                Err(e) => {
-                    eprintln!("error: recover: {e}");
-                    ExitCode::FAILURE
-                }
-            }
+            exit("error: recover: ", recover::run(&args))
         }
         // Returns only when it could not exec.
-        Some(Command::Launch(args)) => bad_input(format!("error: {:#}", launch::launch(&args))),
+        Some(Command::Launch(args)) => exit("error: ", Err(launch::launch(&args))),
+    }
+}
+
+/// Ends a command: nothing on success; otherwise `prefix` and the error's line on stderr, and
+/// its exit code (2 bad input, 1 a failure: [`Failure`]).
+fn exit<E: Failure>(prefix: &str, result: Result<(), E>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{prefix}{}", e.line());
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+/// Prints what a command renders; exit 1 when stdout cannot take it.
+fn stdout(text: &str) -> ExitCode {
+    match std::io::Write::write_all(&mut std::io::stdout(), text.as_bytes()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: writing to stdout: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 
@@ -125,30 +113,7 @@ fn transparent_routes(args: &cli::TransparentRoutesArgs) -> ExitCode {
             }
             ExitCode::SUCCESS
         }
-        Err(e) => {
-            eprintln!("error: transparent-routes: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
-/// `migrate` and `migrate-back`: the error and its causes on one line; exit 2 on bad input
-/// (nothing touched), 1 on a failure.
-fn migrate_exit<T, E>(result: Result<T, E>, is_bad_input: fn(&E) -> bool) -> ExitCode
-where
-    E: std::error::Error + Send + Sync + 'static,
-{
-    match result {
-        Ok(_) => ExitCode::SUCCESS,
-        Err(e) => {
-            let bad = is_bad_input(&e);
-            let line = format!("error: {:#}", anyhow::Error::from(e));
-            if bad {
-                return bad_input(line);
-            }
-            eprintln!("{line}");
-            ExitCode::FAILURE
-        }
+        Err(e) => exit("error: transparent-routes: ", Err(e)),
     }
 }
 
@@ -174,11 +139,8 @@ fn write_kubeconfig(args: &cli::KubeadmSyncArgs) -> ExitCode {
             );
             ExitCode::SUCCESS
         }
-        Err(e) if e.is_bad_input() => bad_input(format!("error: kubeadm-sync: {e}")),
-        Err(e) => {
-            eprintln!("error: kubeadm-sync --write-kubeconfig: {e}");
-            ExitCode::FAILURE
-        }
+        Err(e) if e.is_bad_input() => exit("error: kubeadm-sync: ", Err(e)),
+        Err(e) => exit("error: kubeadm-sync --write-kubeconfig: ", Err(e)),
     }
 }
 
@@ -190,7 +152,7 @@ fn bad_input(line: String) -> ExitCode {
 fn run(args: RunArgs) -> ExitCode {
     let config = match Config::try_from(args) {
         Ok(c) => c,
-        Err(e) => return bad_input(format!("error: {e:#}")),
+        Err(e) => return exit("error: ", Err(e)),
     };
     init_tracing(config.log_format, &config.log_level);
     // Before any thread exists: capabilities belong to threads.

@@ -274,7 +274,8 @@ pub fn take_fd_of(pid: u32, fd: RawFd) -> io::Result<OwnedFd> {
 /// (`SO_ATTACH_FILTER`; the kernel runs it on every segment for the socket, with the TCP header
 /// at offset 0). A dropped SYN is sent again by the client (after 1 s on Linux) and then finds
 /// whatever listens once this socket is closed; closing a listener with an empty queue resets
-/// nothing. No privilege is needed.
+/// nothing. The kernel of the tiers' machines (6.18) asks for `CAP_NET_ADMIN` (EPERM without
+/// it); `migrate-back` runs as root.
 pub fn drop_new_connections(fd: BorrowedFd<'_>) -> io::Result<()> {
     // ldb [13]            TCP flags
     // and #0x12           SYN | ACK

@@ -53,15 +53,22 @@ pub fn parse_backend(text: &str) -> Option<BackendAddr> {
 }
 
 /// A `--backend-dir` entry's backend: [`parse_backend`], and a loopback address. Pure.
-pub fn parse_peer_backend(text: &str) -> Result<BackendAddr, String> {
-    let addr = parse_backend(text).ok_or_else(|| "not an ip:port address".to_string())?;
+pub fn parse_peer_backend(text: &str) -> Result<BackendAddr, PeerBackendError> {
+    let addr = parse_backend(text).ok_or(PeerBackendError::NotAnAddress)?;
     if addr.0.ip().is_loopback() {
         Ok(addr)
     } else {
-        Err(format!(
-            "{addr} is not a loopback address (instances register their apiserver's 127.a.b.c)"
-        ))
+        Err(PeerBackendError::NotLoopback(addr))
     }
+}
+
+/// Why a `--backend-dir` entry is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PeerBackendError {
+    #[error("not an ip:port address")]
+    NotAnAddress,
+    #[error("{0} is not a loopback address (instances register their apiserver's 127.a.b.c)")]
+    NotLoopback(BackendAddr),
 }
 
 /// Refused `--backend-dir` entries are logged at most once a minute (the directory is read
@@ -309,7 +316,7 @@ fn scan_dir(dir: &Path, own_entry: &str, expiry: Duration) -> Option<HashSet<Bac
             }
             Err(reason) => {
                 if let Some(suppressed) = REFUSED_LOG.allow() {
-                    tracing::warn!(entry = name, dir = %dir.display(), reason, suppressed, "backend registration refused");
+                    tracing::warn!(entry = name, dir = %dir.display(), reason = %reason, suppressed, "backend registration refused");
                 }
             }
         }

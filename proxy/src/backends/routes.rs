@@ -1,6 +1,6 @@
 //! The node's policy routing for `run --client-address transparent`, and the
 //! `transparent-routes` subcommand that installs it, spoken over rtnetlink (the image has no
-//! `ip`).
+//! `ip`); and the devices `migrate-back` makes and removes ([`add_link`], [`delete_link`]).
 //!
 //! A connection the proxy opens to a loopback backend with the client's address as its source
 //! is answered by the backend from 127.a.b.c to that address. Routed as usual, the answer would
@@ -189,6 +189,18 @@ pub struct RoutesError {
     source: io::Error,
 }
 
+impl crate::base::exit::Failure for RoutesError {
+    /// A rule or route the kernel would not read or add: a failure, not bad input.
+    fn is_bad_input(&self) -> bool {
+        false
+    }
+
+    /// The error and its causes.
+    fn line(&self) -> String {
+        crate::base::exit::chain(self)
+    }
+}
+
 impl RoutesError {
     fn new(what: impl Into<String>, source: io::Error) -> Self {
         let hint = if source.raw_os_error() == Some(libc::EPERM) {
@@ -294,6 +306,15 @@ const RTN_LOCAL: u8 = 2;
 const RT_SCOPE_HOST: u8 = 254;
 const RTPROT_BOOT: u8 = 3;
 const HEADER_LEN: usize = 16;
+const RTM_NEWLINK: u16 = 16;
+const RTM_DELLINK: u16 = 17;
+const IFLA_IFNAME: u16 = 3;
+const IFLA_LINKINFO: u16 = 18;
+const IFLA_INFO_KIND: u16 = 1;
+const IFLA_INFO_DATA: u16 = 2;
+const VETH_INFO_PEER: u16 = 1;
+/// `struct ifinfomsg`: family, padding, type, index, flags, change; all zero here.
+const IFINFOMSG: [u8; 16] = [0; 16];
 
 /// A netlink message being built: the `nlmsghdr`, a 12-byte family header (`fib_rule_hdr` or
 /// `rtmsg`, same size) and attributes.
@@ -301,22 +322,23 @@ struct Message(Vec<u8>);
 
 impl Message {
     fn new(kind: u16, flags: u16, seq: u32, header: [u8; 12]) -> Self {
+        Self::with_header(kind, flags, seq, &header)
+    }
+
+    /// A message whose family header is `header` (`ifinfomsg` is 16 bytes).
+    fn with_header(kind: u16, flags: u16, seq: u32, header: &[u8]) -> Self {
         let mut b = Vec::with_capacity(64);
         b.extend_from_slice(&0u32.to_ne_bytes());
         b.extend_from_slice(&kind.to_ne_bytes());
         b.extend_from_slice(&(flags | NLM_F_REQUEST).to_ne_bytes());
         b.extend_from_slice(&seq.to_ne_bytes());
         b.extend_from_slice(&0u32.to_ne_bytes());
-        b.extend_from_slice(&header);
+        b.extend_from_slice(header);
         Message(b)
     }
 
     fn attr(mut self, kind: u16, data: &[u8]) -> Self {
-        let len = 4 + data.len();
-        self.0.extend_from_slice(&(len as u16).to_ne_bytes());
-        self.0.extend_from_slice(&kind.to_ne_bytes());
-        self.0.extend_from_slice(data);
-        self.0.resize(self.0.len().next_multiple_of(4), 0);
+        push_attr(&mut self.0, kind, data);
         self
     }
 
@@ -325,6 +347,16 @@ impl Message {
         self.0[..4].copy_from_slice(&len.to_ne_bytes());
         self.0
     }
+}
+
+/// Appends one attribute (length, type, data, padding to 4 bytes) to `b`; nested attributes
+/// are attributes whose data is built this way.
+fn push_attr(b: &mut Vec<u8>, kind: u16, data: &[u8]) {
+    let len = 4 + data.len();
+    b.extend_from_slice(&(len as u16).to_ne_bytes());
+    b.extend_from_slice(&kind.to_ne_bytes());
+    b.extend_from_slice(data);
+    b.resize(b.len().next_multiple_of(4), 0);
 }
 
 fn addr_bytes(ip: IpAddr) -> Vec<u8> {
@@ -600,9 +632,101 @@ impl Netlink {
     }
 }
 
+/// A network device [`add_link`] makes (down, no address: it carries no traffic).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Link<'a> {
+    /// `ip link add NAME type dummy` (needs the dummy module).
+    Dummy,
+    /// `ip link add NAME type veth peer name PEER`.
+    Veth { peer: &'a str },
+}
+
+/// `ip link add name …`, over rtnetlink: fails (`EEXIST`) when a device of that name exists.
+pub fn add_link(name: &str, link: Link<'_>) -> io::Result<()> {
+    let mut nl = Netlink::open()?;
+    let seq = nl.next_seq();
+    let mut info = Vec::new();
+    match link {
+        Link::Dummy => push_attr(&mut info, IFLA_INFO_KIND, b"dummy"),
+        Link::Veth { peer } => {
+            push_attr(&mut info, IFLA_INFO_KIND, b"veth");
+            let mut peer_msg = IFINFOMSG.to_vec();
+            push_attr(&mut peer_msg, IFLA_IFNAME, &c_name(peer)?);
+            let mut data = Vec::new();
+            push_attr(&mut data, VETH_INFO_PEER, &peer_msg);
+            push_attr(&mut info, IFLA_INFO_DATA, &data);
+        }
+    }
+    let msg = Message::with_header(
+        RTM_NEWLINK,
+        NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+        seq,
+        &IFINFOMSG,
+    )
+    .attr(IFLA_IFNAME, &c_name(name)?)
+    .attr(IFLA_LINKINFO, &info)
+    .finish();
+    nl.request(msg, |_| {})
+}
+
+/// `ip link del NAME`, over rtnetlink (a veth pair goes with either end).
+pub fn delete_link(name: &str) -> io::Result<()> {
+    let mut nl = Netlink::open()?;
+    let seq = nl.next_seq();
+    let msg = Message::with_header(RTM_DELLINK, NLM_F_ACK, seq, &IFINFOMSG)
+        .attr(IFLA_IFNAME, &c_name(name)?)
+        .finish();
+    nl.request(msg, |_| {})
+}
+
+/// A device name as the kernel takes it: at most 15 bytes and a NUL.
+fn c_name(name: &str) -> io::Result<Vec<u8>> {
+    if name.is_empty() || name.len() >= libc::IFNAMSIZ || name.contains(['\0', '/']) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{name:?} is not a device name"),
+        ));
+    }
+    let mut b = name.as_bytes().to_vec();
+    b.push(0);
+    Ok(b)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// As root, in a network namespace of a thread of its own: a veth pair made over rtnetlink
+    /// is there (both ends), a second of the same name is refused, and deleting one end takes
+    /// both away.
+    #[test]
+    fn a_veth_pair_is_made_and_deleted_over_rtnetlink() {
+        if !nix::unistd::geteuid().is_root() {
+            if std::env::var_os("CI").is_some() {
+                panic!("a_veth_pair_is_made_and_deleted_over_rtnetlink needs root (CI is set)");
+            }
+            eprintln!("SKIP a_veth_pair_is_made_and_deleted_over_rtnetlink: needs root");
+            return;
+        }
+        std::thread::spawn(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
+                .expect("unshare(CLONE_NEWNET)");
+            let index = |n: &str| nix::net::if_::if_nametoindex(n).ok();
+            add_link("kaptest0", Link::Veth { peer: "kaptest0p" }).expect("add veth");
+            assert!(index("kaptest0").is_some() && index("kaptest0p").is_some());
+            let again = add_link("kaptest0", Link::Veth { peer: "kaptest1p" }).unwrap_err();
+            assert_eq!(again.raw_os_error(), Some(libc::EEXIST), "{again}");
+            delete_link("kaptest0p").expect("delete veth");
+            assert!(index("kaptest0").is_none() && index("kaptest0p").is_none());
+            assert_eq!(
+                delete_link("kaptest0").unwrap_err().raw_os_error(),
+                Some(libc::ENODEV)
+            );
+            assert!(add_link("a/b", Link::Dummy).is_err());
+        })
+        .join()
+        .unwrap_or_else(|p| std::panic::resume_unwind(p));
+    }
 
     #[test]
     fn items_read_as_ip_commands() {

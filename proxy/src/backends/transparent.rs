@@ -81,9 +81,9 @@ impl BackendState {
     }
 
     /// Records a verification; returns whether the verdict changed.
-    fn record(&self, result: &Result<(), String>) -> bool {
+    fn record(&self, result: &Result<(), VerifyError>) -> bool {
         let new = if result.is_ok() { WORKS } else { FAILS };
-        *self.reason.lock().expect("reason lock") = result.clone().err();
+        *self.reason.lock().expect("reason lock") = result.as_ref().err().map(ToString::to_string);
         self.verdict.swap(new, Ordering::Relaxed) != new
     }
 
@@ -153,14 +153,14 @@ pub async fn run(
 /// where whether they come back depends on the client's address (a test source without a
 /// route there comes back, a client on the node's network never does), so no test source can
 /// stand for every client.
-pub async fn verify(ip: IpAddr) -> Result<(), String> {
+pub async fn verify(ip: IpAddr) -> Result<(), VerifyError> {
     if in_host_range(ip) {
-        return Err(HOST_RANGE.into());
+        return Err(VerifyError::HostRange);
     }
     let listener = tokio::net::TcpListener::bind((ip, 0))
         .await
-        .map_err(|e| format!("cannot listen on {ip} to verify: {e}"))?;
-    let target = listener.local_addr().map_err(|e| e.to_string())?;
+        .map_err(|source| VerifyError::Listen { ip, source })?;
+    let target = listener.local_addr().map_err(VerifyError::LocalAddr)?;
     let source = test_source(ip);
     match crate::base::net::connect_from(source, target, VERIFY_TIMEOUT).await {
         Ok(_stream) => {
@@ -168,13 +168,11 @@ pub async fn verify(ip: IpAddr) -> Result<(), String> {
             let accepted = tokio::time::timeout(VERIFY_TIMEOUT, listener.accept()).await;
             match accepted {
                 Ok(Ok((_, peer))) if peer.ip() == source => Ok(()),
-                Ok(Ok((_, peer))) => Err(format!("the connection arrived from {peer}")),
-                _ => Err("the connection was not accepted".into()),
+                Ok(Ok((_, peer))) => Err(VerifyError::Peer(peer)),
+                _ => Err(VerifyError::NotAccepted),
             }
         }
-        Err(e) if e.raw_os_error() == Some(libc::EPERM) => Err(
-            "IP_TRANSPARENT not permitted: the proxy needs CAP_NET_RAW (or CAP_NET_ADMIN)".into(),
-        ),
+        Err(e) if e.raw_os_error() == Some(libc::EPERM) => Err(VerifyError::NotPermitted),
         Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
             // A netlink exchange: blocking, so off the runtime's thread.
             let lookup = tokio::task::spawn_blocking(move || {
@@ -183,13 +181,42 @@ pub async fn verify(ip: IpAddr) -> Result<(), String> {
             .await
             .unwrap_or_else(|e| Err(std::io::Error::other(e)));
             Err(match lookup {
-                Ok(false) => "the answers are not routed back: the policy routing is missing (run `kube-apiserver-proxy transparent-routes`)".into(),
-                Ok(true) => "no answer although the policy routing is in place: a firewall rule drops it (kubelet's and kube-proxy's `block incoming localnet connections`, docs/operations.md)".into(),
-                Err(e) => format!("no answer (and the route could not be looked up: {e})"),
+                Ok(false) => VerifyError::NotRouted,
+                Ok(true) => VerifyError::Dropped,
+                Err(e) => VerifyError::NoAnswer(e),
             })
         }
-        Err(e) => Err(format!("transparent connect failed: {e}")),
+        Err(e) => Err(VerifyError::Connect(e)),
     }
+}
+
+/// Why a transparent connection does not reach a backend's IP ([`verify`]).
+#[derive(Debug, thiserror::Error)]
+pub enum VerifyError {
+    #[error("{HOST_RANGE}")]
+    HostRange,
+    #[error("cannot listen on {ip} to verify: {source}")]
+    Listen {
+        ip: IpAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    LocalAddr(std::io::Error),
+    #[error("the connection arrived from {0}")]
+    Peer(SocketAddr),
+    #[error("the connection was not accepted")]
+    NotAccepted,
+    #[error("IP_TRANSPARENT not permitted: the proxy needs CAP_NET_RAW (or CAP_NET_ADMIN)")]
+    NotPermitted,
+    #[error("the answers are not routed back: the policy routing is missing (run `kube-apiserver-proxy transparent-routes`)")]
+    NotRouted,
+    #[error("no answer although the policy routing is in place: a firewall rule drops it (kubelet's and kube-proxy's `block incoming localnet connections`, docs/operations.md)")]
+    Dropped,
+    #[error("no answer (and the route could not be looked up: {0})")]
+    NoAnswer(std::io::Error),
+    #[error("transparent connect failed: {0}")]
+    Connect(std::io::Error),
 }
 
 /// Why a backend in 127.0.0.0/24 is never connected transparently.
@@ -248,8 +275,12 @@ mod tests {
         state.distrust("timed out".into());
         assert!(!state.works());
         assert_eq!(state.describe(), "unverified: timed out");
-        assert!(state.record(&Err("no route".into())));
-        assert_eq!(state.describe(), "fails: no route");
+        assert!(state.record(&Err(VerifyError::NotRouted)));
+        assert_eq!(
+            state.describe(),
+            format!("fails: {}", VerifyError::NotRouted)
+        );
+        assert!(state.describe().contains("the policy routing is missing"));
         assert!(state.record(&Ok(())));
         assert_eq!(state.describe(), "works");
     }

@@ -186,9 +186,10 @@ mod tests {
         let dir = fresh_dir("full");
         let outcome = std::thread::spawn({
             let dir = dir.clone();
-            move || -> Result<(), String> {
+            move || -> anyhow::Result<()> {
+                use anyhow::Context as _;
                 nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
-                    .map_err(|e| format!("unshare(CLONE_NEWNS): {e}"))?;
+                    .context("unshare(CLONE_NEWNS)")?;
                 for args in [
                     &["--make-rprivate", "/"][..],
                     &["-t", "tmpfs", "-o", "size=64k,mode=0700", "kap-full"],
@@ -198,12 +199,12 @@ mod tests {
                     if args[0] == "-t" {
                         mount.arg(&dir);
                     }
-                    let out = mount.output().map_err(|e| format!("run mount: {e}"))?;
+                    let out = mount.output().context("run mount")?;
                     if !out.status.success() {
-                        return Err(format!(
+                        anyhow::bail!(
                             "mount {args:?}: {}",
                             String::from_utf8_lossy(&out.stderr).trim()
-                        ));
+                        );
                     }
                 }
                 full_disk(&dir);
@@ -214,7 +215,7 @@ mod tests {
         .unwrap_or_else(|p| std::panic::resume_unwind(p));
         let _ = std::fs::remove_dir_all(&dir);
         if let Err(reason) = outcome {
-            skip(TEST, &reason);
+            skip(TEST, &format!("{reason:#}"));
         }
     }
 

@@ -1,6 +1,7 @@
-//! What every layer shares: addresses, lifecycle states, metrics, socket options, files, YAML, HTTP GETs.
+//! What every layer shares: addresses, exit codes, lifecycle states, metrics, socket options, files, YAML, HTTP GETs.
 
 pub mod addr;
+pub mod exit;
 pub mod fsutil;
 pub mod http_client;
 pub mod lifecycle;

@@ -53,7 +53,9 @@ impl Responder for Handoff {
                 commit_connections(self, peer.clone(), taken);
                 Reply::Answered
             }
-            Err(reason) => Reply::Answer(Message::Refuse { reason }),
+            Err(e) => Reply::Answer(Message::Refuse {
+                reason: e.to_string(),
+            }),
         }
     }
 
@@ -182,13 +184,13 @@ fn take_connections(
     fds: Vec<OwnedFd>,
     tail: &[u8],
     pid: i32,
-) -> Result<Taken, String> {
+) -> Result<Taken, NotServing> {
     if state != State::Serving || handoff.listeners.is_frozen() {
         handoff.metrics.handoff(
             HandoffDirection::ConnectionsReceived,
             HandoffOutcome::Refused,
         );
-        return Err(format!("not serving ({state})"));
+        return Err(NotServing(state));
     }
     let mut fds = fds.into_iter();
     let mut offset = 0;
@@ -256,6 +258,12 @@ fn take_connections(
     }
     Ok(taken)
 }
+
+/// Connections offered while this instance does not serve (or its listeners are frozen for
+/// an upgrade): refused, they stay with the predecessor.
+#[derive(Debug, thiserror::Error)]
+#[error("not serving ({0})")]
+struct NotServing(State);
 
 /// Writes the `ack` and, only once all of it is written, resumes the connections it names.
 /// Runs apart from the exchange's own deadline, bounded by [`super::ACK_WRITE_TIMEOUT`]: when

@@ -63,19 +63,21 @@ pub fn switch(uid: u32, gid: u32, keep_net_raw: bool) -> Result<(), PrivilegeErr
 }
 
 /// Parses `UID[:GID]` (numeric).
-pub fn parse_user(text: &str) -> Result<(u32, u32), String> {
+pub fn parse_user(text: &str) -> Result<(u32, u32), UserError> {
     let (uid, gid) = match text.split_once(':') {
         Some((u, g)) => (u, Some(g)),
         None => (text, None),
     };
-    let number = |s: &str| {
-        s.parse::<u32>()
-            .map_err(|_| format!("{text:?}: expected a numeric UID[:GID]"))
-    };
+    let number = |s: &str| s.parse::<u32>().map_err(|_| UserError(text.to_owned()));
     let uid = number(uid)?;
     let gid = gid.map(number).transpose()?.unwrap_or(uid);
     Ok((uid, gid))
 }
+
+/// A `--user` that is not a numeric `UID[:GID]`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?}: expected a numeric UID[:GID]")]
+pub struct UserError(pub String);
 
 #[cfg(test)]
 mod tests {

@@ -23,29 +23,21 @@
 //! replaced, for an operator's manual fallback); nothing else is kept. A checkpoint of a newer
 //! pod (by `creationTimestamp`) is never replaced by an older pod's.
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use http_body_util::{Empty, Full};
-use hyper::body::Bytes;
 use hyper::StatusCode;
 use serde_json::Value;
 
 use crate::base::fsutil::write_durable;
-use crate::base::http_client::{self, HttpError};
-use crate::node::kubeconfig::{self, KubeconfigError, Problem};
+use crate::node::api::{ApiClient, ApiError};
+use crate::node::kubeconfig::KubeconfigError;
 use crate::node::staticpod::{self, Origin};
 
 /// The checkpoint's file name in the checkpoint directory.
 pub const FILE: &str = "kube-apiserver.json";
 /// The checkpoint it replaced.
 pub const PREVIOUS: &str = "kube-apiserver.previous.json";
-/// Time one API request may take.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
-/// Largest answer accepted from the API.
-const MAX_BODY: usize = 16 << 20;
 
 /// Why an attempt failed.
 #[derive(Debug, thiserror::Error)]
@@ -72,236 +64,6 @@ pub enum CheckpointError {
     },
 }
 
-/// Why an API request failed: no answer, an answer of another status, or not JSON.
-#[derive(Debug, thiserror::Error)]
-pub enum ApiError {
-    #[error(transparent)]
-    Http(#[from] HttpError),
-    #[error("not JSON: {0}")]
-    Json(#[from] serde_json::Error),
-}
-
-impl ApiError {
-    /// The status of an answer refused for it.
-    pub fn status(&self) -> Option<StatusCode> {
-        match self {
-            ApiError::Http(HttpError::Status { status, .. }) => Some(*status),
-            _ => None,
-        }
-    }
-}
-
-/// Why an anonymous client cannot be made.
-#[derive(Debug, thiserror::Error)]
-enum AnonymousError {
-    #[error("{0}")]
-    Tls(#[from] crate::backends::tls::TlsError),
-    #[error("server name {name}: {source}")]
-    ServerName {
-        name: String,
-        #[source]
-        source: rustls::pki_types::InvalidDnsNameError,
-    },
-}
-
-/// An apiserver and the credentials to read from it.
-#[derive(Clone)]
-pub struct ApiClient {
-    host: String,
-    port: u16,
-    server_name: rustls::pki_types::ServerName<'static>,
-    tls: Arc<rustls::ClientConfig>,
-    /// Sent as `Authorization: Bearer`.
-    token: Option<String>,
-}
-
-impl std::fmt::Debug for ApiClient {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "https://{}", self.authority())
-    }
-}
-
-impl ApiClient {
-    /// From a kubeconfig (as kubeadm writes `kubelet.conf`, or any other): its current
-    /// context's server, CA and client certificate and key or token ([`crate::node::kubeconfig`]).
-    pub fn from_kubeconfig(path: &Path) -> Result<Self, KubeconfigError> {
-        Self::from_config(kubeconfig::read(path)?, path)
-    }
-
-    /// From a kubeconfig already read from `path` (named in errors).
-    pub fn from_config(k: kubeconfig::Kubeconfig, path: &Path) -> Result<Self, KubeconfigError> {
-        Self::from_current_context(k).map_err(|problem| KubeconfigError {
-            path: path.display().to_string(),
-            problem,
-        })
-    }
-
-    fn from_current_context(k: kubeconfig::Kubeconfig) -> Result<Self, Problem> {
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in rustls_pemfile::certs(&mut &k.ca[..]) {
-            let cert = cert.map_err(|source| Problem::Pem {
-                key: "certificate-authority",
-                source,
-            })?;
-            roots.add(cert).map_err(Problem::Root)?;
-        }
-        let client = match &k.client {
-            Some((cert, key)) => {
-                let certs = rustls_pemfile::certs(&mut &cert[..])
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|source| Problem::Pem {
-                        key: "client-certificate",
-                        source,
-                    })?;
-                let key = rustls_pemfile::private_key(&mut &key[..])
-                    .map_err(|source| Problem::Pem {
-                        key: "client-key",
-                        source,
-                    })?
-                    .ok_or(Problem::NoPemKey("client-key"))?;
-                Some((certs, key))
-            }
-            None => None,
-        };
-        let tls = crate::backends::tls::client_config(Some(roots), client).map_err(Problem::Tls)?;
-        let server_name =
-            rustls::pki_types::ServerName::try_from(k.host.clone()).map_err(|source| {
-                Problem::ServerName {
-                    server: k.server.clone(),
-                    source,
-                }
-            })?;
-        Ok(ApiClient {
-            host: k.host,
-            port: k.port,
-            server_name,
-            tls,
-            token: k.token,
-        })
-    }
-
-    /// A server at `host:port` that asks for a client certificate (etcd's client port, its JSON
-    /// gateway): verified against the PEM CA bundle `ca`, as the PEM certificate `cert` with its
-    /// key `key`.
-    pub fn mutual(
-        host: &str,
-        port: u16,
-        ca: Vec<u8>,
-        cert: Vec<u8>,
-        key: Vec<u8>,
-    ) -> Result<Self, Problem> {
-        Self::from_current_context(kubeconfig::Kubeconfig {
-            host: host.to_owned(),
-            port,
-            server: format!("https://{host}:{port}"),
-            ca,
-            client: Some((cert, key)),
-            token: None,
-        })
-    }
-
-    /// An apiserver at `addr` verified against the CA bundle `ca` under `server_name`, read
-    /// anonymously (`/readyz`, `/version`); the error as one line of text.
-    pub fn anonymous(addr: SocketAddr, ca: &Path, server_name: &str) -> Result<Self, String> {
-        Self::anonymous_typed(addr, ca, server_name).map_err(|e| e.to_string())
-    }
-
-    fn anonymous_typed(
-        addr: SocketAddr,
-        ca: &Path,
-        server_name: &str,
-    ) -> Result<Self, AnonymousError> {
-        let roots = crate::backends::tls::load_roots(ca)?;
-        let tls = crate::backends::tls::client_config(Some(roots), None)?;
-        Ok(ApiClient {
-            host: addr.ip().to_string(),
-            port: addr.port(),
-            server_name: rustls::pki_types::ServerName::try_from(server_name.to_owned()).map_err(
-                |source| AnonymousError::ServerName {
-                    name: server_name.to_owned(),
-                    source,
-                },
-            )?,
-            tls,
-            token: None,
-        })
-    }
-
-    /// `host:port`, an IPv6 host in brackets.
-    fn authority(&self) -> String {
-        if self.host.contains(':') {
-            format!("[{}]:{}", self.host, self.port)
-        } else {
-            format!("{}:{}", self.host, self.port)
-        }
-    }
-
-    /// `GET path` (with query); the JSON body of a 200.
-    pub async fn get_json(&self, path: &str) -> Result<Value, ApiError> {
-        let body = self.get(path).await?;
-        Ok(serde_json::from_slice(&body)?)
-    }
-
-    /// `GET path` (with query); the body of a 200.
-    pub async fn get(&self, path: &str) -> Result<Bytes, ApiError> {
-        let req = hyper::Request::get(path).header(
-            hyper::header::USER_AGENT,
-            concat!("kube-apiserver-proxy-recover/", env!("CARGO_PKG_VERSION")),
-        );
-        let answer = self.call(req, Empty::<Bytes>::new()).await?;
-        Ok(answer.accept(|s| s == StatusCode::OK, 200)?)
-    }
-
-    /// `METHOD path` with a JSON body (`PUT`, `POST`); the JSON answer of a 2xx.
-    pub async fn send_json(
-        &self,
-        method: &str,
-        path: &str,
-        body: &Value,
-    ) -> Result<Value, ApiError> {
-        let body = Bytes::from(serde_json::to_vec(body).expect("JSON value serializes"));
-        let req = hyper::Request::builder()
-            .method(method)
-            .uri(path)
-            .header(hyper::header::CONTENT_TYPE, "application/json")
-            .header(
-                hyper::header::USER_AGENT,
-                concat!("kube-apiserver-proxy/", env!("CARGO_PKG_VERSION")),
-            );
-        let answer = self.call(req, Full::new(body)).await?;
-        let body = answer.accept(|s| s.is_success(), 300)?;
-        Ok(serde_json::from_slice(&body)?)
-    }
-
-    /// Sends `req` with `body` (and `Host`, `Accept`, the token) over a new connection, within
-    /// [`REQUEST_TIMEOUT`].
-    async fn call<B>(
-        &self,
-        req: hyper::http::request::Builder,
-        body: B,
-    ) -> Result<http_client::Answer, HttpError>
-    where
-        B: hyper::body::Body + Send + 'static,
-        B::Data: Send,
-        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    {
-        let mut req = req
-            .header(hyper::header::HOST, self.authority())
-            .header(hyper::header::ACCEPT, "application/json");
-        if let Some(token) = &self.token {
-            req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {token}"));
-        }
-        let req = req.body(body)?;
-        http_client::within(REQUEST_TIMEOUT, async {
-            let addr = http_client::resolve(&self.host, self.port).await?;
-            let tcp = http_client::connect(addr).await?;
-            let tls = http_client::tls(self.tls.clone(), self.server_name.clone(), tcp).await?;
-            http_client::request(tls, req, MAX_BODY).await
-        })
-        .await
-    }
-}
-
 /// The workload whose pods may become the checkpoint (`recover --workload`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Workload {
@@ -312,16 +74,21 @@ pub enum Workload {
 }
 
 impl std::str::FromStr for Workload {
-    type Err = String;
+    type Err = WorkloadError;
 
-    fn from_str(s: &str) -> Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self, WorkloadError> {
         match s.split_once('/') {
             Some(("deployment", name)) if !name.is_empty() => Ok(Workload::Deployment(name.into())),
             Some(("daemonset", name)) if !name.is_empty() => Ok(Workload::DaemonSet(name.into())),
-            _ => Err(format!("{s:?} is not deployment/NAME or daemonset/NAME")),
+            _ => Err(WorkloadError(s.to_owned())),
         }
     }
 }
+
+/// A `--workload` that is neither `deployment/NAME` nor `daemonset/NAME`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not deployment/NAME or daemonset/NAME")]
+pub struct WorkloadError(pub String);
 
 impl std::fmt::Display for Workload {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -422,6 +189,37 @@ pub fn controller_of(object: &Value) -> Option<(&str, &str, &str)> {
         .and_then(|r| Some((r["kind"].as_str()?, r["name"].as_str()?, r["uid"].as_str()?)))
 }
 
+/// Why a pod is not one of the workload's: its controller owner references do not lead there.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotOwned {
+    #[error("{0} does not exist")]
+    Missing(String),
+    #[error("it has no controller owner reference (not made by {0})")]
+    NoController(Workload),
+    #[error("its controller is {kind} {owner}, not a {want} of {workload}")]
+    Kind {
+        kind: String,
+        owner: String,
+        want: &'static str,
+        workload: Workload,
+    },
+    #[error("{path} has another uid than the owner reference names ({uid})")]
+    Uid { path: String, uid: String },
+    #[error("its owner is {owner}, not {workload}")]
+    Owner { owner: String, workload: Workload },
+    #[error("its ReplicaSet {replicaset} belongs to deployment/{deployment}, not {workload}")]
+    Deployment {
+        replicaset: String,
+        deployment: String,
+        workload: Workload,
+    },
+    #[error("its ReplicaSet {replicaset} is not controlled by {workload}")]
+    Uncontrolled {
+        replicaset: String,
+        workload: Workload,
+    },
+}
+
 /// Follows `pod`'s controller owner references up to `workload`, reading each owner from the
 /// API and comparing uids: `Ok(Err(why))` when the chain does not lead there.
 async fn owned_by(
@@ -429,29 +227,28 @@ async fn owned_by(
     namespace: &str,
     pod: &Value,
     workload: &Workload,
-) -> Result<Result<(), String>, CheckpointError> {
+) -> Result<Result<(), NotOwned>, CheckpointError> {
     let get = |path: String| async move {
         match api.get_json(&path).await {
             Ok(v) => Ok(Ok(v)),
-            Err(e) if e.status() == Some(StatusCode::NOT_FOUND) => {
-                Ok(Err(format!("{path} does not exist")))
-            }
+            Err(e) if e.status() == Some(StatusCode::NOT_FOUND) => Ok(Err(NotOwned::Missing(path))),
             Err(source) => Err(CheckpointError::Api { path, source }),
         }
     };
-    let (want_kind, name) = match workload {
+    let (want, name) = match workload {
         Workload::Deployment(n) => ("ReplicaSet", n),
         Workload::DaemonSet(n) => ("DaemonSet", n),
     };
     let Some((kind, owner, uid)) = controller_of(pod) else {
-        return Ok(Err(format!(
-            "it has no controller owner reference (not made by {workload})"
-        )));
+        return Ok(Err(NotOwned::NoController(workload.clone())));
     };
-    if kind != want_kind {
-        return Ok(Err(format!(
-            "its controller is {kind} {owner}, not a {want_kind} of {workload}"
-        )));
+    if kind != want {
+        return Ok(Err(NotOwned::Kind {
+            kind: kind.to_owned(),
+            owner: owner.to_owned(),
+            want,
+            workload: workload.clone(),
+        }));
     }
     let apps = format!("/apis/apps/v1/namespaces/{namespace}");
     let mut path = match workload {
@@ -465,32 +262,36 @@ async fn owned_by(
             Err(why) => return Ok(Err(why)),
         };
         if object["metadata"]["uid"].as_str() != Some(uid.as_str()) {
-            return Ok(Err(format!(
-                "{path} has another uid than the owner reference names ({uid})"
-            )));
+            return Ok(Err(NotOwned::Uid { path, uid }));
         }
         if object["kind"] != "ReplicaSet" {
             // The workload itself.
             return Ok(if owner == *name {
                 Ok(())
             } else {
-                Err(format!("its owner is {owner}, not {workload}"))
+                Err(NotOwned::Owner {
+                    owner,
+                    workload: workload.clone(),
+                })
             });
         }
         match controller_of(&object) {
             Some(("Deployment", d, u)) if matches!(workload, Workload::Deployment(_)) => {
                 if d != name {
-                    return Ok(Err(format!(
-                        "its ReplicaSet {owner} belongs to deployment/{d}, not {workload}"
-                    )));
+                    return Ok(Err(NotOwned::Deployment {
+                        replicaset: owner,
+                        deployment: d.to_owned(),
+                        workload: workload.clone(),
+                    }));
                 }
                 path = format!("{apps}/deployments/{d}");
                 (owner, uid) = (d.to_owned(), u.to_owned());
             }
             _ => {
-                return Ok(Err(format!(
-                    "its ReplicaSet {owner} is not controlled by {workload}"
-                )))
+                return Ok(Err(NotOwned::Uncontrolled {
+                    replicaset: owner,
+                    workload: workload.clone(),
+                }))
             }
         }
     }
@@ -554,7 +355,7 @@ pub async fn attempt(config: &WriterConfig, now: SystemTime) -> Result<Outcome, 
         });
     }
     if let Err(why) = owned_by(&api, &config.namespace, pod, &config.workload).await? {
-        return refused(why);
+        return refused(why.to_string());
     }
     let stamp = humantime::format_rfc3339_seconds(now).to_string();
     let checkpoint = match staticpod::from_pod(pod, &config.retire_file, &stamp) {
@@ -616,7 +417,6 @@ pub fn store(dir: &Path, existing: Option<&[u8]>, text: &[u8]) -> std::io::Resul
 #[cfg(test)]
 mod tests {
     use super::*;
-    use base64::Engine as _;
     use serde_json::json;
 
     fn origin(uid: &str, created: &str) -> Origin {
@@ -690,72 +490,6 @@ mod tests {
         );
         assert!(choose(&[pod("b", "2025-01-01T00:00:00Z", None)], now, after).is_none());
     }
-
-    #[test]
-    fn kubeconfig_inline_and_file_material() {
-        let dir = std::env::temp_dir().join(format!("kap-kubeconfig-{}", rand::random::<u64>()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let ca = rcgen_free_pem();
-        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
-        let inline = format!(
-            "apiVersion: v1\nclusters:\n- cluster:\n    certificate-authority-data: {}\n    server: https://192.0.2.10:6443\n  name: c\nusers:\n- name: u\n  user:\n    client-certificate-data: {}\n    client-key-data: {}\n",
-            b64(&ca.0), b64(&ca.0), b64(&ca.1)
-        );
-        std::fs::write(dir.join("inline.conf"), inline).unwrap();
-        let c = ApiClient::from_kubeconfig(&dir.join("inline.conf")).unwrap();
-        assert_eq!((c.host.as_str(), c.port), ("192.0.2.10", 6443));
-        std::fs::write(dir.join("ca.crt"), &ca.0).unwrap();
-        std::fs::write(dir.join("client.pem"), format!("{}{}", ca.0, ca.1)).unwrap();
-        let files = "clusters:\n- cluster:\n    certificate-authority: ca.crt\n    server: \"https://cp.example:7443\"\nusers:\n- user:\n    client-certificate: client.pem\n    client-key: client.pem\n";
-        std::fs::write(dir.join("files.conf"), files).unwrap();
-        let c = ApiClient::from_kubeconfig(&dir.join("files.conf")).unwrap();
-        assert_eq!((c.host.as_str(), c.port), ("cp.example", 7443));
-        std::fs::write(dir.join("bad.conf"), "clusters: []\n").unwrap();
-        let e = ApiClient::from_kubeconfig(&dir.join("bad.conf")).unwrap_err();
-        assert!(e.to_string().contains("no server"), "{e}");
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn kubeconfig_current_context_with_a_token_user() {
-        let dir = std::env::temp_dir().join(format!("kap-kubeconfig-{}", rand::random::<u64>()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let (cert, key) = rcgen_free_pem();
-        std::fs::write(dir.join("ca.crt"), &cert).unwrap();
-        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
-        let text = format!(
-            "clusters:\n- name: old\n  cluster:\n    server: https://192.0.2.1:6443\n    certificate-authority: missing.crt\n- name: new\n  cluster:\n    server: https://[2001:db8::5]:8443\n    certificate-authority: ca.crt\ncontexts:\n- name: old\n  context: {{cluster: old, user: cert}}\n- name: new\n  context: {{cluster: new, user: token}}\ncurrent-context: new\nusers:\n- name: cert\n  user:\n    client-certificate-data: {}\n    client-key-data: {}\n- name: token\n  user:\n    token: abc\n",
-            b64(&cert),
-            b64(&key)
-        );
-        std::fs::write(dir.join("k.conf"), &text).unwrap();
-        let c = ApiClient::from_kubeconfig(&dir.join("k.conf")).unwrap();
-        assert_eq!((c.host.as_str(), c.port), ("2001:db8::5", 8443));
-        assert_eq!(c.authority(), "[2001:db8::5]:8443");
-        assert_eq!(c.token.as_deref(), Some("abc"));
-        // The other context's CA file is missing: it is named when that context is current.
-        std::fs::write(
-            dir.join("k.conf"),
-            text.replace("current-context: new", "current-context: old"),
-        )
-        .unwrap();
-        let e = ApiClient::from_kubeconfig(&dir.join("k.conf"))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("k.conf: certificate-authority missing.crt: "),
-            "{e}"
-        );
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    /// A self-signed certificate and its key, PEM (a fixed test vector).
-    fn rcgen_free_pem() -> (String, String) {
-        (TEST_CERT.to_owned(), TEST_KEY.to_owned())
-    }
-
-    const TEST_CERT: &str = include_str!("../testdata/cert.pem");
-    const TEST_KEY: &str = include_str!("../testdata/key.pem");
 
     #[test]
     fn selectors_are_encoded() {

@@ -38,7 +38,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde_json::{json, Value};
 
 use crate::base::http_client::excerpt_of;
-use crate::node::checkpoint::{ApiClient, ApiError};
+use crate::node::api::{ApiClient, ApiError};
 use crate::node::kubeconfig::{self, Problem};
 
 /// The canary's file in the kubelet's directory.

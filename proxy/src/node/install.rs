@@ -16,6 +16,13 @@ pub struct InstallError {
     source: std::io::Error,
 }
 
+impl crate::base::exit::Failure for InstallError {
+    /// A destination `install` cannot write: bad input.
+    fn is_bad_input(&self) -> bool {
+        true
+    }
+}
+
 /// Copies the running executable to `dest` atomically.
 pub fn install(dest: &Path) -> Result<(), InstallError> {
     let err = |source| InstallError {

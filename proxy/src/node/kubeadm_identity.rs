@@ -29,7 +29,7 @@ use base64::Engine;
 use serde_json::{json, Value};
 
 use crate::base::fsutil::write_durable;
-use crate::node::checkpoint::ApiClient;
+use crate::node::api::ApiClient;
 use crate::node::kubeconfig;
 use crate::node::leader_handover::{lease_of, LEADERS};
 
@@ -59,9 +59,9 @@ pub enum IdentityError {
     },
 }
 
-impl IdentityError {
+impl crate::base::exit::Failure for IdentityError {
     /// Bad input (exit 2) rather than a runtime failure.
-    pub fn is_bad_input(&self) -> bool {
+    fn is_bad_input(&self) -> bool {
         matches!(self, IdentityError::AdminKubeconfig(_))
     }
 }

@@ -68,7 +68,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::base::fsutil::write_durable;
-use crate::node::checkpoint::ApiClient;
+use crate::node::api::ApiClient;
 use crate::node::etcd_canary;
 use crate::node::leader_handover::{self, LEADERS};
 use crate::node::render::{self, StaticPod};
@@ -120,9 +120,9 @@ pub enum SyncError {
     StaticApiserverRuns { pid: u32, waited: Duration },
 }
 
-impl SyncError {
+impl crate::base::exit::Failure for SyncError {
     /// Bad input (exit 2) rather than a runtime failure.
-    pub fn is_bad_input(&self) -> bool {
+    fn is_bad_input(&self) -> bool {
         matches!(
             self,
             SyncError::Kubeconfig(_)

@@ -39,7 +39,7 @@ pub const OWN_SLICE: &str = "kubernetes-kube-apiserver-proxy";
 pub const GUARD: &str = "kube-apiserver-proxy-kubernetes-endpoints";
 
 /// Rejects what the API would reject as an endpoint address (or what no client could use).
-pub fn check_address(address: IpAddr) -> Result<(), String> {
+pub fn check_address(address: IpAddr) -> Result<(), AddressError> {
     let why = if address.is_unspecified() {
         "is unspecified"
     } else if address.is_loopback() {
@@ -53,9 +53,22 @@ pub fn check_address(address: IpAddr) -> Result<(), String> {
     } else {
         return Ok(());
     };
-    Err(format!(
-        "--address {address} {why}: give the node address the proxy serves on"
-    ))
+    Err(AddressError { address, why })
+}
+
+/// An `--address` no endpoint can carry, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("--address {address} {why}: give the node address the proxy serves on")]
+pub struct AddressError {
+    pub address: IpAddr,
+    pub why: &'static str,
+}
+
+impl crate::base::exit::Failure for AddressError {
+    /// An address no endpoint can carry: bad input.
+    fn is_bad_input(&self) -> bool {
+        true
+    }
 }
 
 /// The objects, as one multi-document YAML stream.

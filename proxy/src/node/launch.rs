@@ -55,6 +55,13 @@ pub enum LaunchError {
     },
 }
 
+impl crate::base::exit::Failure for LaunchError {
+    /// A command `launch` cannot start: bad input (the pod's command line).
+    fn is_bad_input(&self) -> bool {
+        true
+    }
+}
+
 /// A random address in 127.0.0.0/8, outside 127.0.0.0/24 and not the broadcast address.
 pub fn random_loopback(rng: &mut impl Rng) -> Ipv4Addr {
     loop {

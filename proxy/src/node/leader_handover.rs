@@ -26,7 +26,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{json, Value};
 
-use crate::node::checkpoint::ApiClient;
+use crate::node::api::ApiClient;
 
 /// The copies whose pod elects a leader with a lease.
 pub const LEADERS: [&str; 2] = ["kube-controller-manager.yaml", "kube-scheduler.yaml"];
@@ -101,6 +101,19 @@ pub enum Handover {
     StillRunning,
 }
 
+/// Why a lease could not be released.
+#[derive(Debug, thiserror::Error)]
+pub enum HandoverError {
+    #[error("no API client")]
+    NoClient,
+    #[error("{path}: {source}")]
+    Api {
+        path: String,
+        #[source]
+        source: crate::node::api::ApiError,
+    },
+}
+
 /// Waits until the mirror pod `path` of the pod `uid` is gone and [`KUBELET_FINISH`] more, then
 /// releases `lease`.
 pub async fn after_stop(
@@ -109,7 +122,7 @@ pub async fn after_stop(
     uid: &str,
     (namespace, name): (&str, &str),
     hosts: &[&str],
-) -> Result<Handover, String> {
+) -> Result<Handover, HandoverError> {
     let started = Instant::now();
     loop {
         if let Some(api) = api() {
@@ -132,16 +145,22 @@ pub async fn after_stop(
     // The mirror pod gone, the kubelet still finishes the old pod: a successor of the same name
     // written before that is held back for its pod worker's back-off (10–15 s).
     tokio::time::sleep(KUBELET_FINISH).await;
-    let api = api().ok_or("no API client")?;
+    let api = api().ok_or(HandoverError::NoClient)?;
     let path = format!("/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}");
-    let lease = api.get_json(&path).await.map_err(|e| e.to_string())?;
+    let lease = api
+        .get_json(&path)
+        .await
+        .map_err(|source| HandoverError::Api {
+            path: path.clone(),
+            source,
+        })?;
     let Some(free) = released(&lease, hosts, SystemTime::now()) else {
         return Ok(Handover::NotHeld);
     };
     // With the resourceVersion read: refused (409) if anyone wrote it meanwhile.
     api.send_json("PUT", &path, &free)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|source| HandoverError::Api { path, source })?;
     Ok(Handover::Released(
         lease["spec"]["holderIdentity"]
             .as_str()

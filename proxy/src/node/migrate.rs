@@ -66,10 +66,15 @@ pub enum MigrateError {
     Failed(#[from] Failure),
 }
 
-impl MigrateError {
+impl crate::base::exit::Failure for MigrateError {
     /// Bad input: nothing was looked at or bound (exit code 2).
-    pub fn is_bad_input(&self) -> bool {
+    fn is_bad_input(&self) -> bool {
         matches!(self, MigrateError::BadInput(_))
+    }
+
+    /// The error and its causes: its message does not repeat them.
+    fn line(&self) -> String {
+        crate::base::exit::chain(self)
     }
 }
 
@@ -223,7 +228,7 @@ enum ClusterInfoError {
     #[error(transparent)]
     Client(#[from] crate::node::kubeconfig::KubeconfigError),
     #[error(transparent)]
-    Api(#[from] crate::node::checkpoint::ApiError),
+    Api(#[from] crate::node::api::ApiError),
     #[error("no data.kubeconfig")]
     NoKubeconfig,
 }
@@ -545,7 +550,7 @@ pub fn run(args: &MigrateArgs) -> Result<Outcome, MigrateError> {
 /// Refuses (bad input: nothing was touched) while an address of this node that serves `port`
 /// or is used for it is neither a `--listen` address nor given to `--drop`.
 fn check_served(args: &MigrateArgs, port: u16, pid: u32) -> Result<(), InputError> {
-    let cluster_info = read_cluster_info(&args.kubernetes_dir).map_err(|e| e.to_string());
+    let cluster_info = read_cluster_info(&args.kubernetes_dir);
     let found = served::find(
         port,
         &served::socket_inodes(pid),
@@ -582,7 +587,7 @@ fn check_served(args: &MigrateArgs, port: u16, pid: u32) -> Result<(), InputErro
 /// The kubeconfig in `kube-public/cluster-info` (kubeadm's `controlPlaneEndpoint` as joining
 /// nodes see it), read with `admin.conf`.
 fn read_cluster_info(dir: &Path) -> Result<String, ClusterInfoError> {
-    let api = crate::node::checkpoint::ApiClient::from_kubeconfig(&dir.join("admin.conf"))?;
+    let api = crate::node::api::ApiClient::from_kubeconfig(&dir.join("admin.conf"))?;
     let cm = crate::base::runtime::block_on(
         api.get_json("/api/v1/namespaces/kube-public/configmaps/cluster-info"),
     )?;
@@ -782,11 +787,12 @@ mod tests {
         assert!(ctx(None, true, None).explain().contains("(not active)"));
     }
 
-    /// The error line main prints (`{:#}`: each layer, then its cause) reads as it always did,
-    /// and the exit code follows the kind.
+    /// The error line main prints (`Failure::line`: each layer, then its cause) reads as it
+    /// always did, and the exit code follows the kind.
     #[test]
     fn errors_print_their_causes_on_one_line() {
-        let line = |e: MigrateError| (e.is_bad_input(), format!("{:#}", anyhow::Error::from(e)));
+        use crate::base::exit::Failure as _;
+        let line = |e: MigrateError| (e.is_bad_input(), e.line());
         let addr: SocketAddr = "127.0.0.1:6443".parse().unwrap();
         assert_eq!(
             line(InputError::Twice(addr).into()),

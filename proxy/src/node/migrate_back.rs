@@ -26,7 +26,7 @@
 //!    under way still complete into the taken sockets. Then they are acknowledged (the proxy
 //!    stops accepting and closes its copies), what they queue is accepted and forwarded to the
 //!    static apiserver for 50 ms, and they are closed with an empty queue: nothing refused,
-//!    reset or delayed. Without a device (no `ip`, no dummy or veth driver) a socket filter
+//!    reset or delayed. Without a device (no dummy or veth driver) a socket filter
 //!    drops new SYNs instead while the queue is emptied: a client whose SYN falls in those
 //!    milliseconds sends it again after 1 s and then reaches the static apiserver;
 //! 5. exits 0 once nothing but the wildcard socket listens on the port (and the connections it
@@ -52,7 +52,7 @@ use tokio_util::task::TaskTracker;
 use crate::cli::MigrateBackArgs;
 use crate::handoff::codec::{Message, PeerState};
 use crate::handoff::server::{self, DirError, Peer, Reply, Responder};
-use crate::node::checkpoint::ApiClient;
+use crate::node::api::ApiClient;
 use crate::node::migrate::{find_holder, GetfdError, PtraceContext};
 use crate::{node::served, sys};
 
@@ -69,10 +69,15 @@ pub enum MigrateBackError {
     Failed(#[from] BackFailure),
 }
 
-impl MigrateBackError {
+impl crate::base::exit::Failure for MigrateBackError {
     /// Bad input: nothing was touched (exit code 2).
-    pub fn is_bad_input(&self) -> bool {
+    fn is_bad_input(&self) -> bool {
         matches!(self, MigrateBackError::BadInput(_))
+    }
+
+    /// The error and its causes: its message does not repeat them.
+    fn line(&self) -> String {
+        crate::base::exit::chain(self)
     }
 }
 
@@ -453,11 +458,10 @@ async fn running_version(held: &[served::TcpEntry], ca: &Path) -> Result<String,
     let mut errors = Vec::new();
     for e in held {
         let addr = SocketAddr::new(served::canonical(e.local.ip()), e.local.port());
-        let api =
-            ApiClient::anonymous(addr, ca, "kubernetes").map_err(|error| BackInput::CaFile {
-                path: ca.to_owned(),
-                error,
-            })?;
+        let api = ApiClient::anonymous(addr, ca, "kubernetes").map_err(|e| BackInput::CaFile {
+            path: ca.to_owned(),
+            error: e.to_string(),
+        })?;
         match api.get_json("/version").await {
             Ok(v) => {
                 if let Some(version) = v["gitVersion"].as_str() {
@@ -487,41 +491,34 @@ struct Sink(String);
 
 impl Sink {
     fn create() -> std::io::Result<Self> {
+        use crate::backends::routes::{add_link, Link};
         let name = format!("kapmb{}", std::process::id() % 100_000);
-        let ip = |args: &[&str]| {
-            std::process::Command::new("ip")
-                .args(args)
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        };
         let peer = format!("{name}p");
-        if ip(&["link", "add", &name, "type", "dummy"])
-            || ip(&["link", "add", &name, "type", "veth", "peer", "name", &peer])
-        {
-            return Ok(Sink(name));
+        match add_link(&name, Link::Dummy) {
+            Ok(()) => Ok(Sink(name)),
+            Err(dummy) => match add_link(&name, Link::Veth { peer: &peer }) {
+                Ok(()) => Ok(Sink(name)),
+                Err(veth) => Err(std::io::Error::other(format!(
+                    "neither a dummy ({dummy}) nor a veth pair ({veth}) could be made"
+                ))),
+            },
         }
-        Err(std::io::Error::other(
-            "`ip link add` of a dummy or veth device failed",
-        ))
     }
 }
 
 impl Drop for Sink {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("ip")
-            .args(["link", "del", &self.0])
-            .status();
+        if let Err(e) = crate::backends::routes::delete_link(&self.0) {
+            tracing::warn!(device = %self.0, error = %e, "migrate-back: the device for the taken sockets could not be removed");
+        }
     }
 }
 
 /// Why the wait ended without success.
 #[derive(Debug, thiserror::Error)]
 pub enum GaveUp {
-    /// The client's own error is a message only.
     #[error("{0}")]
-    Client(String),
+    Client(crate::node::api::AnonymousError),
     #[error(transparent)]
     Signal(io::Error),
     #[error("gave up after {timeout:?}: {}; still listening: {left:?}", if *.ready { "the Deployment's sockets were not all handed over" } else { "the static apiserver never got ready" })]
@@ -861,11 +858,12 @@ mod tests {
         assert!(parse_manifest("kind: Pod\n").is_err());
     }
 
-    /// The error line main prints (`{:#}`) reads as it always did; the exit code follows the kind.
+    /// The error line main prints (`Failure::line`) reads as it always did; the exit code
+    /// follows the kind.
     #[test]
     fn errors_print_their_causes_on_one_line() {
-        let line =
-            |e: MigrateBackError| (e.is_bad_input(), format!("{:#}", anyhow::Error::from(e)));
+        use crate::base::exit::Failure;
+        let line = |e: MigrateBackError| (e.is_bad_input(), e.line());
         assert_eq!(
             line(BackInput::StaticPodDir("/x".into()).into()),
             (

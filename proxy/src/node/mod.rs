@@ -1,5 +1,6 @@
 //! The node commands and agents: migration to and from kubeadm's static pod, recovery, rendering, probes.
 
+pub mod api;
 pub mod checkpoint;
 pub mod etcd_canary;
 pub mod install;

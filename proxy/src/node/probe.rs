@@ -13,6 +13,7 @@ use http_body_util::Empty;
 use hyper::body::Bytes;
 
 use crate::backends::tls;
+use crate::base::exit::Failure;
 use crate::base::http_client::{self, HttpError};
 use crate::cli::ProbeArgs;
 
@@ -50,9 +51,9 @@ pub enum ProbeError {
     },
 }
 
-impl ProbeError {
+impl crate::base::exit::Failure for ProbeError {
     /// Bad flags or files (exit 2) rather than a failed probe (exit 1).
-    pub fn is_bad_input(&self) -> bool {
+    fn is_bad_input(&self) -> bool {
         matches!(
             self,
             ProbeError::NoTrust | ProbeError::Tls { .. } | ProbeError::BadUrl(_)

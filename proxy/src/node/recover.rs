@@ -36,7 +36,7 @@ use crate::node::staticpod;
 #[derive(Debug, thiserror::Error)]
 pub enum RecoverError {
     #[error("--node-address: {0}")]
-    NodeAddress(String),
+    NodeAddress(crate::cli::ParseError),
     #[error("--static-pod-dir {0}: not a directory")]
     StaticPodDir(String),
     #[error("--interval: must be greater than zero")]
@@ -47,13 +47,13 @@ pub enum RecoverError {
     #[error("--{0}")]
     Kubeconfig(#[source] KubeconfigError),
     #[error("--workload: {0}")]
-    Workload(String),
+    Workload(crate::node::checkpoint::WorkloadError),
     #[error("--allow-host-path {0}: not a plain absolute path")]
     HostPath(String),
     #[error("--allow-image-repository {0:?}: give a repository without tag or digest")]
     ImageRepository(String),
     #[error("--metrics-listen: {0}")]
-    MetricsListen(String),
+    MetricsListen(crate::cli::ParseError),
     /// The TLS of --metrics-listen, as `run`'s: `--FLAG FILE: problem`.
     #[error("{0}")]
     MetricsTls(#[source] crate::observe::scrape::TlsConfigError),
@@ -67,9 +67,9 @@ pub enum RecoverError {
     Runtime(#[source] std::io::Error),
 }
 
-impl RecoverError {
+impl crate::base::exit::Failure for RecoverError {
     /// Bad flags or files (exit 2) rather than a failure at run time (exit 1).
-    pub fn is_bad_input(&self) -> bool {
+    fn is_bad_input(&self) -> bool {
         match self {
             RecoverError::NodeAddress(_)
             | RecoverError::StaticPodDir(_)
@@ -172,7 +172,7 @@ impl TryFrom<&RecoverArgs> for Recover {
         let writer = match (&args.kubeconfig, &args.node_name) {
             (Some(kubeconfig), Some(node)) => {
                 // Read now to refuse a bad one at start; read again at every attempt.
-                crate::node::checkpoint::ApiClient::from_kubeconfig(kubeconfig)
+                crate::node::api::ApiClient::from_kubeconfig(kubeconfig)
                     .map_err(RecoverError::Kubeconfig)?;
                 Some(crate::node::checkpoint::WriterConfig {
                     dir: args.checkpoint_dir.clone(),

@@ -857,6 +857,13 @@ pub enum PrintError {
     Other(RenderError),
 }
 
+impl crate::base::exit::Failure for PrintError {
+    /// A manifest `render` cannot read or use: bad input.
+    fn is_bad_input(&self) -> bool {
+        true
+    }
+}
+
 /// `render`: the `default/kubernetes` endpoints, the Deployment and its budget, as one YAML
 /// stream. The files the flags name are digested when they can be read (as root on the node);
 /// otherwise the digest is left out and `kubeadm-sync` adds it (one extra rollout).

@@ -192,7 +192,12 @@ fn add_servers(served: &mut Served, text: &str, source: &str, port: u16) {
 /// Everything above, for `port`: `own` are the serving process's socket inodes, `dir` the
 /// Kubernetes directory (`/etc/kubernetes`); `cluster_info` is the kubeconfig text of
 /// `kube-public/cluster-info` if it could be read (or why not).
-pub fn find(port: u16, own: &[u64], dir: &Path, cluster_info: Result<String, String>) -> Served {
+pub fn find(
+    port: u16,
+    own: &[u64],
+    dir: &Path,
+    cluster_info: Result<String, impl std::fmt::Display>,
+) -> Served {
     let mut served = Served::default();
     for (ip, n) in established_to(&tcp_entries(), port, own) {
         served.add(

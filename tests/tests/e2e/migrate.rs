@@ -645,7 +645,7 @@ fn migrate_back_hands_the_addresses_to_a_static_apiserver_without_refusing() -> 
     crate::handoff::run_in_netns(
         "migrate::inner_migrate_back_hands_the_addresses_to_a_static_apiserver",
     )?;
-    // Without `ip` (no device to turn new connections away with): the SYN filter instead.
+    // No device to turn new connections away with (its name taken): the SYN filter instead.
     crate::handoff::run_in_netns("migrate::inner_migrate_back_without_a_device")
 }
 
@@ -667,8 +667,9 @@ async fn inner_migrate_back_hands_the_addresses_to_a_static_apiserver() -> Resul
     migrate_back_rehearsal(true).await
 }
 
-/// The rehearsal above; `with_device`: `ip` on PATH (the taken sockets are bound to a device
-/// that carries no traffic) or not (a SYN filter turns new connections away).
+/// The rehearsal above; `with_device`: the taken sockets are bound to a device that carries no
+/// traffic (made over rtnetlink), or, where none can be made, a SYN filter turns new
+/// connections away.
 async fn migrate_back_rehearsal(with_device: bool) -> Result<()> {
     crate::handoff::inner_setup()?;
     let pki = Pki::new()?;
@@ -742,7 +743,17 @@ async fn migrate_back_rehearsal(with_device: bool) -> Result<()> {
         "apiVersion: v1\nkind: Pod\nspec:\n  containers:\n  - command:\n    - kube-apiserver\n    - --secure-port=PORT\n    - --permit-port-sharing=true\n    image: registry.k8s.io/kube-apiserver:v1.31.0-fake\n"
             .replace("PORT", &port.to_string()),
     )?;
-    let mut cmd = Command::new(proxy_bin()?);
+    let mut cmd = if with_device {
+        Command::new(proxy_bin()?)
+    } else {
+        // A device of the name migrate-back gives its own (kapmbPID) is there already: it can
+        // make none. The shell execs migrate-back, which keeps its pid.
+        let mut sh = Command::new("sh");
+        sh.arg("-c")
+            .arg(r#"n=kapmb$(($$ % 100000)); ip link add "$n" type veth peer name "${n}x" && exec "$0" "$@""#)
+            .arg(proxy_bin()?);
+        sh
+    };
     cmd.arg("migrate-back")
         .arg("--manifest")
         .arg(&manifest)
@@ -753,10 +764,6 @@ async fn migrate_back_rehearsal(with_device: bool) -> Result<()> {
         .arg("--ca-file")
         .arg(pki.ca_file())
         .args(["--timeout", "60s"]);
-    if !with_device {
-        // Everything but `ip`: an empty directory.
-        cmd.env("PATH", tmp.path());
-    }
     let back = ChildProcess::spawn(cmd, "migrate-back")?;
 
     // The kubelet: starts the static pod once its manifest appears.
