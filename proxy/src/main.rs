@@ -159,7 +159,7 @@ fn run(args: RunArgs) -> ExitCode {
     if let Some((uid, gid)) = config.user {
         let transparent = config.client_address == cli::ClientAddress::Transparent;
         if let Err(e) = privileges::switch(uid, gid, transparent) {
-            return bad_input(format!("error: {e:#}"));
+            return bad_input(format!("error: --user: {e}"));
         }
         tracing::info!(uid, gid, cap_net_raw = transparent, "switched user");
         // Checked here rather than with the other flags: as the uid that uses it.

@@ -14,18 +14,17 @@ use nix::unistd::{getgid, getuid, setgroups, setresgid, setresuid, Gid, Uid};
 
 use crate::sys;
 
-/// Why the switch failed.
+/// Why the switch failed. The message names the kernel's error itself: its causes end here.
 #[derive(Debug, thiserror::Error)]
 pub enum PrivilegeError {
-    #[error("--user {uid}:{gid}: cannot switch (needs CAP_SETUID and CAP_SETGID, e.g. a container started as uid 0 with them): {source}")]
+    #[error("cannot switch to uid {uid}, gid {gid} (needs CAP_SETUID and CAP_SETGID, e.g. a container started as uid 0 with them): {source}")]
     Switch {
         uid: u32,
         gid: u32,
-        #[source]
         source: nix::Error,
     },
-    #[error("--user: cannot keep CAP_NET_RAW (the process must start with it): {0}")]
-    Keep(#[source] std::io::Error),
+    #[error("cannot keep CAP_NET_RAW (the process must start with it): {0}")]
+    Keep(std::io::Error),
 }
 
 /// Switches to `uid`:`gid` (unless already there) with no supplementary groups, keeping

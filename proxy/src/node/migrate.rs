@@ -44,7 +44,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use nix::unistd::{Gid, Uid};
+use nix::unistd::Uid;
 use socket2::{Domain, Socket, Type};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -135,12 +135,8 @@ pub enum Failure {
         #[source]
         source: io::Error,
     },
-    #[error("cannot drop to uid {uid}")]
-    DropPrivileges {
-        uid: u32,
-        #[source]
-        source: io::Error,
-    },
+    #[error("the proxy's uid")]
+    DropPrivileges(#[source] crate::instance::privileges::PrivilegeError),
     #[error("runtime")]
     Runtime(#[source] io::Error),
     #[error("--handoff-dir")]
@@ -453,16 +449,6 @@ fn bind_as(owner: u32, addr: SocketAddr) -> io::Result<Socket> {
     Ok(socket)
 }
 
-/// Gives up root for good: no supplementary groups, then gid, then uid.
-fn drop_privileges(uid: u32, gid: u32) -> io::Result<()> {
-    nix::unistd::setgroups(&[])?;
-    let gid = Gid::from_raw(gid);
-    nix::unistd::setresgid(gid, gid, gid)?;
-    let uid = Uid::from_raw(uid);
-    nix::unistd::setresuid(uid, uid, uid)?;
-    Ok(())
-}
-
 /// One socket prepared for the proxy.
 struct Prepared {
     addr: SocketAddr,
@@ -537,12 +523,8 @@ pub fn run(args: &MigrateArgs) -> Result<Outcome, MigrateError> {
     tracing::info!(addrs = ?args.listen, "migrate: bound (not listening yet)");
 
     // 4. The proxy's uid from here on, and its handoff directory.
-    drop_privileges(args.uid, args.gid.unwrap_or(args.uid)).map_err(|source| {
-        Failure::DropPrivileges {
-            uid: args.uid,
-            source,
-        }
-    })?;
+    crate::instance::privileges::switch(args.uid, args.gid.unwrap_or(args.uid), false)
+        .map_err(Failure::DropPrivileges)?;
     let runtime = crate::base::runtime::current_thread().map_err(Failure::Runtime)?;
     runtime.block_on(serve(args, prepared))
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -105,7 +106,7 @@ func Run(ctx context.Context, timeout time.Duration, argv ...string) ([]byte, er
 	defer cancel()
 	out, err := exec.CommandContext(ctx, argv[0], argv[1:]...).CombinedOutput()
 	if err != nil {
-		return out, fmt.Errorf("%s: %w: %s", filepath.Base(argv[0]), err, lastLines(out, 5))
+		return out, fmt.Errorf("%s: %w: %s", filepath.Base(argv[0]), err, LastLines(string(out), 5))
 	}
 	return out, nil
 }
@@ -118,17 +119,10 @@ func Poll(ctx context.Context, interval, timeout time.Duration, cond func() bool
 	}) == nil
 }
 
-func lastLines(b []byte, n int) string {
-	lines := 0
-	for i := len(b) - 1; i >= 0; i-- {
-		if b[i] == '\n' && i != len(b)-1 {
-			lines++
-			if lines == n {
-				return string(b[i+1:])
-			}
-		}
-	}
-	return string(b)
+// LastLines is the last n lines of text (all when it has fewer), without its final newline.
+func LastLines(text string, n int) string {
+	lines := strings.Split(strings.TrimRight(text, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 // Tail is the end of a log file, for error messages.
@@ -137,5 +131,5 @@ func Tail(path string, n int) string {
 	if err != nil {
 		return err.Error()
 	}
-	return lastLines(b, n)
+	return LastLines(string(b), n)
 }

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -351,16 +350,4 @@ func SummariseErrors(errs []string) string {
 		fmt.Fprintf(&b, " [%d] %s;", kinds[k], k)
 	}
 	return b.String()
-}
-
-// ReadTail is the last lines of a file (all when it has fewer), "" when unreadable.
-func ReadTail(path string, lines int) string {
-	f, err := os.Open(path)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	b, _ := io.ReadAll(f)
-	all := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	return strings.Join(all[max(0, len(all)-lines):], "\n")
 }

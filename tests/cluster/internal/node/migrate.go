@@ -310,11 +310,6 @@ func (n *Node) MigrateRollouts(restarts int) bool {
 	return done == restarts
 }
 
-func lastLines(s string, k int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	return strings.Join(lines[max(0, len(lines)-k):], " ")
-}
-
 // grepLines are the lines of s that contain any of the words, joined with "; ".
 func grepLines(s string, words ...string) string {
 	var out []string

@@ -248,6 +248,20 @@ func Move(src, dst string) error {
 	return os.Remove(src)
 }
 
+// ReadTail is the last lines of a file (all when it has fewer), "" when unreadable.
+func ReadTail(path string, lines int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	return cluster.LastLines(string(b), lines)
+}
+
+// lastLines is cluster.LastLines on one line.
+func lastLines(s string, k int) string {
+	return strings.ReplaceAll(cluster.LastLines(s, k), "\n", " ")
+}
+
 // Tail is the end of a file as one line (the report's diagnostics), at most n lines.
 func Tail(path string, lines int) string {
 	return strings.Join(strings.Fields(strings.ReplaceAll(cluster.Tail(path, lines), "\n", " | ")), " ")
