@@ -922,6 +922,13 @@ pub struct ProbeArgs {
     /// Try again every second until the probe passes or this much time has passed (0, the default: once). For preStop hooks that wait for a condition.
     #[arg(long, value_name = "DURATION", default_value = "0s", value_parser = parse_duration)]
     pub wait: Duration,
+
+    /// Pass at once when nothing listens at the address: its file is missing or the connection
+    /// is refused. For the preStop hooks that keep this pod serving until a peer is ready: when
+    /// this pod's proxy does not run, there is nothing to keep serving (a proxy that cannot
+    /// start must not hold its pod's deletion for the whole wait).
+    #[arg(long)]
+    pub pass_when_down: bool,
 }
 
 #[derive(Debug, Clone, Args)]

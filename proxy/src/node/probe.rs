@@ -61,6 +61,21 @@ impl crate::base::exit::Failure for ProbeError {
     }
 }
 
+impl ProbeError {
+    /// Nothing listens at the target: its address file is missing, or the connection was
+    /// refused (a timeout is not: something may hang there).
+    pub fn nothing_listens(&self) -> bool {
+        match self {
+            ProbeError::AddressFile { source, .. } => source.kind() == std::io::ErrorKind::NotFound,
+            ProbeError::Failed {
+                source: HttpError::Connect { source, .. },
+                ..
+            } => source.kind() == std::io::ErrorKind::ConnectionRefused,
+            _ => false,
+        }
+    }
+}
+
 /// Time between attempts of `probe --wait`.
 pub const WAIT_RETRY: Duration = Duration::from_secs(1);
 
@@ -77,6 +92,10 @@ pub fn run(args: &ProbeArgs) -> Result<(), ProbeError> {
                 Err(e) => Err(e),
             };
             match result {
+                Err(e) if args.pass_when_down && e.nothing_listens() => {
+                    eprintln!("probe: nothing listens ({e}): passing (--pass-when-down)");
+                    return Ok(());
+                }
                 Err(e) if !e.is_bad_input() && std::time::Instant::now() < deadline => {
                     tokio::time::sleep(WAIT_RETRY).await;
                 }

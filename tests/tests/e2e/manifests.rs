@@ -542,6 +542,12 @@ fn pre_stop_wait(c: &Value) -> Result<Option<Duration>> {
         "{}: preStop must wait for a ready peer: {command:?}",
         c["name"]
     );
+    // A pod whose proxy does not run has nothing to keep serving: its deletion is not held.
+    ensure!(
+        command.iter().any(|a| a == "--pass-when-down"),
+        "{}: preStop must pass when the pod's proxy does not run: {command:?}",
+        c["name"]
+    );
     Ok(Some(duration_flag(&command, "--wait")?))
 }
 

@@ -409,8 +409,17 @@ async fn series_of_a_removed_backend_are_deleted() -> Result<()> {
 
 /// `probe --admin-address-file F --path /peer-ready` with `--wait`: exit code and duration.
 async fn probe_peer_ready(admin_file: &Path, wait: &str) -> Result<(i32, Duration)> {
+    probe_peer_ready_with(admin_file, wait, &[]).await
+}
+
+/// [`probe_peer_ready`] with more flags.
+async fn probe_peer_ready_with(
+    admin_file: &Path,
+    wait: &str,
+    more: &[&str],
+) -> Result<(i32, Duration)> {
     let start = Instant::now();
-    let out = run_cli([
+    let mut args = vec![
         "probe",
         "--admin-address-file",
         admin_file.to_str().context("path")?,
@@ -418,12 +427,57 @@ async fn probe_peer_ready(admin_file: &Path, wait: &str) -> Result<(i32, Duratio
         "/peer-ready",
         "--wait",
         wait,
-    ])
-    .await?;
+    ];
+    args.extend_from_slice(more);
+    let out = run_cli(args).await?;
     Ok((
         out.status.code().context("probe killed by a signal")?,
         start.elapsed(),
     ))
+}
+
+/// The preStop hooks' `--pass-when-down`: a proxy that runs without a ready peer is still
+/// waited for; a missing address file or an address where nothing listens (the pod's proxy does
+/// not run) passes at once, and only with the flag.
+#[tokio::test]
+async fn pass_when_down_ends_a_prestop_wait_only_when_nothing_listens() -> Result<()> {
+    let backend = echo_backend().await?;
+    let dir = TempDir::new("pass-when-down")?;
+    let proxy = tcp_proxy(listen_addr()?, &[&backend])
+        .fast_health()
+        .arg("--handoff-dir")
+        .arg(dir.join("handoff"))
+        .spawn()
+        .await?;
+    proxy.wait_state("Serving").await?;
+    let (code, took) =
+        probe_peer_ready_with(proxy.admin_file(), "2s", &["--pass-when-down"]).await?;
+    ensure!(
+        code == 1 && took >= Duration::from_secs(2),
+        "a running proxy without a peer: exit {code} after {took:?}"
+    );
+
+    let missing = dir.join("no-such-admin-address");
+    let refused = dir.join("refused-admin-address");
+    // A random 127.a.b.c and port 9: nothing listens there.
+    let nothing =
+        std::net::SocketAddr::new(kube_apiserver_proxy_tests::util::random_loopback_ip()?, 9);
+    std::fs::write(&refused, nothing.to_string())?;
+    for file in [&missing, &refused] {
+        let (code, took) = probe_peer_ready_with(file, "30s", &["--pass-when-down"]).await?;
+        ensure!(
+            code == 0 && took < Duration::from_secs(10),
+            "nothing listens ({}): exit {code} after {took:?}",
+            file.display()
+        );
+        let (code, took) = probe_peer_ready(file, "2s").await?;
+        ensure!(
+            code == 1 && took >= Duration::from_secs(2),
+            "without the flag ({}): exit {code} after {took:?}",
+            file.display()
+        );
+    }
+    Ok(())
 }
 
 #[tokio::test]
