@@ -34,7 +34,7 @@ pub enum ConfigError {
     },
 }
 
-impl crate::base::exit::Failure for ConfigError {
+impl crate::base::exit::CommandError for ConfigError {
     /// A flag or file `run` refuses: bad input, nothing bound.
     fn is_bad_input(&self) -> bool {
         true

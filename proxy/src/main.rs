@@ -9,7 +9,7 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
-use kube_apiserver_proxy::base::exit::Failure;
+use kube_apiserver_proxy::base::exit::CommandError;
 use kube_apiserver_proxy::cli::{self, Cli, Command, LogFormat, RunArgs, RuntimeShape};
 use kube_apiserver_proxy::config::Config;
 use kube_apiserver_proxy::{
@@ -75,8 +75,8 @@ fn main() -> ExitCode {
 }
 
 /// Ends a command: nothing on success; otherwise `prefix` and the error's line on stderr, and
-/// its exit code (2 bad input, 1 a failure: [`Failure`]).
-fn exit<E: Failure>(prefix: &str, result: Result<(), E>) -> ExitCode {
+/// its exit code (2 bad input, 1 a failure: [`CommandError`]).
+fn exit<E: CommandError>(prefix: &str, result: Result<(), E>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

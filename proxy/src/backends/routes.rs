@@ -189,7 +189,7 @@ pub struct RoutesError {
     source: io::Error,
 }
 
-impl crate::base::exit::Failure for RoutesError {
+impl crate::base::exit::CommandError for RoutesError {
     /// A rule or route the kernel would not read or add: a failure, not bad input.
     fn is_bad_input(&self) -> bool {
         false

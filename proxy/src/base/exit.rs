@@ -1,9 +1,9 @@
 //! How a command's error ends the process: exit 2 for bad input (a flag or file refused,
 //! nothing bound, touched or started), 1 for a failure at run time.
 
-/// The error a command ends with (`main` prints [`Failure::line`] and exits with
-/// [`Failure::exit_code`]).
-pub trait Failure: std::error::Error {
+/// The error a command ends with (`main` prints [`CommandError::line`] and exits with
+/// [`CommandError::exit_code`]).
+pub trait CommandError: std::error::Error {
     /// Bad flags or files: nothing was bound, touched or started.
     fn is_bad_input(&self) -> bool;
 
@@ -43,7 +43,7 @@ mod tests {
     #[error("outer")]
     struct Outer(#[source] std::io::Error);
 
-    impl Failure for Outer {
+    impl CommandError for Outer {
         fn is_bad_input(&self) -> bool {
             self.0.kind() == std::io::ErrorKind::InvalidInput
         }

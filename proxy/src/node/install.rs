@@ -16,7 +16,7 @@ pub struct InstallError {
     source: std::io::Error,
 }
 
-impl crate::base::exit::Failure for InstallError {
+impl crate::base::exit::CommandError for InstallError {
     /// A destination `install` cannot write: bad input.
     fn is_bad_input(&self) -> bool {
         true

@@ -59,7 +59,7 @@ pub enum IdentityError {
     },
 }
 
-impl crate::base::exit::Failure for IdentityError {
+impl crate::base::exit::CommandError for IdentityError {
     /// Bad input (exit 2) rather than a runtime failure.
     fn is_bad_input(&self) -> bool {
         matches!(self, IdentityError::AdminKubeconfig(_))

@@ -120,7 +120,7 @@ pub enum SyncError {
     StaticApiserverRuns { pid: u32, waited: Duration },
 }
 
-impl crate::base::exit::Failure for SyncError {
+impl crate::base::exit::CommandError for SyncError {
     /// Bad input (exit 2) rather than a runtime failure.
     fn is_bad_input(&self) -> bool {
         matches!(

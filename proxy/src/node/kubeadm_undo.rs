@@ -169,7 +169,7 @@ mod tests {
     fn refused(d: &Dirs) -> String {
         match plan(&d.kubeadm, &d.kubelet) {
             Err(e @ SyncError::Undo { .. }) => {
-                assert!(crate::base::exit::Failure::is_bad_input(&e));
+                assert!(crate::base::exit::CommandError::is_bad_input(&e));
                 e.to_string()
             }
             other => panic!("not refused: {other:?}"),

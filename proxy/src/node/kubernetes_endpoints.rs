@@ -64,7 +64,7 @@ pub struct AddressError {
     pub why: &'static str,
 }
 
-impl crate::base::exit::Failure for AddressError {
+impl crate::base::exit::CommandError for AddressError {
     /// An address no endpoint can carry: bad input.
     fn is_bad_input(&self) -> bool {
         true

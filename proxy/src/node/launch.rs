@@ -55,7 +55,7 @@ pub enum LaunchError {
     },
 }
 
-impl crate::base::exit::Failure for LaunchError {
+impl crate::base::exit::CommandError for LaunchError {
     /// A command `launch` cannot start: bad input (the pod's command line).
     fn is_bad_input(&self) -> bool {
         true

@@ -66,7 +66,7 @@ pub enum MigrateError {
     Failed(#[from] Failure),
 }
 
-impl crate::base::exit::Failure for MigrateError {
+impl crate::base::exit::CommandError for MigrateError {
     /// Bad input: nothing was looked at or bound (exit code 2).
     fn is_bad_input(&self) -> bool {
         matches!(self, MigrateError::BadInput(_))
@@ -769,11 +769,11 @@ mod tests {
         assert!(ctx(None, true, None).explain().contains("(not active)"));
     }
 
-    /// The error line main prints (`Failure::line`: each layer, then its cause) reads as it
+    /// The error line main prints (`CommandError::line`: each layer, then its cause) reads as it
     /// always did, and the exit code follows the kind.
     #[test]
     fn errors_print_their_causes_on_one_line() {
-        use crate::base::exit::Failure as _;
+        use crate::base::exit::CommandError as _;
         let line = |e: MigrateError| (e.is_bad_input(), e.line());
         let addr: SocketAddr = "127.0.0.1:6443".parse().unwrap();
         assert_eq!(

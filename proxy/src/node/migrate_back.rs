@@ -69,7 +69,7 @@ pub enum MigrateBackError {
     Failed(#[from] BackFailure),
 }
 
-impl crate::base::exit::Failure for MigrateBackError {
+impl crate::base::exit::CommandError for MigrateBackError {
     /// Bad input: nothing was touched (exit code 2).
     fn is_bad_input(&self) -> bool {
         matches!(self, MigrateBackError::BadInput(_))
@@ -858,11 +858,11 @@ mod tests {
         assert!(parse_manifest("kind: Pod\n").is_err());
     }
 
-    /// The error line main prints (`Failure::line`) reads as it always did; the exit code
+    /// The error line main prints (`CommandError::line`) reads as it always did; the exit code
     /// follows the kind.
     #[test]
     fn errors_print_their_causes_on_one_line() {
-        use crate::base::exit::Failure;
+        use crate::base::exit::CommandError;
         let line = |e: MigrateBackError| (e.is_bad_input(), e.line());
         assert_eq!(
             line(BackInput::StaticPodDir("/x".into()).into()),

@@ -13,7 +13,7 @@ use http_body_util::Empty;
 use hyper::body::Bytes;
 
 use crate::backends::tls;
-use crate::base::exit::Failure;
+use crate::base::exit::CommandError;
 use crate::base::http_client::{self, HttpError};
 use crate::cli::ProbeArgs;
 
@@ -51,7 +51,7 @@ pub enum ProbeError {
     },
 }
 
-impl crate::base::exit::Failure for ProbeError {
+impl crate::base::exit::CommandError for ProbeError {
     /// Bad flags or files (exit 2) rather than a failed probe (exit 1).
     fn is_bad_input(&self) -> bool {
         matches!(

@@ -67,7 +67,7 @@ pub enum RecoverError {
     Runtime(#[source] std::io::Error),
 }
 
-impl crate::base::exit::Failure for RecoverError {
+impl crate::base::exit::CommandError for RecoverError {
     /// Bad flags or files (exit 2) rather than a failure at run time (exit 1).
     fn is_bad_input(&self) -> bool {
         match self {

@@ -857,7 +857,7 @@ pub enum PrintError {
     Other(RenderError),
 }
 
-impl crate::base::exit::Failure for PrintError {
+impl crate::base::exit::CommandError for PrintError {
     /// A manifest `render` cannot read or use: bad input.
     fn is_bad_input(&self) -> bool {
         true
