@@ -103,19 +103,16 @@ pub enum Handover {
 
 /// Why a lease could not be released.
 #[derive(Debug, thiserror::Error)]
-pub enum HandoverError {
-    #[error("no API client")]
-    NoClient,
-    #[error("{path}: {source}")]
-    Api {
-        path: String,
-        #[source]
-        source: crate::node::api::ApiError,
-    },
+#[error("{path}: {source}")]
+pub struct HandoverError {
+    path: String,
+    #[source]
+    source: crate::node::api::ApiError,
 }
 
 /// Waits until the mirror pod `path` of the pod `uid` is gone and [`KUBELET_FINISH`] more, then
-/// releases `lease`.
+/// releases `lease`. `api` is asked for a client until it gives one, which then serves to the
+/// end.
 pub async fn after_stop(
     api: impl Fn() -> Option<ApiClient>,
     mirror_path: &str,
@@ -124,15 +121,19 @@ pub async fn after_stop(
     hosts: &[&str],
 ) -> Result<Handover, HandoverError> {
     let started = Instant::now();
-    loop {
-        if let Some(api) = api() {
+    let mut client = None;
+    let api = loop {
+        if client.is_none() {
+            client = api();
+        }
+        if let Some(api) = &client {
             match api.get_json(mirror_path).await {
-                Err(e) if e.status() == Some(hyper::StatusCode::NOT_FOUND) => break,
+                Err(e) if e.status() == Some(hyper::StatusCode::NOT_FOUND) => break api,
                 Ok(m)
                     if m["metadata"]["annotations"]["kubernetes.io/config.mirror"].as_str()
                         != Some(uid) =>
                 {
-                    break
+                    break api
                 }
                 _ => {}
             }
@@ -141,26 +142,22 @@ pub async fn after_stop(
             return Ok(Handover::StillRunning);
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    };
     // The mirror pod gone, the kubelet still finishes the old pod: a successor of the same name
     // written before that is held back for its pod worker's back-off (10–15 s).
     tokio::time::sleep(KUBELET_FINISH).await;
-    let api = api().ok_or(HandoverError::NoClient)?;
     let path = format!("/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}");
-    let lease = api
-        .get_json(&path)
-        .await
-        .map_err(|source| HandoverError::Api {
-            path: path.clone(),
-            source,
-        })?;
+    let lease = api.get_json(&path).await.map_err(|source| HandoverError {
+        path: path.clone(),
+        source,
+    })?;
     let Some(free) = released(&lease, hosts, SystemTime::now()) else {
         return Ok(Handover::NotHeld);
     };
     // With the resourceVersion read: refused (409) if anyone wrote it meanwhile.
     api.send_json("PUT", &path, &free)
         .await
-        .map_err(|source| HandoverError::Api { path, source })?;
+        .map_err(|source| HandoverError { path, source })?;
     Ok(Handover::Released(
         lease["spec"]["holderIdentity"]
             .as_str()

@@ -110,9 +110,11 @@ pub enum BackInput {
     NothingListens { port: u16, static_pod_dir: PathBuf },
     #[error("the manifest runs {image} but the apiserver serving now is {running}: render kubeadm's manifest from the ClusterConfiguration of the version you run (kubeadm-config's kubernetesVersion), not an older copy; or pass --allow-version-change")]
     VersionDiffers { image: String, running: String },
-    /// The client's own error is a message only.
     #[error("--ca-file {}: {error}", .path.display())]
-    CaFile { path: PathBuf, error: String },
+    CaFile {
+        path: PathBuf,
+        error: crate::node::api::AnonymousError,
+    },
 }
 
 /// Why kubeadm's manifest does not give a way back without refusals.
@@ -458,10 +460,11 @@ async fn running_version(held: &[served::TcpEntry], ca: &Path) -> Result<String,
     let mut errors = Vec::new();
     for e in held {
         let addr = SocketAddr::new(served::canonical(e.local.ip()), e.local.port());
-        let api = ApiClient::anonymous(addr, ca, "kubernetes").map_err(|e| BackInput::CaFile {
-            path: ca.to_owned(),
-            error: e.to_string(),
-        })?;
+        let api =
+            ApiClient::anonymous(addr, ca, "kubernetes").map_err(|error| BackInput::CaFile {
+                path: ca.to_owned(),
+                error,
+            })?;
         match api.get_json("/version").await {
             Ok(v) => {
                 if let Some(version) = v["gitVersion"].as_str() {

@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -47,15 +48,13 @@ type Excuse struct {
 
 // excused: every Ready flip of h ended and began within one of excuses, and h is a mirror pod.
 func (h *PodHistory) excused(excuses []Excuse) bool {
-	if !h.Mirror || len(h.Unready) != h.Flips {
+	if !h.Mirror {
 		return false
 	}
 	for _, u := range h.Unready {
-		within := false
-		for _, e := range excuses {
-			within = within || (!u.To.IsZero() && !u.From.Before(e.From) && !u.From.After(e.To))
-		}
-		if !within {
+		if u.To.IsZero() || !slices.ContainsFunc(excuses, func(e Excuse) bool {
+			return !u.From.Before(e.From) && !u.From.After(e.To)
+		}) {
 			return false
 		}
 	}
