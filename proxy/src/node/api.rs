@@ -11,23 +11,29 @@ use std::time::Duration;
 use http_body_util::{Empty, Full};
 use hyper::body::Bytes;
 use hyper::StatusCode;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 use serde_json::Value;
 
 use crate::base::http_client::{self, HttpError};
 use crate::node::kubeconfig::{self, KubeconfigError, Problem};
+use crate::node::object::{self, ObjectError};
 
 /// Time one API request may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest answer accepted from the API.
 const MAX_BODY: usize = 16 << 20;
 
-/// Why an API request failed: no answer, an answer of another status, or not JSON.
+/// Why an API request failed: no answer, an answer of another status, not JSON, or not the
+/// object asked for.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
     #[error(transparent)]
     Http(#[from] HttpError),
     #[error("not JSON: {0}")]
     Json(#[from] serde_json::Error),
+    #[error(transparent)]
+    Object(#[from] ObjectError),
 }
 
 impl ApiError {
@@ -183,8 +189,34 @@ impl ApiClient {
 
     /// `GET path` (with query); the JSON body of a 200.
     pub async fn get_json(&self, path: &str) -> Result<Value, ApiError> {
+        self.get_as(path).await
+    }
+
+    /// `GET path` (with query); the JSON body of a 200 as a `T` (an answer that is not a
+    /// Kubernetes object: a list, etcd's).
+    pub async fn get_as<T: DeserializeOwned>(&self, path: &str) -> Result<T, ApiError> {
         let body = self.get(path).await?;
         Ok(serde_json::from_slice(&body)?)
+    }
+
+    /// `GET path`: the Kubernetes object `K` of a 200 ([`object::from_value`]: refused when a
+    /// field of it would be lost).
+    pub async fn get_object<K>(&self, path: &str) -> Result<K, ApiError>
+    where
+        K: k8s_openapi::Resource + DeserializeOwned + Serialize,
+    {
+        Ok(object::from_value(self.get_json(path).await?)?)
+    }
+
+    /// `METHOD path` with the object `object` (`PUT`, `POST`); the object `K` of a 2xx.
+    pub async fn send_object<K>(&self, method: &str, path: &str, object: &K) -> Result<K, ApiError>
+    where
+        K: k8s_openapi::Resource + DeserializeOwned + Serialize,
+    {
+        let answer = self
+            .send_json(method, path, &object::to_value(object))
+            .await?;
+        Ok(object::from_value(answer)?)
     }
 
     /// `GET path` (with query); the body of a 200.
@@ -204,7 +236,7 @@ impl ApiClient {
         path: &str,
         body: &Value,
     ) -> Result<Value, ApiError> {
-        let body = Bytes::from(serde_json::to_vec(body).expect("JSON value serializes"));
+        let body = Bytes::from(serde_json::to_vec(body).expect("a JSON body serializes"));
         let req = hyper::Request::builder()
             .method(method)
             .uri(path)

@@ -13,6 +13,7 @@ pub mod launch;
 pub mod leader_handover;
 pub mod migrate;
 pub mod migrate_back;
+pub mod object;
 pub mod probe;
 pub mod recover;
 pub mod render;
