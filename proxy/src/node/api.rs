@@ -192,8 +192,9 @@ impl ApiClient {
         self.get_as(path).await
     }
 
-    /// `GET path` (with query); the JSON body of a 200 as a `T` (an answer that is not a
-    /// Kubernetes object: a list, etcd's).
+    /// `GET path` (with query); the JSON body of a 200 as a `T`: an object only looked at
+    /// ([`object::inspect`]: fields `T` does not have are left out), a list, an answer that is
+    /// not a Kubernetes object.
     pub async fn get_as<T: DeserializeOwned>(&self, path: &str) -> Result<T, ApiError> {
         let body = self.get(path).await?;
         Ok(serde_json::from_slice(&body)?)

@@ -35,11 +35,14 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::base::http_client::excerpt_of;
 use crate::node::api::{ApiClient, ApiError};
 use crate::node::kubeconfig::{self, Problem};
+use crate::node::object::{self, Container, ObjectMeta, Pod, Volume};
 
 /// The canary's file in the kubelet's directory.
 const FILE: &str = "etcd-canary.yaml";
@@ -97,6 +100,8 @@ pub enum CanaryError {
     },
     #[error("the new etcd stopped: {0}")]
     Stopped(String),
+    #[error("etcd's pod: {0}")]
+    Pod(#[from] crate::node::object::ObjectError),
     #[error("the new etcd did not serve within {after:?}: {last}")]
     Timeout { after: Duration, last: String },
 }
@@ -135,9 +140,9 @@ impl Canary<'_> {
     /// way.
     pub fn run(
         &self,
-        running: &Value,
-        new: &Value,
-        mirror: &dyn Fn() -> Option<Value>,
+        running: &Pod,
+        new: &Pod,
+        mirror: &dyn Fn() -> Option<Pod>,
     ) -> Result<Served, CanaryError> {
         let rt = runtime();
         let etcd = Etcd::of(running, new, self.port, &rt)?;
@@ -156,7 +161,7 @@ impl Canary<'_> {
 
     /// Removes what an earlier canary left (its pod file, its learner member), `running` being
     /// etcd's copy: when the agent starts.
-    pub fn clean_up(&self, running: &Value) -> Result<(), CanaryError> {
+    pub fn clean_up(&self, running: &Pod) -> Result<(), CanaryError> {
         let rt = runtime();
         self.clean(&Etcd::of(running, running, self.port, &rt)?)
     }
@@ -164,13 +169,16 @@ impl Canary<'_> {
     fn attempt(
         &self,
         etcd: &Etcd<'_>,
-        new: &Value,
-        mirror: &dyn Fn() -> Option<Value>,
+        new: &Pod,
+        mirror: &dyn Fn() -> Option<Pod>,
     ) -> Result<Served, CanaryError> {
         let schemes = Schemes::of(new)?;
-        let status = etcd.call(&etcd.member, "status", "/v3/maintenance/status", &json!({}))?;
-        let index = number(&status["raftIndex"]).ok_or_else(|| answer("status", &status))?;
-        let added = etcd.call(
+        let status: Status = etcd.call(&etcd.member, "status", STATUS, &json!({}))?;
+        let index = status
+            .raft_index
+            .get()
+            .ok_or_else(|| answer("status", &status))?;
+        let added: Added = etcd.call(
             &etcd.member,
             "member add",
             "/v3/cluster/member/add",
@@ -188,19 +196,20 @@ impl Canary<'_> {
             .to_owned();
         let pod = canary_pod(new, &uid, self.port, &schemes, &cluster)?;
         let file = self.file();
-        crate::base::fsutil::write_atomic(&file, crate::base::yaml::to_yaml(&pod).as_bytes())
-            .map_err(|source| CanaryError::Write {
+        let text = crate::base::yaml::to_yaml(&object::to_value(&pod));
+        crate::base::fsutil::write_atomic(&file, text.as_bytes()).map_err(|source| {
+            CanaryError::Write {
                 path: file.display().to_string(),
                 source,
-            })?;
+            }
+        })?;
         let started = Instant::now();
         loop {
-            let last = match etcd.call(&etcd.canary, "status", "/v3/maintenance/status", &json!({}))
-            {
-                Ok(s) => match (number(&s["raftAppliedIndex"]), s["version"].as_str()) {
+            let last = match etcd.call::<Status>(&etcd.canary, "status", STATUS, &json!({})) {
+                Ok(s) => match (s.raft_applied_index.and_then(|n| n.get()), s.version) {
                     (Some(applied), Some(version)) if applied >= index => {
                         return Ok(Served {
-                            version: version.to_owned(),
+                            version,
                             took: started.elapsed(),
                         })
                     }
@@ -240,29 +249,27 @@ impl Canary<'_> {
 
     /// Removes the canary's learner members.
     fn remove_members(&self, etcd: &Etcd<'_>) -> Result<(), CanaryError> {
-        let list = etcd.call(
+        let list: Members = etcd.call(
             &etcd.member,
             "member list",
             "/v3/cluster/member/list",
             &json!({}),
         )?;
         let port = format!(":{}", self.port + 1);
-        for m in list["members"].as_array().into_iter().flatten() {
-            let ours = m["name"] == MEMBER
-                || m["peerURLs"].as_array().is_some_and(|urls| {
-                    urls.iter().any(|u| {
-                        u.as_str()
-                            .is_some_and(|u| u.contains("://127.0.0.1:") && u.ends_with(&port))
-                    })
-                });
-            if ours && m["isLearner"] == true {
-                etcd.call(
+        for m in list.members {
+            let ours = m.name == MEMBER
+                || m.peer_urls
+                    .iter()
+                    .any(|u| u.contains("://127.0.0.1:") && u.ends_with(&port));
+            if ours && m.is_learner {
+                let _: Value = etcd.call(
                     &etcd.member,
                     "member remove",
                     "/v3/cluster/member/remove",
-                    &json!({"ID": m["ID"]}),
+                    &json!({"ID": m.id}),
                 )?;
-                tracing::info!(member = %m["ID"], "kubeadm-sync: the etcd canary's learner removed");
+                tracing::info!(member = %m.id.map(|id| id.to_string()).unwrap_or_default(),
+                    "kubeadm-sync: the etcd canary's learner removed");
             }
         }
         Ok(())
@@ -273,11 +280,81 @@ fn runtime() -> tokio::runtime::Runtime {
     crate::base::runtime::current_thread().expect("tokio runtime")
 }
 
-fn answer(what: &'static str, v: &Value) -> CanaryError {
+fn answer(what: &'static str, v: &impl Serialize) -> CanaryError {
     CanaryError::Answer {
         what,
-        answer: excerpt_of(&v.to_string(), 300),
+        answer: excerpt_of(&object::to_value(v).to_string(), 300),
     }
+}
+
+/// etcd's Status request (its JSON gateway's path).
+const STATUS: &str = "/v3/maintenance/status";
+
+/// A uint64 of etcd's JSON gateway: a string (grpc-gateway's rendering of 64-bit numbers), or a
+/// number; kept as it came, to be sent back the same way (a member's ID).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+enum Uint64 {
+    Number(u64),
+    Text(String),
+}
+
+impl Uint64 {
+    fn get(&self) -> Option<u64> {
+        match self {
+            Uint64::Number(n) => Some(*n),
+            Uint64::Text(t) => t.parse().ok(),
+        }
+    }
+}
+
+impl std::fmt::Display for Uint64 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Uint64::Number(n) => write!(f, "{n}"),
+            Uint64::Text(t) => f.write_str(t),
+        }
+    }
+}
+
+/// The answer to a Status request (`etcdserverpb.StatusResponse`, the fields read).
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Status {
+    raft_index: Uint64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    raft_applied_index: Option<Uint64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    version: Option<String>,
+}
+
+/// A member of the cluster (`etcdserverpb.Member`): a learner that has not started has no name.
+#[derive(Debug, Serialize, Deserialize)]
+struct Member {
+    #[serde(rename = "ID", default, skip_serializing_if = "Option::is_none")]
+    id: Option<Uint64>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    name: String,
+    #[serde(rename = "peerURLs", default)]
+    peer_urls: Vec<String>,
+    #[serde(rename = "isLearner", default)]
+    is_learner: bool,
+}
+
+/// The answer to a member list.
+#[derive(Debug, Deserialize)]
+struct Members {
+    #[serde(default)]
+    members: Vec<Member>,
+}
+
+/// The answer to a member add: the member added, and every member with it.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Added {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    member: Option<Member>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    members: Option<Vec<Member>>,
 }
 
 /// The two etcd servers the canary speaks to: the running member and the canary itself.
@@ -292,8 +369,8 @@ impl<'a> Etcd<'a> {
     /// port), with the `healthcheck-client` certificate kubeadm makes beside etcd's CA (the
     /// directory of `new`'s `--trusted-ca-file`: a custom `certificatesDir` is followed).
     fn of(
-        running: &Value,
-        new: &Value,
+        running: &Pod,
+        new: &Pod,
         canary_port: u16,
         rt: &'a tokio::runtime::Runtime,
     ) -> Result<Etcd<'a>, CanaryError> {
@@ -324,16 +401,19 @@ impl<'a> Etcd<'a> {
         })
     }
 
-    fn call(
+    /// `POST path` with `body` to `to`; its answer as a `T` (else the answer, cut, in the error).
+    fn call<T: DeserializeOwned>(
         &self,
         to: &ApiClient,
         what: &'static str,
         path: &str,
         body: &Value,
-    ) -> Result<Value, CanaryError> {
-        self.rt
+    ) -> Result<T, CanaryError> {
+        let v = self
+            .rt
             .block_on(to.send_json("POST", path, body))
-            .map_err(|source| CanaryError::Etcd { what, source })
+            .map_err(|source| CanaryError::Etcd { what, source })?;
+        serde_json::from_value(v.clone()).map_err(|_| answer(what, &v))
     }
 }
 
@@ -347,7 +427,7 @@ pub struct Schemes {
 }
 
 impl Schemes {
-    fn of(pod: &Value) -> Result<Self, CanaryError> {
+    fn of(pod: &Pod) -> Result<Self, CanaryError> {
         let scheme = |name: &'static str| {
             flag(pod, name).map(|v| v.split("://").next().unwrap_or("https").to_owned())
         };
@@ -361,61 +441,60 @@ impl Schemes {
 }
 
 /// The index of etcd's container in a pod: the one named `etcd`, else the first.
-fn container_index(pod: &Value) -> Option<usize> {
-    let cs = pod["spec"]["containers"].as_array()?;
+fn container_index(pod: &Pod) -> Option<usize> {
+    let cs = &pod.spec.as_ref()?.containers;
     cs.iter()
-        .position(|c| c["name"] == "etcd")
+        .position(|c| c.name == "etcd")
         .or((!cs.is_empty()).then_some(0))
 }
 
 /// etcd's container in a pod ([`container_index`]).
-fn container(pod: &Value) -> Option<&Value> {
-    pod["spec"]["containers"].get(container_index(pod)?)
+fn container(pod: &Pod) -> Option<&Container> {
+    pod.spec.as_ref()?.containers.get(container_index(pod)?)
 }
 
 /// The value of `--name=value` in etcd's container's command and arguments.
-fn flag(pod: &Value, name: &str) -> Option<String> {
+fn flag(pod: &Pod, name: &str) -> Option<String> {
     let c = container(pod)?;
     let prefix = format!("--{name}=");
-    ["command", "args"]
-        .iter()
-        .flat_map(|k| c[*k].as_array().into_iter().flatten())
-        .filter_map(Value::as_str)
+    [&c.command, &c.args]
+        .into_iter()
+        .flatten()
+        .flatten()
         .find_map(|a| a.strip_prefix(&prefix).map(str::to_owned))
 }
 
 /// The running member's client URL, as kubeadm's own etcd client finds it: the pod's
 /// `kubeadm.kubernetes.io/etcd.advertise-client-urls` annotation, else its
 /// `--advertise-client-urls`; the first, as host and port.
-pub fn client_url(pod: &Value) -> Option<(String, u16)> {
-    let urls = pod["metadata"]["annotations"][CLIENT_URLS]
-        .as_str()
-        .map(str::to_owned)
+pub fn client_url(pod: &Pod) -> Option<(String, u16)> {
+    let urls = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(CLIENT_URLS))
+        .cloned()
         .or_else(|| flag(pod, "advertise-client-urls"))?;
     kubeconfig::host_port(urls.split(',').next()?.trim())
 }
 
-/// A uint64 of etcd's JSON gateway (a string, or a number).
-fn number(v: &Value) -> Option<u64> {
-    v.as_u64().or_else(|| v.as_str()?.parse().ok())
-}
-
 /// `--initial-cluster` for the learner from the answer of its member add: every member's
 /// `name=peerURL`, the learner (no name yet) as the canary.
-pub fn initial_cluster(added: &Value) -> Result<String, CanaryError> {
-    let id = &added["member"]["ID"];
-    let members = added["members"]
-        .as_array()
+pub fn initial_cluster(added: &Added) -> Result<String, CanaryError> {
+    let id = added.member.as_ref().and_then(|m| m.id.as_ref());
+    let members = added
+        .members
+        .as_ref()
         .ok_or_else(|| answer("member add", added))?;
     let mut out = Vec::new();
     for m in members {
-        let name = match m["name"].as_str() {
-            Some(n) if !n.is_empty() => n,
-            _ if &m["ID"] == id => MEMBER,
-            _ => return Err(CanaryError::Unstarted(m.to_string())),
+        let name = match m.name.as_str() {
+            "" if m.id.as_ref() == id => MEMBER,
+            "" => return Err(CanaryError::Unstarted(object::to_value(m).to_string())),
+            n => n,
         };
-        for url in m["peerURLs"].as_array().into_iter().flatten() {
-            out.push(format!("{name}={}", url.as_str().unwrap_or_default()));
+        for url in &m.peer_urls {
+            out.push(format!("{name}={url}"));
         }
     }
     Ok(out.join(","))
@@ -427,46 +506,56 @@ pub fn initial_cluster(added: &Value) -> Result<String, CanaryError> {
 /// metrics port, which the kubelet admits once on the host network), never restarted, none of
 /// kubeadm's labels or annotations.
 pub fn canary_pod(
-    new: &Value,
+    new: &Pod,
     uid: &str,
     port: u16,
     schemes: &Schemes,
     cluster: &str,
-) -> Result<Value, CanaryError> {
+) -> Result<Pod, CanaryError> {
     let data = flag(new, "data-dir").ok_or(CanaryError::NoFlag("data-dir"))?;
-    let mut pod = new.clone();
-    pod["metadata"] = json!({
-        "name": POD,
-        "namespace": new["metadata"]["namespace"].as_str().unwrap_or("kube-system"),
-        "uid": uid,
-        "labels": {"app.kubernetes.io/name": POD, "app.kubernetes.io/part-of": "kube-apiserver-proxy"},
-    });
-    pod["spec"]["restartPolicy"] = json!("Never");
     // There is one: `data-dir` was found in it.
     let i = container_index(new).ok_or(CanaryError::NoFlag("data-dir"))?;
-    let c = &mut pod["spec"]["containers"][i];
-    let volume = c["volumeMounts"]
-        .as_array()
-        .into_iter()
+    let mut pod = new.clone();
+    pod.metadata = ObjectMeta {
+        name: Some(POD.to_owned()),
+        namespace: Some(
+            new.metadata
+                .namespace
+                .clone()
+                .unwrap_or_else(|| "kube-system".to_owned()),
+        ),
+        uid: Some(uid.to_owned()),
+        labels: Some(
+            [
+                ("app.kubernetes.io/name", POD),
+                ("app.kubernetes.io/part-of", "kube-apiserver-proxy"),
+            ]
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .into(),
+        ),
+        ..ObjectMeta::default()
+    };
+    let spec = pod.spec.get_or_insert_with(Default::default);
+    spec.restart_policy = Some("Never".to_owned());
+    let c = &mut spec.containers[i];
+    let volume = c
+        .volume_mounts
+        .iter()
         .flatten()
         .find(|m| {
-            m["mountPath"].as_str().is_some_and(|p| {
-                let p = p.trim_end_matches('/');
-                data.trim_end_matches('/') == p || data.starts_with(&format!("{p}/"))
-            })
+            let p = m.mount_path.trim_end_matches('/');
+            data.trim_end_matches('/') == p || data.starts_with(&format!("{p}/"))
         })
-        .and_then(|m| m["name"].as_str())
-        .map(str::to_owned)
+        .map(|m| m.name.clone())
         .ok_or_else(|| CanaryError::DataDir(data.clone()))?;
-    if let Some(c) = c.as_object_mut() {
-        // kubeadm's probes, and the port they name (on the host network: the running member's
-        // 2381, which the kubelet would refuse to admit twice).
-        for key in ["livenessProbe", "readinessProbe", "startupProbe", "ports"] {
-            c.remove(key);
-        }
-    }
+    // kubeadm's probes, and the port they name (on the host network: the running member's
+    // 2381, which the kubelet would refuse to admit twice).
+    c.liveness_probe = None;
+    c.readiness_probe = None;
+    c.startup_probe = None;
+    c.ports = None;
     // Why it stopped, for the agent's log: the end of its output when it wrote no message.
-    c["terminationMessagePolicy"] = json!("FallbackToLogsOnError");
+    c.termination_message_policy = Some("FallbackToLogsOnError".to_owned());
     let client = format!("{}://127.0.0.1:{port}", schemes.client);
     let peer = format!("{}://127.0.0.1:{}", schemes.peer, port + 1);
     let mut set = vec![
@@ -485,31 +574,31 @@ pub fn canary_pod(
         ));
     }
     let drop = ["listen-client-http-urls"];
-    let key = if c["command"].as_array().is_some_and(|a| {
-        a.iter()
-            .any(|v| v.as_str().is_some_and(|s| s.starts_with("--")))
-    }) {
-        "command"
+    let words = if c.command.iter().flatten().any(|s| s.starts_with("--")) {
+        &mut c.command
     } else {
-        "args"
+        &mut c.args
     };
-    let args = c[key].as_array().cloned().unwrap_or_default();
-    let mut out: Vec<Value> = Vec::new();
-    for a in args {
-        let name = a
-            .as_str()
-            .and_then(|s| s.strip_prefix("--"))
-            .map(|s| s.split('=').next().unwrap_or(s));
-        match name {
-            Some(n) if set.iter().any(|(k, _)| *k == n) || drop.contains(&n) => {}
-            _ => out.push(a),
-        }
-    }
-    out.extend(set.iter().map(|(k, v)| json!(format!("--{k}={v}"))));
-    c[key] = Value::Array(out);
-    for v in pod["spec"]["volumes"].as_array_mut().into_iter().flatten() {
-        if v["name"] == volume.as_str() {
-            *v = json!({"name": volume, "emptyDir": {}});
+    let mut out: Vec<String> = words
+        .take()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|a| {
+            let name = a
+                .strip_prefix("--")
+                .map(|s| s.split('=').next().unwrap_or(s));
+            !matches!(name, Some(n) if set.iter().any(|(k, _)| *k == n) || drop.contains(&n))
+        })
+        .collect();
+    out.extend(set.iter().map(|(k, v)| format!("--{k}={v}")));
+    *words = Some(out);
+    for v in spec.volumes.iter_mut().flatten() {
+        if v.name == volume {
+            *v = Volume {
+                name: volume.clone(),
+                empty_dir: Some(Default::default()),
+                ..Volume::default()
+            };
         }
     }
     Ok(pod)
@@ -518,40 +607,45 @@ pub fn canary_pod(
 /// Why the canary's container will not serve, from its mirror pod as the kubelet reports it
 /// (only the mirror pod of this canary, `uid`): stopped (its exit code, reason and message), or
 /// an image that cannot run.
-pub fn stopped(mirror: &Value, uid: &str) -> Option<String> {
-    if mirror["metadata"]["annotations"]["kubernetes.io/config.mirror"] != uid {
+pub fn stopped(mirror: &Pod, uid: &str) -> Option<String> {
+    let of = mirror
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("kubernetes.io/config.mirror"));
+    if of.map(String::as_str) != Some(uid) {
         return None;
     }
-    for s in mirror["status"]["containerStatuses"]
-        .as_array()
-        .into_iter()
-        .flatten()
-    {
-        let t = &s["state"]["terminated"];
-        if t.is_object() {
+    let status = mirror.status.as_ref()?;
+    for s in status.container_statuses.iter().flatten() {
+        let state = s.state.as_ref();
+        if let Some(t) = state.and_then(|s| s.terminated.as_ref()) {
             return Some(format!(
                 "exit code {}, {}{}",
-                t["exitCode"],
-                t["reason"].as_str().unwrap_or("terminated"),
-                t["message"]
-                    .as_str()
+                t.exit_code,
+                t.reason.as_deref().unwrap_or("terminated"),
+                t.message
+                    .as_deref()
                     .and_then(telling_line)
                     .map(|m| format!(": {m}"))
                     .unwrap_or_default()
             ));
         }
-        let w = &s["state"]["waiting"];
-        if let Some(reason) = w["reason"].as_str().filter(|r| UNUSABLE.contains(r)) {
+        let waiting = state.and_then(|s| s.waiting.as_ref());
+        if let Some((reason, w)) = waiting
+            .and_then(|w| Some((w.reason.as_deref()?, w)))
+            .filter(|(r, _)| UNUSABLE.contains(r))
+        {
             return Some(format!(
                 "{reason}{}",
-                w["message"]
-                    .as_str()
+                w.message
+                    .as_deref()
                     .map(|m| format!(": {m}"))
                     .unwrap_or_default()
             ));
         }
     }
-    (mirror["status"]["phase"] == "Failed").then(|| "its pod failed".to_owned())
+    (status.phase.as_deref() == Some("Failed")).then(|| "its pod failed".to_owned())
 }
 
 /// The line of a stopped container's message (its output's end, `FallbackToLogsOnError`) that
@@ -587,7 +681,11 @@ mod tests {
     use super::*;
 
     /// kubeadm v1.37's etcd manifest, as `kubeadm init` writes it.
-    fn kubeadm_etcd(image: &str, extra: &[&str]) -> Value {
+    fn kubeadm_etcd(image: &str, extra: &[&str]) -> Pod {
+        object::from_value(kubeadm_etcd_json(image, extra)).unwrap()
+    }
+
+    fn kubeadm_etcd_json(image: &str, extra: &[&str]) -> Value {
         let mut command = vec![
             "etcd",
             "--advertise-client-urls=https://192.0.2.10:2379",
@@ -619,13 +717,11 @@ mod tests {
                     {"name": "etcd-data", "hostPath": {"path": "/var/lib/etcd", "type": "DirectoryOrCreate"}}]}})
     }
 
-    fn args(pod: &Value) -> Vec<String> {
-        pod["spec"]["containers"][0]["command"]
-            .as_array()
+    fn args(pod: &Pod) -> Vec<String> {
+        pod.spec.as_ref().unwrap().containers[0]
+            .command
+            .clone()
             .unwrap()
-            .iter()
-            .map(|v| v.as_str().unwrap().to_owned())
-            .collect()
     }
 
     #[test]
@@ -664,16 +760,21 @@ mod tests {
             );
         }
         assert_eq!(a[0], "etcd");
-        let c = &pod["spec"]["containers"][0];
-        assert_eq!(c["image"], "registry.k8s.io/etcd:3.7.0-0");
-        assert!(c.get("livenessProbe").is_none() && c.get("startupProbe").is_none());
+        let spec = pod.spec.as_ref().unwrap();
+        let c = &spec.containers[0];
+        assert_eq!(c.image.as_deref(), Some("registry.k8s.io/etcd:3.7.0-0"));
+        assert!(c.liveness_probe.is_none() && c.startup_probe.is_none());
         // No host port of the running member: the kubelet would not admit the pod (NodePorts).
-        assert!(c.get("ports").is_none(), "{c}");
-        assert_eq!(pod["spec"]["restartPolicy"], "Never");
-        assert_eq!(c["terminationMessagePolicy"], "FallbackToLogsOnError");
+        assert!(c.ports.is_none(), "{c:?}");
+        assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
+        assert_eq!(
+            c.termination_message_policy.as_deref(),
+            Some("FallbackToLogsOnError")
+        );
         // Its data never the running member's: the data volume is an emptyDir; the
         // certificates stay.
-        let volumes = pod["spec"]["volumes"].as_array().unwrap();
+        let volumes = object::to_value(spec.volumes.as_ref().unwrap());
+        let volumes = volumes.as_array().unwrap();
         assert!(
             volumes.contains(&json!({"name": "etcd-data", "emptyDir": {}})),
             "{volumes:?}"
@@ -682,16 +783,21 @@ mod tests {
             .iter()
             .any(|v| v["hostPath"]["path"] == "/etc/kubernetes/pki/etcd"));
         // Not one of kubeadm's etcd pods (kubeadm counts component=etcd).
-        assert_eq!(pod["metadata"]["name"], "etcd-canary");
-        assert_eq!(pod["metadata"]["uid"], "u1");
-        assert!(pod["metadata"]["labels"].get("component").is_none());
-        assert!(pod["metadata"].get("annotations").is_none());
+        assert_eq!(pod.metadata.name.as_deref(), Some("etcd-canary"));
+        assert_eq!(pod.metadata.uid.as_deref(), Some("u1"));
+        assert!(!pod
+            .metadata
+            .labels
+            .as_ref()
+            .unwrap()
+            .contains_key("component"));
+        assert!(pod.metadata.annotations.is_none());
     }
 
     #[test]
     fn no_canary_on_the_running_members_data() {
         let mut new = kubeadm_etcd("etcd:3.7.0-0", &[]);
-        new["spec"]["containers"][0]["volumeMounts"] = json!([]);
+        new.spec.as_mut().unwrap().containers[0].volume_mounts = Some(vec![]);
         let schemes = Schemes::of(&new).unwrap();
         let e = canary_pod(&new, "u", 2479, &schemes, "x").unwrap_err();
         assert!(
@@ -706,15 +812,16 @@ mod tests {
         let added = json!({"member": {"ID": "42", "peerURLs": ["https://127.0.0.1:2480"], "isLearner": true},
             "members": [{"ID": "42", "peerURLs": ["https://127.0.0.1:2480"], "isLearner": true},
                 {"ID": "7", "name": "node-1", "peerURLs": ["https://192.0.2.10:2380"], "clientURLs": ["https://192.0.2.10:2379"]}]});
+        let added: Added = serde_json::from_value(added).unwrap();
         assert_eq!(
             initial_cluster(&added).unwrap(),
             "kube-apiserver-proxy-canary=https://127.0.0.1:2480,node-1=https://192.0.2.10:2380"
         );
-        let mut other = added.clone();
-        other["members"]
-            .as_array_mut()
-            .unwrap()
-            .push(json!({"ID": "9", "peerURLs": ["https://192.0.2.11:2380"]}));
+        let mut other = added;
+        other.members.as_mut().unwrap().push(
+            serde_json::from_value(json!({"ID": "9", "peerURLs": ["https://192.0.2.11:2380"]}))
+                .unwrap(),
+        );
         assert!(matches!(
             initial_cluster(&other),
             Err(CanaryError::Unstarted(_))
@@ -737,19 +844,24 @@ mod tests {
         let pod = kubeadm_etcd("etcd:3.6.16-0", &[]);
         assert_eq!(client_url(&pod), Some(("192.0.2.10".into(), 2379)));
         let mut bare = pod.clone();
-        bare["metadata"]["annotations"] = json!({});
+        bare.metadata.annotations = Some(Default::default());
         assert_eq!(client_url(&bare), Some(("192.0.2.10".into(), 2379)));
-        bare["spec"]["containers"][0]["command"] = json!(["etcd"]);
+        bare.spec.as_mut().unwrap().containers[0].command = Some(vec!["etcd".into()]);
         assert_eq!(client_url(&bare), None);
-        assert_eq!(number(&json!("18446744073709551615")), Some(u64::MAX));
-        assert_eq!(number(&json!(4)), Some(4));
+        let number = |v: Value| serde_json::from_value::<Uint64>(v).unwrap().get();
+        assert_eq!(number(json!("18446744073709551615")), Some(u64::MAX));
+        assert_eq!(number(json!(4)), Some(4));
+        // An ID goes back as it came.
+        let id: Uint64 = serde_json::from_value(json!("42")).unwrap();
+        assert_eq!(json!({"ID": id}), json!({"ID": "42"}));
     }
 
     #[test]
     fn a_stopped_canary_is_seen_with_its_reason() {
-        let mirror = |uid: &str, state: Value| {
-            json!({"metadata": {"annotations": {"kubernetes.io/config.mirror": uid}},
-                "status": {"phase": "Running", "containerStatuses": [{"name": "etcd", "state": state}]}})
+        let mirror = |uid: &str, state: Value| -> Pod {
+            object::inspect(json!({"metadata": {"annotations": {"kubernetes.io/config.mirror": uid}},
+                "status": {"phase": "Running", "containerStatuses": [{"name": "etcd", "image": "etcd",
+                    "imageID": "", "ready": false, "restartCount": 0, "state": state}]}}), "Pod").unwrap()
         };
         let exited = json!({"terminated": {"exitCode": 2, "reason": "Error", "message": "flag provided but not defined: -kap
 "}});

@@ -849,8 +849,13 @@ impl Sync {
         let mirror_path = format!("/api/v1/namespaces/{ns}/pods/etcd-canary-{}", self.node);
         // One client for the canary's polls (the kubeconfig is read once per pass, not per poll).
         let api = self.api().ok();
-        let mirror = || self.block_on(api.as_ref()?.get_json(&mirror_path)).ok();
-        let passed = match self.canary().run(running, new, &mirror) {
+        let mirror = || self.block_on(api.as_ref()?.get_as(&mirror_path)).ok();
+        let typed = |pod: &Value| crate::node::object::from_value(pod.clone());
+        let passed = match typed(running)
+            .and_then(|running| Ok((running, typed(new)?)))
+            .map_err(etcd_canary::CanaryError::from)
+            .and_then(|(running, new)| self.canary().run(&running, &new, &mirror))
+        {
             Ok(served) => {
                 tracing::info!(version = %served.version, took = ?served.took,
                     "kubeadm-sync: etcd's canary served the cluster's data (learner removed): etcd's copy changed");
@@ -886,7 +891,14 @@ impl Sync {
             return;
         }
         let copy = self.static_pod_dir.join(RESTART_IN_PLACE);
-        if let Err(e) = read_pod(&copy).map(|running| canary.clean_up(&running)) {
+        let cleaned = read_pod(&copy)
+            .map_err(|e| e.to_string())
+            .and_then(|running| {
+                let running =
+                    crate::node::object::from_value(running).map_err(|e| e.to_string())?;
+                canary.clean_up(&running).map_err(|e| e.to_string())
+            });
+        if let Err(e) = cleaned {
             tracing::warn!(error = %e, "kubeadm-sync: an earlier etcd canary not removed (the next canary tries again)");
         }
     }

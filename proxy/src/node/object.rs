@@ -4,7 +4,9 @@
 //! A typed object keeps only the fields its type has, so an object read from a newer Kubernetes
 //! could lose a field on its way through (a checkpoint written without it, a Deployment rendered
 //! without a flag's volume). [`from_value`] refuses such an object instead, naming the first field
-//! it would lose: the agents never write back less than they read.
+//! it would lose: the agents never write back less than they read. An object only looked at (a
+//! mirror pod's status, a Lease's holder, a list of pods) is read with [`inspect`]: a newer
+//! Kubernetes' fields it does not know are nothing to it, and must not stop the agent.
 
 use std::fmt::Write as _;
 
@@ -45,15 +47,21 @@ where
     typed(value, T::KIND)
 }
 
+/// `value` as a `T` that is only looked at, never written back: fields `T` does not have are
+/// left out.
+pub fn inspect<T: DeserializeOwned>(value: Value, kind: &'static str) -> Result<T, ObjectError> {
+    serde_json::from_value(value).map_err(|e| ObjectError::Shape {
+        kind,
+        message: e.to_string(),
+    })
+}
+
 /// [`from_value`] for a part of an object (a container, a pod spec), named `kind` in errors.
 pub fn typed<T>(value: Value, kind: &'static str) -> Result<T, ObjectError>
 where
     T: DeserializeOwned + Serialize,
 {
-    let object: T = serde_json::from_value(value.clone()).map_err(|e| ObjectError::Shape {
-        kind,
-        message: e.to_string(),
-    })?;
+    let object: T = inspect(value.clone(), kind)?;
     let back = to_value(&object);
     if let Some(path) = lost(&value, &back, &mut String::new()) {
         return Err(ObjectError::Unknown { kind, path });
