@@ -10,7 +10,7 @@
 use std::path::Path;
 
 use base64::Engine as _;
-use serde_json::Value;
+use serde::Deserialize;
 
 /// Why a kubeconfig cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +28,9 @@ pub enum Problem {
     Read(#[source] std::io::Error),
     #[error("not YAML: {0}")]
     Yaml(#[source] crate::base::yaml::YamlError),
+    /// YAML, but not a kubeconfig's shape (a list where a string belongs, …).
+    #[error("not a kubeconfig: {0}")]
+    Shape(#[source] serde_json::Error),
     /// A key, or an entry a name refers to, is not there.
     #[error("no {0}")]
     Missing(String),
@@ -96,20 +99,32 @@ pub fn read(path: &Path) -> Result<Kubeconfig, KubeconfigError> {
 pub fn parse(text: &str, base: &Path) -> Result<Kubeconfig, Problem> {
     let doc = document(text)?;
     let (cluster, user) = current(&doc)?;
-    let server = string_at(&cluster["cluster"], "server")
-        .ok_or_else(|| Problem::Missing(format!("server in {}", describe(cluster, "cluster"))))?;
+    let server = nonempty(&cluster.cluster.server)
+        .ok_or_else(|| Problem::Missing(format!("server in {}", cluster.describe())))?;
     let (host, port) = host_port(server).ok_or_else(|| Problem::Server(server.to_owned()))?;
-    let cluster_entry = &cluster["cluster"];
-    let ca = material(cluster_entry, "certificate-authority", base)?.ok_or_else(|| {
+    let c = &cluster.cluster;
+    let ca = material(
+        "certificate-authority",
+        &c.certificate_authority,
+        &c.certificate_authority_data,
+        base,
+    )?
+    .ok_or_else(|| {
         Problem::Missing(format!(
             "certificate-authority[-data] in {}",
-            describe(cluster, "cluster")
+            cluster.describe()
         ))
     })?;
-    let user_entry = user.map(|u| &u["user"]).unwrap_or(&Value::Null);
-    let cert = material(user_entry, "client-certificate", base)?;
-    let key = material(user_entry, "client-key", base)?;
-    let token = string_at(user_entry, "token").map(str::to_owned);
+    let none = User::default();
+    let u = user.map_or(&none, |u| &u.user);
+    let cert = material(
+        "client-certificate",
+        &u.client_certificate,
+        &u.client_certificate_data,
+        base,
+    )?;
+    let key = material("client-key", &u.client_key, &u.client_key_data, base)?;
+    let token = nonempty(&u.token).map(str::to_owned);
     let client = match (cert, key) {
         (Some(c), Some(k)) => Some((c, k)),
         (Some(_), None) => {
@@ -145,28 +160,25 @@ pub fn parse(text: &str, base: &Path) -> Result<Kubeconfig, Problem> {
 /// When the bearer `token` expires, if it is a JWT with an `exp` claim (a ServiceAccount's
 /// token is): its payload read, not verified (the apiserver verifies it).
 pub fn token_expiry(token: &str) -> Option<std::time::SystemTime> {
-    use base64::Engine;
+    #[derive(Deserialize)]
+    struct Claims {
+        exp: Option<u64>,
+    }
     let payload = token.split('.').nth(1)?;
     let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
         .decode(payload.trim_end_matches('='))
         .ok()?;
-    let claims: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
-    let exp = claims["exp"].as_u64()?;
-    Some(std::time::UNIX_EPOCH + std::time::Duration::from_secs(exp))
+    let claims: Claims = serde_json::from_slice(&bytes).ok()?;
+    Some(std::time::UNIX_EPOCH + std::time::Duration::from_secs(claims.exp?))
 }
 
 /// The `https://HOST[:PORT]` servers of every cluster of the kubeconfig `text`, as (host,
 /// port); other schemes are left out.
-pub fn servers(text: &str) -> Result<Vec<(String, u16)>, crate::base::yaml::YamlError> {
-    let doc = match crate::base::yaml::parse_documents(text)?.into_iter().next() {
-        Some(doc) => doc,
-        None => return Ok(Vec::new()),
-    };
-    Ok(doc["clusters"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|c| host_port(c["cluster"]["server"].as_str()?))
+pub fn servers(text: &str) -> Result<Vec<(String, u16)>, Problem> {
+    Ok(document(text)?
+        .clusters
+        .iter()
+        .filter_map(|c| host_port(c.cluster.server.as_deref()?))
         .collect())
 }
 
@@ -189,31 +201,94 @@ pub fn host_port(server: &str) -> Option<(String, u16)> {
     (!host.is_empty()).then(|| (host.to_owned(), port))
 }
 
-fn document(text: &str) -> Result<Value, Problem> {
+/// A kubeconfig (client-go's `clientcmd/api/v1.Config`): the fields read.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+struct Config {
+    #[serde(default)]
+    clusters: Vec<NamedCluster>,
+    #[serde(default)]
+    contexts: Vec<NamedContext>,
+    #[serde(default)]
+    users: Vec<NamedUser>,
+    current_context: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct NamedCluster {
+    name: Option<String>,
+    #[serde(default)]
+    cluster: Cluster,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+struct Cluster {
+    server: Option<String>,
+    certificate_authority: Option<String>,
+    certificate_authority_data: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct NamedContext {
+    name: Option<String>,
+    #[serde(default)]
+    context: Context,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct Context {
+    cluster: Option<String>,
+    user: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct NamedUser {
+    name: Option<String>,
+    #[serde(default)]
+    user: User,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+struct User {
+    client_certificate: Option<String>,
+    client_certificate_data: Option<String>,
+    client_key: Option<String>,
+    client_key_data: Option<String>,
+    token: Option<String>,
+}
+
+impl NamedCluster {
+    fn describe(&self) -> String {
+        describe(&self.name, "cluster")
+    }
+}
+
+fn document(text: &str) -> Result<Config, Problem> {
     let mut docs = crate::base::yaml::parse_documents(text).map_err(Problem::Yaml)?;
-    Ok(if docs.is_empty() {
-        Value::Null
-    } else {
-        docs.swap_remove(0)
-    })
+    if docs.is_empty() {
+        return Ok(Config::default());
+    }
+    serde_json::from_value(docs.swap_remove(0)).map_err(Problem::Shape)
 }
 
 /// The named cluster and user of the current context (the user may be absent: a cluster that
 /// takes anonymous requests has none).
-fn current(doc: &Value) -> Result<(&Value, Option<&Value>), Problem> {
-    let Some(name) = string_at(doc, "current-context") else {
+fn current(doc: &Config) -> Result<(&NamedCluster, Option<&NamedUser>), Problem> {
+    let Some(name) = nonempty(&doc.current_context) else {
         return only(doc);
     };
-    let context = named(doc, "contexts", name)
+    let context = named(&doc.contexts, |c| &c.name, name)
         .ok_or_else(|| Problem::Missing(format!("context {name:?} (the current-context)")))?;
-    let cluster_name = string_at(&context["context"], "cluster")
+    let cluster_name = nonempty(&context.context.cluster)
         .ok_or_else(|| Problem::Missing(format!("cluster in context {name:?}")))?;
-    let cluster = named(doc, "clusters", cluster_name).ok_or_else(|| {
+    let cluster = named(&doc.clusters, |c| &c.name, cluster_name).ok_or_else(|| {
         Problem::Missing(format!("cluster {cluster_name:?} (of context {name:?})"))
     })?;
-    let user = match string_at(&context["context"], "user") {
+    let user = match nonempty(&context.context.user) {
         Some(u) => Some(
-            named(doc, "users", u)
+            named(&doc.users, |c| &c.name, u)
                 .ok_or_else(|| Problem::Missing(format!("user {u:?} (of context {name:?})")))?,
         ),
         None => None,
@@ -222,9 +297,8 @@ fn current(doc: &Value) -> Result<(&Value, Option<&Value>), Problem> {
 }
 
 /// Without `current-context`: the one cluster and the one user, if there are.
-fn only(doc: &Value) -> Result<(&Value, Option<&Value>), Problem> {
-    let list = |key: &str| doc[key].as_array().map(Vec::as_slice).unwrap_or_default();
-    match (list("clusters"), list("users")) {
+fn only(doc: &Config) -> Result<(&NamedCluster, Option<&NamedUser>), Problem> {
+    match (doc.clusters.as_slice(), doc.users.as_slice()) {
         ([cluster], []) => Ok((cluster, None)),
         ([cluster], [user]) => Ok((cluster, Some(user))),
         (clusters, users) => Err(Problem::Missing(format!(
@@ -235,46 +309,47 @@ fn only(doc: &Value) -> Result<(&Value, Option<&Value>), Problem> {
     }
 }
 
-/// The entry of `list` whose `name` is `name`.
-fn named<'a>(doc: &'a Value, list: &str, name: &str) -> Option<&'a Value> {
-    doc[list]
-        .as_array()?
-        .iter()
-        .find(|e| e["name"].as_str() == Some(name))
+/// The entry of `list` whose name is `name`.
+fn named<'a, T>(list: &'a [T], name_of: fn(&T) -> &Option<String>, name: &str) -> Option<&'a T> {
+    list.iter().find(|e| name_of(e).as_deref() == Some(name))
 }
 
-/// `v`'s `key`, a non-empty string.
-fn string_at<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
-    v[key].as_str().filter(|s| !s.is_empty())
+/// A string that is there and not empty.
+fn nonempty(v: &Option<String>) -> Option<&str> {
+    v.as_deref().filter(|s| !s.is_empty())
 }
 
-fn describe(entry: &Value, kind: &str) -> String {
-    match entry["name"].as_str() {
+fn describe(name: &Option<String>, kind: &str) -> String {
+    match name {
         Some(n) => format!("{kind} {n:?}"),
         None => format!("the {kind}"),
     }
 }
 
-fn user_name(user: Option<&Value>) -> String {
+fn user_name(user: Option<&NamedUser>) -> String {
     user.map_or_else(
         || "the context (no user)".to_owned(),
-        |u| describe(u, "user"),
+        |u| describe(&u.name, "user"),
     )
 }
 
 /// `key-data` (base64) or the file `key` names, if either is there.
-fn material(entry: &Value, key: &str, base: &Path) -> Result<Option<Vec<u8>>, Problem> {
-    let data_key = format!("{key}-data");
-    if let Some(data) = string_at(entry, &data_key) {
+fn material(
+    key: &str,
+    file: &Option<String>,
+    data: &Option<String>,
+    base: &Path,
+) -> Result<Option<Vec<u8>>, Problem> {
+    if let Some(data) = nonempty(data) {
         return base64::engine::general_purpose::STANDARD
             .decode(data.trim())
             .map(Some)
             .map_err(|source| Problem::Base64 {
-                key: data_key,
+                key: format!("{key}-data"),
                 source,
             });
     }
-    let Some(file) = string_at(entry, key) else {
+    let Some(file) = nonempty(file) else {
         return Ok(None);
     };
     std::fs::read(base.join(file))
@@ -433,6 +508,10 @@ users:
         let e = parse("clusters: []\n", base).unwrap_err().to_string();
         assert!(e.contains("no server"), "{e}");
         assert!(matches!(parse("a: [1\n", base), Err(Problem::Yaml(_))));
+        // YAML of another shape: said so, with where.
+        let e = parse("clusters:\n- cluster: [1]\n", base).unwrap_err().to_string();
+        assert!(e.starts_with("not a kubeconfig: "), "{e}");
+        assert!(servers("users: 5\n").is_err());
     }
 
     #[test]

@@ -161,7 +161,7 @@ fn add_servers(served: &mut Served, text: &str, source: &str, port: u16) {
         Err(e) => {
             served
                 .warnings
-                .push(format!("{source}: not a kubeconfig (YAML): {e}"));
+                .push(format!("{source}: {e}"));
             return;
         }
     };
