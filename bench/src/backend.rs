@@ -36,8 +36,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
-use crate::net::random_loopback;
 use crate::procstat::{self, ProcSample};
+use kube_apiserver_proxy_tests::util::random_loopback_ip;
 
 /// First byte of a one-request connection (see the module docs).
 pub const CLOSE_AFTER_REPLY: u8 = b'C';
@@ -205,7 +205,10 @@ pub fn serve(args: ServeBackendArgs) -> Result<()> {
             tokio::spawn(accept_loop(listener, Kind::Echo));
             println!("listening");
         } else {
-            let ip = args.ip.unwrap_or_else(random_loopback);
+            let ip = match args.ip {
+                Some(ip) => ip,
+                None => random_loopback_ip()?,
+            };
             let hello = listen(ip).await?;
             println!("{}", serde_json::to_string(&hello)?);
         }
@@ -396,7 +399,7 @@ mod tests {
 
     #[tokio::test]
     async fn tls_echo_verifies_and_echoes() -> Result<()> {
-        let hello = listen(random_loopback()).await?;
+        let hello = listen(random_loopback_ip()?).await?;
         let tls = TlsClient::new(&hello.tls_ca_pem)?;
         let timeout = Duration::from_secs(5);
 

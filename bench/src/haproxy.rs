@@ -17,7 +17,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 
 use crate::instance::{Admin, Instance};
-use crate::net::free_address;
+use kube_apiserver_proxy_tests::util::free_random_loopback_addr as free_address;
 
 /// Finds `haproxy`: `explicit`, or the first on PATH. `None` if there is none.
 pub fn locate(explicit: Option<&Path>) -> Option<PathBuf> {

@@ -11,8 +11,8 @@ use anyhow::{bail, Context, Result};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-use crate::net::http_status;
 use crate::procstat::{self, ProcSample};
+use kube_apiserver_proxy_tests::client::http_get_within;
 
 /// Where an instance's readiness endpoint is.
 #[derive(Debug, Clone)]
@@ -77,7 +77,10 @@ impl Instance {
                 );
             }
             if let Some(addr) = self.admin_addr() {
-                match http_status(addr, "/readyz", Duration::from_millis(500)).await {
+                match http_get_within(addr, "/readyz", Duration::from_millis(500))
+                    .await
+                    .map(|(status, _)| status)
+                {
                     Ok(200) => return Ok(()),
                     Ok(code) => last = format!("/readyz answered {code}"),
                     Err(err) => last = format!("/readyz: {err:#}"),
@@ -104,7 +107,9 @@ impl Instance {
             return Ok(false);
         };
         Ok(matches!(
-            http_status(addr, "/readyz", timeout).await,
+            http_get_within(addr, "/readyz", timeout)
+                .await
+                .map(|(status, _)| status),
             Ok(200)
         ))
     }

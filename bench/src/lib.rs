@@ -29,11 +29,12 @@
 //! - [`client`]: the load generator's connection primitives (request, stream, bulk).
 //! - [`outcome`]: failure kinds (refused, reset, timeout, closed, other) and their counts.
 //! - [`procstat`]: CPU time and resident memory from `/proc` and `getrusage`.
-//! - [`net`]: random loopback addresses, free ports, a tiny HTTP GET for readiness.
 //! - [`stats`]: medians, ranges, percentiles.
 //! - [`report`]: result types, the stdout table and the JSON file.
 //! - [`chart`]: SVG charts: ratio bars, and the panel frame and legend of the timelines.
-//! - [`tempdir`]: a self-removing temporary directory.
+//! - From the end-to-end tests' kit (`kube_apiserver_proxy_tests`): temporary directories,
+//!   random loopback addresses and free ports, HTTP GET for readiness and metrics, and the
+//!   build of the proxy binary.
 //! - [`scenario`]: the scenarios themselves; [`run`] dispatches a subcommand to one.
 //!
 //! The modules import each other without a cycle (`tests/module_graph.rs`): [`options`] names
@@ -47,7 +48,6 @@ pub mod cli;
 pub mod client;
 pub mod haproxy;
 pub mod instance;
-pub mod net;
 pub mod options;
 pub mod outcome;
 pub mod procstat;
@@ -56,7 +56,6 @@ pub mod report;
 pub mod scenario;
 pub mod stats;
 pub mod target;
-pub mod tempdir;
 pub mod uring;
 
 use anyhow::Result;

@@ -29,7 +29,7 @@ pub fn locate(explicit: Option<&Path>, no_build: bool) -> Result<PathBuf> {
     let candidate = profile_dir.join(BINARY);
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
     if !no_build && manifest.is_file() {
-        build(&manifest, profile_dir, candidate.is_file())?;
+        kube_apiserver_proxy_tests::proxy::build_proxy(profile_dir, !candidate.is_file())?;
     }
     if !candidate.is_file() {
         bail!(
@@ -38,45 +38,6 @@ pub fn locate(explicit: Option<&Path>, no_build: bool) -> Result<PathBuf> {
         );
     }
     Ok(candidate)
-}
-
-/// Runs `cargo build -p kube-apiserver-proxy` so that the binary lands in `profile_dir`.
-fn build(manifest: &Path, profile_dir: &Path, exists: bool) -> Result<()> {
-    let target_dir = profile_dir.parent().context("no target directory")?;
-    let profile = profile_dir
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or("debug");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut command = Command::new(cargo);
-    command
-        .arg("build")
-        .arg("--manifest-path")
-        .arg(manifest)
-        .arg("--target-dir")
-        .arg(target_dir)
-        .args(["-p", BINARY, "--bin", BINARY]);
-    match profile {
-        "debug" => {}
-        "release" => {
-            command.arg("--release");
-        }
-        other => {
-            command.args(["--profile", other]);
-        }
-    }
-    if exists {
-        command.arg("--quiet");
-    } else {
-        eprintln!("building {BINARY} ({profile}) …");
-    }
-    let status = command
-        .status()
-        .context("cannot run cargo to build the proxy")?;
-    if !status.success() {
-        bail!("cargo build -p {BINARY} failed ({status})");
-    }
-    Ok(())
 }
 
 /// How to run one proxy instance.
@@ -201,7 +162,12 @@ pub async fn ensure_transparent(instance: &Instance, backend: SocketAddr) -> Res
         .context("the proxy has no admin address")?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
     loop {
-        let (_, body) = crate::net::http_get(addr, "/status", Duration::from_secs(2)).await?;
+        let (_, body) = kube_apiserver_proxy_tests::client::http_get_within(
+            addr,
+            "/status",
+            Duration::from_secs(2),
+        )
+        .await?;
         let status: serde_json::Value = serde_json::from_str(&body)?;
         let seen = status["backends"]
             .as_array()

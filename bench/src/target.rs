@@ -14,9 +14,9 @@ use serde::Serialize;
 use crate::backend::BackendProcess;
 use crate::haproxy::{self, HaproxyLauncher, HaproxyOptions};
 use crate::instance::Instance;
-use crate::net::free_address;
 use crate::procstat::{self, ProcSample};
 use crate::proxy::{self, ProxyLauncher, ProxyOptions};
+use kube_apiserver_proxy_tests::util::free_random_loopback_addr as free_address;
 
 /// Where the load goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, ValueEnum, Serialize)]

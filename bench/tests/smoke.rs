@@ -376,7 +376,7 @@ fn forward_exactly(extra: &[&str]) {
     use std::net::{Shutdown, TcpListener, TcpStream};
     use std::time::{Duration, Instant};
 
-    let ip = kube_apiserver_proxy_bench::net::random_loopback();
+    let ip = kube_apiserver_proxy_tests::util::random_loopback_ip().unwrap();
     let backend = TcpListener::bind((ip, 0)).expect("bind the echo backend");
     let backend_addr = backend.local_addr().unwrap();
     std::thread::spawn(move || {
@@ -397,8 +397,8 @@ fn forward_exactly(extra: &[&str]) {
         }
     });
 
-    let listen = kube_apiserver_proxy_bench::net::free_address().unwrap();
-    let ready = kube_apiserver_proxy_bench::net::free_address().unwrap();
+    let listen = kube_apiserver_proxy_tests::util::free_random_loopback_addr().unwrap();
+    let ready = kube_apiserver_proxy_tests::util::free_random_loopback_addr().unwrap();
     struct Child(std::process::Child);
     impl Drop for Child {
         fn drop(&mut self) {

@@ -237,6 +237,17 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
     HttpConnection::plain(addr).await?.get(path).await
 }
 
+/// [`http_get`] within `timeout` (a probe that must not wait as long as [`IO_TIMEOUT`]).
+pub async fn http_get_within(
+    addr: SocketAddr,
+    path: &str,
+    timeout: Duration,
+) -> Result<(u16, String)> {
+    tokio::time::timeout(timeout, http_get(addr, path))
+        .await
+        .map_err(|_| anyhow!("GET http://{addr}{path}: no answer within {timeout:?}"))?
+}
+
 /// A raw TCP client for byte-level tests.
 pub struct TcpClient {
     stream: TcpStream,

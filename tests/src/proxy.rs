@@ -83,18 +83,32 @@ fn locate_and_build() -> Result<PathBuf> {
     if dir.ends_with("deps") {
         dir = dir.parent().context("deps has no parent")?;
     }
-    let bin = dir.join("kube-apiserver-proxy");
-    let profile = dir
+    build_proxy(dir, false)
+}
+
+/// Builds the proxy binary with `cargo build -p kube-apiserver-proxy` into `profile_dir` (a
+/// target directory's `debug`, `release` or other profile's directory: the profile is its
+/// name) and returns its path. `announce`: say so on stderr (a first build takes a while);
+/// else cargo is quiet. The tests' binary and `bench`'s both come from here.
+pub fn build_proxy(profile_dir: &Path, announce: bool) -> Result<PathBuf> {
+    let bin = profile_dir.join("kube-apiserver-proxy");
+    let profile = profile_dir
         .file_name()
         .and_then(OsStr::to_str)
         .context("profile directory name")?;
-    let target_dir = dir.parent().context("profile directory has no parent")?;
+    let target_dir = profile_dir
+        .parent()
+        .context("profile directory has no parent")?;
     let mut build = cargo_command();
     build
-        .args(["build", "--quiet", "-p", "kube-apiserver-proxy", "--bin"])
+        .args(["build", "-p", "kube-apiserver-proxy", "--bin"])
         .arg("kube-apiserver-proxy")
-        .env("CARGO_TARGET_DIR", target_dir)
-        .current_dir(env!("CARGO_MANIFEST_DIR"));
+        .env("CARGO_TARGET_DIR", target_dir);
+    if announce {
+        eprintln!("building kube-apiserver-proxy ({profile}) …");
+    } else {
+        build.arg("--quiet");
+    }
     match profile {
         "debug" => {}
         "release" => {

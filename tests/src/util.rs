@@ -166,10 +166,11 @@ pub struct TempDir {
 }
 
 impl TempDir {
-    /// Creates `$TMPDIR/kap-tests-<prefix>-<random>`.
+    /// Creates `$TMPDIR/kap-<prefix>-<pid>-<random>`.
     pub fn new(prefix: &str) -> Result<Self> {
-        let suffix: u64 = rand::thread_rng().gen();
-        let path = std::env::temp_dir().join(format!("kap-tests-{prefix}-{suffix:016x}"));
+        let suffix: u32 = rand::thread_rng().gen();
+        let pid = std::process::id();
+        let path = std::env::temp_dir().join(format!("kap-{prefix}-{pid}-{suffix:08x}"));
         std::fs::create_dir_all(&path).with_context(|| format!("create {}", path.display()))?;
         Ok(Self { path })
     }

@@ -188,7 +188,7 @@ pub async fn start_spread(
         return env.start(target, backend).await;
     }
     let threads = (env.nbthread / processes).max(1);
-    let listen = crate::net::free_address()?;
+    let listen = kube_apiserver_proxy_tests::util::free_random_loopback_addr()?;
     let mut running = env.start_on(target, backend, listen, Some(threads)).await?;
     for _ in 1..processes {
         let peer = env.start_on(target, backend, listen, Some(threads)).await?;

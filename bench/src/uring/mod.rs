@@ -25,7 +25,7 @@ use clap::Args;
 use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::instance::{Admin, Instance};
-use crate::net::free_address;
+use kube_apiserver_proxy_tests::util::free_random_loopback_addr as free_address;
 
 pub use forward::probe;
 

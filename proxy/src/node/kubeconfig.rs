@@ -509,7 +509,9 @@ users:
         assert!(e.contains("no server"), "{e}");
         assert!(matches!(parse("a: [1\n", base), Err(Problem::Yaml(_))));
         // YAML of another shape: said so, with where.
-        let e = parse("clusters:\n- cluster: [1]\n", base).unwrap_err().to_string();
+        let e = parse("clusters:\n- cluster: [1]\n", base)
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("not a kubeconfig: "), "{e}");
         assert!(servers("users: 5\n").is_err());
     }

@@ -159,9 +159,7 @@ fn add_servers(served: &mut Served, text: &str, source: &str, port: u16) {
     let servers = match crate::node::kubeconfig::servers(text) {
         Ok(servers) => servers,
         Err(e) => {
-            served
-                .warnings
-                .push(format!("{source}: {e}"));
+            served.warnings.push(format!("{source}: {e}"));
             return;
         }
     };

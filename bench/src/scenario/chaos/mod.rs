@@ -34,12 +34,12 @@ use self::fleet::Fleet;
 use self::load::Load;
 use self::policy::{ActionKind, Policy};
 use self::report::{ChaosReport, Raw};
-use crate::net::free_address;
 use crate::options::ChaosArgs;
 use crate::procstat;
 use crate::proxy::ProxyOptions;
 use crate::target::Env;
-use crate::tempdir::TempDir;
+use kube_apiserver_proxy_tests::util::free_random_loopback_addr as free_address;
+use kube_apiserver_proxy_tests::util::TempDir;
 
 impl ChaosArgs {
     fn parameters(&self, seed: u64) -> serde_json::Value {
@@ -80,7 +80,7 @@ pub async fn run(env: &mut Env, args: &ChaosArgs) -> Result<ChaosReport> {
     let proxy_bin = env.proxy.as_ref().map(|p| p.bin().to_owned());
     let launcher = env.proxy.as_mut().context("chaos needs the proxy binary")?;
     let listen = free_address()?;
-    let handoff_dir = TempDir::new("chaos-handoff")?;
+    let handoff_dir = TempDir::new("bench-chaos-handoff")?;
     let options = ProxyOptions {
         listen,
         backend,

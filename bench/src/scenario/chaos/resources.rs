@@ -20,8 +20,8 @@ use std::time::Duration;
 use anyhow::Result;
 use serde::Serialize;
 
-use crate::net::http_get;
 use crate::procstat;
+use kube_apiserver_proxy_tests::client::http_get_within;
 
 /// How much a descriptor or task count may rise between the first and last thirds before it
 /// counts as growth.
@@ -52,7 +52,7 @@ pub async fn sample(pid: u32, admin: Option<SocketAddr>, t_s: f64) -> Result<Sam
     let proc = procstat::sample(pid)?;
     let fds = procstat::open_fds(pid)?;
     let metrics = match admin {
-        Some(addr) => match http_get(addr, "/metrics", Duration::from_millis(300)).await {
+        Some(addr) => match http_get_within(addr, "/metrics", Duration::from_millis(300)).await {
             Ok((200, body)) => body,
             _ => String::new(),
         },

@@ -30,14 +30,14 @@ use crate::backend::BackendProcess;
 use crate::client::{churn_request, connect, paced, ping_stream, Steady, StreamEnd};
 use crate::haproxy::HaproxyOptions;
 use crate::instance::Instance;
-use crate::net::free_address;
 use crate::options::{HaproxyStop, LoadArgs, RolloutArgs};
 use crate::outcome::{FailureCounts, FailureKind};
 use crate::procstat;
 use crate::proxy::ProxyOptions;
 use crate::report::{self, print_rows, Machine, Unit};
 use crate::target::{Env, Skipped, Target};
-use crate::tempdir::TempDir;
+use kube_apiserver_proxy_tests::util::free_random_loopback_addr as free_address;
+use kube_apiserver_proxy_tests::util::TempDir;
 
 impl RolloutArgs {
     fn parameters(&self) -> serde_json::Value {
@@ -277,7 +277,7 @@ async fn run_variant(env: &mut Env, args: &RolloutArgs, variant: Variant) -> Res
         variant,
         listen: free_address()?,
         backend,
-        handoff_dir: TempDir::new("handoff")?,
+        handoff_dir: TempDir::new("bench-handoff")?,
         drain_timeout: args.drain_timeout,
     };
     let (mut current, mut current_backend) = launch.next(args.own_backends).await?;

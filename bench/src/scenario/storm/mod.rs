@@ -87,7 +87,7 @@ impl Storm {
                 );
             }
         }
-        let addr = crate::net::free_address()?;
+        let addr = kube_apiserver_proxy_tests::util::free_random_loopback_addr()?;
         let backends = start_backends(addr, processes).await?;
         Ok(Self {
             args,
