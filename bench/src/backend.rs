@@ -24,12 +24,9 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair, KeyUsagePurpose,
-};
+use kube_apiserver_proxy_tests::certs::Ca;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -94,32 +91,12 @@ impl TlsIdentity {
     /// Makes a fresh CA and a serving certificate for [`TLS_SERVER_NAME`] (server auth), as
     /// kubeadm does for kube-apiserver.
     fn generate() -> Result<Self> {
-        let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
-        ca_params.distinguished_name = common_name("bench-backend-ca");
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        let ca_key = KeyPair::generate().context("generate CA key")?;
-        let ca = ca_params.self_signed(&ca_key).context("self-sign CA")?;
-
-        let mut params = CertificateParams::new(vec![TLS_SERVER_NAME.to_owned()])?;
-        params.distinguished_name = common_name(TLS_SERVER_NAME);
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-        params.key_usages = vec![
-            KeyUsagePurpose::DigitalSignature,
-            KeyUsagePurpose::KeyEncipherment,
-        ];
-        let key = KeyPair::generate().context("generate serving key")?;
-        let cert = params
-            .signed_by(&key, &ca, &ca_key)
-            .context("sign serving certificate")?;
+        let ca = Ca::new("bench-backend-ca")?;
+        let serving = ca.server_cert(&[TLS_SERVER_NAME])?;
         Ok(Self {
-            ca_pem: ca.pem(),
-            chain: vec![cert.der().clone(), ca.der().clone()],
-            key: PrivatePkcs8KeyDer::from(key.serialize_der()).into(),
+            ca_pem: ca.cert_pem(),
+            chain: [serving.cert_chain(), vec![ca.cert_der()]].concat(),
+            key: serving.private_key(),
         })
     }
 
@@ -134,12 +111,6 @@ impl TlsIdentity {
         config.send_tls13_tickets = 0;
         Ok(TlsAcceptor::from(Arc::new(config)))
     }
-}
-
-fn common_name(name: &str) -> DistinguishedName {
-    let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, name);
-    dn
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
