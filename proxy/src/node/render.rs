@@ -1324,6 +1324,37 @@ status: {}
     }
 
     #[test]
+    fn kubeadms_pod_security_context_is_merged_over_the_bases() {
+        let security = |text: &str| {
+            let d = render(text, &Options::default()).unwrap();
+            spec(&d).security_context.clone().unwrap()
+        };
+        let seccomp = |sc: &PodSecurityContext| {
+            let p = sc.seccomp_profile.clone().unwrap();
+            (p.type_, p.localhost_profile)
+        };
+        // A field of kubeadm's only is added, the base's others stay.
+        let run_as = KUBEADM.replace(
+            "  securityContext:\n    seccompProfile:\n      type: RuntimeDefault\n",
+            "  securityContext:\n    runAsUser: 7\n",
+        );
+        let sc = security(&run_as);
+        assert_eq!(sc.run_as_user, Some(7));
+        assert_eq!(seccomp(&sc), ("RuntimeDefault".to_owned(), None));
+        // A field both set is kubeadm's, whole.
+        let localhost = KUBEADM.replace(
+            "      type: RuntimeDefault\n",
+            "      type: Localhost\n      localhostProfile: p.json\n",
+        );
+        let sc = security(&localhost);
+        assert_eq!(
+            seccomp(&sc),
+            ("Localhost".to_owned(), Some("p.json".to_owned()))
+        );
+        assert_eq!(sc.run_as_user, None);
+    }
+
+    #[test]
     fn a_lost_flag_is_found() {
         let mut d = render(KUBEADM, &Options::default()).unwrap();
         let pod = StaticPod::parse(KUBEADM).unwrap();
