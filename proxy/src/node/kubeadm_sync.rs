@@ -65,12 +65,17 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::{
+    Capabilities, EmptyDirVolumeSource, HostPathVolumeSource, ResourceRequirements, SecurityContext,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::{json, Value};
 
 use crate::base::fsutil::write_durable;
 use crate::node::api::ApiClient;
 use crate::node::etcd_canary;
 use crate::node::leader_handover::{self, LEADERS};
+use crate::node::object::{self, Container, ObjectMeta, Pod, PodSpec, Volume, VolumeMount};
 use crate::node::render::{self, StaticPod};
 use crate::node::staticpod::MANIFEST_MODE;
 
@@ -84,10 +89,17 @@ const MANAGED: &str = ".kubeadm-sync";
 /// The stand-in's containers' security context: no capability (the agent, root, reads and
 /// writes root's files under /etc/kubernetes as their owner), no escalation, a read-only root
 /// file system (it writes only to its mounts).
-static LEAST_PRIVILEGE: std::sync::LazyLock<Value> = std::sync::LazyLock::new(|| {
-    json!({"capabilities": {"drop": ["ALL"]}, "allowPrivilegeEscalation": false,
-        "readOnlyRootFilesystem": true})
-});
+fn least_privilege() -> SecurityContext {
+    SecurityContext {
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".to_owned()]),
+            add: None,
+        }),
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        ..SecurityContext::default()
+    }
+}
 
 /// Where the stand-in's container finds this binary (copied by its init container).
 const BIN: &str = "/proxy-bin/kube-apiserver-proxy";
@@ -149,82 +161,134 @@ pub fn standin(
     proxy_image: &str,
     command: &[String],
     writable: &[&Path],
-) -> Value {
-    let meta = &pod.pod["metadata"];
+) -> Pod {
+    let meta = &pod.pod.metadata;
     let mut annotations = render::kubeadm_annotations(pod);
-    annotations.insert(render::MANIFEST_DIGEST.into(), json!(pod.digest));
+    annotations.insert(render::MANIFEST_DIGEST.into(), pod.digest.clone());
     if let Some(f) = files {
-        annotations.insert(render::FILES_DIGEST.into(), json!(f));
+        annotations.insert(render::FILES_DIGEST.into(), f.to_owned());
     }
-    let mut labels = meta["labels"].as_object().cloned().unwrap_or_default();
+    let mut labels = meta.labels.clone().unwrap_or_default();
     labels.insert(
         "app.kubernetes.io/part-of".into(),
-        json!("kube-apiserver-proxy"),
+        "kube-apiserver-proxy".into(),
     );
-    let kubeadm = pod.container().cloned().unwrap_or(Value::Null);
-    let mut container = json!({
-        "name": render::CONTAINER,
-        "image": pod.image(),
-        "imagePullPolicy": kubeadm.get("imagePullPolicy").cloned().unwrap_or(json!("IfNotPresent")),
-        "command": std::iter::once(BIN.to_owned()).chain(command.iter().cloned()).collect::<Vec<_>>(),
-        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}},
-        "volumeMounts": [
-            {"name": "proxy-bin", "mountPath": "/proxy-bin", "readOnly": true},
-            {"name": "etc-kubernetes", "mountPath": "/etc/kubernetes", "readOnly": true},
-        ],
-        "securityContext": LEAST_PRIVILEGE.clone(),
-    });
+    let kubeadm = pod.container().ok();
+    let mount = |name: &str, path: &str, read_only: bool| VolumeMount {
+        name: name.to_owned(),
+        mount_path: path.to_owned(),
+        read_only: read_only.then_some(true),
+        ..VolumeMount::default()
+    };
+    let host_path = |name: &str, path: &str, kind: &str| Volume {
+        name: name.to_owned(),
+        host_path: Some(HostPathVolumeSource {
+            path: path.to_owned(),
+            type_: Some(kind.to_owned()),
+        }),
+        ..Volume::default()
+    };
+    let mut container = Container {
+        name: render::CONTAINER.to_owned(),
+        image: Some(pod.image()),
+        image_pull_policy: Some(
+            kubeadm
+                .and_then(|k| k.image_pull_policy.clone())
+                .unwrap_or_else(|| "IfNotPresent".to_owned()),
+        ),
+        command: Some(
+            std::iter::once(BIN.to_owned())
+                .chain(command.iter().cloned())
+                .collect(),
+        ),
+        resources: Some(ResourceRequirements {
+            requests: Some(
+                [("cpu", "10m"), ("memory", "16Mi")]
+                    .into_iter()
+                    .map(|(k, v)| (k.to_owned(), Quantity(v.to_owned())))
+                    .collect(),
+            ),
+            ..ResourceRequirements::default()
+        }),
+        volume_mounts: Some(vec![
+            mount("proxy-bin", "/proxy-bin", true),
+            mount("etc-kubernetes", "/etc/kubernetes", true),
+        ]),
+        security_context: Some(least_privilege()),
+        // kubeadm's readiness probe (through the node address) and the port it names.
+        readiness_probe: kubeadm.and_then(|k| k.readiness_probe.clone()),
+        ports: kubeadm.and_then(|k| k.ports.clone()),
+        ..Container::default()
+    };
     // Writable: kubeadm's manifest directory (the manifest set aside by `--once` is put back)
     // and the kubelet's, below the read-only /etc/kubernetes (its certificates and keys, the
     // kubeconfigs, what the apiserver's flags name: read for the digests and the API client).
     let mut volumes = vec![
-        json!({"name": "proxy-bin", "emptyDir": {"sizeLimit": "64Mi"}}),
-        json!({"name": "etc-kubernetes", "hostPath": {"path": "/etc/kubernetes", "type": "Directory"}}),
+        Volume {
+            name: "proxy-bin".to_owned(),
+            empty_dir: Some(EmptyDirVolumeSource {
+                size_limit: Some(Quantity("64Mi".to_owned())),
+                ..EmptyDirVolumeSource::default()
+            }),
+            ..Volume::default()
+        },
+        host_path("etc-kubernetes", "/etc/kubernetes", "Directory"),
     ];
     for (i, dir) in writable.iter().enumerate() {
         let name = format!("writable-{i}");
-        container["volumeMounts"]
-            .as_array_mut()
-            .expect("a list")
-            .push(json!({"name": name, "mountPath": dir.display().to_string()}));
-        volumes.push(json!({"name": name,
-            "hostPath": {"path": dir.display().to_string(), "type": "DirectoryOrCreate"}}));
+        let dir = dir.display().to_string();
+        container
+            .volume_mounts
+            .get_or_insert_with(Vec::new)
+            .push(mount(&name, &dir, false));
+        volumes.push(host_path(&name, &dir, "DirectoryOrCreate"));
     }
-    // kubeadm's readiness probe (through the node address) and the port it names.
-    for key in ["readinessProbe", "ports"] {
-        if let Some(v) = kubeadm.get(key) {
-            container[key] = v.clone();
-        }
-    }
-    let mut spec = json!({
-        "hostNetwork": true,
-        "priorityClassName": pod.pod["spec"]["priorityClassName"].as_str().unwrap_or("system-node-critical"),
-        "terminationGracePeriodSeconds": 5,
-        "initContainers": [{
-            "name": "install-proxy",
-            "image": proxy_image,
-            "imagePullPolicy": "IfNotPresent",
-            "command": ["/kube-apiserver-proxy", "install", BIN],
-            "volumeMounts": [{"name": "proxy-bin", "mountPath": "/proxy-bin"}],
-            "securityContext": LEAST_PRIVILEGE.clone(),
-        }],
-        "containers": [container],
-        "volumes": volumes,
-    });
-    if let Some(sc) = pod.pod["spec"].get("securityContext") {
-        spec["securityContext"] = sc.clone();
-    }
-    json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": meta["name"].as_str().unwrap_or("kube-apiserver"),
-            "namespace": meta["namespace"].as_str().unwrap_or("kube-system"),
-            "labels": labels,
-            "annotations": annotations,
+    let kubeadm_spec = pod.pod.spec.as_ref();
+    let spec = PodSpec {
+        host_network: Some(true),
+        priority_class_name: Some(
+            kubeadm_spec
+                .and_then(|s| s.priority_class_name.clone())
+                .unwrap_or_else(|| "system-node-critical".to_owned()),
+        ),
+        termination_grace_period_seconds: Some(5),
+        init_containers: Some(vec![Container {
+            name: "install-proxy".to_owned(),
+            image: Some(proxy_image.to_owned()),
+            image_pull_policy: Some("IfNotPresent".to_owned()),
+            command: Some(
+                ["/kube-apiserver-proxy", "install", BIN]
+                    .map(str::to_owned)
+                    .to_vec(),
+            ),
+            volume_mounts: Some(vec![mount("proxy-bin", "/proxy-bin", false)]),
+            security_context: Some(least_privilege()),
+            ..Container::default()
+        }]),
+        containers: vec![container],
+        volumes: Some(volumes),
+        security_context: kubeadm_spec.and_then(|s| s.security_context.clone()),
+        ..PodSpec::default()
+    };
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(
+                meta.name
+                    .clone()
+                    .unwrap_or_else(|| "kube-apiserver".to_owned()),
+            ),
+            namespace: Some(
+                meta.namespace
+                    .clone()
+                    .unwrap_or_else(|| "kube-system".to_owned()),
+            ),
+            labels: Some(labels),
+            annotations: Some(annotations),
+            ..ObjectMeta::default()
         },
-        "spec": spec,
-    })
+        spec: Some(spec),
+        status: None,
+    }
 }
 
 /// The digests a stand-in or a pod template stands for: (manifest, files).
@@ -1018,12 +1082,11 @@ impl Sync {
             proxy_image: proxy_image(&live).or_else(|| Some(self.proxy_image.clone())),
             client_address_transparent: client_address_transparent(&live),
         };
-        let rendered =
-            render::deployment(&base, &pod, files.as_deref(), &options).map_err(|e| {
-                SyncError::Manifest {
-                    path: src.display().to_string(),
-                    message: e.to_string(),
-                }
+        let rendered = render::deployment(&base, &pod, files.as_deref(), &options)
+            .map(|d| object::to_value(&d))
+            .map_err(|e| SyncError::Manifest {
+                path: src.display().to_string(),
+                message: e.to_string(),
             })?;
         let want = digests(&rendered["spec"]["template"]["metadata"]);
         if digests(&live["spec"]["template"]["metadata"]) != want {
@@ -1079,13 +1142,13 @@ impl Sync {
         if stood_for {
             return Ok(Pass::InStep);
         }
-        let mut stand = standin(
+        let mut stand = object::to_value(&standin(
             &pod,
             files.as_deref(),
             &self.proxy_image,
             &self.command,
             &[&self.kubeadm_dir, &self.static_pod_dir],
-        );
+        ));
         stand["metadata"]["uid"] = json!(static_uid(&self.node, APISERVER, &stand));
         write_durable(
             &dst,
@@ -1392,39 +1455,55 @@ mod tests {
                 Path::new("/etc/kubernetes/kubelet-manifests"),
             ],
         );
-        let meta = &s["metadata"];
-        assert_eq!(meta["name"], "kube-apiserver");
-        assert_eq!(meta["namespace"], "kube-system");
-        assert_eq!(meta["labels"]["component"], "kube-apiserver");
-        assert_eq!(meta["labels"]["tier"], "control-plane");
+        let meta = &s.metadata;
+        assert_eq!(meta.name.as_deref(), Some("kube-apiserver"));
+        assert_eq!(meta.namespace.as_deref(), Some("kube-system"));
+        let labels = meta.labels.as_ref().unwrap();
+        assert_eq!(labels["component"], "kube-apiserver");
+        assert_eq!(labels["tier"], "control-plane");
         assert_eq!(
-            meta["annotations"]["kubeadm.kubernetes.io/kube-apiserver.advertise-address.endpoint"],
+            meta.annotations.as_ref().unwrap()
+                ["kubeadm.kubernetes.io/kube-apiserver.advertise-address.endpoint"],
             "192.0.2.10:6443"
         );
-        assert_eq!(digests(meta), (Some(pod.digest.as_str()), Some("f")));
-        let c = &s["spec"]["containers"][0];
+        let meta_value = object::to_value(meta);
+        assert_eq!(digests(&meta_value), (Some(pod.digest.as_str()), Some("f")));
+        let spec = s.spec.as_ref().unwrap();
+        let c = &spec.containers[0];
+        let init = &spec.init_containers.as_ref().unwrap()[0];
         // `kubeadm upgrade plan` reads the version from the first container's image.
-        assert_eq!(c["image"], "registry.k8s.io/kube-apiserver:v1.37.2");
-        assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+        assert_eq!(
+            c.image.as_deref(),
+            Some("registry.k8s.io/kube-apiserver:v1.37.2")
+        );
+        let readiness = c.readiness_probe.as_ref().unwrap();
+        assert_eq!(
+            readiness.http_get.as_ref().unwrap().path.as_deref(),
+            Some("/readyz")
+        );
         assert!(
-            c.get("livenessProbe").is_none(),
+            c.liveness_probe.is_none(),
             "an API outage must not restart the agent"
         );
-        assert_eq!(c["command"][0], BIN);
-        assert_eq!(s["spec"]["initContainers"][0]["image"], "kap:v1");
-        assert_eq!(s["spec"]["hostNetwork"], true);
+        assert_eq!(c.command.as_ref().unwrap()[0], BIN);
+        assert_eq!(init.image.as_deref(), Some("kap:v1"));
+        assert_eq!(spec.host_network, Some(true));
         // Least privilege: no capability, read-only root, /etc/kubernetes read-only but for
         // the two manifest directories.
-        for c in [&s["spec"]["containers"][0], &s["spec"]["initContainers"][0]] {
-            assert_eq!(c["securityContext"]["capabilities"]["drop"], json!(["ALL"]));
-            assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
-            assert_eq!(c["securityContext"]["allowPrivilegeEscalation"], false);
+        for c in [c, init] {
+            let sc = c.security_context.as_ref().unwrap();
+            assert_eq!(
+                sc.capabilities.as_ref().unwrap().drop.as_deref(),
+                Some(&["ALL".to_owned()][..])
+            );
+            assert_eq!(sc.read_only_root_filesystem, Some(true));
+            assert_eq!(sc.allow_privilege_escalation, Some(false));
         }
-        let mounts = c["volumeMounts"].as_array().unwrap();
+        let mounts = c.volume_mounts.as_ref().unwrap();
         let writable: Vec<&str> = mounts
             .iter()
-            .filter(|m| m["readOnly"] != true)
-            .map(|m| m["mountPath"].as_str().unwrap())
+            .filter(|m| m.read_only != Some(true))
+            .map(|m| m.mount_path.as_str())
             .collect();
         assert_eq!(
             writable,
@@ -1435,7 +1514,7 @@ mod tests {
         );
         assert!(mounts
             .iter()
-            .any(|m| m["mountPath"] == "/etc/kubernetes" && m["readOnly"] == true));
+            .any(|m| m.mount_path == "/etc/kubernetes" && m.read_only == Some(true)));
     }
 
     #[test]
