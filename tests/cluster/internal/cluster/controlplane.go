@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"kube-apiserver-proxy/tests/cluster/internal/report"
 )
 
 // Node is the control-plane node of a rehearsal: its address, its directories laid out as
@@ -111,7 +113,7 @@ func (n *Node) StartEtcd(ctx context.Context, etcd string) error {
 		return resp.StatusCode == 200
 	})
 	if !ok {
-		return fmt.Errorf("etcd not healthy within 60s: %s", Tail(p.Log, 10))
+		return fmt.Errorf("etcd not healthy within 60s: %s", report.FileTail(p.Log, 10))
 	}
 	return nil
 }

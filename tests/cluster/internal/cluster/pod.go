@@ -15,6 +15,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"kube-apiserver-proxy/tests/cluster/internal/report"
 )
 
 // Design is what stands in front of each pod's apiserver on the node address.
@@ -112,7 +114,7 @@ func StartPod(ctx context.Context, node *Node, tmpl *Template, opts PodOptions) 
 		}
 		if !initProc.Wait(30*time.Second) || initProc.ExitCode() != 0 {
 			initProc.Kill()
-			return nil, fmt.Errorf("pod %s: init container %s failed: %s", opts.Name, init.Name, Tail(initProc.Log, 5))
+			return nil, fmt.Errorf("pod %s: init container %s failed: %s", opts.Name, init.Name, report.FileTail(initProc.Log, 5))
 		}
 	}
 
@@ -215,7 +217,7 @@ func (p *Pod) startHAProxy(ctx context.Context) error {
 		return true
 	})
 	if !ok || p.apiserver.Exited() {
-		return fmt.Errorf("pod %s: apiserver never accepted connections: %s", p.Opts.Name, Tail(p.apiserver.Log, 10))
+		return fmt.Errorf("pod %s: apiserver never accepted connections: %s", p.Opts.Name, report.FileTail(p.apiserver.Log, 10))
 	}
 	cfg := fmt.Sprintf(`global
     # maxconn from the fd limit, as in Lokomotive's config (none set).
@@ -402,7 +404,7 @@ func runProbe(ctx context.Context, argv []string) bool {
 func (p *Pod) Crashed() error {
 	for _, c := range []*Proc{p.apiserver, p.sidecar} {
 		if c != nil && c.Exited() {
-			return fmt.Errorf("pod %s: container %s exited with %d: %s", p.Opts.Name, c.Name, c.ExitCode(), Tail(c.Log, 8))
+			return fmt.Errorf("pod %s: container %s exited with %d: %s", p.Opts.Name, c.Name, c.ExitCode(), report.FileTail(c.Log, 8))
 		}
 	}
 	return nil

@@ -2,6 +2,7 @@ package node
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -17,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"kube-apiserver-proxy/tests/cluster/internal/nodecheck"
+	"kube-apiserver-proxy/tests/cluster/internal/report"
 )
 
 // DeploymentPods is the selector of the kube-apiserver Deployment's pods (mirror pods have no
@@ -54,15 +56,8 @@ func PodLine(p *corev1.Pod) string {
 			waiting = append(waiting, c.State.Waiting.Reason)
 		}
 	}
-	return fmt.Sprintf("%s %s %s %s %s", p.Name, p.Status.Phase, orNone(strings.Join(ready, ",")),
-		orNone(strings.Join(restarts, ",")), orNone(strings.Join(waiting, ",")))
-}
-
-func orNone(s string) string {
-	if s == "" {
-		return "<none>"
-	}
-	return s
+	return fmt.Sprintf("%s %s %s %s %s", p.Name, p.Status.Phase, cmp.Or(strings.Join(ready, ","), "<none>"),
+		cmp.Or(strings.Join(restarts, ","), "<none>"), cmp.Or(strings.Join(waiting, ","), "<none>"))
 }
 
 // DeployPodsLine is every pod's PodLine, for the report.
@@ -172,11 +167,11 @@ func (n *Node) PodDiagnostics() {
 				log = err.Error()
 			}
 			for _, l := range strings.Split(strings.TrimSpace(log), "\n") {
-				n.Note("    %s", Cut(l, 400))
+				n.Note("    %s", report.Cut(l, 400))
 			}
 			if prev, err := n.Logs(p.Name, c, 4, true); err == nil {
 				for _, l := range strings.Split(strings.TrimSpace(prev), "\n") {
-					n.Note("    previous: %s", Cut(l, 400))
+					n.Note("    previous: %s", report.Cut(l, 400))
 				}
 			}
 		}
@@ -195,8 +190,8 @@ func (n *Node) PodDiagnostics() {
 			mine = append(mine, fmt.Sprintf("%s %s %s/%s: %s", e.LastTimestamp.Format(time.TimeOnly), e.Reason, e.InvolvedObject.Kind, e.InvolvedObject.Name, e.Message))
 		}
 	}
-	for _, l := range mine[max(0, len(mine)-12):] {
-		n.Note("    %s", Cut(l, 300))
+	for _, l := range report.Last(mine, 12) {
+		n.Note("    %s", report.Cut(l, 300))
 	}
 }
 
@@ -236,7 +231,7 @@ func (n *Node) Rollout(what string, kubectl ...string) bool {
 		n.Pass("%s: rollout complete after %s s (kubectl rollout status: %s); pods: %s", what, Since(t0), lastLines(status, 1), n.DeployPodsLine())
 		return true
 	}
-	n.Fail("%s: rollout not complete after %s s: %s pods: %s", what, Since(t0), Cut(status, 300), n.DeployPodsLine())
+	n.Fail("%s: rollout not complete after %s s: %s pods: %s", what, Since(t0), report.Cut(status, 300), n.DeployPodsLine())
 	n.PodDiagnostics()
 	return false
 }
@@ -332,7 +327,7 @@ func SummariseErrors(errs []string) string {
 		line = podNames.ReplaceAllString(line, "kube-apiserver-X")
 		line = numbers.ReplaceAllString(line, "N")
 		line = ids.ReplaceAllString(line, "$1 X")
-		kinds[Cut(writer+": "+line, 230)]++
+		kinds[report.Cut(writer+": "+line, 230)]++
 	}
 	keys := make([]string, 0, len(kinds))
 	for k := range kinds {
@@ -346,7 +341,7 @@ func SummariseErrors(errs []string) string {
 	})
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d error lines, %d of them about reaching the apiserver; by kind:", len(errs), conn)
-	for _, k := range first(keys, 12) {
+	for _, k := range report.First(keys, 12) {
 		fmt.Fprintf(&b, " [%d] %s;", kinds[k], k)
 	}
 	return b.String()

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+
+	"kube-apiserver-proxy/tests/cluster/internal/report"
 )
 
 // The controllers (controller-manager, scheduler, kube-proxy) and the kubelet retry by
@@ -56,9 +58,9 @@ func ConnectionErrors(lines []string, apiAddresses []string) (failing, allowed [
 			}
 		}
 		if why != "" {
-			allowed = append(allowed, Cut(line, 300)+" (tolerated: "+why+")")
+			allowed = append(allowed, report.Cut(line, 300)+" (tolerated: "+why+")")
 		} else {
-			failing = append(failing, Cut(line, 400))
+			failing = append(failing, report.Cut(line, 400))
 		}
 	}
 	return failing, allowed
@@ -94,7 +96,7 @@ func (n *Node) LogVerdict(what string, since LogMark, reportOnly bool) {
 	}
 	n.Note("%s: controller-manager, scheduler, kube-proxy and kubelet logs: %s", what, summary)
 	failing, allowed := ConnectionErrors(lines, n.APIAddresses())
-	for _, a := range first(allowed, 6) {
+	for _, a := range report.First(allowed, 6) {
 		n.Note("%s: %s", what, a)
 	}
 	if len(failing) == 0 {
@@ -102,7 +104,7 @@ func (n *Node) LogVerdict(what string, since LogMark, reportOnly bool) {
 		return
 	}
 	msg := fmt.Sprintf("%s: %d connections to the apiserver failed in the controllers' and the kubelet's logs: %s",
-		what, len(failing), strings.Join(first(failing, 4), " | "))
+		what, len(failing), strings.Join(report.First(failing, 4), " | "))
 	if reportOnly {
 		n.Note("measured: %s", msg)
 		return

@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"kube-apiserver-proxy/tests/cluster/internal/report"
 	"kube-apiserver-proxy/tests/cluster/internal/step"
 )
 
@@ -206,14 +207,14 @@ func (n *Node) Migrate(m Migration) bool {
 	// Step 1: as root on the node (docs/runbooks/migrate-from-kubeadm.md).
 	mig, err := n.Background("migrate.log", n.Bin("kube-apiserver-proxy"), "migrate", "--listen", n.NodeIP+":6443",
 		"--listen", "127.0.0.1:6443", "--handoff-dir", HandoffDir, "--timeout", "600s")
-	if err != nil || !n.WaitFor(30*time.Second, func() bool { return strings.Contains(ReadTail(mig.Log, 100), "waiting for a proxy") }) {
+	if err != nil || !n.WaitFor(30*time.Second, func() bool { return strings.Contains(report.FileTail(mig.Log, 100), "waiting for a proxy") }) {
 		n.Fail("kube-apiserver-proxy migrate did not get ready: %v %s", err, Tail(n.Path("migrate.log"), 5))
 		end("the migration")
 		return false
 	}
-	n.Pass("kube-apiserver-proxy migrate waits for the proxy after %s s: %s", Since(t0), Cut(stripLogHeads(ReadTail(mig.Log, 3)), 500))
+	n.Pass("kube-apiserver-proxy migrate waits for the proxy after %s s: %s", Since(t0), report.Cut(stripLogHeads(report.FileTail(mig.Log, 3)), 500))
 	n.Note("listeners on port 6443 with migrate waiting: %s", n.Listeners6443())
-	n.Note("addresses in use that migrate found: %s", Cut(grepLines(ReadTail(mig.Log, 200), "address in use", "could not look everywhere"), 600))
+	n.Note("addresses in use that migrate found: %s", report.Cut(grepLines(report.FileTail(mig.Log, 200), "address in use", "could not look everywhere"), 600))
 
 	// Step 2: the Deployment.
 	t1 := time.Now()
@@ -225,11 +226,11 @@ func (n *Node) Migrate(m Migration) bool {
 	}
 	if n.WaitFor(420*time.Second, mig.Exited) {
 		rc := mig.ExitCode()
-		said := grepLines(ReadTail(mig.Log, 200), "handed to the proxy")
+		said := grepLines(report.FileTail(mig.Log, 200), "handed to the proxy")
 		if rc != 0 {
-			said = lastLines(ReadTail(mig.Log, 3), 3)
+			said = lastLines(report.FileTail(mig.Log, 3), 3)
 		}
-		n.Check(rc == 0, "migrate handed the sockets over %s s after kubectl apply (exit %d): %s", Since(t1), rc, Cut(said, 300))
+		n.Check(rc == 0, "migrate handed the sockets over %s s after kubectl apply (exit %d): %s", Since(t1), rc, report.Cut(said, 300))
 	} else {
 		n.Fail("migrate still waiting 420 s after kubectl apply: %s; pods: %s", Tail(mig.Log, 3), n.DeployPodsLine())
 		n.PodDiagnostics()
@@ -281,7 +282,7 @@ func (n *Node) migrateRefuses() {
 	last := lastLines(string(out), 1)
 	ok := rc == 2 && regexp.MustCompile(`127\.0\.0\.1:6443 \([0-9]* established connection`).MatchString(last) &&
 		!strings.Contains(last, n.NodeIP+":6443 (")
-	n.Check(ok, "migrate without 127.0.0.1 refuses (exit 2, nothing touched): exit %d: %s", rc, Cut(last, 300))
+	n.Check(ok, "migrate without 127.0.0.1 refuses (exit 2, nothing touched): exit %d: %s", rc, report.Cut(last, 300))
 }
 
 // MigrateRollouts: rollout restarts after the migration under the two loads; the first one

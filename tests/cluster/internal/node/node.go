@@ -28,6 +28,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"kube-apiserver-proxy/tests/cluster/internal/cluster"
+	"kube-apiserver-proxy/tests/cluster/internal/report"
 )
 
 // Config is the node as smoke set it up.
@@ -248,23 +249,14 @@ func Move(src, dst string) error {
 	return os.Remove(src)
 }
 
-// ReadTail is the last lines of a file (all when it has fewer), "" when unreadable.
-func ReadTail(path string, lines int) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return ""
-	}
-	return cluster.LastLines(string(b), lines)
-}
-
-// lastLines is cluster.LastLines on one line.
+// lastLines is report.LastLines on one line.
 func lastLines(s string, k int) string {
-	return strings.ReplaceAll(cluster.LastLines(s, k), "\n", " ")
+	return strings.ReplaceAll(report.LastLines(s, k), "\n", " ")
 }
 
 // Tail is the end of a file as one line (the report's diagnostics), at most n lines.
 func Tail(path string, lines int) string {
-	return strings.Join(strings.Fields(strings.ReplaceAll(cluster.Tail(path, lines), "\n", " | ")), " ")
+	return strings.Join(strings.Fields(strings.ReplaceAll(report.FileTail(path, lines), "\n", " | ")), " ")
 }
 
 // yesNo is a flag as the report writes it.
@@ -273,12 +265,4 @@ func yesNo(b bool) string {
 		return "yes"
 	}
 	return "no"
-}
-
-// Cut shortens s to at most n bytes (the report's lines stay readable).
-func Cut(s string, max int) string {
-	if len(s) <= max {
-		return s
-	}
-	return s[:max] + "…"
 }

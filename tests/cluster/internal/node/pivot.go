@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"kube-apiserver-proxy/tests/cluster/internal/nodecheck"
+	"kube-apiserver-proxy/tests/cluster/internal/report"
 )
 
 // The pivot from kubeadm's static apiserver to the Deployment (`smoke --pivot`), once the
@@ -153,7 +154,7 @@ func (n *Node) PrepareNode() bool {
 	}
 	n.Pass("node prepared from manifests/node/tmpfiles.d: %s", DirModes())
 	if out, err := n.Run(120*time.Second, n.Bin("kubeadm"), "init", "phase", "mark-control-plane", "--config", n.Path("kubeadm.yaml")); err != nil {
-		n.Fail("kubeadm init phase mark-control-plane failed: %v %s", err, Cut(out, 300))
+		n.Fail("kubeadm init phase mark-control-plane failed: %v %s", err, report.Cut(out, 300))
 		return false
 	}
 	n.Pass("kubeadm init phase mark-control-plane: node labelled node-role.kubernetes.io/control-plane and tainted")
@@ -198,7 +199,7 @@ func (n *Node) Render() bool {
 	}
 	changed, images := ImageOnlyDiff(shipped, local)
 	if len(changed) > 0 {
-		n.Fail("the rendering differs in more than the images: %s", Cut(strings.Join(changed, " | "), 600))
+		n.Fail("the rendering differs in more than the images: %s", report.Cut(strings.Join(changed, " | "), 600))
 		return false
 	}
 	n.Pass("manifests/single-controller rendered with kubectl kustomize; only the image lines differ: %s", strings.Join(images, " "))
@@ -367,7 +368,7 @@ func (n *Node) BrokenRollout() bool {
 			unready = append(unready, p.Name)
 		}
 	}
-	n.Check(stalled && len(unready) > 0, "broken rollout stalls: kubectl rollout status --timeout=120s waited out its timeout (%s), new pod not ready: %v", Cut(status, 300), unready)
+	n.Check(stalled && len(unready) > 0, "broken rollout stalls: kubectl rollout status --timeout=120s waited out its timeout (%s), new pod not ready: %v", report.Cut(status, 300), unready)
 	// A request can fail on this busy machine: ask again for up to 15 s.
 	n.Check(n.WaitFor(15*time.Second, func() bool { return n.PodReady(before) }),
 		"the old pod %s still serves and is Ready during the broken rollout: %s", before, n.DeployPodsLine())

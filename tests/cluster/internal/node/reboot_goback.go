@@ -14,6 +14,8 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"kube-apiserver-proxy/tests/cluster/internal/report"
 )
 
 // The way back to kubeadm's static apiserver (docs/runbooks/going-back.md), after everything
@@ -145,7 +147,7 @@ func MigrateBackSteps(log string) string {
 	for _, l := range strings.Split(log, "\n") {
 		msgs = append(msgs, migrateBackStep.FindAllString(l, -1)...)
 	}
-	msgs = first(msgs, 8)
+	msgs = report.First(msgs, 8)
 	count := map[string]int{}
 	for _, m := range msgs {
 		count[m]++
@@ -276,7 +278,7 @@ func (r *reboot) goBackPrepare() bool {
 	_, staticErr := os.Stat(filepath.Join(r.Manifests, "kube-apiserver.yaml"))
 	want := regexp.MustCompile("the manifest runs .*:" + regexp.QuoteMeta(r.Version) + " but the apiserver serving now is " + regexp.QuoteMeta(r.OldVersion))
 	if rc == 2 && want.Match(refused) && os.IsNotExist(staticErr) {
-		r.Pass("migrate-back refuses kubeadm's manifest of another version than the one serving (exit 2, nothing touched): %s", Cut(lastLines(string(refused), 1), 220))
+		r.Pass("migrate-back refuses kubeadm's manifest of another version than the one serving (exit 2, nothing touched): %s", report.Cut(lastLines(string(refused), 1), 220))
 	} else {
 		r.Fail("migrate-back with a manifest of %s while %s serves: exit %d: %s; kube-apiserver.yaml in the static pod directory: %s",
 			r.Version, r.OldVersion, rc, lastLines(string(refused), 2), yesNo(staticErr == nil))
@@ -345,9 +347,9 @@ func (n *Node) swapBack(staticDir string) (deleted int, started bool) {
 		n.Fail("migrate-back: %v", err)
 		return 0, false
 	}
-	if n.WaitFor(300*time.Second, func() bool { return strings.Contains(ReadTail(mb.Log, 1000), "delete the Deployment now") }) {
+	if n.WaitFor(300*time.Second, func() bool { return strings.Contains(report.FileTail(mb.Log, 1000), "delete the Deployment now") }) {
 		n.Pass("migrate-back: kubeadm's apiserver binds 0.0.0.0:6443 beside the proxy and is ready %s s after migrate-back started: %s",
-			Since(t0), Cut(MigrateBackSteps(ReadTail(mb.Log, 1000)), 600))
+			Since(t0), report.Cut(MigrateBackSteps(report.FileTail(mb.Log, 1000)), 600))
 	} else {
 		// The Deployment stays: the runbook deletes it only once migrate-back says so.
 		n.Fail("migrate-back: kubeadm's apiserver not ready within 300 s: %s; listeners: %s", Tail(mb.Log, 3), n.Listeners6443())
@@ -362,7 +364,7 @@ func (n *Node) swapBack(staticDir string) (deleted int, started bool) {
 	if n.WaitFor(420*time.Second, mb.Exited) {
 		if rc := mb.ExitCode(); rc == 0 {
 			n.Pass("migrate-back done %s s after the Deployment's deletion (exit 0): %s", Since(t1),
-				grepCut(ReadTail(mb.Log, 1000), 250, "closed with nothing reset", "done:"))
+				strings.Join(report.Grep(report.FileTail(mb.Log, 1000), 250, report.ContainsAny("closed with nothing reset", "done:")), " "))
 		} else {
 			n.Fail("migrate-back exited %d: %s", rc, Tail(mb.Log, 3))
 		}
@@ -409,18 +411,4 @@ func (r *reboot) checkWentBack() {
 	} else {
 		r.Fail("left after going back: %s", strings.Join(left, " "))
 	}
-}
-
-// grepCut: the lines of s that contain any of the words, each cut to k bytes, joined.
-func grepCut(s string, k int, words ...string) string {
-	var out []string
-	for _, l := range strings.Split(s, "\n") {
-		for _, w := range words {
-			if strings.Contains(l, w) {
-				out = append(out, Cut(l, k))
-				break
-			}
-		}
-	}
-	return strings.Join(out, " ")
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"kube-apiserver-proxy/tests/cluster/internal/report"
 	"kube-apiserver-proxy/tests/cluster/internal/step"
 )
 
@@ -62,23 +63,16 @@ func (s *Step) End(what string) *step.Report {
 	if len(rep.Problems) == 0 || s.ReportOnly {
 		s.n.Pass("%s: %s", what, clauses)
 		if len(rep.Problems) > 0 {
-			s.n.Note("%s, measured: %s", what, strings.Join(first(rep.Problems, 12), "; "))
+			s.n.Note("%s, measured: %s", what, strings.Join(report.First(rep.Problems, 12), "; "))
 		}
 		return rep
 	}
-	problems := first(rep.Problems, 12)
-	for _, note := range first(rep.Notes, 6) {
+	problems := report.First(rep.Problems, 12)
+	for _, note := range report.First(rep.Notes, 6) {
 		problems = append(problems, "sample: "+note)
 	}
 	s.n.Fail("%s: %s -- %s", what, strings.Join(problems, "; "), clauses)
 	return rep
-}
-
-func first(s []string, n int) []string {
-	if len(s) > n {
-		return s[:n]
-	}
-	return s
 }
 
 // Both is a step on both addresses of port 6443 at once: the load on NODE_IP:6443 with the

@@ -99,12 +99,12 @@ func RunAll(ctx context.Context, o Options) *Results {
 	began := time.Now()
 	if err := e.setup(ctx); err != nil {
 		setup.fail("%v", err)
-		report(setup)
+		printResult(setup)
 		return res
 	}
 	setup.Passed = true
 	setup.Duration = time.Since(began)
-	report(setup)
+	printResult(setup)
 
 	for _, s := range scenarios() {
 		if o.Only != nil && !o.Only[s.name] || o.Only == nil && byHand[s.name] {
@@ -156,7 +156,7 @@ func RunAll(ctx context.Context, o Options) *Results {
 		}
 		r.Duration = time.Since(began)
 		r.Passed = len(r.Problems) == 0
-		report(r)
+		printResult(r)
 		if e.current == nil || ctx.Err() != nil {
 			break
 		}
@@ -294,7 +294,7 @@ func (e *env) cleanup() {
 	}
 }
 
-func report(r *Result) {
+func printResult(r *Result) {
 	status := "PASS"
 	if !r.Passed {
 		status = "FAIL"

@@ -3,12 +3,12 @@ package scenario
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strings"
 	"time"
 
@@ -375,7 +375,7 @@ func underLoadWith(ctx context.Context, kubeconfig string, r *Result, strict boo
 	for _, p := range rep.Problems(load.DefaultCriteria(), cfg) {
 		r.fail("%s", p)
 	}
-	for _, kind := range sortedKeys(rep.Samples) {
+	for _, kind := range slices.Sorted(maps.Keys(rep.Samples)) {
 		if kind == load.ConnClosedByPeer {
 			continue
 		}
@@ -388,15 +388,6 @@ func underLoadWith(ctx context.Context, kubeconfig string, r *Result, strict boo
 			r.fail("%s: %d in the node during the scenario (a listen queue overflowed or a SYN was dropped)", c, n)
 		}
 	}
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }
 
 // awaitResumed waits (30 s at most) until every watch of the load has resumed after the

@@ -21,6 +21,8 @@ import (
 
 	"kube-apiserver-proxy/tests/cluster/internal/cluster"
 	steprep "kube-apiserver-proxy/tests/cluster/internal/step"
+
+	"kube-apiserver-proxy/tests/cluster/internal/report"
 )
 
 // auditPolicy is the apiservers' audit policy in this scenario: every request of the two
@@ -81,12 +83,12 @@ func startRemoteLoad(ctx context.Context, work string, net *cluster.ClientNet, k
 	})
 	select {
 	case <-l.done:
-		return nil, fmt.Errorf("loadgen in %s exited before its load ran: %s", net.Name, cluster.Tail(l.log, 5))
+		return nil, fmt.Errorf("loadgen in %s exited before its load ran: %s", net.Name, report.FileTail(l.log, 5))
 	default:
 	}
 	if !ok {
 		l.stop()
-		return nil, fmt.Errorf("loadgen in %s: its load did not start within 3m: %s", net.Name, cluster.Tail(l.log, 5))
+		return nil, fmt.Errorf("loadgen in %s: its load did not start within 3m: %s", net.Name, report.FileTail(l.log, 5))
 	}
 	return l, nil
 }
@@ -102,7 +104,7 @@ func (l *remoteLoad) stop() (*steprep.Report, error) {
 	}
 	raw, err := os.ReadFile(l.out)
 	if err != nil {
-		return nil, fmt.Errorf("no report (%v): %s", l.waitError, cluster.Tail(l.log, 5))
+		return nil, fmt.Errorf("no report (%v): %s", l.waitError, report.FileTail(l.log, 5))
 	}
 	var rep steprep.Report
 	if err := json.Unmarshal(raw, &rep); err != nil {
