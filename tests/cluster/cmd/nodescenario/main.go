@@ -25,7 +25,7 @@ import (
 	"kube-apiserver-proxy/tests/cluster/internal/node"
 )
 
-var scenarios = map[string]func(*node.Node){
+var scenarios = map[string]func(*node.Scenario){
 	"pivot":           node.RunPivot,
 	"migrate":         node.RunMigrate,
 	"reboot":          node.RunReboot,

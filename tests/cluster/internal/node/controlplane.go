@@ -22,10 +22,10 @@ import (
 )
 
 // DeploymentPods is the selector of the kube-apiserver Deployment's pods (mirror pods have no
-// pod-template-hash); Node.PodSelector, unless a scenario renders other labels.
+// pod-template-hash); Scenario.PodSelector, unless a scenario renders other labels.
 const DeploymentPods = "component=kube-apiserver,pod-template-hash"
 
-func (n *Node) podSelector() string {
+func (n *Scenario) podSelector() string {
 	if n.PodSelector != "" {
 		return n.PodSelector
 	}
@@ -33,7 +33,7 @@ func (n *Node) podSelector() string {
 }
 
 // DeployPods are the Deployment's pods, oldest first.
-func (n *Node) DeployPods() []corev1.Pod {
+func (n *Scenario) DeployPods() []corev1.Pod {
 	list, err := n.Client.CoreV1().Pods("kube-system").List(n.Ctx, metav1.ListOptions{LabelSelector: n.podSelector()})
 	if err != nil {
 		return nil
@@ -61,7 +61,7 @@ func PodLine(p *corev1.Pod) string {
 }
 
 // DeployPodsLine is every pod's PodLine, for the report.
-func (n *Node) DeployPodsLine() string {
+func (n *Scenario) DeployPodsLine() string {
 	var lines []string
 	pods := n.DeployPods()
 	for i := range pods {
@@ -78,7 +78,7 @@ func (n *Node) DeployPodsLine() string {
 }
 
 // PodReady: the Deployment's pod name exists and all its containers are ready.
-func (n *Node) PodReady(name string) bool {
+func (n *Scenario) PodReady(name string) bool {
 	p, err := n.Client.CoreV1().Pods("kube-system").Get(n.Ctx, name, metav1.GetOptions{})
 	if err != nil || len(p.Status.ContainerStatuses) == 0 {
 		return false
@@ -92,13 +92,13 @@ func (n *Node) PodReady(name string) bool {
 }
 
 // OnePodLeft: the Deployment has exactly one pod.
-func (n *Node) OnePodLeft() bool {
+func (n *Scenario) OnePodLeft() bool {
 	list, err := n.Client.CoreV1().Pods("kube-system").List(n.Ctx, metav1.ListOptions{LabelSelector: n.podSelector()})
 	return err == nil && len(list.Items) == 1
 }
 
 // ThePod is the name of the Deployment's oldest pod ("" if none).
-func (n *Node) ThePod() string {
+func (n *Scenario) ThePod() string {
 	if pods := n.DeployPods(); len(pods) > 0 {
 		return pods[0].Name
 	}
@@ -106,13 +106,13 @@ func (n *Node) ThePod() string {
 }
 
 // DeployReady is what `kubectl rollout status` checks, through the API.
-func (n *Node) DeployReady() bool {
+func (n *Scenario) DeployReady() bool {
 	d, err := n.Client.AppsV1().Deployments("kube-system").Get(n.Ctx, "kube-apiserver", metav1.GetOptions{})
 	return err == nil && nodecheck.RolloutDone(d)
 }
 
 // PodScheduled: some pod of the Deployment is bound to a node.
-func (n *Node) PodScheduled() bool {
+func (n *Scenario) PodScheduled() bool {
 	for _, p := range n.DeployPods() {
 		if p.Spec.NodeName != "" {
 			return true
@@ -123,7 +123,7 @@ func (n *Node) PodScheduled() bool {
 
 // ControlPlaneRestarts are the restart counts of the controller-manager and the scheduler,
 // as their mirror pods report them: "kube-controller-manager N; kube-scheduler N; ".
-func (n *Node) ControlPlaneRestarts() string {
+func (n *Scenario) ControlPlaneRestarts() string {
 	var b strings.Builder
 	for _, c := range []string{"kube-controller-manager", "kube-scheduler"} {
 		p, err := n.Client.CoreV1().Pods("kube-system").Get(n.Ctx, c+"-"+n.NodeName, metav1.GetOptions{})
@@ -141,7 +141,7 @@ func (n *Node) ControlPlaneRestarts() string {
 
 // Logs is a container's log (previous: the one before its last restart), at most tail lines
 // (0: all).
-func (n *Node) Logs(pod, container string, tail int64, previous bool) (string, error) {
+func (n *Scenario) Logs(pod, container string, tail int64, previous bool) (string, error) {
 	o := &corev1.PodLogOptions{Container: container, Previous: previous}
 	if tail > 0 {
 		o.TailLines = &tail
@@ -152,7 +152,7 @@ func (n *Node) Logs(pod, container string, tail int64, previous bool) (string, e
 
 // PodDiagnostics notes the container states, the last log lines and the events of the
 // Deployment's pods.
-func (n *Node) PodDiagnostics() {
+func (n *Scenario) PodDiagnostics() {
 	for _, p := range n.DeployPods() {
 		n.Note("pod/%s:", p.Name)
 		for _, c := range append(append([]corev1.ContainerStatus{}, p.Status.InitContainerStatuses...), p.Status.ContainerStatuses...) {
@@ -198,7 +198,7 @@ func (n *Node) PodDiagnostics() {
 var deploymentPod = regexp.MustCompile(`kube-apiserver-[0-9a-f]{5,}`)
 
 // KubeletPods are the pods the kubelet itself runs (its read-only port's /pods).
-func (n *Node) KubeletPods() (*corev1.PodList, error) {
+func (n *Scenario) KubeletPods() (*corev1.PodList, error) {
 	c := http.Client{Timeout: 2 * time.Second}
 	resp, err := c.Get("http://" + n.NodeIP + ":10255/pods")
 	if err != nil {
@@ -213,14 +213,14 @@ func (n *Node) KubeletPods() (*corev1.PodList, error) {
 }
 
 // StaticAPIServerGone: the kubelet lists no static pod kube-apiserver-NODE any more.
-func (n *Node) StaticAPIServerGone() bool {
+func (n *Scenario) StaticAPIServerGone() bool {
 	pods, err := n.KubeletPods()
 	return err == nil && nodecheck.Named(pods, "kube-apiserver-"+n.NodeName) == nil
 }
 
 // Rollout runs a change of the Deployment (kubectl), then `kubectl rollout status` until the
 // rollout completes and one pod is left; timed.
-func (n *Node) Rollout(what string, kubectl ...string) bool {
+func (n *Scenario) Rollout(what string, kubectl ...string) bool {
 	t0 := time.Now()
 	if out, err := n.Kubectls(30*time.Second, kubectl...); err != nil {
 		n.Fail("%s: %v: %s", what, err, out)
@@ -238,7 +238,7 @@ func (n *Node) Rollout(what string, kubectl ...string) bool {
 
 // The control plane's logs: the controller-manager's, the scheduler's and kube-proxy's (their
 // pods' log files) and the kubelet's.
-func (n *Node) logFiles() []string {
+func (n *Scenario) logFiles() []string {
 	var files []string
 	for _, pattern := range []string{"kube-system_kube-controller-manager-*/*/*.log", "kube-system_kube-scheduler-*/*/*.log", "kube-system_kube-proxy-*/*/*.log"} {
 		m, _ := filepath.Glob(filepath.Join(n.State, "pod-logs", pattern))
@@ -252,7 +252,7 @@ func (n *Node) logFiles() []string {
 type LogMark map[string]int
 
 // MarkLogs is a LogMark of now.
-func (n *Node) MarkLogs() LogMark {
+func (n *Scenario) MarkLogs() LogMark {
 	m := LogMark{}
 	for _, f := range n.logFiles() {
 		m[f] = countLines(f)
@@ -286,7 +286,7 @@ var (
 
 // ErrorLines are the klog error lines (E....) the control plane wrote since the mark, each
 // after its writer's name.
-func (n *Node) ErrorLines(since LogMark) []string {
+func (n *Scenario) ErrorLines(since LogMark) []string {
 	var errs []string
 	for _, f := range n.logFiles() {
 		label := "kubelet"

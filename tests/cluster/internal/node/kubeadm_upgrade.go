@@ -69,10 +69,10 @@ import (
 //
 // Environment: ETCD_VERSION (the etcd kubeadm init pinned, v3.6.16), KU_ETCD_VERSION (the one
 // step 3 moves to, v3.7.0).
-func RunKubeadmUpgrade(n *Node) {
+func RunKubeadmUpgrade(n *Scenario) {
 	// render leaves `component` to kubeadm's pod: the Deployment's pods by their own labels.
 	n.PodSelector = "app.kubernetes.io/name=kube-apiserver,pod-template-hash"
-	u := &upgrade{Node: n, etcd: EnvKnob("ETCD_VERSION"), newEtcd: EnvKnob("KU_ETCD_VERSION")}
+	u := &upgrade{Scenario: n, etcd: EnvKnob("ETCD_VERSION"), newEtcd: EnvKnob("KU_ETCD_VERSION")}
 	if !n.CheckKnobs("kubeadm-upgrade") || !n.PrepareNode() {
 		return
 	}
@@ -141,7 +141,7 @@ const (
 
 // upgrade is the scenario's state: the etcd versions and whether the load in a pod runs.
 type upgrade struct {
-	*Node
+	*Scenario
 	etcd, newEtcd string
 	pod           bool
 }

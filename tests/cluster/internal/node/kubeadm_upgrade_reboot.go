@@ -27,7 +27,7 @@ func (u *upgrade) rebootStep() {
 		u.Fail("no --checkpoint-after=Ns in %s%s", agentManifest, errSuffix(err))
 		return
 	}
-	r := &reboot{Node: u.Node, after: after,
+	r := &reboot{Scenario: u.Scenario, after: after,
 		checkpointWait: time.Duration(EnvKnobInt("CHECKPOINT_WAIT", int(after.Seconds())+120)) * time.Second,
 		bound:          time.Duration(EnvKnobInt("REBOOT_BOUND", 180)) * time.Second}
 	good := u.ThePod()

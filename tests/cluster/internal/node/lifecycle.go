@@ -51,7 +51,7 @@ import (
 // daemonset to run; all but slowprev by default; without legacy the current manifests are
 // applied straight away), SLOW_START_PREVIOUS (120s: slowprev's start, longer than the
 // previous probes allow).
-func RunLifecycle(n *Node) {
+func RunLifecycle(n *Scenario) {
 	lc := &lifecycle{n: n, steps: Steps(EnvKnob("LIFECYCLE_STEPS"))}
 	if !n.CheckKnobs("lifecycle") || !n.PrepareNode() {
 		return
@@ -83,7 +83,7 @@ func RunLifecycle(n *Node) {
 }
 
 type lifecycle struct {
-	n     *Node
+	n     *Scenario
 	steps map[string]bool
 	// uid is the proxies' uid every rendering keeps once the previous release made the node
 	// (0: the manifests' own).

@@ -80,7 +80,7 @@ func mentionsAny(line string, addrs []string) bool {
 // APIAddresses are where the node's clients reach the apiserver: the node address, the
 // loopback address (kube-proxy, the kubelet's kubeconfig after the migration) and the
 // `kubernetes` Service's cluster IP.
-func (n *Node) APIAddresses() []string {
+func (n *Scenario) APIAddresses() []string {
 	return []string{n.NodeIP + ":6443", "127.0.0.1:6443", "[::1]:6443", "localhost:6443", "10.96.0.1:443"}
 }
 
@@ -88,7 +88,7 @@ func (n *Node) APIAddresses() []string {
 // the step `what` on each connection error toward the apiserver among them (reportOnly: notes
 // them instead, for a step whose outage is measured, not asserted). Tolerated lines are noted
 // with why.
-func (n *Node) LogVerdict(what string, since LogMark, reportOnly bool) {
+func (n *Scenario) LogVerdict(what string, since LogMark, reportOnly bool) {
 	lines := n.ErrorLines(since)
 	summary := "no error lines"
 	if len(lines) > 0 {

@@ -60,7 +60,7 @@ func TestPodLine(t *testing.T) {
 
 func TestReportLinesAndActions(t *testing.T) {
 	var out bytes.Buffer
-	n := &Node{out: &out}
+	n := &Scenario{out: &out}
 	n.Pass("one %d", 1)
 	n.Fail("two\nlines")
 	n.Note("a note")
@@ -77,7 +77,7 @@ func TestReportLinesAndActions(t *testing.T) {
 
 func TestDo(t *testing.T) {
 	var out bytes.Buffer
-	n := &Node{out: &out, actions: bufio.NewReader(strings.NewReader("0\n3\nyes\n"))}
+	n := &Scenario{out: &out, actions: bufio.NewReader(strings.NewReader("0\n3\nyes\n"))}
 	if err := n.Do("start_kubelet", "a", "b"); err != nil {
 		t.Fatalf("answered 0: %v", err)
 	}

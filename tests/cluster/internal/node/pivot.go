@@ -35,7 +35,7 @@ import (
 // Environment: ROLLOUT_RESTARTS (5), PIVOT_ONLY=1 (stop after the pivot),
 // PIVOT_ORDER=scheduled (remove the static manifest once the pod is bound, not once ready),
 // PIVOT_WAIT (120 s), BROKEN_ROLLOUT=0 (skip it), IMAGE_CHANGE=0 (no image change).
-func RunPivot(n *Node) {
+func RunPivot(n *Scenario) {
 	if !n.CheckKnobs("pivot") || !n.PrepareNode() || !n.Render() || !n.pivot() {
 		return
 	}
@@ -67,7 +67,7 @@ func EnvInt(name string, def int) int {
 
 // TmpfilesCreate creates the directories of manifests/node/tmpfiles.d with their mode and
 // owner, as `systemd-tmpfiles --create` does at boot.
-func (n *Node) TmpfilesCreate() error {
+func (n *Scenario) TmpfilesCreate() error {
 	_, err := Tmpfiles(filepath.Join(n.Repo, "manifests/node/tmpfiles.d/kube-apiserver-proxy.conf"), true)
 	return err
 }
@@ -147,7 +147,7 @@ func lookupID[T any](name string, lookup func(string) (T, error), id func(T) str
 
 // PrepareNode prepares the node as docs/operations.md says: manifests/node/tmpfiles.d, and the
 // control-plane label and taint of `kubeadm init phase mark-control-plane`.
-func (n *Node) PrepareNode() bool {
+func (n *Scenario) PrepareNode() bool {
 	if err := n.TmpfilesCreate(); err != nil {
 		n.Fail("node not prepared from manifests/node/tmpfiles.d: %v", err)
 		return false
@@ -162,12 +162,12 @@ func (n *Node) PrepareNode() bool {
 }
 
 // ProxyImage is the proxy's locally built image.
-func (n *Node) ProxyImage() string { return n.ImageRepo + "/kube-apiserver-proxy:dev" }
+func (n *Scenario) ProxyImage() string { return n.ImageRepo + "/kube-apiserver-proxy:dev" }
 
 // Render renders manifests/single-controller with `kubectl kustomize` through an overlay
 // whose only content is an `images:` entry per image, into deployment.yaml of the state
 // directory, and checks it against the plain rendering: only image lines may differ.
-func (n *Node) Render() bool {
+func (n *Scenario) Render() bool {
 	k := n.Path("kustomize")
 	if err := os.MkdirAll(filepath.Join(k, "local"), 0o755); err != nil {
 		n.Fail("render: %v", err)
@@ -232,7 +232,7 @@ func ImageOnlyDiff(before, after string) (changed, images []string) {
 }
 
 // pivot: the documented order, then what it takes to finish.
-func (n *Node) pivot() bool {
+func (n *Scenario) pivot() bool {
 	n.Note("restarts before the pivot: %s", n.ControlPlaneRestarts())
 	mark := n.MarkLogs()
 	// The pivot without migrate removes kubeadm's apiserver before the Deployment's can serve:
@@ -295,7 +295,7 @@ func (n *Node) pivot() bool {
 
 // Rollouts: restarts rollout restarts of the Deployment by the real controllers, then (unless
 // IMAGE_CHANGE=0) the image change to the older kube-apiserver and back, under the load.
-func (n *Node) Rollouts(restarts int) bool {
+func (n *Scenario) Rollouts(restarts int) bool {
 	mark := n.MarkLogs()
 	o := n.Watched()
 	o.Endpoints = true
@@ -330,7 +330,7 @@ func (n *Node) Rollouts(restarts int) bool {
 // BreakEtcdServers starts a rollout that never becomes ready: --etcd-servers replaced by a
 // closed port (appending a second --etcd-servers does not break it: the flag is a list, and
 // the apiserver uses the first server that answers).
-func (n *Node) BreakEtcdServers() error {
+func (n *Scenario) BreakEtcdServers() error {
 	d, err := n.Client.AppsV1().Deployments("kube-system").Get(n.Ctx, "kube-apiserver", metav1.GetOptions{})
 	if err != nil {
 		return err
@@ -346,7 +346,7 @@ func (n *Node) BreakEtcdServers() error {
 
 // BrokenRollout: a rollout that never becomes ready must stall with the old pod serving, then
 // `kubectl rollout undo` brings back the old pod, never restarted.
-func (n *Node) BrokenRollout() bool {
+func (n *Scenario) BrokenRollout() bool {
 	mark := n.MarkLogs()
 	o := n.Watched()
 	o.Endpoints = true

@@ -59,8 +59,8 @@ import (
 // Environment: REBOOT_BOUND (180 s), CHECKPOINT_WAIT (the agent's --checkpoint-after plus
 // 120 s), BROKEN_SOAK (--checkpoint-after plus 30 s: how long the broken rollout runs before the
 // reboot), ROTATION_LIFETIME (150 s: the short client certificate's).
-func RunReboot(n *Node) {
-	r := &reboot{Node: n, bound: time.Duration(EnvKnobInt("REBOOT_BOUND", 0)) * time.Second}
+func RunReboot(n *Scenario) {
+	r := &reboot{Scenario: n, bound: time.Duration(EnvKnobInt("REBOOT_BOUND", 0)) * time.Second}
 	if !n.CheckKnobs("reboot") || !n.PrepareNode() || !n.Render() {
 		return
 	}
@@ -123,7 +123,7 @@ const (
 
 // reboot is the scenario's state between its steps.
 type reboot struct {
-	*Node
+	*Scenario
 	after, checkpointWait, brokenSoak, bound time.Duration
 	// The short-lived client certificate: its serial and its end.
 	rotationFirst   string
@@ -178,12 +178,12 @@ func checkpointFlag(path, container, flag string) string {
 
 // kubeletRuns: the kubelet's /pods lists pod name running; kubeletKnows: it lists it at all.
 // ok is false when the kubelet did not answer.
-func (n *Node) kubeletRuns(name string) bool {
+func (n *Scenario) kubeletRuns(name string) bool {
 	pods, err := n.KubeletPods()
 	return err == nil && nodecheck.Running(pods, name)
 }
 
-func (n *Node) kubeletKnows(name string) (known, ok bool) {
+func (n *Scenario) kubeletKnows(name string) (known, ok bool) {
 	pods, err := n.KubeletPods()
 	if err != nil {
 		return false, false
@@ -265,7 +265,7 @@ func (r *reboot) agentLog(re string, k int) string {
 const recoveryLogs = "pod-logs/kube-system_kube-apiserver-recovery-*/recover/*.log"
 
 // recoveryAgentLogs is every container log of the recovery agent, one after the other.
-func (n *Node) recoveryAgentLogs() string {
+func (n *Scenario) recoveryAgentLogs() string {
 	files, _ := filepath.Glob(n.Path(recoveryLogs))
 	var b strings.Builder
 	for _, f := range files {
@@ -276,7 +276,7 @@ func (n *Node) recoveryAgentLogs() string {
 }
 
 // recoveryLog is the path of the recovery agent's newest container log, or "".
-func (n *Node) recoveryLog() string {
+func (n *Scenario) recoveryLog() string {
 	files, _ := filepath.Glob(n.Path(recoveryLogs))
 	if len(files) == 0 {
 		files, _ = filepath.Glob("/var/log/pods/kube-system_kube-apiserver-recovery-*/recover/*.log")
@@ -330,7 +330,7 @@ func (r *reboot) readyz() bool {
 
 // applyRecovery: manifests/recovery (the node identity's reads for the agent's owner check,
 // the admission policies on the apiserver workload), before the agent, as documented.
-func (n *Node) applyRecovery() bool {
+func (n *Scenario) applyRecovery() bool {
 	out, err := n.Kubectl(60*time.Second, "apply", "-k", filepath.Join(n.Repo, "manifests/recovery"))
 	return n.Check(err == nil, "kubectl apply -k manifests/recovery: %s%s", strings.ReplaceAll(out, "\n", " "), errSuffix(err))
 }
@@ -367,7 +367,7 @@ func AgentManifest(shipped, image, imageRepo string, extra ...string) (string, e
 
 // installAgent installs the agent as a static pod, its manifest in dir (the runbook's
 // /etc/kubernetes/manifests), with the flags extra.
-func (n *Node) installAgent(shipped, dir string, extra ...string) bool {
+func (n *Scenario) installAgent(shipped, dir string, extra ...string) bool {
 	m, err := AgentManifest(shipped, n.ProxyImage(), n.ImageRepo, extra...)
 	if err == nil {
 		// Written beside it, hidden (the kubelet skips dot files), then renamed in: the kubelet

@@ -25,11 +25,11 @@ import (
 // goBackDir is where the way back keeps kubeadm's files and the logs, in the state directory.
 const goBackDir = "kubeadm-back"
 
-func (n *Node) gb(name string) string { return n.Path(filepath.Join(goBackDir, name)) }
+func (n *Scenario) gb(name string) string { return n.Path(filepath.Join(goBackDir, name)) }
 
 // runLogged runs a command to completion with its output in a file (appended to when add):
 // its exit status (-1 when it did not run or was killed).
-func (n *Node) runLogged(timeout time.Duration, log string, add bool, env []string, argv ...string) int {
+func (n *Scenario) runLogged(timeout time.Duration, log string, add bool, env []string, argv ...string) int {
 	flags := os.O_CREATE | os.O_WRONLY | os.O_TRUNC
 	if add {
 		flags = os.O_CREATE | os.O_WRONLY | os.O_APPEND
@@ -85,7 +85,7 @@ func (r *reboot) uploadConfig(version string) bool {
 
 // renderKubeadms: kubeadm's manifest for this node from the cluster's ClusterConfiguration
 // (kubeadm-config), with the documented patch, into out/ (kubeadm's dry-run directory).
-func (n *Node) renderKubeadms() bool {
+func (n *Scenario) renderKubeadms() bool {
 	out := n.gb("out")
 	_ = os.RemoveAll(out)
 	if err := os.MkdirAll(n.gb("patches"), 0o755); err != nil {
@@ -119,7 +119,7 @@ patches: {directory: %s}
 
 // migrateBack is migrate-back's command line with kubeadm's rendered manifest, into staticDir
 // (the kubelet's static pod directory).
-func (n *Node) migrateBack(staticDir string) []string {
+func (n *Scenario) migrateBack(staticDir string) []string {
 	return []string{n.Bin("kube-apiserver-proxy"), "migrate-back", "--manifest", n.gb("out/kube-apiserver.yaml"),
 		"--static-pod-dir", staticDir, "--handoff-dir", HandoffDir, "--timeout", "600s"}
 }
@@ -186,7 +186,7 @@ func AddedLines(before, after string) []string {
 
 // leftovers are the objects of the install still there (a failed lookup other than "not
 // found" counts, with its error).
-func (n *Node) leftovers() []string {
+func (n *Scenario) leftovers() []string {
 	var left []string
 	check := func(name string, err error) {
 		switch {
@@ -220,7 +220,7 @@ func (n *Node) leftovers() []string {
 }
 
 // serviceSlices are the kubernetes Service's EndpointSlices, by name.
-func (n *Node) serviceSlices() string {
+func (n *Scenario) serviceSlices() string {
 	list, err := n.Client.DiscoveryV1().EndpointSlices("default").List(n.Ctx, metav1.ListOptions{LabelSelector: "kubernetes.io/service-name=kubernetes"})
 	if err != nil {
 		return err.Error()
@@ -301,7 +301,7 @@ func (r *reboot) goBackPrepare() bool {
 // removeRecovery: reboot recovery goes first (the agent's static pod, its checkpoint and
 // manifests/recovery): its manifest moved out of dir, and removed from each of copies (the
 // kubelet's directory on a node kubeadm-sync followed: its copy there).
-func (n *Node) removeRecovery(dir string, copies ...string) {
+func (n *Scenario) removeRecovery(dir string, copies ...string) {
 	agent := "kube-apiserver-recovery-" + n.NodeName
 	if err := Move(filepath.Join(dir, "kube-apiserver-recovery.yaml"), n.gb("kube-apiserver-recovery.yaml")); err != nil {
 		n.Fail("the recovery agent's manifest: %v", err)
@@ -340,7 +340,7 @@ func (r *reboot) migrateBackUnderLoad() bool {
 // Deployment deleted, migrate-back takes the proxy's sockets and closes them; then what
 // kubernetes-endpoints added and the node's directories go. It returns when the Deployment was
 // deleted (seconds after migrate-back started); false: migrate-back did not start.
-func (n *Node) swapBack(staticDir string) (deleted int, started bool) {
+func (n *Scenario) swapBack(staticDir string) (deleted int, started bool) {
 	t0 := time.Now()
 	mb, err := n.Background(filepath.Join(goBackDir, "migrate-back.log"), n.migrateBack(staticDir)...)
 	if err != nil {

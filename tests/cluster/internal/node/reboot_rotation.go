@@ -241,7 +241,7 @@ func (r *reboot) rotationExpired() {
 
 // WaitNode: the kubelet registered the node, and kubeadm's apiserver's mirror pod is Ready
 // (after a restart of the kubelet).
-func (n *Node) WaitNode() {
+func (n *Scenario) WaitNode() {
 	t0 := time.Now()
 	var ready string
 	registered := func() bool {
@@ -264,13 +264,13 @@ func (n *Node) WaitNode() {
 }
 
 // MirrorReady: the pod kube-system/name exists in the apiserver and is Ready.
-func (n *Node) MirrorReady(name string) bool {
+func (n *Scenario) MirrorReady(name string) bool {
 	p, err := n.Client.CoreV1().Pods("kube-system").Get(n.Ctx, name, metav1.GetOptions{})
 	return err == nil && nodecheck.Ready(p)
 }
 
 // kubeletLogNotes notes the kubelet's last error and warning lines.
-func (n *Node) kubeletLogNotes(k int) {
+func (n *Scenario) kubeletLogNotes(k int) {
 	var lines []string
 	for _, l := range strings.Split(report.FileTail(n.Path("kubelet.log"), 5000), "\n") {
 		if len(l) > 5 && (l[0] == 'E' || l[0] == 'W') && strings.Trim(l[1:5], "0123456789") == "" {
