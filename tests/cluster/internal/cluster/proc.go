@@ -10,8 +10,6 @@ import (
 	"syscall"
 	"time"
 
-	"k8s.io/apimachinery/pkg/util/wait"
-
 	"kube-apiserver-proxy/tests/cluster/internal/report"
 )
 
@@ -110,12 +108,4 @@ func Run(ctx context.Context, timeout time.Duration, argv ...string) ([]byte, er
 		return out, fmt.Errorf("%s: %w: %s", filepath.Base(argv[0]), err, report.LastLines(string(out), 5))
 	}
 	return out, nil
-}
-
-// Poll checks cond at once and then every interval until it is true (true), or until timeout
-// passes or ctx is done (false): wait.PollUntilContextTimeout for a condition that cannot fail.
-func Poll(ctx context.Context, interval, timeout time.Duration, cond func() bool) bool {
-	return wait.PollUntilContextTimeout(ctx, interval, timeout, true, func(context.Context) (bool, error) {
-		return cond(), nil
-	}) == nil
 }

@@ -27,6 +27,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"kube-apiserver-proxy/tests/cluster/internal/await"
 	"kube-apiserver-proxy/tests/cluster/internal/cluster"
 	"kube-apiserver-proxy/tests/cluster/internal/report"
 )
@@ -144,9 +145,10 @@ func (n *Scenario) Bin(name string) string { return filepath.Join(n.State, "bins
 // Since is the time since t in seconds with one decimal, as the report writes it.
 func Since(t time.Time) string { return fmt.Sprintf("%.1f", time.Since(t).Seconds()) }
 
-// WaitFor checks cond at once and then every 200 ms until it holds (true) or timeout passes.
+// WaitFor checks cond at once and then every 200 ms until it holds (true) or timeout passes
+// (await.Holds); the caller says what failed.
 func (n *Scenario) WaitFor(timeout time.Duration, cond func() bool) bool {
-	return cluster.Poll(n.Ctx, 200*time.Millisecond, timeout, cond)
+	return await.Holds(n.Ctx, 200*time.Millisecond, timeout, cond)
 }
 
 // Settle lets whatever runs (the loads) see d more of the node as it is.

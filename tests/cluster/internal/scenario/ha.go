@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"kube-apiserver-proxy/tests/cluster/internal/await"
 	"kube-apiserver-proxy/tests/cluster/internal/cluster"
 )
 
@@ -104,7 +105,7 @@ func haSurge(ctx context.Context, e *env, r *Result, n int) {
 		eps.Track(c.node.IP)
 	}
 	listed := func(ip string) bool { return eps.Lists("endpoints", ip) && eps.Lists("endpointslice", ip) }
-	if !cluster.Poll(ctx, 100*time.Millisecond, 60*time.Second, func() bool {
+	if !await.Holds(ctx, 100*time.Millisecond, 60*time.Second, func() bool {
 		for _, c := range ctrls {
 			if !listed(c.node.IP) {
 				return false
@@ -131,7 +132,7 @@ func haSurge(ctx context.Context, e *env, r *Result, n int) {
 			}
 			// The new apiserver adds a's address at its first reconcile after it is ready
 			// (every 10 s, not configurable).
-			if !cluster.Poll(ctx, 100*time.Millisecond, 60*time.Second, func() bool { return listed(a.node.IP) }) {
+			if !await.Holds(ctx, 100*time.Millisecond, 60*time.Second, func() bool { return listed(a.node.IP) }) {
 				r.fail("step %d: %s's address not back in default/kubernetes 60s after the old pod stopped", i+1, a.name)
 			}
 			absent := eps.TakeAbsences()

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"kube-apiserver-proxy/tests/cluster/internal/await"
 	"kube-apiserver-proxy/tests/cluster/internal/cluster"
 	"kube-apiserver-proxy/tests/cluster/internal/load"
 )
@@ -270,10 +271,18 @@ func brokenRolloutStalls(ctx context.Context, e *env, r *Result) {
 			filepath.Join(e.node.PKI, "apiserver-kubelet-client.key"))
 		if err != nil {
 			r.fail("%v", err)
-		} else if !cluster.Poll(ctx, time.Second, 3*time.Minute, func() bool {
-			return broken.Crashed() != nil || broken.APIServerReadyz(client)
-		}) || broken.Crashed() != nil {
-			r.fail("broken pod's apiserver never became ready: %v", broken.Crashed())
+		} else if err := await.Until(ctx, time.Second, 3*time.Minute, await.Condition{
+			Name: "broken pod " + broken.Opts.Name + ": its apiserver ready",
+			Check: func() (bool, string, error) {
+				if err := broken.Crashed(); err != nil {
+					return false, "", err
+				}
+				return broken.APIServerReadyz(client), "", nil
+			},
+		}); err != nil {
+			r.fail("broken pod's apiserver never became ready: %v", err)
+		} else if err := broken.Crashed(); err != nil {
+			r.fail("broken pod's apiserver never became ready: %v", err)
 		}
 		// …but the pod must not, however long it is given: 10 probe periods after that…
 		if err := broken.WaitReady(ctx, cluster.GatePod, 20*time.Second); err == nil {
@@ -398,7 +407,7 @@ func underLoadWith(ctx context.Context, kubeconfig string, r *Result, strict boo
 // the listening sockets and could take them instead.
 func awaitResumed(ctx context.Context, l *load.Load, r *Result) {
 	since := time.Now()
-	if !cluster.Poll(ctx, 100*time.Millisecond, 30*time.Second, func() bool { return l.WatchesResumedSince(since) }) {
+	if !await.Holds(ctx, 100*time.Millisecond, 30*time.Second, func() bool { return l.WatchesResumedSince(since) }) {
 		r.Notes = append(r.Notes, "the load's watches had not all resumed 30 s after the planted pod took over")
 	}
 }

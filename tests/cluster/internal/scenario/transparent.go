@@ -22,6 +22,7 @@ import (
 	"kube-apiserver-proxy/tests/cluster/internal/cluster"
 	steprep "kube-apiserver-proxy/tests/cluster/internal/step"
 
+	"kube-apiserver-proxy/tests/cluster/internal/await"
 	"kube-apiserver-proxy/tests/cluster/internal/report"
 )
 
@@ -72,7 +73,7 @@ func startRemoteLoad(ctx context.Context, work string, net *cluster.ClientNet, k
 		logFile.Close()
 		close(l.done)
 	}()
-	ok := cluster.Poll(ctx, 200*time.Millisecond, 3*time.Minute, func() bool {
+	running := await.Until(ctx, 200*time.Millisecond, 3*time.Minute, await.Named("loadgen in "+net.Name+": its load running", func() bool {
 		select {
 		case <-l.done:
 			return true
@@ -80,15 +81,15 @@ func startRemoteLoad(ctx context.Context, work string, net *cluster.ClientNet, k
 		}
 		_, err := os.Stat(ready)
 		return err == nil
-	})
+	}))
 	select {
 	case <-l.done:
 		return nil, fmt.Errorf("loadgen in %s exited before its load ran: %s", net.Name, report.FileTail(l.log, 5))
 	default:
 	}
-	if !ok {
+	if running != nil {
 		l.stop()
-		return nil, fmt.Errorf("loadgen in %s: its load did not start within 3m: %s", net.Name, report.FileTail(l.log, 5))
+		return nil, fmt.Errorf("%w: %s", running, report.FileTail(l.log, 5))
 	}
 	return l, nil
 }
