@@ -5,8 +5,9 @@
 //
 // The node itself (namespaces, containerd, the kubelet, the "reboot") is the shell's:
 // tests/cluster/node/smoke sets it up, runs cmd/nodescenario inside it and carries out the
-// node actions a scenario asks for (Scenario.Do). A scenario speaks on stdout in smoke's own
-// format, one line per check: "ok   - …", "FAIL - …", "# …" (a note).
+// node actions a scenario asks for (Scenario.Do). A scenario records its checks in a
+// report.Record written to stdout in smoke's own format, one line per check: "ok   - …",
+// "FAIL - …", "# …" (a note).
 package node
 
 import (
@@ -20,7 +21,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -55,17 +55,16 @@ type Scenario struct {
 	PodSelector string
 	Client      kubernetes.Interface
 	Ctx         context.Context
+	// Record is the scenario's report: Pass, Fail, Note, Check, each a line on smoke's stdout.
+	*report.Record
 
-	mu             sync.Mutex
-	out            io.Writer
-	actions        *bufio.Reader
-	passed, failed int
+	actions *bufio.Reader
 }
 
 // New connects to the node's apiserver as kubeadm's super-admin. Node actions are asked on out
 // and answered on actions (smoke's coprocess); with actions nil, Do fails.
 func New(ctx context.Context, cfg Config, out io.Writer, actions io.Reader) (*Scenario, error) {
-	n := &Scenario{Config: cfg, Admin: "/etc/kubernetes/super-admin.conf", Ctx: ctx, out: out}
+	n := &Scenario{Config: cfg, Admin: "/etc/kubernetes/super-admin.conf", Ctx: ctx, Record: report.NewRecord(out)}
 	if actions != nil {
 		n.actions = bufio.NewReader(actions)
 	}
@@ -80,38 +79,6 @@ func New(ctx context.Context, cfg Config, out io.Writer, actions io.Reader) (*Sc
 	return n, nil
 }
 
-// Pass, Fail and Note print one line of the report.
-func (n *Scenario) Pass(format string, a ...any) { n.line("ok   - ", &n.passed, format, a...) }
-func (n *Scenario) Fail(format string, a ...any) { n.line("FAIL - ", &n.failed, format, a...) }
-func (n *Scenario) Note(format string, a ...any) { n.line("# ", nil, format, a...) }
-
-// Check passes or fails one check with the same message.
-func (n *Scenario) Check(ok bool, format string, a ...any) bool {
-	if ok {
-		n.Pass(format, a...)
-	} else {
-		n.Fail(format, a...)
-	}
-	return ok
-}
-
-func (n *Scenario) line(prefix string, count *int, format string, a ...any) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if count != nil {
-		*count++
-	}
-	msg := strings.ReplaceAll(fmt.Sprintf(format, a...), "\n", " ")
-	fmt.Fprintln(n.out, prefix+msg)
-}
-
-// Failed is the number of failed checks so far.
-func (n *Scenario) Failed() int {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.failed
-}
-
 // Do asks smoke to carry out a node action (its shell function node_ACTION with args) and
 // waits for its exit status: what only the node's owner can do, such as starting the kubelet
 // or power-cycling the node. The action reports its own checks.
@@ -119,9 +86,7 @@ func (n *Scenario) Do(action string, args ...string) error {
 	if n.actions == nil {
 		return fmt.Errorf("node action %s: no node to ask (not run by smoke)", action)
 	}
-	n.mu.Lock()
-	fmt.Fprintln(n.out, "@node "+strings.Join(append([]string{action}, args...), " "))
-	n.mu.Unlock()
+	n.WriteLine("@node " + strings.Join(append([]string{action}, args...), " "))
 	answer, err := n.actions.ReadString('\n')
 	if err != nil {
 		return fmt.Errorf("node action %s: no answer: %w", action, err)

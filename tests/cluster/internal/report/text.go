@@ -1,5 +1,6 @@
-// Package report is how the tier's checks are recorded and said: the text helpers that shape
-// a diagnostic into a report line (this file).
+// Package report is how the tier's checks are recorded and said: a Record of passes,
+// failures and notes (record.go), and the text helpers that shape a diagnostic into a report
+// line (text.go).
 package report
 
 import (
