@@ -589,7 +589,7 @@ func (u *upgrade) setEtcdTag(from, to string) error {
 // kubeletUpgrade: step 4, the kubelet binary stopped, replaced, started on the same files (a
 // node action). The agent's copies carry their UIDs, so the kubelet of the new minor keeps
 // every static pod (without them it would replace each, etcd's too:
-// tests/cluster/node/README.md). A restarted kubelet runs the start-up probes again, so a
+// tests/cluster/node/STEPS.md). A restarted kubelet runs the start-up probes again, so a
 // mirror pod may turn unready for a moment, its container untouched: the step compares the
 // containers' IDs instead of watching Ready.
 func (u *upgrade) kubeletUpgrade() {
