@@ -8,12 +8,16 @@ import (
 	"testing"
 )
 
-func TestCut(t *testing.T) {
-	if got := Cut("abcdef", 3); got != "abc…" {
-		t.Errorf("Cut: %q", got)
-	}
-	if got := Cut("abc", 3); got != "abc" {
-		t.Errorf("Cut of a short string: %q", got)
+func TestCutAndLastLines(t *testing.T) {
+	for _, c := range []struct{ got, want string }{
+		{Cut("abcdef", 3), "abc…"},
+		{Cut("abc", 3), "abc"},
+		{LastLines("a\nb\nc\n", 2), "b\nc"},
+		{LastLines("a", 3), "a"},
+	} {
+		if c.got != c.want {
+			t.Errorf("%q, want %q", c.got, c.want)
+		}
 	}
 }
 
@@ -30,15 +34,6 @@ func TestFirstLast(t *testing.T) {
 	}
 	if got := First([]int(nil), 5); len(got) != 0 {
 		t.Errorf("First of nothing: %v", got)
-	}
-}
-
-func TestLastLines(t *testing.T) {
-	if got := LastLines("a\nb\nc\n", 2); got != "b\nc" {
-		t.Errorf("LastLines: %q", got)
-	}
-	if got := LastLines("a", 3); got != "a" {
-		t.Errorf("LastLines of fewer lines: %q", got)
 	}
 }
 
