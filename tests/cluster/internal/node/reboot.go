@@ -17,12 +17,11 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-
-	"kube-apiserver-proxy/tests/cluster/internal/nodecheck"
-	"kube-apiserver-proxy/tests/cluster/internal/step"
 	"sigs.k8s.io/yaml"
 
+	"kube-apiserver-proxy/tests/cluster/internal/nodecheck"
 	"kube-apiserver-proxy/tests/cluster/internal/report"
+	"kube-apiserver-proxy/tests/cluster/internal/step"
 )
 
 // Reboot recovery (`smoke --reboot`), once the kubeadm-style control plane runs:

@@ -19,11 +19,10 @@ import (
 
 	"k8s.io/client-go/tools/clientcmd"
 
-	"kube-apiserver-proxy/tests/cluster/internal/cluster"
-	steprep "kube-apiserver-proxy/tests/cluster/internal/step"
-
 	"kube-apiserver-proxy/tests/cluster/internal/await"
+	"kube-apiserver-proxy/tests/cluster/internal/cluster"
 	"kube-apiserver-proxy/tests/cluster/internal/report"
+	steprep "kube-apiserver-proxy/tests/cluster/internal/step"
 )
 
 // auditPolicy is the apiservers' audit policy in this scenario: every request of the two
