@@ -16,6 +16,7 @@ import (
 	"strings"
 
 	"kube-apiserver-proxy/tests/cluster/internal/node"
+	"kube-apiserver-proxy/tests/cluster/internal/report"
 )
 
 func main() {
@@ -26,12 +27,13 @@ func main() {
 		os.Exit(2)
 	}
 	notes, errs := node.JudgeKnobs(flag.Arg(0), os.Getenv, node.KnobDefaults(*repo, os.Getenv), node.InCI())
+	rec := report.NewRecord(os.Stdout)
 	for _, n := range notes {
-		fmt.Println("# " + n)
+		rec.Note("%s", n)
 		fmt.Fprintln(os.Stderr, n)
 	}
 	for _, e := range errs {
-		fmt.Println("FAIL - " + e)
+		rec.Fail("%s", e)
 		fmt.Fprintln(os.Stderr, e)
 	}
 	if len(errs) > 0 {

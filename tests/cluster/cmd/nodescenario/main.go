@@ -23,9 +23,10 @@ import (
 	"syscall"
 
 	"kube-apiserver-proxy/tests/cluster/internal/node"
+	"kube-apiserver-proxy/tests/cluster/internal/report"
 )
 
-var scenarios = map[string]func(*node.Node){
+var scenarios = map[string]func(*node.Scenario){
 	"pivot":           node.RunPivot,
 	"migrate":         node.RunMigrate,
 	"reboot":          node.RunReboot,
@@ -58,7 +59,7 @@ func main() {
 	defer stop()
 	n, err := node.New(ctx, c, os.Stdout, os.Stdin)
 	if err != nil {
-		fmt.Println("FAIL - nodescenario " + flag.Arg(0) + ": " + err.Error())
+		report.NewRecord(os.Stdout).Fail("nodescenario %s: %v", flag.Arg(0), err)
 		os.Exit(1)
 	}
 	run(n)

@@ -10,6 +10,8 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/client-go/tools/cache"
+
+	"kube-apiserver-proxy/tests/cluster/internal/await"
 )
 
 // WatcherCatchUp bounds how long an observer's informer (the default/kubernetes watcher, the
@@ -55,29 +57,20 @@ func storeVersions(store cache.Store) Versions {
 // the watch error handlers; one that only resumed late catches up here; one that hangs while
 // nothing changes missed nothing.
 func Behind(ctx context.Context, what string, bound time.Duration, have func() Versions, list func(context.Context) (Versions, error)) string {
-	deadline := time.Now().Add(bound)
-	last := ""
-	for {
+	caughtUp := await.Seen(what+" caught up with the apiserver", func() (bool, string) {
 		lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
 		want, err := list(lctx)
-		cancel()
 		if err != nil {
-			last = fmt.Sprintf("list: %v", err)
-		} else {
-			got := have()
-			if maps.Equal(want, got) {
-				return ""
-			}
-			last = versionsDiff(want, got)
+			return false, fmt.Sprintf("list: %v", err)
 		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Sprintf("%s not caught up with the apiserver within %s (a hung watch?): %s", what, bound, last)
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(200 * time.Millisecond):
-		}
+		got := have()
+		return maps.Equal(want, got), versionsDiff(want, got)
+	})
+	if err := await.Until(ctx, 200*time.Millisecond, bound, caughtUp); err != nil {
+		return err.Error() + " (a hung watch?)"
 	}
+	return ""
 }
 
 // versionsDiff says which objects differ: "ns/name: apiserver RV, informer RV" (absent: -).

@@ -37,7 +37,7 @@ func TestBehind(t *testing.T) {
 	// A hung watch: the change of default/kubernetes and the new object never arrive.
 	hung := func() Versions { return Versions{"default/kubernetes": "5", "default/gone": "2"} }
 	b := Behind(ctx, "the watcher", 500*time.Millisecond, hung, list)
-	for _, want := range []string{"the watcher not caught up", "default/kubernetes: apiserver 7, informer 5", "default/other: apiserver 3, informer -", "default/gone: apiserver -, informer 2"} {
+	for _, want := range []string{"the watcher caught up with the apiserver: not within 500ms (last seen: ", "default/kubernetes: apiserver 7, informer 5", "default/other: apiserver 3, informer -", "default/gone: apiserver -, informer 2"} {
 		if !strings.Contains(b, want) {
 			t.Errorf("%q lacks %q", b, want)
 		}

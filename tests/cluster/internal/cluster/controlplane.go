@@ -9,6 +9,9 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"kube-apiserver-proxy/tests/cluster/internal/await"
+	"kube-apiserver-proxy/tests/cluster/internal/report"
 )
 
 // Node is the control-plane node of a rehearsal: its address, its directories laid out as
@@ -102,16 +105,16 @@ func (n *Node) StartEtcd(ctx context.Context, etcd string) error {
 		return err
 	}
 	n.etcd = p
-	ok := Poll(ctx, 200*time.Millisecond, 60*time.Second, func() bool {
+	healthy := await.Seen("etcd healthy", func() (bool, string) {
 		resp, err := http.Get("http://127.0.0.1:2381/health")
 		if err != nil {
-			return false
+			return false, err.Error()
 		}
 		resp.Body.Close()
-		return resp.StatusCode == 200
+		return resp.StatusCode == 200, "GET /health: " + resp.Status
 	})
-	if !ok {
-		return fmt.Errorf("etcd not healthy within 60s: %s", Tail(p.Log, 10))
+	if err := await.Until(ctx, 200*time.Millisecond, 60*time.Second, healthy); err != nil {
+		return fmt.Errorf("%w: %s", err, report.FileTail(p.Log, 10))
 	}
 	return nil
 }

@@ -15,6 +15,9 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"kube-apiserver-proxy/tests/cluster/internal/await"
+	"kube-apiserver-proxy/tests/cluster/internal/report"
 )
 
 // Design is what stands in front of each pod's apiserver on the node address.
@@ -112,7 +115,7 @@ func StartPod(ctx context.Context, node *Node, tmpl *Template, opts PodOptions) 
 		}
 		if !initProc.Wait(30*time.Second) || initProc.ExitCode() != 0 {
 			initProc.Kill()
-			return nil, fmt.Errorf("pod %s: init container %s failed: %s", opts.Name, init.Name, Tail(initProc.Log, 5))
+			return nil, fmt.Errorf("pod %s: init container %s failed: %s", opts.Name, init.Name, report.FileTail(initProc.Log, 5))
 		}
 	}
 
@@ -198,24 +201,24 @@ func (p *Pod) apiserverReadyz() []string {
 // (its `nc -z` loop), then haproxy in TCP mode with its timeouts, in front of that one server.
 func (p *Pod) startHAProxy(ctx context.Context) error {
 	var backend string
-	ok := Poll(ctx, 200*time.Millisecond, 3*time.Minute, func() bool {
+	accepts := await.Condition{Name: "pod " + p.Opts.Name + ": apiserver accepting connections", Check: func() (bool, string, error) {
 		if p.apiserver.Exited() {
-			return true
+			return false, "", fmt.Errorf("pod %s: apiserver exited before it accepted connections", p.Opts.Name)
 		}
 		b, err := os.ReadFile(filepath.Join(p.Shared, "address"))
 		if err != nil {
-			return false
+			return false, err.Error(), nil
 		}
 		backend = strings.TrimSpace(string(b))
 		c, err := net.DialTimeout("tcp", backend, time.Second)
 		if err != nil {
-			return false
+			return false, err.Error(), nil
 		}
 		c.Close()
-		return true
-	})
-	if !ok || p.apiserver.Exited() {
-		return fmt.Errorf("pod %s: apiserver never accepted connections: %s", p.Opts.Name, Tail(p.apiserver.Log, 10))
+		return true, "", nil
+	}}
+	if err := await.Until(ctx, 200*time.Millisecond, 3*time.Minute, accepts); err != nil {
+		return fmt.Errorf("%w: %s", err, report.FileTail(p.apiserver.Log, 10))
 	}
 	cfg := fmt.Sprintf(`global
     # maxconn from the fd limit, as in Lokomotive's config (none set).
@@ -248,30 +251,17 @@ func (p *Pod) WaitReady(ctx context.Context, gate Gate, timeout time.Duration) e
 	if gate == GateAPIServer {
 		probes = [][]string{p.apiserverReadyz()}
 	}
-	deadline := time.Now().Add(timeout)
-	for {
+	return await.Until(ctx, p.period, timeout, await.Condition{Name: fmt.Sprintf("pod %s %s", p.Opts.Name, gate), Check: func() (bool, string, error) {
 		if err := p.Crashed(); err != nil {
-			return err
+			return false, "", err
 		}
-		ready := true
 		for _, probe := range probes {
 			if !runProbe(ctx, probe) {
-				ready = false
-				break
+				return false, "probe failed: " + report.Cut(strings.Join(probe[1:], " "), 200), nil
 			}
 		}
-		if ready {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("pod %s not %s within %s", p.Opts.Name, gate, timeout)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(p.period):
-		}
-	}
+		return true, "", nil
+	}})
 }
 
 // APIServerReadyz asks the pod's apiserver for /readyz on its own loopback address with
@@ -402,7 +392,7 @@ func runProbe(ctx context.Context, argv []string) bool {
 func (p *Pod) Crashed() error {
 	for _, c := range []*Proc{p.apiserver, p.sidecar} {
 		if c != nil && c.Exited() {
-			return fmt.Errorf("pod %s: container %s exited with %d: %s", p.Opts.Name, c.Name, c.ExitCode(), Tail(c.Log, 8))
+			return fmt.Errorf("pod %s: container %s exited with %d: %s", p.Opts.Name, c.Name, c.ExitCode(), report.FileTail(c.Log, 8))
 		}
 	}
 	return nil

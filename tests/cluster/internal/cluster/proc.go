@@ -7,11 +7,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
 
-	"k8s.io/apimachinery/pkg/util/wait"
+	"kube-apiserver-proxy/tests/cluster/internal/report"
 )
 
 // Proc is one child process (a container's main process, etcd) with its output in a log file.
@@ -106,30 +105,7 @@ func Run(ctx context.Context, timeout time.Duration, argv ...string) ([]byte, er
 	defer cancel()
 	out, err := exec.CommandContext(ctx, argv[0], argv[1:]...).CombinedOutput()
 	if err != nil {
-		return out, fmt.Errorf("%s: %w: %s", filepath.Base(argv[0]), err, LastLines(string(out), 5))
+		return out, fmt.Errorf("%s: %w: %s", filepath.Base(argv[0]), err, report.LastLines(string(out), 5))
 	}
 	return out, nil
-}
-
-// Poll checks cond at once and then every interval until it is true (true), or until timeout
-// passes or ctx is done (false): wait.PollUntilContextTimeout for a condition that cannot fail.
-func Poll(ctx context.Context, interval, timeout time.Duration, cond func() bool) bool {
-	return wait.PollUntilContextTimeout(ctx, interval, timeout, true, func(context.Context) (bool, error) {
-		return cond(), nil
-	}) == nil
-}
-
-// LastLines is the last n lines of text (all when it has fewer), without its final newline.
-func LastLines(text string, n int) string {
-	lines := strings.Split(strings.TrimRight(text, "\n"), "\n")
-	return strings.Join(lines[max(0, len(lines)-n):], "\n")
-}
-
-// Tail is the end of a log file, for error messages.
-func Tail(path string, n int) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return err.Error()
-	}
-	return LastLines(string(b), n)
 }

@@ -2,6 +2,8 @@ package load
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -124,7 +126,7 @@ func (r *Report) Problems(c Criteria, cfg Config) []string {
 	if n := sum(r.Connections.Errors, count) + sum(r.Connections.DialErrors, count); n > 0 {
 		add("%d client connections failed: dial %v, established %v", n, r.Connections.DialErrors, r.Connections.Errors)
 	}
-	for _, resource := range sortedKeys(r.Informers) {
+	for _, resource := range slices.Sorted(maps.Keys(r.Informers)) {
 		inf := r.Informers[resource]
 		var ends []string
 		for how := range inf.WatchEnds {
@@ -231,15 +233,6 @@ func ranges(s []int) string {
 		i = j + 1
 	}
 	return strings.Join(parts, ", ")
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }
 
 // Summary is the report in one line: requests, attempts, relists, streams, connections,

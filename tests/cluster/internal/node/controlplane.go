@@ -2,6 +2,7 @@ package node
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -17,13 +18,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"kube-apiserver-proxy/tests/cluster/internal/nodecheck"
+	"kube-apiserver-proxy/tests/cluster/internal/report"
 )
 
 // DeploymentPods is the selector of the kube-apiserver Deployment's pods (mirror pods have no
-// pod-template-hash); Node.PodSelector, unless a scenario renders other labels.
+// pod-template-hash); Scenario.PodSelector, unless a scenario renders other labels.
 const DeploymentPods = "component=kube-apiserver,pod-template-hash"
 
-func (n *Node) podSelector() string {
+func (n *Scenario) podSelector() string {
 	if n.PodSelector != "" {
 		return n.PodSelector
 	}
@@ -31,7 +33,7 @@ func (n *Node) podSelector() string {
 }
 
 // DeployPods are the Deployment's pods, oldest first.
-func (n *Node) DeployPods() []corev1.Pod {
+func (n *Scenario) DeployPods() []corev1.Pod {
 	list, err := n.Client.CoreV1().Pods("kube-system").List(n.Ctx, metav1.ListOptions{LabelSelector: n.podSelector()})
 	if err != nil {
 		return nil
@@ -54,19 +56,12 @@ func PodLine(p *corev1.Pod) string {
 			waiting = append(waiting, c.State.Waiting.Reason)
 		}
 	}
-	return fmt.Sprintf("%s %s %s %s %s", p.Name, p.Status.Phase, orNone(strings.Join(ready, ",")),
-		orNone(strings.Join(restarts, ",")), orNone(strings.Join(waiting, ",")))
-}
-
-func orNone(s string) string {
-	if s == "" {
-		return "<none>"
-	}
-	return s
+	return fmt.Sprintf("%s %s %s %s %s", p.Name, p.Status.Phase, cmp.Or(strings.Join(ready, ","), "<none>"),
+		cmp.Or(strings.Join(restarts, ","), "<none>"), cmp.Or(strings.Join(waiting, ","), "<none>"))
 }
 
 // DeployPodsLine is every pod's PodLine, for the report.
-func (n *Node) DeployPodsLine() string {
+func (n *Scenario) DeployPodsLine() string {
 	var lines []string
 	pods := n.DeployPods()
 	for i := range pods {
@@ -83,7 +78,7 @@ func (n *Node) DeployPodsLine() string {
 }
 
 // PodReady: the Deployment's pod name exists and all its containers are ready.
-func (n *Node) PodReady(name string) bool {
+func (n *Scenario) PodReady(name string) bool {
 	p, err := n.Client.CoreV1().Pods("kube-system").Get(n.Ctx, name, metav1.GetOptions{})
 	if err != nil || len(p.Status.ContainerStatuses) == 0 {
 		return false
@@ -97,13 +92,13 @@ func (n *Node) PodReady(name string) bool {
 }
 
 // OnePodLeft: the Deployment has exactly one pod.
-func (n *Node) OnePodLeft() bool {
+func (n *Scenario) OnePodLeft() bool {
 	list, err := n.Client.CoreV1().Pods("kube-system").List(n.Ctx, metav1.ListOptions{LabelSelector: n.podSelector()})
 	return err == nil && len(list.Items) == 1
 }
 
 // ThePod is the name of the Deployment's oldest pod ("" if none).
-func (n *Node) ThePod() string {
+func (n *Scenario) ThePod() string {
 	if pods := n.DeployPods(); len(pods) > 0 {
 		return pods[0].Name
 	}
@@ -111,13 +106,13 @@ func (n *Node) ThePod() string {
 }
 
 // DeployReady is what `kubectl rollout status` checks, through the API.
-func (n *Node) DeployReady() bool {
+func (n *Scenario) DeployReady() bool {
 	d, err := n.Client.AppsV1().Deployments("kube-system").Get(n.Ctx, "kube-apiserver", metav1.GetOptions{})
 	return err == nil && nodecheck.RolloutDone(d)
 }
 
 // PodScheduled: some pod of the Deployment is bound to a node.
-func (n *Node) PodScheduled() bool {
+func (n *Scenario) PodScheduled() bool {
 	for _, p := range n.DeployPods() {
 		if p.Spec.NodeName != "" {
 			return true
@@ -128,7 +123,7 @@ func (n *Node) PodScheduled() bool {
 
 // ControlPlaneRestarts are the restart counts of the controller-manager and the scheduler,
 // as their mirror pods report them: "kube-controller-manager N; kube-scheduler N; ".
-func (n *Node) ControlPlaneRestarts() string {
+func (n *Scenario) ControlPlaneRestarts() string {
 	var b strings.Builder
 	for _, c := range []string{"kube-controller-manager", "kube-scheduler"} {
 		p, err := n.Client.CoreV1().Pods("kube-system").Get(n.Ctx, c+"-"+n.NodeName, metav1.GetOptions{})
@@ -146,7 +141,7 @@ func (n *Node) ControlPlaneRestarts() string {
 
 // Logs is a container's log (previous: the one before its last restart), at most tail lines
 // (0: all).
-func (n *Node) Logs(pod, container string, tail int64, previous bool) (string, error) {
+func (n *Scenario) Logs(pod, container string, tail int64, previous bool) (string, error) {
 	o := &corev1.PodLogOptions{Container: container, Previous: previous}
 	if tail > 0 {
 		o.TailLines = &tail
@@ -157,7 +152,7 @@ func (n *Node) Logs(pod, container string, tail int64, previous bool) (string, e
 
 // PodDiagnostics notes the container states, the last log lines and the events of the
 // Deployment's pods.
-func (n *Node) PodDiagnostics() {
+func (n *Scenario) PodDiagnostics() {
 	for _, p := range n.DeployPods() {
 		n.Note("pod/%s:", p.Name)
 		for _, c := range append(append([]corev1.ContainerStatus{}, p.Status.InitContainerStatuses...), p.Status.ContainerStatuses...) {
@@ -172,11 +167,11 @@ func (n *Node) PodDiagnostics() {
 				log = err.Error()
 			}
 			for _, l := range strings.Split(strings.TrimSpace(log), "\n") {
-				n.Note("    %s", Cut(l, 400))
+				n.Note("    %s", report.Cut(l, 400))
 			}
 			if prev, err := n.Logs(p.Name, c, 4, true); err == nil {
 				for _, l := range strings.Split(strings.TrimSpace(prev), "\n") {
-					n.Note("    previous: %s", Cut(l, 400))
+					n.Note("    previous: %s", report.Cut(l, 400))
 				}
 			}
 		}
@@ -195,15 +190,15 @@ func (n *Node) PodDiagnostics() {
 			mine = append(mine, fmt.Sprintf("%s %s %s/%s: %s", e.LastTimestamp.Format(time.TimeOnly), e.Reason, e.InvolvedObject.Kind, e.InvolvedObject.Name, e.Message))
 		}
 	}
-	for _, l := range mine[max(0, len(mine)-12):] {
-		n.Note("    %s", Cut(l, 300))
+	for _, l := range report.Last(mine, 12) {
+		n.Note("    %s", report.Cut(l, 300))
 	}
 }
 
 var deploymentPod = regexp.MustCompile(`kube-apiserver-[0-9a-f]{5,}`)
 
 // KubeletPods are the pods the kubelet itself runs (its read-only port's /pods).
-func (n *Node) KubeletPods() (*corev1.PodList, error) {
+func (n *Scenario) KubeletPods() (*corev1.PodList, error) {
 	c := http.Client{Timeout: 2 * time.Second}
 	resp, err := c.Get("http://" + n.NodeIP + ":10255/pods")
 	if err != nil {
@@ -218,14 +213,14 @@ func (n *Node) KubeletPods() (*corev1.PodList, error) {
 }
 
 // StaticAPIServerGone: the kubelet lists no static pod kube-apiserver-NODE any more.
-func (n *Node) StaticAPIServerGone() bool {
+func (n *Scenario) StaticAPIServerGone() bool {
 	pods, err := n.KubeletPods()
 	return err == nil && nodecheck.Named(pods, "kube-apiserver-"+n.NodeName) == nil
 }
 
 // Rollout runs a change of the Deployment (kubectl), then `kubectl rollout status` until the
 // rollout completes and one pod is left; timed.
-func (n *Node) Rollout(what string, kubectl ...string) bool {
+func (n *Scenario) Rollout(what string, kubectl ...string) bool {
 	t0 := time.Now()
 	if out, err := n.Kubectls(30*time.Second, kubectl...); err != nil {
 		n.Fail("%s: %v: %s", what, err, out)
@@ -236,14 +231,14 @@ func (n *Node) Rollout(what string, kubectl ...string) bool {
 		n.Pass("%s: rollout complete after %s s (kubectl rollout status: %s); pods: %s", what, Since(t0), lastLines(status, 1), n.DeployPodsLine())
 		return true
 	}
-	n.Fail("%s: rollout not complete after %s s: %s pods: %s", what, Since(t0), Cut(status, 300), n.DeployPodsLine())
+	n.Fail("%s: rollout not complete after %s s: %s pods: %s", what, Since(t0), report.Cut(status, 300), n.DeployPodsLine())
 	n.PodDiagnostics()
 	return false
 }
 
 // The control plane's logs: the controller-manager's, the scheduler's and kube-proxy's (their
 // pods' log files) and the kubelet's.
-func (n *Node) logFiles() []string {
+func (n *Scenario) logFiles() []string {
 	var files []string
 	for _, pattern := range []string{"kube-system_kube-controller-manager-*/*/*.log", "kube-system_kube-scheduler-*/*/*.log", "kube-system_kube-proxy-*/*/*.log"} {
 		m, _ := filepath.Glob(filepath.Join(n.State, "pod-logs", pattern))
@@ -257,7 +252,7 @@ func (n *Node) logFiles() []string {
 type LogMark map[string]int
 
 // MarkLogs is a LogMark of now.
-func (n *Node) MarkLogs() LogMark {
+func (n *Scenario) MarkLogs() LogMark {
 	m := LogMark{}
 	for _, f := range n.logFiles() {
 		m[f] = countLines(f)
@@ -291,7 +286,7 @@ var (
 
 // ErrorLines are the klog error lines (E....) the control plane wrote since the mark, each
 // after its writer's name.
-func (n *Node) ErrorLines(since LogMark) []string {
+func (n *Scenario) ErrorLines(since LogMark) []string {
 	var errs []string
 	for _, f := range n.logFiles() {
 		label := "kubelet"
@@ -332,7 +327,7 @@ func SummariseErrors(errs []string) string {
 		line = podNames.ReplaceAllString(line, "kube-apiserver-X")
 		line = numbers.ReplaceAllString(line, "N")
 		line = ids.ReplaceAllString(line, "$1 X")
-		kinds[Cut(writer+": "+line, 230)]++
+		kinds[report.Cut(writer+": "+line, 230)]++
 	}
 	keys := make([]string, 0, len(kinds))
 	for k := range kinds {
@@ -346,7 +341,7 @@ func SummariseErrors(errs []string) string {
 	})
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d error lines, %d of them about reaching the apiserver; by kind:", len(errs), conn)
-	for _, k := range first(keys, 12) {
+	for _, k := range report.First(keys, 12) {
 		fmt.Fprintf(&b, " [%d] %s;", kinds[k], k)
 	}
 	return b.String()

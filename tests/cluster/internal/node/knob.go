@@ -243,7 +243,7 @@ func KnobDefaults(repo string, lookup func(string) string) map[string]string {
 // CheckKnobs judges the scenario's knobs as the environment sets them: each note goes to the
 // report and to stderr; each refusal is a failed check. False when one was refused: the
 // scenario stops at once.
-func (n *Node) CheckKnobs(scenario string) bool {
+func (n *Scenario) CheckKnobs(scenario string) bool {
 	notes, errs := JudgeKnobs(scenario, os.Getenv, KnobDefaults(n.Repo, os.Getenv), InCI())
 	for _, note := range notes {
 		fmt.Fprintln(os.Stderr, note)

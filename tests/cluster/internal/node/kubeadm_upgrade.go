@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"kube-apiserver-proxy/tests/cluster/internal/nodecheck"
+	"kube-apiserver-proxy/tests/cluster/internal/report"
 	"kube-apiserver-proxy/tests/cluster/internal/step"
 )
 
@@ -68,10 +69,10 @@ import (
 //
 // Environment: ETCD_VERSION (the etcd kubeadm init pinned, v3.6.16), KU_ETCD_VERSION (the one
 // step 3 moves to, v3.7.0).
-func RunKubeadmUpgrade(n *Node) {
+func RunKubeadmUpgrade(n *Scenario) {
 	// render leaves `component` to kubeadm's pod: the Deployment's pods by their own labels.
 	n.PodSelector = "app.kubernetes.io/name=kube-apiserver,pod-template-hash"
-	u := &upgrade{Node: n, etcd: EnvKnob("ETCD_VERSION"), newEtcd: EnvKnob("KU_ETCD_VERSION")}
+	u := &upgrade{Scenario: n, etcd: EnvKnob("ETCD_VERSION"), newEtcd: EnvKnob("KU_ETCD_VERSION")}
 	if !n.CheckKnobs("kubeadm-upgrade") || !n.PrepareNode() {
 		return
 	}
@@ -102,7 +103,7 @@ func RunKubeadmUpgrade(n *Node) {
 	if err != nil {
 		log = err.Error()
 	}
-	n.Note("kubeadm-sync's log: %s", Cut(strings.ReplaceAll(strings.TrimSpace(log), "\n", "|"), 600))
+	n.Note("kubeadm-sync's log: %s", report.Cut(strings.ReplaceAll(strings.TrimSpace(log), "\n", "|"), 600))
 	n.Note("images before the upgrade (etcd, controller-manager, scheduler, apiserver): %s", u.images())
 	if !u.installRecovery() {
 		return
@@ -140,7 +141,7 @@ const (
 
 // upgrade is the scenario's state: the etcd versions and whether the load in a pod runs.
 type upgrade struct {
-	*Node
+	*Scenario
 	etcd, newEtcd string
 	pod           bool
 }
@@ -352,7 +353,7 @@ func (u *upgrade) kubeProxy() {
 		}
 	}
 	logs := u.logsBySelector("k8s-app=kube-proxy", 5)
-	u.Fail("kube-proxy not ready or no rule for 10.96.0.1: %s; %s %s", ds(), Cut(logs, 600), errSuffix(err))
+	u.Fail("kube-proxy not ready or no rule for 10.96.0.1: %s; %s %s", ds(), report.Cut(logs, 600), errSuffix(err))
 }
 
 // kubeProxyRule: kube-proxy's rules hold the kubernetes Service's address.
@@ -422,7 +423,7 @@ func kubeadmSaid(log string) string {
 	var out []string
 	for _, l := range strings.Split(log, "\n") {
 		if strings.HasPrefix(l, "[upgrade") && kubeadmNews.MatchString(l) {
-			out = append(out, Cut(l, 160))
+			out = append(out, report.Cut(l, 160))
 		}
 	}
 	return strings.Join(out, "|")
@@ -430,20 +431,13 @@ func kubeadmSaid(log string) string {
 
 // matching are the lines of log that match re (case-insensitive), each cut to 300 bytes.
 func matching(log, re string) []string {
-	match := regexp.MustCompile("(?i)" + re)
-	var out []string
-	for _, l := range strings.Split(log, "\n") {
-		if match.MatchString(l) {
-			out = append(out, Cut(l, 300))
-		}
-	}
-	return out
+	return report.Grep(log, 300, regexp.MustCompile("(?i)"+re).MatchString)
 }
 
 // grepTail is the last k lines of log that match re, joined with "|".
 func grepTail(log, re string, k int) string {
 	out := matching(log, re)
-	return strings.Join(out[max(0, len(out)-k):], "|")
+	return strings.Join(report.Last(out, k), "|")
 }
 
 // kuErrors are kubeadm's lines that say why it failed.
@@ -472,7 +466,7 @@ func (u *upgrade) minor() {
 	if err == nil && moves {
 		u.Pass("kubeadm upgrade plan %s: %s", u.Version, rows)
 	} else {
-		u.Fail("kubeadm upgrade plan %s: %v %s", u.Version, err, strings.Join(first(matching(plan, "error|kube-apiserver"), 5), "|"))
+		u.Fail("kubeadm upgrade plan %s: %v %s", u.Version, err, strings.Join(report.First(matching(plan, "error|kube-apiserver"), 5), "|"))
 	}
 	s := u.startStep("upgrade", u.probeOnly(), false)
 	a := u.apply("kubeadm upgrade apply "+u.Version, "upgrade")
@@ -595,7 +589,7 @@ func (u *upgrade) setEtcdTag(from, to string) error {
 // kubeletUpgrade: step 4, the kubelet binary stopped, replaced, started on the same files (a
 // node action). The agent's copies carry their UIDs, so the kubelet of the new minor keeps
 // every static pod (without them it would replace each, etcd's too:
-// tests/cluster/node/README.md). A restarted kubelet runs the start-up probes again, so a
+// tests/cluster/node/STEPS.md). A restarted kubelet runs the start-up probes again, so a
 // mirror pod may turn unready for a moment, its container untouched: the step compares the
 // containers' IDs instead of watching Ready.
 func (u *upgrade) kubeletUpgrade() {
@@ -696,7 +690,7 @@ func (u *upgrade) restartControllers() {
 			id := u.containerOf(pod)
 			return u.MirrorReady(pod) && id != "" && id != id0
 		}) {
-			u.Pass("%s restarted by moving its manifest out and back: its pod gone, back Ready in a new container (%s -> %s)", c, Cut(id0, 24), Cut(u.containerOf(pod), 24))
+			u.Pass("%s restarted by moving its manifest out and back: its pod gone, back Ready in a new container (%s -> %s)", c, report.Cut(id0, 24), report.Cut(u.containerOf(pod), 24))
 		} else {
 			u.Fail("%s not restarted by moving its manifest out and back: pod gone %v; now %s", c, gone, u.podLine(pod))
 		}

@@ -10,6 +10,8 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"kube-apiserver-proxy/tests/cluster/internal/report"
 )
 
 // failedEtcdUpgrade: step 3a, docs/runbooks/upgrade-kubernetes.md, "If etcd's upgrade fails".
@@ -77,9 +79,9 @@ func (u *upgrade) failedEtcdUpgrade() {
 	log := u.syncLog(400)
 	// The operator reads why in the agent's log: the new etcd's own words, naming the flag.
 	if failed := linesWith(log, "etcd's canary failed"); strings.Contains(failed, "the new etcd stopped") && strings.Contains(failed, kuBadFlag) {
-		u.Pass("kubeadm-sync ran the canary and saw it stop, with etcd's reason: %s", Cut(failed, 600))
+		u.Pass("kubeadm-sync ran the canary and saw it stop, with etcd's reason: %s", report.Cut(failed, 600))
 	} else {
-		u.Fail("kubeadm-sync's log does not say the canary stopped: %s", Cut(linesWith(log, "canary"), 600))
+		u.Fail("kubeadm-sync's log does not say the canary stopped: %s", report.Cut(linesWith(log, "canary"), 600))
 	}
 	// kubeadm's rollback finds the node consistent: its restored manifest is what runs.
 	if same, why := copyIsKubeadms("etcd.yaml"); same {

@@ -311,15 +311,3 @@ apply:
 	text += fmt.Sprintf("timeouts:\n  upgradeManifests: %s\n", kuFailedWait)
 	return config, os.WriteFile(config, []byte(text), 0o600)
 }
-
-// recoveryLog is the path of the recovery agent's container log (its newest), or "".
-func (u *upgrade) recoveryLog() string {
-	files, _ := filepath.Glob(u.Path("pod-logs/kube-system_kube-apiserver-recovery-*/recover/*.log"))
-	if len(files) == 0 {
-		files, _ = filepath.Glob("/var/log/pods/kube-system_kube-apiserver-recovery-*/recover/*.log")
-	}
-	if len(files) == 0 {
-		return ""
-	}
-	return files[len(files)-1]
-}

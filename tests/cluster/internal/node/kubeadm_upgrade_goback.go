@@ -7,6 +7,8 @@ import (
 	"regexp"
 	"strings"
 	"time"
+
+	"kube-apiserver-proxy/tests/cluster/internal/report"
 )
 
 // goBack: docs/runbooks/going-back.md for a controller migrated with kubeadm-sync, after the
@@ -63,7 +65,7 @@ func (u *upgrade) goBack() {
 	}
 	apiserver := u.containerOf(mirror)
 	rc := u.runLogged(60*time.Second, u.gb("undo.log"), false, nil, u.Bin("kube-apiserver-proxy"), "kubeadm-sync", "--undo")
-	if !u.Check(rc == 0, "kubeadm-sync --undo: exit %d: %s", rc, Cut(lastLines(ReadTail(u.gb("undo.log"), 2000), 1), 300)) {
+	if !u.Check(rc == 0, "kubeadm-sync --undo: exit %d: %s", rc, report.Cut(lastLines(report.FileTail(u.gb("undo.log"), 2000), 1), 300)) {
 		u.endStep(s, "going back")
 		return
 	}
@@ -90,12 +92,12 @@ func (u *upgrade) goBack() {
 	after := u.containerIDs()
 	u.Check(ready && after == before && u.containerOf(mirror) == apiserver,
 		"the kubelet on %s again: every static pod Ready and kept running (etcd, controller-manager, scheduler: %s -> %s; kubeadm's apiserver %s -> %s); kubeadm's files carry the UIDs %s",
-		kuManifests, before, after, Cut(apiserver, 24), Cut(u.containerOf(mirror), 24), uids)
+		kuManifests, before, after, report.Cut(apiserver, 24), report.Cut(u.containerOf(mirror), 24), uids)
 	u.Settle(10 * time.Second)
 	u.endStep(s, fmt.Sprintf("going back after the upgrades (the Deployment deleted at +%d s)", deleted))
 	u.Check(OnlyKubeadmListens(u.Listeners6443()), "only kubeadm's apiserver listens on port 6443: %s", u.Listeners6443())
 	out, err := u.kubeadm("kubeadm-plan-after-goback.log", 3*time.Minute, u.Bin("kubeadm"), "upgrade", "plan", u.Version, "--ignore-preflight-errors="+kuIgnore)
-	u.Check(err == nil, "kubeadm upgrade plan after going back reads kubeadm's layout%s: %s", errSuffix(err), Cut(kubeadmSaid(out), 300))
+	u.Check(err == nil, "kubeadm upgrade plan after going back reads kubeadm's layout%s: %s", errSuffix(err), report.Cut(kubeadmSaid(out), 300))
 	u.Note("restarts after going back: %s; left of the install: %s", u.ControlPlaneRestarts(), strings.Join(u.leftovers(), " "))
 }
 
@@ -108,7 +110,7 @@ func (u *upgrade) kubeadmUIDs() string {
 		if err != nil {
 			uid = err.Error()
 		} else if m := manifestUID.FindStringSubmatch(string(text)); m != nil {
-			uid = Cut(m[1], 12)
+			uid = report.Cut(m[1], 12)
 		}
 		b.WriteString(f + " " + uid + "; ")
 	}

@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"kube-apiserver-proxy/tests/cluster/internal/nodecheck"
+	"kube-apiserver-proxy/tests/cluster/internal/report"
 )
 
 // What the kubeadm upgrade scenario reads of the node: the static pods' containers and
@@ -136,7 +137,7 @@ func etcdCall(method, path string, body []byte) ([]byte, error) {
 		return nil, err
 	}
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("etcd %s: %s: %s", path, resp.Status, Cut(string(answer), 200))
+		return nil, fmt.Errorf("etcd %s: %s: %s", path, resp.Status, report.Cut(string(answer), 200))
 	}
 	return answer, nil
 }
@@ -373,7 +374,7 @@ func copyIsKubeadms(name string) (bool, string) {
 	if !reflect.DeepEqual(kubeadm, copied) {
 		a, _ := json.Marshal(kubeadm)
 		b, _ := json.Marshal(copied)
-		return false, fmt.Sprintf("kubeadm's %s, the copy (uid aside) %s", Cut(string(a), 300), Cut(string(b), 300))
+		return false, fmt.Sprintf("kubeadm's %s, the copy (uid aside) %s", report.Cut(string(a), 300), report.Cut(string(b), 300))
 	}
 	return true, "uid " + uid
 }

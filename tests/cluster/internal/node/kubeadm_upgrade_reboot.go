@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"kube-apiserver-proxy/tests/cluster/internal/report"
 	"kube-apiserver-proxy/tests/cluster/internal/step"
 )
 
@@ -26,7 +27,7 @@ func (u *upgrade) rebootStep() {
 		u.Fail("no --checkpoint-after=Ns in %s%s", agentManifest, errSuffix(err))
 		return
 	}
-	r := &reboot{Node: u.Node, after: after,
+	r := &reboot{Scenario: u.Scenario, after: after,
 		checkpointWait: time.Duration(EnvKnobInt("CHECKPOINT_WAIT", int(after.Seconds())+120)) * time.Second,
 		bound:          time.Duration(EnvKnobInt("REBOOT_BOUND", 180)) * time.Second}
 	good := u.ThePod()
@@ -44,7 +45,7 @@ func (u *upgrade) rebootStep() {
 	}
 	if !u.WaitFor(120*time.Second, exists(active)) {
 		u.Fail("no checkpoint activated in %s 120 s after the runtime's start: %s; agent log: %s",
-			kuManifests, dirNames(kuManifests, true), Cut(Tail(u.recoveryLog(), 3), 900))
+			kuManifests, dirNames(kuManifests, true), report.Cut(Tail(u.recoveryLog(), 3), 900))
 		return
 	}
 	u.Note("the recovery agent activated the checkpoint into kubeadm's directory %s s after the runtime's start: %s", Since(tBoot), checkpointOf(active))
@@ -99,6 +100,6 @@ func (u *upgrade) kubeProxyBack(boot time.Time) {
 	if u.WaitFor(180*time.Second, func() bool { return u.kubeProxyReadySince(boot) }) {
 		u.Pass("kube-proxy ready again after the reboot, 10.96.0.1 in its rules")
 	} else {
-		u.Fail("kube-proxy not ready again 180 s after the takeover: %s", Cut(u.logsBySelector("k8s-app=kube-proxy", 5), 600))
+		u.Fail("kube-proxy not ready again 180 s after the takeover: %s", report.Cut(u.logsBySelector("k8s-app=kube-proxy", 5), 600))
 	}
 }

@@ -31,7 +31,7 @@ func TestStoredValue(t *testing.T) {
 	}
 }
 
-func report(t *testing.T, s string) *step.Report {
+func stepReport(t *testing.T, s string) *step.Report {
 	t.Helper()
 	var r step.Report
 	if err := json.Unmarshal([]byte(s), &r); err != nil {
@@ -47,21 +47,21 @@ const kuReport = `{"load": {"duration_ns": 84200000000,
  "tcp": {}, "problems": ["17 client-go requests failed", "no request completed in 71 seconds"]}`
 
 func TestPodVerdict(t *testing.T) {
-	line, clean := podVerdict(report(t, kuReport))
+	line, clean := podVerdict(stepReport(t, kuReport))
 	if clean || line != "load 1226 requests ok, 17 failed; relists 2; problems: 17 client-go requests failed; no request completed in 71 seconds" {
 		t.Fatalf("podVerdict: %q, clean %t", line, clean)
 	}
-	line, clean = podVerdict(report(t, `{"load": {"duration_ns": 1, "requests": {"get": {"ok": 5}}}, "tcp": {}, "problems": []}`))
+	line, clean = podVerdict(stepReport(t, `{"load": {"duration_ns": 1, "requests": {"get": {"ok": 5}}}, "tcp": {}, "problems": []}`))
 	if !clean || line != "load 5 requests ok, 0 failed; relists 0; problems: none" {
 		t.Fatalf("podVerdict of a clean report: %q, clean %t", line, clean)
 	}
-	if _, clean := podVerdict(report(t, `{"tcp": {}, "problems": []}`)); clean {
+	if _, clean := podVerdict(stepReport(t, `{"tcp": {}, "problems": []}`)); clean {
 		t.Fatal("a report without a load is clean")
 	}
 }
 
 func TestTableRow(t *testing.T) {
-	row, ok := tableRow("etcd (NODE_IP)", report(t, kuReport), nil)
+	row, ok := tableRow("etcd (NODE_IP)", stepReport(t, kuReport), nil)
 	want := "etcd (NODE_IP)             84.2      1243      17        3        2        1"
 	if !ok || row != want {
 		t.Fatalf("tableRow:\n got %q\nwant %q", row, want)
@@ -69,7 +69,7 @@ func TestTableRow(t *testing.T) {
 	if _, ok := tableRow("x", nil, nil); ok {
 		t.Fatal("a row without a report")
 	}
-	if _, ok := tableRow("x", report(t, `{"tcp": {}, "problems": []}`), nil); ok {
+	if _, ok := tableRow("x", stepReport(t, `{"tcp": {}, "problems": []}`), nil); ok {
 		t.Fatal("a row without a load")
 	}
 }

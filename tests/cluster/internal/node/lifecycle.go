@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"kube-apiserver-proxy/tests/cluster/internal/nodecheck"
+	"kube-apiserver-proxy/tests/cluster/internal/report"
 	"kube-apiserver-proxy/tests/cluster/internal/step"
 )
 
@@ -50,7 +51,7 @@ import (
 // daemonset to run; all but slowprev by default; without legacy the current manifests are
 // applied straight away), SLOW_START_PREVIOUS (120s: slowprev's start, longer than the
 // previous probes allow).
-func RunLifecycle(n *Node) {
+func RunLifecycle(n *Scenario) {
 	lc := &lifecycle{n: n, steps: Steps(EnvKnob("LIFECYCLE_STEPS"))}
 	if !n.CheckKnobs("lifecycle") || !n.PrepareNode() {
 		return
@@ -82,7 +83,7 @@ func RunLifecycle(n *Node) {
 }
 
 type lifecycle struct {
-	n     *Node
+	n     *Scenario
 	steps map[string]bool
 	// uid is the proxies' uid every rendering keeps once the previous release made the node
 	// (0: the manifests' own).
@@ -282,7 +283,7 @@ func (lc *lifecycle) render(what, name, overlay, src string) bool {
 		err = os.WriteFile(n.Path(name+".yaml"), []byte(out+"\n"), 0o644)
 	}
 	if err != nil {
-		n.Fail("%s: kubectl kustomize failed: %s", what, Cut(err.Error(), 300))
+		n.Fail("%s: kubectl kustomize failed: %s", what, report.Cut(err.Error(), 300))
 		return false
 	}
 	return true
@@ -347,7 +348,7 @@ func (lc *lifecycle) pivotTo(name, manifest, what string, ready func(applied, mo
 	}
 	t0 := time.Now()
 	if out, err := lc.kubectlLog("apply-"+name+".log", 60*time.Second, "apply", "-f", manifest); err != nil {
-		n.Fail("%s: kubectl apply: %v %s", what, err, Cut(out, 300))
+		n.Fail("%s: kubectl apply: %v %s", what, err, report.Cut(out, 300))
 		st.End(what + " pivot (measured)")
 		return false
 	}
@@ -387,7 +388,7 @@ func (lc *lifecycle) legacy() bool {
 		return false
 	}
 	if out, err := n.Run(60*time.Second, "sh", "-c", `git -C "$1" archive "$2" manifests | tar -x -C "$3"`, "sh", n.Repo, ref, src); err != nil {
-		n.Fail("legacy: cannot read manifests/ at %s from git: %s", ref, Cut(out+" "+err.Error(), 200))
+		n.Fail("legacy: cannot read manifests/ at %s from git: %s", ref, report.Cut(out+" "+err.Error(), 200))
 		return false
 	}
 	if pdb, _ := os.ReadFile(filepath.Join(src, "manifests/base/pdb.yaml")); !strings.Contains(string(pdb), "component: kube-apiserver") {
@@ -646,7 +647,7 @@ func (lc *lifecycle) slowPrevious() {
     {"op": "replace", "path": "/spec/template/spec/containers/0/image", "value": %q},
     {"op": "add", "path": "/spec/template/spec/containers/0/env/-", "value": {"name": "SLOW_START", "value": %q}}]`, lc.slowImage(), wait)
 	if out, err := n.Kubectls(30*time.Second, "patch", "deployment/kube-apiserver", "--type=json", "-p", patch); err != nil {
-		n.Fail("slow start, previous probes: kubectl patch: %v %s", err, Cut(out, 300))
+		n.Fail("slow start, previous probes: kubectl patch: %v %s", err, report.Cut(out, 300))
 	}
 	if n.WaitFor(300*time.Second, func() bool { return APodRestarted(lc.pods()) }) {
 		n.Pass("slow start, previous probes: the kubelet restarted the apiserver that waits %s, %s s into the rollout: %s", wait, Since(t0), lc.podsLine())
@@ -695,7 +696,7 @@ func (lc *lifecycle) dsMove() bool {
 	out, err := n.Kubectl(60*time.Second, "apply", "-f", n.Path("daemonset.yaml"))
 	log.WriteString(out + "\n")
 	if err != nil {
-		n.Fail("daemonset: kubectl apply: %v %s", err, Cut(out, 300))
+		n.Fail("daemonset: kubectl apply: %v %s", err, report.Cut(out, 300))
 	}
 	if n.WaitFor(300*time.Second, lc.daemonSetDone) {
 		n.Note("daemonset: its pod is Ready beside the Deployment's %s s after kubectl apply: %s", Since(t0), lc.podsLine())

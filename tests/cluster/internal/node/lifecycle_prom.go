@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"kube-apiserver-proxy/tests/cluster/internal/nodecheck"
+	"kube-apiserver-proxy/tests/cluster/internal/report"
 )
 
 // The lifecycle's Prometheus: on 127.0.0.1:9090 in the node's namespace, with the scrape job
@@ -63,7 +64,7 @@ func (lc *lifecycle) prometheusStart() {
 	}
 	monitoring, err := n.Kubectl(60*time.Second, "kustomize", filepath.Join(n.Repo, "manifests/monitoring"))
 	if err != nil {
-		n.Fail("prometheus: kubectl kustomize manifests/monitoring failed: %s", Cut(err.Error(), 300))
+		n.Fail("prometheus: kubectl kustomize manifests/monitoring failed: %s", report.Cut(err.Error(), 300))
 		return
 	}
 	_ = os.WriteFile(n.Path("monitoring.yaml"), []byte(monitoring+"\n"), 0o644)
@@ -105,7 +106,7 @@ func (lc *lifecycle) prometheusStart() {
 	if b, err := promRaw("/api/v1/targets?state=active"); err != nil {
 		got = err.Error()
 	} else {
-		got = Cut(string(b), 600)
+		got = report.Cut(string(b), 600)
 	}
 	// It runs on: the checks at the end report what it saw.
 	n.Fail("prometheus: no single healthy target within 90 s: %s %s", got, Tail(n.Path("prometheus.log"), 3))
@@ -138,7 +139,7 @@ func promRaw(path string) ([]byte, error) {
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err == nil && resp.StatusCode != http.StatusOK {
-		err = fmt.Errorf("%s: %s: %s", path, resp.Status, Cut(string(b), 300))
+		err = fmt.Errorf("%s: %s: %s", path, resp.Status, report.Cut(string(b), 300))
 	}
 	return b, err
 }

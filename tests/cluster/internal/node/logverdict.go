@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+
+	"kube-apiserver-proxy/tests/cluster/internal/report"
 )
 
 // The controllers (controller-manager, scheduler, kube-proxy) and the kubelet retry by
@@ -56,9 +58,9 @@ func ConnectionErrors(lines []string, apiAddresses []string) (failing, allowed [
 			}
 		}
 		if why != "" {
-			allowed = append(allowed, Cut(line, 300)+" (tolerated: "+why+")")
+			allowed = append(allowed, report.Cut(line, 300)+" (tolerated: "+why+")")
 		} else {
-			failing = append(failing, Cut(line, 400))
+			failing = append(failing, report.Cut(line, 400))
 		}
 	}
 	return failing, allowed
@@ -78,7 +80,7 @@ func mentionsAny(line string, addrs []string) bool {
 // APIAddresses are where the node's clients reach the apiserver: the node address, the
 // loopback address (kube-proxy, the kubelet's kubeconfig after the migration) and the
 // `kubernetes` Service's cluster IP.
-func (n *Node) APIAddresses() []string {
+func (n *Scenario) APIAddresses() []string {
 	return []string{n.NodeIP + ":6443", "127.0.0.1:6443", "[::1]:6443", "localhost:6443", "10.96.0.1:443"}
 }
 
@@ -86,7 +88,7 @@ func (n *Node) APIAddresses() []string {
 // the step `what` on each connection error toward the apiserver among them (reportOnly: notes
 // them instead, for a step whose outage is measured, not asserted). Tolerated lines are noted
 // with why.
-func (n *Node) LogVerdict(what string, since LogMark, reportOnly bool) {
+func (n *Scenario) LogVerdict(what string, since LogMark, reportOnly bool) {
 	lines := n.ErrorLines(since)
 	summary := "no error lines"
 	if len(lines) > 0 {
@@ -94,7 +96,7 @@ func (n *Node) LogVerdict(what string, since LogMark, reportOnly bool) {
 	}
 	n.Note("%s: controller-manager, scheduler, kube-proxy and kubelet logs: %s", what, summary)
 	failing, allowed := ConnectionErrors(lines, n.APIAddresses())
-	for _, a := range first(allowed, 6) {
+	for _, a := range report.First(allowed, 6) {
 		n.Note("%s: %s", what, a)
 	}
 	if len(failing) == 0 {
@@ -102,7 +104,7 @@ func (n *Node) LogVerdict(what string, since LogMark, reportOnly bool) {
 		return
 	}
 	msg := fmt.Sprintf("%s: %d connections to the apiserver failed in the controllers' and the kubelet's logs: %s",
-		what, len(failing), strings.Join(first(failing, 4), " | "))
+		what, len(failing), strings.Join(report.First(failing, 4), " | "))
 	if reportOnly {
 		n.Note("measured: %s", msg)
 		return

@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"kube-apiserver-proxy/tests/cluster/internal/report"
 	"kube-apiserver-proxy/tests/cluster/internal/step"
 )
 
@@ -41,7 +42,7 @@ import (
 // and `kubernetes-endpoints` applied before step 2, whose admission policy keeps kubeadm's
 // stopping lease apiserver from emptying them); the controller-manager and the scheduler must
 // not restart.
-func RunMigrate(n *Node) {
+func RunMigrate(n *Scenario) {
 	if !n.CheckKnobs("migrate") || !n.PrepareNode() || !n.Render() || !n.LocalKubeconfig() {
 		return
 	}
@@ -60,12 +61,12 @@ func RunMigrate(n *Node) {
 const HandoffDir = "/run/kube-apiserver-proxy/handoff"
 
 // LocalAdmin is the super-admin kubeconfig on https://127.0.0.1:6443 (see LocalKubeconfig).
-func (n *Node) LocalAdmin() string { return n.Path("local-super-admin.conf") }
+func (n *Scenario) LocalAdmin() string { return n.Path("local-super-admin.conf") }
 
 // LocalKubeconfig writes the super-admin kubeconfig pointed at 127.0.0.1:6443 (as kubeadm's
 // kubeconfigs may be), with the server name the serving certificate has, and checks that it
 // reaches the apiserver.
-func (n *Node) LocalKubeconfig() bool {
+func (n *Scenario) LocalKubeconfig() bool {
 	cfg, err := clientcmd.LoadFromFile(n.Admin)
 	if err == nil {
 		for _, c := range cfg.Clusters {
@@ -88,7 +89,7 @@ func errSuffix(err error) string {
 }
 
 // readyz asks /readyz through a kubeconfig.
-func (n *Node) readyz(kubeconfig string) error {
+func (n *Scenario) readyz(kubeconfig string) error {
 	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		return err
@@ -103,7 +104,7 @@ func (n *Node) readyz(kubeconfig string) error {
 }
 
 // Listeners6443 are the TCP listeners on port 6443 (address and processes), as ss shows them.
-func (n *Node) Listeners6443() string {
+func (n *Scenario) Listeners6443() string {
 	out, err := exec.Command("ss", "-Hltnp", "sport = :6443").Output()
 	if err != nil {
 		return "ss: " + err.Error()
@@ -135,7 +136,7 @@ func Listeners(ss string) string {
 var ssProcess = regexp.MustCompile(`\("([^"]*)",pid=([0-9]+)`)
 
 // WildcardGone: nothing listens on *:6443, 0.0.0.0:6443 or [::]:6443.
-func (n *Node) WildcardGone() bool {
+func (n *Scenario) WildcardGone() bool {
 	listeners := n.Listeners6443()
 	if strings.HasPrefix(listeners, "ss: ") {
 		return false
@@ -151,7 +152,7 @@ func (n *Node) WildcardGone() bool {
 }
 
 // LaunchLines is what `launch` said in each Deployment pod's apiserver container.
-func (n *Node) LaunchLines() string {
+func (n *Scenario) LaunchLines() string {
 	var b strings.Builder
 	for _, p := range n.DeployPods() {
 		log, _ := n.Logs(p.Name, "kube-apiserver", 0, false)
@@ -168,7 +169,7 @@ func (n *Node) LaunchLines() string {
 
 // EndpointsApply applies default/kubernetes as docs/operations.md says for the single
 // controller (--endpoint-reconciler-type=none): `kubernetes-endpoints | kubectl apply -f -`.
-func (n *Node) EndpointsApply() (string, error) {
+func (n *Scenario) EndpointsApply() (string, error) {
 	out, err := n.Run(60*time.Second, "sh", "-c", fmt.Sprintf("%q kubernetes-endpoints --address %q | %q --kubeconfig %q --request-timeout=10s apply -f -",
 		n.Bin("kube-apiserver-proxy"), n.NodeIP, n.Bin("kubectl"), n.Admin))
 	return out, err
@@ -189,7 +190,7 @@ type Migration struct {
 // Migrate runs the migration (steps 1 to 4 of RunMigrate) under two steps, "migrate" (the
 // load on NODE_IP:6443, both addresses probed, default/kubernetes) and "migrate-local" (the
 // load on 127.0.0.1:6443); false when it could not go on.
-func (n *Node) Migrate(m Migration) bool {
+func (n *Scenario) Migrate(m Migration) bool {
 	n.Note("restarts before the migration: %s", n.ControlPlaneRestarts())
 	n.Note("listeners on port 6443 before: %s", n.Listeners6443())
 	mark := n.MarkLogs()
@@ -206,14 +207,14 @@ func (n *Node) Migrate(m Migration) bool {
 	// Step 1: as root on the node (docs/runbooks/migrate-from-kubeadm.md).
 	mig, err := n.Background("migrate.log", n.Bin("kube-apiserver-proxy"), "migrate", "--listen", n.NodeIP+":6443",
 		"--listen", "127.0.0.1:6443", "--handoff-dir", HandoffDir, "--timeout", "600s")
-	if err != nil || !n.WaitFor(30*time.Second, func() bool { return strings.Contains(ReadTail(mig.Log, 100), "waiting for a proxy") }) {
+	if err != nil || !n.WaitFor(30*time.Second, func() bool { return strings.Contains(report.FileTail(mig.Log, 100), "waiting for a proxy") }) {
 		n.Fail("kube-apiserver-proxy migrate did not get ready: %v %s", err, Tail(n.Path("migrate.log"), 5))
 		end("the migration")
 		return false
 	}
-	n.Pass("kube-apiserver-proxy migrate waits for the proxy after %s s: %s", Since(t0), Cut(stripLogHeads(ReadTail(mig.Log, 3)), 500))
+	n.Pass("kube-apiserver-proxy migrate waits for the proxy after %s s: %s", Since(t0), report.Cut(stripLogHeads(report.FileTail(mig.Log, 3)), 500))
 	n.Note("listeners on port 6443 with migrate waiting: %s", n.Listeners6443())
-	n.Note("addresses in use that migrate found: %s", Cut(grepLines(ReadTail(mig.Log, 200), "address in use", "could not look everywhere"), 600))
+	n.Note("addresses in use that migrate found: %s", report.Cut(grepLines(report.FileTail(mig.Log, 200), "address in use", "could not look everywhere"), 600))
 
 	// Step 2: the Deployment.
 	t1 := time.Now()
@@ -225,11 +226,11 @@ func (n *Node) Migrate(m Migration) bool {
 	}
 	if n.WaitFor(420*time.Second, mig.Exited) {
 		rc := mig.ExitCode()
-		said := grepLines(ReadTail(mig.Log, 200), "handed to the proxy")
+		said := grepLines(report.FileTail(mig.Log, 200), "handed to the proxy")
 		if rc != 0 {
-			said = lastLines(ReadTail(mig.Log, 3), 3)
+			said = lastLines(report.FileTail(mig.Log, 3), 3)
 		}
-		n.Check(rc == 0, "migrate handed the sockets over %s s after kubectl apply (exit %d): %s", Since(t1), rc, Cut(said, 300))
+		n.Check(rc == 0, "migrate handed the sockets over %s s after kubectl apply (exit %d): %s", Since(t1), rc, report.Cut(said, 300))
 	} else {
 		n.Fail("migrate still waiting 420 s after kubectl apply: %s; pods: %s", Tail(mig.Log, 3), n.DeployPodsLine())
 		n.PodDiagnostics()
@@ -269,7 +270,7 @@ func (n *Node) Migrate(m Migration) bool {
 
 // migrateRefuses: an address in use that the proxy would not take (127.0.0.1, which the local
 // load uses): migrate refuses before it touches anything.
-func (n *Node) migrateRefuses() {
+func (n *Scenario) migrateRefuses() {
 	out, err := exec.CommandContext(n.Ctx, n.Bin("kube-apiserver-proxy"), "migrate", "--listen", n.NodeIP+":6443",
 		"--handoff-dir", HandoffDir, "--timeout", "10s").CombinedOutput()
 	rc := 0
@@ -281,12 +282,12 @@ func (n *Node) migrateRefuses() {
 	last := lastLines(string(out), 1)
 	ok := rc == 2 && regexp.MustCompile(`127\.0\.0\.1:6443 \([0-9]* established connection`).MatchString(last) &&
 		!strings.Contains(last, n.NodeIP+":6443 (")
-	n.Check(ok, "migrate without 127.0.0.1 refuses (exit 2, nothing touched): exit %d: %s", rc, Cut(last, 300))
+	n.Check(ok, "migrate without 127.0.0.1 refuses (exit 2, nothing touched): exit %d: %s", rc, report.Cut(last, 300))
 }
 
 // MigrateRollouts: rollout restarts after the migration under the two loads; the first one
 // brings the apiserver back to port 6443 of its 127.a.b.c.
-func (n *Node) MigrateRollouts(restarts int) bool {
+func (n *Scenario) MigrateRollouts(restarts int) bool {
 	mark := n.MarkLogs()
 	steps := n.StartBoth("migrate-rollouts", nil, false)
 	if !steps.Started() {

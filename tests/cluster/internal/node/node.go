@@ -5,8 +5,9 @@
 //
 // The node itself (namespaces, containerd, the kubelet, the "reboot") is the shell's:
 // tests/cluster/node/smoke sets it up, runs cmd/nodescenario inside it and carries out the
-// node actions a scenario asks for (Node.Do). A scenario speaks on stdout in smoke's own
-// format, one line per check: "ok   - …", "FAIL - …", "# …" (a note).
+// node actions a scenario asks for (Scenario.Do). A scenario records its checks in a
+// report.Record written to stdout in smoke's own format, one line per check: "ok   - …",
+// "FAIL - …", "# …" (a note).
 package node
 
 import (
@@ -20,14 +21,15 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"kube-apiserver-proxy/tests/cluster/internal/await"
 	"kube-apiserver-proxy/tests/cluster/internal/cluster"
+	"kube-apiserver-proxy/tests/cluster/internal/report"
 )
 
 // Config is the node as smoke set it up.
@@ -42,25 +44,27 @@ type Config struct {
 	OldVersion string // the older kube-apiserver, for the image change
 }
 
-// Node is one scenario's view of the node and its report.
-type Node struct {
+// Scenario is one scenario run on the node smoke set up: the node as the scenario sees it
+// (its Config, a client-go client as the super-admin), the scenario's report (Pass, Fail,
+// Note) and its line to smoke for node actions (Do). Methods name it n: the node, seen from
+// this scenario. (The rehearsal's simulated node machine is cluster.Node.)
+type Scenario struct {
 	Config
 	Admin string // the super-admin kubeconfig
 	// PodSelector selects the Deployment's pods (DeploymentPods when empty).
 	PodSelector string
 	Client      kubernetes.Interface
 	Ctx         context.Context
+	// Record is the scenario's report: Pass, Fail, Note, Check, each a line on smoke's stdout.
+	*report.Record
 
-	mu             sync.Mutex
-	out            io.Writer
-	actions        *bufio.Reader
-	passed, failed int
+	actions *bufio.Reader
 }
 
 // New connects to the node's apiserver as kubeadm's super-admin. Node actions are asked on out
 // and answered on actions (smoke's coprocess); with actions nil, Do fails.
-func New(ctx context.Context, cfg Config, out io.Writer, actions io.Reader) (*Node, error) {
-	n := &Node{Config: cfg, Admin: "/etc/kubernetes/super-admin.conf", Ctx: ctx, out: out}
+func New(ctx context.Context, cfg Config, out io.Writer, actions io.Reader) (*Scenario, error) {
+	n := &Scenario{Config: cfg, Admin: "/etc/kubernetes/super-admin.conf", Ctx: ctx, Record: report.NewRecord(out)}
 	if actions != nil {
 		n.actions = bufio.NewReader(actions)
 	}
@@ -75,48 +79,14 @@ func New(ctx context.Context, cfg Config, out io.Writer, actions io.Reader) (*No
 	return n, nil
 }
 
-// Pass, Fail and Note print one line of the report.
-func (n *Node) Pass(format string, a ...any) { n.line("ok   - ", &n.passed, format, a...) }
-func (n *Node) Fail(format string, a ...any) { n.line("FAIL - ", &n.failed, format, a...) }
-func (n *Node) Note(format string, a ...any) { n.line("# ", nil, format, a...) }
-
-// Check passes or fails one check with the same message.
-func (n *Node) Check(ok bool, format string, a ...any) bool {
-	if ok {
-		n.Pass(format, a...)
-	} else {
-		n.Fail(format, a...)
-	}
-	return ok
-}
-
-func (n *Node) line(prefix string, count *int, format string, a ...any) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if count != nil {
-		*count++
-	}
-	msg := strings.ReplaceAll(fmt.Sprintf(format, a...), "\n", " ")
-	fmt.Fprintln(n.out, prefix+msg)
-}
-
-// Failed is the number of failed checks so far.
-func (n *Node) Failed() int {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.failed
-}
-
 // Do asks smoke to carry out a node action (its shell function node_ACTION with args) and
 // waits for its exit status: what only the node's owner can do, such as starting the kubelet
 // or power-cycling the node. The action reports its own checks.
-func (n *Node) Do(action string, args ...string) error {
+func (n *Scenario) Do(action string, args ...string) error {
 	if n.actions == nil {
 		return fmt.Errorf("node action %s: no node to ask (not run by smoke)", action)
 	}
-	n.mu.Lock()
-	fmt.Fprintln(n.out, "@node "+strings.Join(append([]string{action}, args...), " "))
-	n.mu.Unlock()
+	n.WriteLine("@node " + strings.Join(append([]string{action}, args...), " "))
 	answer, err := n.actions.ReadString('\n')
 	if err != nil {
 		return fmt.Errorf("node action %s: no answer: %w", action, err)
@@ -132,21 +102,22 @@ func (n *Node) Do(action string, args ...string) error {
 }
 
 // Path is a file in the state directory.
-func (n *Node) Path(name string) string { return filepath.Join(n.State, name) }
+func (n *Scenario) Path(name string) string { return filepath.Join(n.State, name) }
 
 // Bin is a binary smoke put in the state directory (kubectl, kubeadm, the proxy, …).
-func (n *Node) Bin(name string) string { return filepath.Join(n.State, "bins", name) }
+func (n *Scenario) Bin(name string) string { return filepath.Join(n.State, "bins", name) }
 
 // Since is the time since t in seconds with one decimal, as the report writes it.
 func Since(t time.Time) string { return fmt.Sprintf("%.1f", time.Since(t).Seconds()) }
 
-// WaitFor checks cond at once and then every 200 ms until it holds (true) or timeout passes.
-func (n *Node) WaitFor(timeout time.Duration, cond func() bool) bool {
-	return cluster.Poll(n.Ctx, 200*time.Millisecond, timeout, cond)
+// WaitFor checks cond at once and then every 200 ms until it holds (true) or timeout passes
+// (await.Holds); the caller says what failed.
+func (n *Scenario) WaitFor(timeout time.Duration, cond func() bool) bool {
+	return await.Holds(n.Ctx, 200*time.Millisecond, timeout, cond)
 }
 
 // Settle lets whatever runs (the loads) see d more of the node as it is.
-func (n *Node) Settle(d time.Duration) {
+func (n *Scenario) Settle(d time.Duration) {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -157,26 +128,26 @@ func (n *Node) Settle(d time.Duration) {
 
 // Run runs a command to completion within timeout; its combined output comes back trimmed,
 // with the error (which names the command and the output's last lines).
-func (n *Node) Run(timeout time.Duration, argv ...string) (string, error) {
+func (n *Scenario) Run(timeout time.Duration, argv ...string) (string, error) {
 	out, err := cluster.Run(n.Ctx, timeout, argv...)
 	return strings.TrimSpace(string(out)), err
 }
 
 // Kubectl runs kubectl as the super-admin: the operator's own commands (apply, kustomize,
 // rollout, set image, patch) are run the way the runbooks write them.
-func (n *Node) Kubectl(timeout time.Duration, args ...string) (string, error) {
+func (n *Scenario) Kubectl(timeout time.Duration, args ...string) (string, error) {
 	argv := append([]string{n.Bin("kubectl"), "--kubeconfig", n.Admin, "--request-timeout=10s"}, args...)
 	return n.Run(timeout, argv...)
 }
 
 // Kubectls is Kubectl in kube-system.
-func (n *Node) Kubectls(timeout time.Duration, args ...string) (string, error) {
+func (n *Scenario) Kubectls(timeout time.Duration, args ...string) (string, error) {
 	return n.Kubectl(timeout, append([]string{"-n", "kube-system"}, args...)...)
 }
 
 // Background starts a command with its output in a log file of the state directory; the
 // caller waits for it (Proc.Exited, Proc.Wait).
-func (n *Node) Background(log string, argv ...string) (*Background, error) {
+func (n *Scenario) Background(log string, argv ...string) (*Background, error) {
 	f, err := os.Create(n.Path(log))
 	if err != nil {
 		return nil, err
@@ -199,7 +170,7 @@ func (n *Node) Background(log string, argv ...string) (*Background, error) {
 	return b, nil
 }
 
-// Background is a command started by Node.Background.
+// Background is a command started by Scenario.Background.
 type Background struct {
 	Log  string
 	cmd  *exec.Cmd
@@ -248,23 +219,14 @@ func Move(src, dst string) error {
 	return os.Remove(src)
 }
 
-// ReadTail is the last lines of a file (all when it has fewer), "" when unreadable.
-func ReadTail(path string, lines int) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return ""
-	}
-	return cluster.LastLines(string(b), lines)
-}
-
-// lastLines is cluster.LastLines on one line.
+// lastLines is report.LastLines on one line.
 func lastLines(s string, k int) string {
-	return strings.ReplaceAll(cluster.LastLines(s, k), "\n", " ")
+	return strings.ReplaceAll(report.LastLines(s, k), "\n", " ")
 }
 
 // Tail is the end of a file as one line (the report's diagnostics), at most n lines.
 func Tail(path string, lines int) string {
-	return strings.Join(strings.Fields(strings.ReplaceAll(cluster.Tail(path, lines), "\n", " | ")), " ")
+	return strings.Join(strings.Fields(strings.ReplaceAll(report.FileTail(path, lines), "\n", " | ")), " ")
 }
 
 // yesNo is a flag as the report writes it.
@@ -273,12 +235,4 @@ func yesNo(b bool) string {
 		return "yes"
 	}
 	return "no"
-}
-
-// Cut shortens s to at most n bytes (the report's lines stay readable).
-func Cut(s string, max int) string {
-	if len(s) <= max {
-		return s
-	}
-	return s[:max] + "…"
 }

@@ -10,6 +10,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"kube-apiserver-proxy/tests/cluster/internal/report"
 )
 
 func TestImageOnlyDiff(t *testing.T) {
@@ -60,7 +62,7 @@ func TestPodLine(t *testing.T) {
 
 func TestReportLinesAndActions(t *testing.T) {
 	var out bytes.Buffer
-	n := &Node{out: &out}
+	n := &Scenario{Record: report.NewRecord(&out)}
 	n.Pass("one %d", 1)
 	n.Fail("two\nlines")
 	n.Note("a note")
@@ -77,7 +79,7 @@ func TestReportLinesAndActions(t *testing.T) {
 
 func TestDo(t *testing.T) {
 	var out bytes.Buffer
-	n := &Node{out: &out, actions: bufio.NewReader(strings.NewReader("0\n3\nyes\n"))}
+	n := &Scenario{Record: report.NewRecord(&out), actions: bufio.NewReader(strings.NewReader("0\n3\nyes\n"))}
 	if err := n.Do("start_kubelet", "a", "b"); err != nil {
 		t.Fatalf("answered 0: %v", err)
 	}

@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"kube-apiserver-proxy/tests/cluster/internal/nodecheck"
+	"kube-apiserver-proxy/tests/cluster/internal/report"
 )
 
 // The pivot from kubeadm's static apiserver to the Deployment (`smoke --pivot`), once the
@@ -34,7 +35,7 @@ import (
 // Environment: ROLLOUT_RESTARTS (5), PIVOT_ONLY=1 (stop after the pivot),
 // PIVOT_ORDER=scheduled (remove the static manifest once the pod is bound, not once ready),
 // PIVOT_WAIT (120 s), BROKEN_ROLLOUT=0 (skip it), IMAGE_CHANGE=0 (no image change).
-func RunPivot(n *Node) {
+func RunPivot(n *Scenario) {
 	if !n.CheckKnobs("pivot") || !n.PrepareNode() || !n.Render() || !n.pivot() {
 		return
 	}
@@ -66,7 +67,7 @@ func EnvInt(name string, def int) int {
 
 // TmpfilesCreate creates the directories of manifests/node/tmpfiles.d with their mode and
 // owner, as `systemd-tmpfiles --create` does at boot.
-func (n *Node) TmpfilesCreate() error {
+func (n *Scenario) TmpfilesCreate() error {
 	_, err := Tmpfiles(filepath.Join(n.Repo, "manifests/node/tmpfiles.d/kube-apiserver-proxy.conf"), true)
 	return err
 }
@@ -146,14 +147,14 @@ func lookupID[T any](name string, lookup func(string) (T, error), id func(T) str
 
 // PrepareNode prepares the node as docs/operations.md says: manifests/node/tmpfiles.d, and the
 // control-plane label and taint of `kubeadm init phase mark-control-plane`.
-func (n *Node) PrepareNode() bool {
+func (n *Scenario) PrepareNode() bool {
 	if err := n.TmpfilesCreate(); err != nil {
 		n.Fail("node not prepared from manifests/node/tmpfiles.d: %v", err)
 		return false
 	}
 	n.Pass("node prepared from manifests/node/tmpfiles.d: %s", DirModes())
 	if out, err := n.Run(120*time.Second, n.Bin("kubeadm"), "init", "phase", "mark-control-plane", "--config", n.Path("kubeadm.yaml")); err != nil {
-		n.Fail("kubeadm init phase mark-control-plane failed: %v %s", err, Cut(out, 300))
+		n.Fail("kubeadm init phase mark-control-plane failed: %v %s", err, report.Cut(out, 300))
 		return false
 	}
 	n.Pass("kubeadm init phase mark-control-plane: node labelled node-role.kubernetes.io/control-plane and tainted")
@@ -161,12 +162,12 @@ func (n *Node) PrepareNode() bool {
 }
 
 // ProxyImage is the proxy's locally built image.
-func (n *Node) ProxyImage() string { return n.ImageRepo + "/kube-apiserver-proxy:dev" }
+func (n *Scenario) ProxyImage() string { return n.ImageRepo + "/kube-apiserver-proxy:dev" }
 
 // Render renders manifests/single-controller with `kubectl kustomize` through an overlay
 // whose only content is an `images:` entry per image, into deployment.yaml of the state
 // directory, and checks it against the plain rendering: only image lines may differ.
-func (n *Node) Render() bool {
+func (n *Scenario) Render() bool {
 	k := n.Path("kustomize")
 	if err := os.MkdirAll(filepath.Join(k, "local"), 0o755); err != nil {
 		n.Fail("render: %v", err)
@@ -198,7 +199,7 @@ func (n *Node) Render() bool {
 	}
 	changed, images := ImageOnlyDiff(shipped, local)
 	if len(changed) > 0 {
-		n.Fail("the rendering differs in more than the images: %s", Cut(strings.Join(changed, " | "), 600))
+		n.Fail("the rendering differs in more than the images: %s", report.Cut(strings.Join(changed, " | "), 600))
 		return false
 	}
 	n.Pass("manifests/single-controller rendered with kubectl kustomize; only the image lines differ: %s", strings.Join(images, " "))
@@ -231,7 +232,7 @@ func ImageOnlyDiff(before, after string) (changed, images []string) {
 }
 
 // pivot: the documented order, then what it takes to finish.
-func (n *Node) pivot() bool {
+func (n *Scenario) pivot() bool {
 	n.Note("restarts before the pivot: %s", n.ControlPlaneRestarts())
 	mark := n.MarkLogs()
 	// The pivot without migrate removes kubeadm's apiserver before the Deployment's can serve:
@@ -294,7 +295,7 @@ func (n *Node) pivot() bool {
 
 // Rollouts: restarts rollout restarts of the Deployment by the real controllers, then (unless
 // IMAGE_CHANGE=0) the image change to the older kube-apiserver and back, under the load.
-func (n *Node) Rollouts(restarts int) bool {
+func (n *Scenario) Rollouts(restarts int) bool {
 	mark := n.MarkLogs()
 	o := n.Watched()
 	o.Endpoints = true
@@ -329,7 +330,7 @@ func (n *Node) Rollouts(restarts int) bool {
 // BreakEtcdServers starts a rollout that never becomes ready: --etcd-servers replaced by a
 // closed port (appending a second --etcd-servers does not break it: the flag is a list, and
 // the apiserver uses the first server that answers).
-func (n *Node) BreakEtcdServers() error {
+func (n *Scenario) BreakEtcdServers() error {
 	d, err := n.Client.AppsV1().Deployments("kube-system").Get(n.Ctx, "kube-apiserver", metav1.GetOptions{})
 	if err != nil {
 		return err
@@ -345,7 +346,7 @@ func (n *Node) BreakEtcdServers() error {
 
 // BrokenRollout: a rollout that never becomes ready must stall with the old pod serving, then
 // `kubectl rollout undo` brings back the old pod, never restarted.
-func (n *Node) BrokenRollout() bool {
+func (n *Scenario) BrokenRollout() bool {
 	mark := n.MarkLogs()
 	o := n.Watched()
 	o.Endpoints = true
@@ -367,7 +368,7 @@ func (n *Node) BrokenRollout() bool {
 			unready = append(unready, p.Name)
 		}
 	}
-	n.Check(stalled && len(unready) > 0, "broken rollout stalls: kubectl rollout status --timeout=120s waited out its timeout (%s), new pod not ready: %v", Cut(status, 300), unready)
+	n.Check(stalled && len(unready) > 0, "broken rollout stalls: kubectl rollout status --timeout=120s waited out its timeout (%s), new pod not ready: %v", report.Cut(status, 300), unready)
 	// A request can fail on this busy machine: ask again for up to 15 s.
 	n.Check(n.WaitFor(15*time.Second, func() bool { return n.PodReady(before) }),
 		"the old pod %s still serves and is Ready during the broken rollout: %s", before, n.DeployPodsLine())

@@ -17,10 +17,11 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
 
 	"kube-apiserver-proxy/tests/cluster/internal/nodecheck"
+	"kube-apiserver-proxy/tests/cluster/internal/report"
 	"kube-apiserver-proxy/tests/cluster/internal/step"
-	"sigs.k8s.io/yaml"
 )
 
 // Reboot recovery (`smoke --reboot`), once the kubeadm-style control plane runs:
@@ -57,8 +58,8 @@ import (
 // Environment: REBOOT_BOUND (180 s), CHECKPOINT_WAIT (the agent's --checkpoint-after plus
 // 120 s), BROKEN_SOAK (--checkpoint-after plus 30 s: how long the broken rollout runs before the
 // reboot), ROTATION_LIFETIME (150 s: the short client certificate's).
-func RunReboot(n *Node) {
-	r := &reboot{Node: n, bound: time.Duration(EnvKnobInt("REBOOT_BOUND", 0)) * time.Second}
+func RunReboot(n *Scenario) {
+	r := &reboot{Scenario: n, bound: time.Duration(EnvKnobInt("REBOOT_BOUND", 0)) * time.Second}
 	if !n.CheckKnobs("reboot") || !n.PrepareNode() || !n.Render() {
 		return
 	}
@@ -121,7 +122,7 @@ const (
 
 // reboot is the scenario's state between its steps.
 type reboot struct {
-	*Node
+	*Scenario
 	after, checkpointWait, brokenSoak, bound time.Duration
 	// The short-lived client certificate: its serial and its end.
 	rotationFirst   string
@@ -176,12 +177,12 @@ func checkpointFlag(path, container, flag string) string {
 
 // kubeletRuns: the kubelet's /pods lists pod name running; kubeletKnows: it lists it at all.
 // ok is false when the kubelet did not answer.
-func (n *Node) kubeletRuns(name string) bool {
+func (n *Scenario) kubeletRuns(name string) bool {
 	pods, err := n.KubeletPods()
 	return err == nil && nodecheck.Running(pods, name)
 }
 
-func (n *Node) kubeletKnows(name string) (known, ok bool) {
+func (n *Scenario) kubeletKnows(name string) (known, ok bool) {
 	pods, err := n.KubeletPods()
 	if err != nil {
 		return false, false
@@ -246,7 +247,7 @@ func AgentMessages(log string, re *regexp.Regexp) []string {
 	var out []string
 	for _, m := range agentMessage.FindAllString(log, -1) {
 		if re.MatchString(m) {
-			out = append(out, Cut(m, 300))
+			out = append(out, report.Cut(m, 300))
 		}
 	}
 	return out
@@ -255,14 +256,34 @@ func AgentMessages(log string, re *regexp.Regexp) []string {
 // agentLog is AgentMessages of the recovery agent's container logs, the last k of them,
 // joined with spaces.
 func (r *reboot) agentLog(re string, k int) string {
-	files, _ := filepath.Glob(r.Path("pod-logs/kube-system_kube-apiserver-recovery-*/recover/*.log"))
+	m := AgentMessages(r.recoveryAgentLogs(), regexp.MustCompile(re))
+	return strings.Join(report.Last(m, k), " ")
+}
+
+// recoveryLogs are the recovery agent's container log files, kept by smoke under pod-logs/.
+const recoveryLogs = "pod-logs/kube-system_kube-apiserver-recovery-*/recover/*.log"
+
+// recoveryAgentLogs is every container log of the recovery agent, one after the other.
+func (n *Scenario) recoveryAgentLogs() string {
+	files, _ := filepath.Glob(n.Path(recoveryLogs))
 	var b strings.Builder
 	for _, f := range files {
 		data, _ := os.ReadFile(f)
 		b.Write(data)
 	}
-	m := AgentMessages(b.String(), regexp.MustCompile(re))
-	return strings.Join(m[max(0, len(m)-k):], " ")
+	return b.String()
+}
+
+// recoveryLog is the path of the recovery agent's newest container log, or "".
+func (n *Scenario) recoveryLog() string {
+	files, _ := filepath.Glob(n.Path(recoveryLogs))
+	if len(files) == 0 {
+		files, _ = filepath.Glob("/var/log/pods/kube-system_kube-apiserver-recovery-*/recover/*.log")
+	}
+	if len(files) == 0 {
+		return ""
+	}
+	return files[len(files)-1]
 }
 
 // get is an HTTPS GET on NODE_IP:6443 trusting the cluster CA, with a client certificate
@@ -308,7 +329,7 @@ func (r *reboot) readyz() bool {
 
 // applyRecovery: manifests/recovery (the node identity's reads for the agent's owner check,
 // the admission policies on the apiserver workload), before the agent, as documented.
-func (n *Node) applyRecovery() bool {
+func (n *Scenario) applyRecovery() bool {
 	out, err := n.Kubectl(60*time.Second, "apply", "-k", filepath.Join(n.Repo, "manifests/recovery"))
 	return n.Check(err == nil, "kubectl apply -k manifests/recovery: %s%s", strings.ReplaceAll(out, "\n", " "), errSuffix(err))
 }
@@ -345,7 +366,7 @@ func AgentManifest(shipped, image, imageRepo string, extra ...string) (string, e
 
 // installAgent installs the agent as a static pod, its manifest in dir (the runbook's
 // /etc/kubernetes/manifests), with the flags extra.
-func (n *Node) installAgent(shipped, dir string, extra ...string) bool {
+func (n *Scenario) installAgent(shipped, dir string, extra ...string) bool {
 	m, err := AgentManifest(shipped, n.ProxyImage(), n.ImageRepo, extra...)
 	if err == nil {
 		// Written beside it, hidden (the kubelet skips dot files), then renamed in: the kubelet
@@ -394,7 +415,7 @@ func (r *reboot) agentMetrics() {
 	written, verified, refused := one("written_timestamp_seconds"), one("verified_timestamp_seconds"), one("refused")
 	set := func(v string) bool { return v != "" && v != "0" }
 	if !set(written) || !set(verified) || refused != "0" {
-		r.Fail("the agent's metrics on %s:9445: written '%s', verified '%s', refused '%s': %s", r.NodeIP, written, verified, refused, Cut(m, 300))
+		r.Fail("the agent's metrics on %s:9445: written '%s', verified '%s', refused '%s': %s", r.NodeIP, written, verified, refused, report.Cut(m, 300))
 		return
 	}
 	age := "?"
@@ -429,7 +450,7 @@ func (r *reboot) admission() {
 		"--labels=app.kubernetes.io/name=kube-apiserver,app.kubernetes.io/part-of=kube-apiserver-proxy")
 	_, canErr := r.Kubectls(30*time.Second, "--as=mallory", "auth", "can-i", "patch", "deployments")
 	if workloadDenied.MatchString(patch) && podsDenied.MatchString(run) && canErr == nil {
-		r.Pass("admission: a user RBAC lets patch deployments and create pods in kube-system is refused both: %s | %s", Cut(patch, 200), Cut(run, 160))
+		r.Pass("admission: a user RBAC lets patch deployments and create pods in kube-system is refused both: %s | %s", report.Cut(patch, 200), report.Cut(run, 160))
 	} else {
 		r.Fail("admission: mallory's patch: %s; mallory's labelled pod: %s; can mallory patch deployments: %s", patch, run, yesNo(canErr == nil))
 	}
@@ -450,14 +471,8 @@ func (r *reboot) waitCheckpoint(pod, what string) bool {
 		entries = append(entries, statLine(p))
 	}
 	r.Fail("%s: the checkpoint is not of %s after %d s: it is of '%s'; %s", what, pod, int(r.checkpointWait.Seconds()), checkpointOf(checkpointFile), strings.Join(entries, "; "))
-	files, _ := filepath.Glob(r.Path("pod-logs/kube-system_kube-apiserver-recovery-*/recover/*.log"))
-	var b strings.Builder
-	for _, f := range files {
-		data, _ := os.ReadFile(f)
-		b.Write(data)
-	}
-	m := AgentMessages(b.String(), regexp.MustCompile("checkpoint"))
-	for _, l := range m[max(0, len(m)-5):] {
+	m := AgentMessages(r.recoveryAgentLogs(), regexp.MustCompile("checkpoint"))
+	for _, l := range report.Last(m, 5) {
 		r.Note("  %s", l)
 	}
 	return false
@@ -580,10 +595,9 @@ func (r *reboot) recover(good, broken string) bool {
 		for _, p := range globAll(filepath.Join(r.Manifests, "*")) {
 			names = append(names, filepath.Base(p))
 		}
-		files := globAll(r.Path("pod-logs/kube-system_kube-apiserver-recovery-*/recover/*.log"))
 		tail := ""
-		if len(files) > 0 {
-			tail = Cut(Tail(files[len(files)-1], 3), 900)
+		if log := r.recoveryLog(); log != "" {
+			tail = report.Cut(Tail(log, 3), 900)
 		}
 		r.Fail("no checkpoint activated in %s 120 s after the runtime's start: %s; agent log: %s", r.Manifests, strings.Join(names, " "), tail)
 		return false
@@ -593,7 +607,7 @@ func (r *reboot) recover(good, broken string) bool {
 		r.Fail("the control plane does not serve %d s after the runtime's start", int(r.bound.Seconds()))
 		if pods, err := r.KubeletPods(); err == nil {
 			b, _ := json.Marshal(pods)
-			r.Note("  %s", Cut(string(b), 1500))
+			r.Note("  %s", report.Cut(string(b), 1500))
 		}
 		return false
 	}
@@ -690,12 +704,9 @@ func HandoffSummary(log string) string {
 	return strings.Join(out, " ")
 }
 
+// handoffTail is the last five lines of log that speak of the handoff, joined with spaces.
 func handoffTail(log string) string {
-	var h []string
-	for _, l := range strings.Split(log, "\n") {
-		if strings.Contains(strings.ToLower(l), "handoff") {
-			h = append(h, Cut(l, 200))
-		}
-	}
-	return strings.Join(h[max(0, len(h)-5):], " ")
+	return strings.Join(report.Last(report.Grep(log, 200, func(l string) bool {
+		return strings.Contains(strings.ToLower(l), "handoff")
+	}), 5), " ")
 }

@@ -14,6 +14,8 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"kube-apiserver-proxy/tests/cluster/internal/report"
 )
 
 // The way back to kubeadm's static apiserver (docs/runbooks/going-back.md), after everything
@@ -23,11 +25,11 @@ import (
 // goBackDir is where the way back keeps kubeadm's files and the logs, in the state directory.
 const goBackDir = "kubeadm-back"
 
-func (n *Node) gb(name string) string { return n.Path(filepath.Join(goBackDir, name)) }
+func (n *Scenario) gb(name string) string { return n.Path(filepath.Join(goBackDir, name)) }
 
 // runLogged runs a command to completion with its output in a file (appended to when add):
 // its exit status (-1 when it did not run or was killed).
-func (n *Node) runLogged(timeout time.Duration, log string, add bool, env []string, argv ...string) int {
+func (n *Scenario) runLogged(timeout time.Duration, log string, add bool, env []string, argv ...string) int {
 	flags := os.O_CREATE | os.O_WRONLY | os.O_TRUNC
 	if add {
 		flags = os.O_CREATE | os.O_WRONLY | os.O_APPEND
@@ -83,7 +85,7 @@ func (r *reboot) uploadConfig(version string) bool {
 
 // renderKubeadms: kubeadm's manifest for this node from the cluster's ClusterConfiguration
 // (kubeadm-config), with the documented patch, into out/ (kubeadm's dry-run directory).
-func (n *Node) renderKubeadms() bool {
+func (n *Scenario) renderKubeadms() bool {
 	out := n.gb("out")
 	_ = os.RemoveAll(out)
 	if err := os.MkdirAll(n.gb("patches"), 0o755); err != nil {
@@ -117,7 +119,7 @@ patches: {directory: %s}
 
 // migrateBack is migrate-back's command line with kubeadm's rendered manifest, into staticDir
 // (the kubelet's static pod directory).
-func (n *Node) migrateBack(staticDir string) []string {
+func (n *Scenario) migrateBack(staticDir string) []string {
 	return []string{n.Bin("kube-apiserver-proxy"), "migrate-back", "--manifest", n.gb("out/kube-apiserver.yaml"),
 		"--static-pod-dir", staticDir, "--handoff-dir", HandoffDir, "--timeout", "600s"}
 }
@@ -145,7 +147,7 @@ func MigrateBackSteps(log string) string {
 	for _, l := range strings.Split(log, "\n") {
 		msgs = append(msgs, migrateBackStep.FindAllString(l, -1)...)
 	}
-	msgs = first(msgs, 8)
+	msgs = report.First(msgs, 8)
 	count := map[string]int{}
 	for _, m := range msgs {
 		count[m]++
@@ -184,7 +186,7 @@ func AddedLines(before, after string) []string {
 
 // leftovers are the objects of the install still there (a failed lookup other than "not
 // found" counts, with its error).
-func (n *Node) leftovers() []string {
+func (n *Scenario) leftovers() []string {
 	var left []string
 	check := func(name string, err error) {
 		switch {
@@ -218,7 +220,7 @@ func (n *Node) leftovers() []string {
 }
 
 // serviceSlices are the kubernetes Service's EndpointSlices, by name.
-func (n *Node) serviceSlices() string {
+func (n *Scenario) serviceSlices() string {
 	list, err := n.Client.DiscoveryV1().EndpointSlices("default").List(n.Ctx, metav1.ListOptions{LabelSelector: "kubernetes.io/service-name=kubernetes"})
 	if err != nil {
 		return err.Error()
@@ -276,7 +278,7 @@ func (r *reboot) goBackPrepare() bool {
 	_, staticErr := os.Stat(filepath.Join(r.Manifests, "kube-apiserver.yaml"))
 	want := regexp.MustCompile("the manifest runs .*:" + regexp.QuoteMeta(r.Version) + " but the apiserver serving now is " + regexp.QuoteMeta(r.OldVersion))
 	if rc == 2 && want.Match(refused) && os.IsNotExist(staticErr) {
-		r.Pass("migrate-back refuses kubeadm's manifest of another version than the one serving (exit 2, nothing touched): %s", Cut(lastLines(string(refused), 1), 220))
+		r.Pass("migrate-back refuses kubeadm's manifest of another version than the one serving (exit 2, nothing touched): %s", report.Cut(lastLines(string(refused), 1), 220))
 	} else {
 		r.Fail("migrate-back with a manifest of %s while %s serves: exit %d: %s; kube-apiserver.yaml in the static pod directory: %s",
 			r.Version, r.OldVersion, rc, lastLines(string(refused), 2), yesNo(staticErr == nil))
@@ -299,7 +301,7 @@ func (r *reboot) goBackPrepare() bool {
 // removeRecovery: reboot recovery goes first (the agent's static pod, its checkpoint and
 // manifests/recovery): its manifest moved out of dir, and removed from each of copies (the
 // kubelet's directory on a node kubeadm-sync followed: its copy there).
-func (n *Node) removeRecovery(dir string, copies ...string) {
+func (n *Scenario) removeRecovery(dir string, copies ...string) {
 	agent := "kube-apiserver-recovery-" + n.NodeName
 	if err := Move(filepath.Join(dir, "kube-apiserver-recovery.yaml"), n.gb("kube-apiserver-recovery.yaml")); err != nil {
 		n.Fail("the recovery agent's manifest: %v", err)
@@ -338,16 +340,16 @@ func (r *reboot) migrateBackUnderLoad() bool {
 // Deployment deleted, migrate-back takes the proxy's sockets and closes them; then what
 // kubernetes-endpoints added and the node's directories go. It returns when the Deployment was
 // deleted (seconds after migrate-back started); false: migrate-back did not start.
-func (n *Node) swapBack(staticDir string) (deleted int, started bool) {
+func (n *Scenario) swapBack(staticDir string) (deleted int, started bool) {
 	t0 := time.Now()
 	mb, err := n.Background(filepath.Join(goBackDir, "migrate-back.log"), n.migrateBack(staticDir)...)
 	if err != nil {
 		n.Fail("migrate-back: %v", err)
 		return 0, false
 	}
-	if n.WaitFor(300*time.Second, func() bool { return strings.Contains(ReadTail(mb.Log, 1000), "delete the Deployment now") }) {
+	if n.WaitFor(300*time.Second, func() bool { return strings.Contains(report.FileTail(mb.Log, 1000), "delete the Deployment now") }) {
 		n.Pass("migrate-back: kubeadm's apiserver binds 0.0.0.0:6443 beside the proxy and is ready %s s after migrate-back started: %s",
-			Since(t0), Cut(MigrateBackSteps(ReadTail(mb.Log, 1000)), 600))
+			Since(t0), report.Cut(MigrateBackSteps(report.FileTail(mb.Log, 1000)), 600))
 	} else {
 		// The Deployment stays: the runbook deletes it only once migrate-back says so.
 		n.Fail("migrate-back: kubeadm's apiserver not ready within 300 s: %s; listeners: %s", Tail(mb.Log, 3), n.Listeners6443())
@@ -362,7 +364,7 @@ func (n *Node) swapBack(staticDir string) (deleted int, started bool) {
 	if n.WaitFor(420*time.Second, mb.Exited) {
 		if rc := mb.ExitCode(); rc == 0 {
 			n.Pass("migrate-back done %s s after the Deployment's deletion (exit 0): %s", Since(t1),
-				grepCut(ReadTail(mb.Log, 1000), 250, "closed with nothing reset", "done:"))
+				strings.Join(report.Grep(report.FileTail(mb.Log, 1000), 250, report.ContainsAny("closed with nothing reset", "done:")), " "))
 		} else {
 			n.Fail("migrate-back exited %d: %s", rc, Tail(mb.Log, 3))
 		}
@@ -409,18 +411,4 @@ func (r *reboot) checkWentBack() {
 	} else {
 		r.Fail("left after going back: %s", strings.Join(left, " "))
 	}
-}
-
-// grepCut: the lines of s that contain any of the words, each cut to k bytes, joined.
-func grepCut(s string, k int, words ...string) string {
-	var out []string
-	for _, l := range strings.Split(s, "\n") {
-		for _, w := range words {
-			if strings.Contains(l, w) {
-				out = append(out, Cut(l, k))
-				break
-			}
-		}
-	}
-	return strings.Join(out, " ")
 }

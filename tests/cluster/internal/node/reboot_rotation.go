@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/util/keyutil"
 
 	"kube-apiserver-proxy/tests/cluster/internal/nodecheck"
+	"kube-apiserver-proxy/tests/cluster/internal/report"
 )
 
 // The kubelet's client certificate rotation, which the recovery agent must follow (it reads
@@ -172,12 +173,12 @@ func (r *reboot) rotate() bool {
 	rotated := func() bool { s := rotationSerial(); return s != "" && s != r.rotationFirst }
 	if !r.WaitFor(180*time.Second, rotated) {
 		var lines []string
-		for _, l := range strings.Split(ReadTail(r.Path("kubelet.log"), 2000), "\n") {
+		for _, l := range strings.Split(report.FileTail(r.Path("kubelet.log"), 2000), "\n") {
 			if strings.Contains(strings.ToLower(l), "certificate") {
-				lines = append(lines, Cut(l, 300))
+				lines = append(lines, report.Cut(l, 300))
 			}
 		}
-		r.Fail("the kubelet did not rotate its client certificate within 180 s: %s", strings.Join(lines[max(0, len(lines)-3):], " "))
+		r.Fail("the kubelet did not rotate its client certificate within 180 s: %s", strings.Join(report.Last(lines, 3), " "))
 		return false
 	}
 	target, _ := os.Readlink(rotationCurrent)
@@ -240,7 +241,7 @@ func (r *reboot) rotationExpired() {
 
 // WaitNode: the kubelet registered the node, and kubeadm's apiserver's mirror pod is Ready
 // (after a restart of the kubelet).
-func (n *Node) WaitNode() {
+func (n *Scenario) WaitNode() {
 	t0 := time.Now()
 	var ready string
 	registered := func() bool {
@@ -263,20 +264,20 @@ func (n *Node) WaitNode() {
 }
 
 // MirrorReady: the pod kube-system/name exists in the apiserver and is Ready.
-func (n *Node) MirrorReady(name string) bool {
+func (n *Scenario) MirrorReady(name string) bool {
 	p, err := n.Client.CoreV1().Pods("kube-system").Get(n.Ctx, name, metav1.GetOptions{})
 	return err == nil && nodecheck.Ready(p)
 }
 
 // kubeletLogNotes notes the kubelet's last error and warning lines.
-func (n *Node) kubeletLogNotes(k int) {
+func (n *Scenario) kubeletLogNotes(k int) {
 	var lines []string
-	for _, l := range strings.Split(ReadTail(n.Path("kubelet.log"), 5000), "\n") {
+	for _, l := range strings.Split(report.FileTail(n.Path("kubelet.log"), 5000), "\n") {
 		if len(l) > 5 && (l[0] == 'E' || l[0] == 'W') && strings.Trim(l[1:5], "0123456789") == "" {
 			lines = append(lines, l)
 		}
 	}
-	for _, l := range lines[max(0, len(lines)-k):] {
-		n.Note("  %s", Cut(l, 300))
+	for _, l := range report.Last(lines, k) {
+		n.Note("  %s", report.Cut(l, 300))
 	}
 }

@@ -6,13 +6,14 @@ import (
 	"strings"
 	"time"
 
+	"kube-apiserver-proxy/tests/cluster/internal/report"
 	"kube-apiserver-proxy/tests/cluster/internal/step"
 )
 
 // Watched is what a step watches unless it says otherwise: the client-go load on NODE_IP:6443
 // as the super-admin, connects to NODE_IP:6443 every 20 ms, and the controller-manager and the
 // scheduler, which must not restart.
-func (n *Node) Watched() step.Options {
+func (n *Scenario) Watched() step.Options {
 	return step.Options{
 		Kubeconfig: n.Admin,
 		Probes:     []string{n.NodeIP + ":6443"},
@@ -23,7 +24,7 @@ func (n *Node) Watched() step.Options {
 // Step is one step of a scenario under the load and its observers (package step), judged with
 // the tier's strict criteria when it ends.
 type Step struct {
-	n          *Node
+	n          *Scenario
 	name       string
 	w          *step.Watch
 	ReportOnly bool // the step's outage is measured, not asserted
@@ -31,7 +32,7 @@ type Step struct {
 
 // StartStep starts the load and the observers of o and returns once they run; when they do not
 // within 180 s, that is a failed check and the step is nil (End on it fails the step too).
-func (n *Node) StartStep(name string, o step.Options) *Step {
+func (n *Scenario) StartStep(name string, o step.Options) *Step {
 	w, err := step.Start(o, 180*time.Second)
 	if err != nil {
 		n.Fail("%s: the load and its observers did not start within 180 s: %v", name, err)
@@ -62,23 +63,16 @@ func (s *Step) End(what string) *step.Report {
 	if len(rep.Problems) == 0 || s.ReportOnly {
 		s.n.Pass("%s: %s", what, clauses)
 		if len(rep.Problems) > 0 {
-			s.n.Note("%s, measured: %s", what, strings.Join(first(rep.Problems, 12), "; "))
+			s.n.Note("%s, measured: %s", what, strings.Join(report.First(rep.Problems, 12), "; "))
 		}
 		return rep
 	}
-	problems := first(rep.Problems, 12)
-	for _, note := range first(rep.Notes, 6) {
+	problems := report.First(rep.Problems, 12)
+	for _, note := range report.First(rep.Notes, 6) {
 		problems = append(problems, "sample: "+note)
 	}
 	s.n.Fail("%s: %s -- %s", what, strings.Join(problems, "; "), clauses)
 	return rep
-}
-
-func first(s []string, n int) []string {
-	if len(s) > n {
-		return s[:n]
-	}
-	return s
 }
 
 // Both is a step on both addresses of port 6443 at once: the load on NODE_IP:6443 with the
@@ -90,7 +84,7 @@ type Both struct{ Remote, Local *Step }
 
 // StartBoth starts step name from watch (Watched when nil): its probers and pod watches go
 // with both loads; reportOnly: the two report their problems rather than fail on them.
-func (n *Node) StartBoth(name string, watch *step.Options, reportOnly bool) Both {
+func (n *Scenario) StartBoth(name string, watch *step.Options, reportOnly bool) Both {
 	o := n.Watched()
 	if watch != nil {
 		o = *watch

@@ -1,6 +1,7 @@
 package nodecheck
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"sort"
@@ -33,7 +34,7 @@ func (a *PromAnswer) Values() string {
 			v = append(v, fmt.Sprint(r.Value[1]))
 		}
 	}
-	return orNone(strings.Join(v, " "))
+	return cmp.Or(strings.Join(v, " "), "none")
 }
 
 // AlertNames are the sorted alertname labels of a query's result ("none" if empty).
@@ -47,7 +48,7 @@ func (a *PromAnswer) AlertNames() string {
 		v = append(v, name)
 	}
 	sort.Strings(v)
-	return orNone(strings.Join(v, " "))
+	return cmp.Or(strings.Join(v, " "), "none")
 }
 
 // Times are the times (UTC, HH:MM:SS) of every point of a range query ("none" if none).
@@ -62,7 +63,7 @@ func (a *PromAnswer) Times() string {
 			}
 		}
 	}
-	return orNone(strings.Join(v, " "))
+	return cmp.Or(strings.Join(v, " "), "none")
 }
 
 // OneTargetUp: exactly one active target, and it is up.
@@ -80,11 +81,4 @@ func (a *PromAnswer) Targets() (targets, errors string) {
 		es = append(es, fmt.Sprintf("%q", t.LastError))
 	}
 	return strings.Join(ts, " "), "[" + strings.Join(es, ", ") + "]"
-}
-
-func orNone(s string) string {
-	if s == "" {
-		return "none"
-	}
-	return s
 }

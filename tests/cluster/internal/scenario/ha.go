@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"kube-apiserver-proxy/tests/cluster/internal/await"
 	"kube-apiserver-proxy/tests/cluster/internal/cluster"
 )
 
@@ -47,17 +48,17 @@ func haSurge(ctx context.Context, e *env, r *Result, n int) {
 	r.Design, r.Gate = cluster.Sidecar, cluster.GatePod
 	tmpl, err := cluster.RenderTemplate(filepath.Join(e.o.Repo, "manifests", "ha-surge"))
 	if err != nil {
-		r.fail("%v", err)
+		r.Fail("%v", err)
 		return
 	}
 	api, err := tmpl.Container("kube-apiserver")
 	if err != nil {
-		r.fail("%v", err)
+		r.Fail("%v", err)
 		return
 	}
 	for _, a := range api.Args {
 		if strings.HasPrefix(a, "--endpoint-reconciler-type=") && a != "--endpoint-reconciler-type=lease" {
-			r.fail("manifests/ha-surge renders kube-apiserver with %s; this scenario is about the lease reconciler", a)
+			r.Fail("manifests/ha-surge renders kube-apiserver with %s; this scenario is about the lease reconciler", a)
 			return
 		}
 	}
@@ -73,7 +74,7 @@ func haSurge(ctx context.Context, e *env, r *Result, n int) {
 				c.pod.Kill()
 			}
 			if err := c.removeAddress(); err != nil {
-				r.fail("remove controller address %s: %v", c.node.IP, err)
+				r.Fail("remove controller address %s: %v", c.node.IP, err)
 			}
 		}
 	}()
@@ -85,18 +86,18 @@ func haSurge(ctx context.Context, e *env, r *Result, n int) {
 	for _, c := range ctrls {
 		for _, name := range []string{"admin.conf", "super-admin.conf"} {
 			if err := cluster.Kubeconfig(filepath.Join(e.node.Dir, name), kubeconfig(c, name), "https://"+net.JoinHostPort(c.node.IP, "6443")); err != nil {
-				r.fail("%v", err)
+				r.Fail("%v", err)
 				return
 			}
 		}
 	}
 	if err := grantAdmins(ctx, kubeconfig(last, "super-admin.conf")); err != nil {
-		r.fail("%v", err)
+		r.Fail("%v", err)
 		return
 	}
 	eps, err := cluster.WatchEndpoints(ctx, kubeconfig(last, "admin.conf"))
 	if err != nil {
-		r.fail("watch default/kubernetes: %v", err)
+		r.Fail("watch default/kubernetes: %v", err)
 		return
 	}
 	defer eps.Stop()
@@ -104,7 +105,7 @@ func haSurge(ctx context.Context, e *env, r *Result, n int) {
 		eps.Track(c.node.IP)
 	}
 	listed := func(ip string) bool { return eps.Lists("endpoints", ip) && eps.Lists("endpointslice", ip) }
-	if !cluster.Poll(ctx, 100*time.Millisecond, 60*time.Second, func() bool {
+	if !await.Holds(ctx, 100*time.Millisecond, 60*time.Second, func() bool {
 		for _, c := range ctrls {
 			if !listed(c.node.IP) {
 				return false
@@ -112,7 +113,7 @@ func haSurge(ctx context.Context, e *env, r *Result, n int) {
 		}
 		return true
 	}) {
-		r.fail("default/kubernetes does not list every controller's address 60s after they were ready")
+		r.Fail("default/kubernetes does not list every controller's address 60s after they were ready")
 		return
 	}
 	// The start-up (an empty Service until the first apiserver is ready) is not measured.
@@ -121,7 +122,7 @@ func haSurge(ctx context.Context, e *env, r *Result, n int) {
 
 	first, err := a.pod.ListenerCookies()
 	if err != nil || len(first) == 0 {
-		r.fail("pod %s holds no listening socket (%v)", a.pod.Opts.Name, err)
+		r.Fail("pod %s holds no listening socket (%v)", a.pod.Opts.Name, err)
 		return
 	}
 	underLoadOn(ctx, kubeconfig(a, "admin.conf"), r, true, func() {
@@ -131,15 +132,15 @@ func haSurge(ctx context.Context, e *env, r *Result, n int) {
 			}
 			// The new apiserver adds a's address at its first reconcile after it is ready
 			// (every 10 s, not configurable).
-			if !cluster.Poll(ctx, 100*time.Millisecond, 60*time.Second, func() bool { return listed(a.node.IP) }) {
-				r.fail("step %d: %s's address not back in default/kubernetes 60s after the old pod stopped", i+1, a.name)
+			if !await.Holds(ctx, 100*time.Millisecond, 60*time.Second, func() bool { return listed(a.node.IP) }) {
+				r.Fail("step %d: %s's address not back in default/kubernetes 60s after the old pod stopped", i+1, a.name)
 			}
 			absent := eps.TakeAbsences()
 			r.AddressAbsent = append(r.AddressAbsent, absent...)
-			r.Notes = append(r.Notes, fmt.Sprintf("step %d on %s: %s", i+1, a.name, describeAbsences(absent, ctrls)))
+			r.Note("step %d on %s: %s", i+1, a.name, describeAbsences(absent, ctrls))
 			now, err := a.pod.ListenerCookies()
 			if err != nil || !slices.Equal(now, first) {
-				r.fail("after step %d pod %s holds listening sockets %v (%v), want the first pod's %v",
+				r.Fail("after step %d pod %s holds listening sockets %v (%v), want the first pod's %v",
 					i+1, a.pod.Opts.Name, now, err, first)
 			}
 		}
@@ -154,7 +155,7 @@ func haSurge(ctx context.Context, e *env, r *Result, n int) {
 func startControllers(ctx context.Context, e *env, r *Result, tmpl *cluster.Template, n int) ([]*haController, bool) {
 	base := net.ParseIP(e.o.NodeIP).To4()
 	if base == nil {
-		r.fail("node address %s is not IPv4", e.o.NodeIP)
+		r.Fail("node address %s is not IPv4", e.o.NodeIP)
 		return nil, false
 	}
 	var ctrls []*haController
@@ -163,22 +164,22 @@ func startControllers(ctx context.Context, e *env, r *Result, tmpl *cluster.Temp
 		c := &haController{name: string(rune('a' + i))}
 		var err error
 		if c.node, err = e.node.Controller(c.name, ip); err != nil {
-			r.fail("%v", err)
+			r.Fail("%v", err)
 			return ctrls, false
 		}
 		if c.removeAddress, err = e.node.AddAddress(ctx, ip); err != nil {
-			r.fail("controller address %s: %v", ip, err)
+			r.Fail("controller address %s: %v", ip, err)
 			return ctrls, false
 		}
 		ctrls = append(ctrls, c)
 		if c.pod, err = c.start(ctx, e, tmpl); err != nil {
-			r.fail("controller %s: start pod: %v", c.name, err)
+			r.Fail("controller %s: start pod: %v", c.name, err)
 			return ctrls, false
 		}
 	}
 	for _, c := range ctrls {
 		if err := c.pod.WaitReady(ctx, cluster.GatePod, 3*time.Minute); err != nil {
-			r.fail("controller %s: %v", c.name, err)
+			r.Fail("controller %s: %v", c.name, err)
 			return ctrls, false
 		}
 	}

@@ -2,7 +2,6 @@ package scenario
 
 import (
 	"context"
-	"fmt"
 
 	"kube-apiserver-proxy/tests/cluster/internal/cluster"
 	"kube-apiserver-proxy/tests/cluster/internal/load"
@@ -29,7 +28,7 @@ var kubeadmShutdown = []string{
 func handmadeRollouts(ctx context.Context, e *env, r *Result) {
 	r.Design, r.Gate = cluster.Sidecar, cluster.GatePod
 	if e.o.HAProxy == "" {
-		r.fail("haproxy not found: install it (apt-get install haproxy) to compare")
+		r.Fail("haproxy not found: install it (apt-get install haproxy) to compare")
 		return
 	}
 	shipped := e.tmpl
@@ -64,13 +63,12 @@ func handmadeRollouts(ctx context.Context, e *env, r *Result) {
 		}
 	})
 	proxy := r.Load
-	r.Notes = append(r.Notes,
-		fmt.Sprintf("haproxy-sidecar: %d rollouts, %d requests ok, %d failed %v, %d of %d connections failed, %d streams cut",
-			haproxyRollouts, haproxy.TotalOK(), haproxy.TotalFailed(), haproxy.Failures, haproxy.TotalConnErrors(), haproxy.Connections.Dialed, haproxy.TotalStreamCuts()),
-		fmt.Sprintf("kube-apiserver-proxy (own backend only): %d rollouts, %d requests ok, %d failed %v, %d of %d connections failed, %d streams cut",
-			len(r.Rollouts)-before, proxy.TotalOK(), proxy.TotalFailed(), proxy.Failures, proxy.TotalConnErrors(), proxy.Connections.Dialed, proxy.TotalStreamCuts()))
+	r.Note("haproxy-sidecar: %d rollouts, %d requests ok, %d failed %v, %d of %d connections failed, %d streams cut",
+		haproxyRollouts, haproxy.TotalOK(), haproxy.TotalFailed(), haproxy.Failures, haproxy.TotalConnErrors(), haproxy.Connections.Dialed, haproxy.TotalStreamCuts())
+	r.Note("kube-apiserver-proxy (own backend only): %d rollouts, %d requests ok, %d failed %v, %d of %d connections failed, %d streams cut",
+		len(r.Rollouts)-before, proxy.TotalOK(), proxy.TotalFailed(), proxy.Failures, proxy.TotalConnErrors(), proxy.Connections.Dialed, proxy.TotalStreamCuts())
 	if proxy.TotalFailed() > haproxy.TotalFailed() {
-		r.fail("the proxy lost %d requests, HAProxy %d in the same rollouts", proxy.TotalFailed(), haproxy.TotalFailed())
+		r.Fail("the proxy lost %d requests, HAProxy %d in the same rollouts", proxy.TotalFailed(), haproxy.TotalFailed())
 	}
 	// Back to the shipped pod for the scenarios after this one.
 	e.tmpl = shipped

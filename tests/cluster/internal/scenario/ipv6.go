@@ -34,12 +34,12 @@ func ipv6Node(ctx context.Context, e *env, r *Result) {
 	r.Design, r.Gate = cluster.Sidecar, cluster.GatePod
 	remove, err := e.node.AddAddress(ctx, nodeIPv6)
 	if err != nil {
-		r.fail("add %s to the node: %v", nodeIPv6, err)
+		r.Fail("add %s to the node: %v", nodeIPv6, err)
 		return
 	}
 	defer func() {
 		if err := remove(); err != nil {
-			r.fail("remove %s: %v", nodeIPv6, err)
+			r.Fail("remove %s: %v", nodeIPv6, err)
 		}
 	}()
 	dualStack := func() (*cluster.Pod, error) {
@@ -63,21 +63,21 @@ func ipv6Node(ctx context.Context, e *env, r *Result) {
 	}
 	first, err := listenerCookies(e.current)
 	if err != nil {
-		r.fail("%v", err)
+		r.Fail("%v", err)
 		return
 	}
 	if len(first[v6]) == 0 || len(first[v4]) == 0 {
-		r.fail("pod %s serves %v, want %s and %s", e.current.Opts.Name, first, v6, v4)
+		r.Fail("pod %s serves %v, want %s and %s", e.current.Opts.Name, first, v6, v4)
 		return
 	}
 	kubeconfig := filepath.Join(e.node.Dir, "admin-ipv6.conf")
 	if err := cluster.Kubeconfig(e.node.AdminConf, kubeconfig, "https://"+v6); err != nil {
-		r.fail("%v", err)
+		r.Fail("%v", err)
 		return
 	}
 	client, err := e.node.APIServerClient("", "")
 	if err != nil {
-		r.fail("%v", err)
+		r.Fail("%v", err)
 		return
 	}
 	underLoadOn(ctx, kubeconfig, r, true, func() {
@@ -87,26 +87,26 @@ func ipv6Node(ctx context.Context, e *env, r *Result) {
 			}
 			now, err := listenerCookies(e.current)
 			if err != nil {
-				r.fail("%v", err)
+				r.Fail("%v", err)
 			} else if !slices.Equal(now[v6], first[v6]) || !slices.Equal(now[v4], first[v4]) {
-				r.fail("after rollout %d pod %s holds %v, want the first dual-stack pod's %v", i+1, e.current.Opts.Name, now, first)
+				r.Fail("after rollout %d pod %s holds %v, want the first dual-stack pod's %v", i+1, e.current.Opts.Name, now, first)
 			}
 			// Both families answer, and the node's scrape address is on the IPv6 address.
 			for _, addr := range []string{v6, v4} {
 				if code, err := get(client, "https://"+addr+"/readyz"); err != nil || code != http.StatusOK {
-					r.fail("after rollout %d: GET https://%s/readyz: %d %v", i+1, addr, code, err)
+					r.Fail("after rollout %d: GET https://%s/readyz: %d %v", i+1, addr, code, err)
 				}
 			}
 			scrape := "http://" + net.JoinHostPort(nodeIPv6, "9444") + "/metrics"
 			body, err := getBody(scrape)
 			if err != nil {
-				r.fail("after rollout %d: %s: %v", i+1, scrape, err)
+				r.Fail("after rollout %d: %s: %v", i+1, scrape, err)
 			} else if !strings.Contains(body, `pod="`+e.current.Opts.Name+`"`) {
-				r.fail("after rollout %d: %s does not cover pod %s", i+1, scrape, e.current.Opts.Name)
+				r.Fail("after rollout %d: %s does not cover pod %s", i+1, scrape, e.current.Opts.Name)
 			}
 		}
 	})
-	r.Notes = append(r.Notes, fmt.Sprintf("IPv6 listening sockets %v and IPv4 %v kept across the rollouts", first[v6], first[v4]))
+	r.Note("IPv6 listening sockets %v and IPv4 %v kept across the rollouts", first[v6], first[v4])
 	// Back to the pod every other scenario expects (IPv4 only), outside the load on the IPv6
 	// address: that pod does not take the IPv6 socket.
 	step(ctx, r, "back to the single-stack pod: ", cluster.GatePod, &e.current, func() (*cluster.Pod, error) {

@@ -5,7 +5,10 @@ package scenario
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -17,6 +20,7 @@ import (
 
 	"kube-apiserver-proxy/tests/cluster/internal/cluster"
 	"kube-apiserver-proxy/tests/cluster/internal/load"
+	"kube-apiserver-proxy/tests/cluster/internal/report"
 )
 
 // Options of a run.
@@ -50,7 +54,6 @@ type Result struct {
 	Design       cluster.Design      `json:"design,omitempty"`
 	Gate         cluster.Gate        `json:"gate,omitempty"`
 	Passed       bool                `json:"passed"`
-	Problems     []string            `json:"problems,omitempty"`
 	Duration     time.Duration       `json:"duration_ns"`
 	Rollouts     []Rollout           `json:"rollouts,omitempty"`
 	Load         *load.Report        `json:"load,omitempty"`
@@ -62,7 +65,19 @@ type Result struct {
 	// Proxies: each proxy process sampled during the scenario, its descriptors and memory
 	// from the first samples to the last (leaks.go).
 	Proxies []cluster.ProxyLife `json:"proxies,omitempty"`
-	Notes   []string            `json:"notes,omitempty"`
+	// Record is the scenario's checks: each failure a problem, each note a figure (in the
+	// JSON as "problems" and "notes").
+	report.Record
+}
+
+// MarshalJSON is the result with its record's failures as "problems" and its notes as "notes".
+func (r *Result) MarshalJSON() ([]byte, error) {
+	type fields Result
+	return json.Marshal(struct {
+		*fields
+		Problems []string `json:"problems,omitempty"`
+		Notes    []string `json:"notes,omitempty"`
+	}{(*fields)(r), r.Failures(), r.Notes()})
 }
 
 // Rollout is one pod replaced by the next.
@@ -72,10 +87,6 @@ type Rollout struct {
 	Ready       time.Duration       `json:"ready_after_ns"`
 	OldStopped  time.Duration       `json:"old_stopped_after_ns"`
 	Termination cluster.Termination `json:"termination"`
-}
-
-func (r *Result) fail(format string, args ...any) {
-	r.Problems = append(r.Problems, fmt.Sprintf(format, args...))
 }
 
 // env is the state shared by the scenarios: the node and the pod currently serving.
@@ -98,13 +109,13 @@ func RunAll(ctx context.Context, o Options) *Results {
 	res.Scenarios = append(res.Scenarios, setup)
 	began := time.Now()
 	if err := e.setup(ctx); err != nil {
-		setup.fail("%v", err)
-		report(setup)
+		setup.Fail("%v", err)
+		printResult(os.Stdout, setup)
 		return res
 	}
 	setup.Passed = true
 	setup.Duration = time.Since(began)
-	report(setup)
+	printResult(os.Stdout, setup)
 
 	for _, s := range scenarios() {
 		if o.Only != nil && !o.Only[s.name] || o.Only == nil && byHand[s.name] {
@@ -122,7 +133,7 @@ func RunAll(ctx context.Context, o Options) *Results {
 		// took its planted pods' samples already, as its own.
 		lives := e.node.Leaks.Take()
 		for _, p := range cluster.LeakProblems(lives) {
-			r.fail("%s", p)
+			r.Fail("%s", p)
 		}
 		r.Proxies = append(r.Proxies, lives...)
 		behind := e.eps.Behind(ctx)
@@ -136,27 +147,27 @@ func RunAll(ctx context.Context, o Options) *Results {
 		// watcher, a client of the node address too, must not lose its watch.
 		if r.Design == cluster.Sidecar {
 			for _, g := range r.EmptyKubeSvc {
-				r.fail("default/kubernetes %s without a ready address for %s from %s", g.Object, g.Duration.Round(time.Millisecond), g.From.Format("15:04:05.000"))
+				r.Fail("default/kubernetes %s without a ready address for %s from %s", g.Object, g.Duration.Round(time.Millisecond), g.From.Format("15:04:05.000"))
 			}
 			for _, err := range watchErrors {
-				r.fail("the default/kubernetes watcher's watch failed: %s", err)
+				r.Fail("the default/kubernetes watcher's watch failed: %s", err)
 			}
 			if want := s.rollouts(o); len(r.Rollouts) != want {
-				r.fail("%d rollouts completed, %d asked for", len(r.Rollouts), want)
+				r.Fail("%d rollouts completed, %d asked for", len(r.Rollouts), want)
 			}
 		}
 		if ctx.Err() != nil {
-			r.fail("interrupted: %v", ctx.Err())
+			r.Fail("interrupted: %v", ctx.Err())
 		}
 		// Each scenario starts from the pod the previous one left: it must be the shipped
 		// design with the proxy under test (a comparison's or a planted proxy's stop would
 		// be counted against the next scenario's load).
 		if c := e.current; c != nil && (c.Opts.Design != cluster.Sidecar || c.Opts.Proxy != o.Proxy) {
-			r.fail("left %s serving (design %s, proxy %s) instead of the shipped design with the proxy under test", c.Opts.Name, c.Opts.Design, c.Opts.Proxy)
+			r.Fail("left %s serving (design %s, proxy %s) instead of the shipped design with the proxy under test", c.Opts.Name, c.Opts.Design, c.Opts.Proxy)
 		}
 		r.Duration = time.Since(began)
-		r.Passed = len(r.Problems) == 0
-		report(r)
+		r.Passed = r.Failed() == 0
+		printResult(os.Stdout, r)
 		if e.current == nil || ctx.Err() != nil {
 			break
 		}
@@ -254,11 +265,11 @@ func step(ctx context.Context, r *Result, prefix string, gate cluster.Gate, curr
 	began := time.Now()
 	next, err := start()
 	if err != nil {
-		r.fail("%sstart pod: %v", prefix, err)
+		r.Fail("%sstart pod: %v", prefix, err)
 		return false
 	}
 	if err := next.WaitReady(ctx, gate, 3*time.Minute); err != nil {
-		r.fail("%s%v", prefix, err)
+		r.Fail("%s%v", prefix, err)
 		next.Kill()
 		return false
 	}
@@ -273,9 +284,9 @@ func step(ctx context.Context, r *Result, prefix string, gate cluster.Gate, curr
 		msg := fmt.Sprintf("%srollout %s -> %s: %v did not exit within the grace period (SIGKILLed)", prefix, old.Opts.Name, next.Opts.Name, t.Killed)
 		if r.Design == cluster.HAProxy {
 			// The comparison's figures, not a claim of this project.
-			r.Notes = append(r.Notes, msg)
+			r.Note("%s", msg)
 		} else {
-			r.fail("%s", msg)
+			r.Fail("%s", msg)
 		}
 	}
 	return true
@@ -294,7 +305,9 @@ func (e *env) cleanup() {
 	}
 }
 
-func report(r *Result) {
+// printResult says a scenario's result as the rehearsal prints it: "PASS NAME (DURATION)" or
+// "FAIL …" with the load's summary, then each problem and each note on an indented line.
+func printResult(w io.Writer, r *Result) {
 	status := "PASS"
 	if !r.Passed {
 		status = "FAIL"
@@ -310,11 +323,11 @@ func report(r *Result) {
 		}
 		line += fmt.Sprintf("; default/kubernetes without a ready address %d times (longest %s)", len(r.EmptyKubeSvc), longest.Round(100*time.Millisecond))
 	}
-	fmt.Println(line)
-	for _, p := range r.Problems {
-		fmt.Println("    " + p)
+	fmt.Fprintln(w, line)
+	for _, p := range r.Failures() {
+		fmt.Fprintln(w, "    "+p)
 	}
-	for _, n := range r.Notes {
-		fmt.Println("    note: " + n)
+	for _, n := range r.Notes() {
+		fmt.Fprintln(w, "    note: "+n)
 	}
 }

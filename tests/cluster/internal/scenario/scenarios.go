@@ -3,15 +3,16 @@ package scenario
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strings"
 	"time"
 
+	"kube-apiserver-proxy/tests/cluster/internal/await"
 	"kube-apiserver-proxy/tests/cluster/internal/cluster"
 	"kube-apiserver-proxy/tests/cluster/internal/load"
 )
@@ -106,7 +107,7 @@ func rollouts(ctx context.Context, e *env, r *Result, gate cluster.Gate) {
 	r.Design, r.Gate = cluster.Sidecar, gate
 	first, err := e.current.ListenerCookies()
 	if err != nil || len(first) == 0 {
-		r.fail("pod %s holds no listening socket (%v)", e.current.Opts.Name, err)
+		r.Fail("pod %s holds no listening socket (%v)", e.current.Opts.Name, err)
 		return
 	}
 	underLoad(ctx, e, r, true, func() {
@@ -116,7 +117,7 @@ func rollouts(ctx context.Context, e *env, r *Result, gate cluster.Gate) {
 			}
 			now, err := e.current.ListenerCookies()
 			if err != nil || !slices.Equal(now, first) {
-				r.fail("after rollout %d pod %s holds listening sockets %v (%v), want the first pod's %v",
+				r.Fail("after rollout %d pod %s holds listening sockets %v (%v), want the first pod's %v",
 					i+1, e.current.Opts.Name, now, err, first)
 			}
 		}
@@ -135,18 +136,18 @@ func rollouts(ctx context.Context, e *env, r *Result, gate cluster.Gate) {
 func previousRelease(ctx context.Context, e *env, r *Result) {
 	r.Design, r.Gate = cluster.Sidecar, cluster.GatePod
 	if e.o.PreviousProxy == "" || e.o.PreviousManifests == "" {
-		r.fail("no previous release built (--previous-proxy, --previous-manifests: tests/previous-release)")
+		r.Fail("no previous release built (--previous-proxy, --previous-manifests: tests/previous-release)")
 		return
 	}
 	old, err := cluster.RenderTemplate(filepath.Join(e.o.PreviousManifests, "single-controller"))
 	if err != nil {
-		r.fail("the previous release's manifests: %v", err)
+		r.Fail("the previous release's manifests: %v", err)
 		return
 	}
 	node := net.JoinHostPort(e.o.NodeIP, "6443")
 	first, err := e.current.ListenerCookiesOn(node)
 	if err != nil || len(first) == 0 {
-		r.fail("pod %s holds no listening socket for %s (%v)", e.current.Opts.Name, node, err)
+		r.Fail("pod %s holds no listening socket for %s (%v)", e.current.Opts.Name, node, err)
 		return
 	}
 	underLoad(ctx, e, r, true, func() {
@@ -162,14 +163,14 @@ func previousRelease(ctx context.Context, e *env, r *Result) {
 			return
 		}
 		if ok, err := e.current.RunsProxy(e.o.PreviousProxy); !ok {
-			r.fail("pod %s does not run the previous release's proxy %s (%v)", e.current.Opts.Name, e.o.PreviousProxy, err)
+			r.Fail("pod %s does not run the previous release's proxy %s (%v)", e.current.Opts.Name, e.o.PreviousProxy, err)
 		}
 		if !e.rollout(ctx, r, cluster.Sidecar, cluster.GatePod, e.o.APIServer, nil, nil) {
 			return
 		}
 		now, err := e.current.ListenerCookiesOn(node)
 		if err != nil || !slices.Equal(now, first) {
-			r.fail("back from the previous release, pod %s holds listening sockets %v for %s (%v), want the first pod's %v",
+			r.Fail("back from the previous release, pod %s holds listening sockets %v for %s (%v), want the first pod's %v",
 				e.current.Opts.Name, now, node, err, first)
 		}
 	})
@@ -199,13 +200,13 @@ func kubernetesServiceSwitch(ctx context.Context, e *env, r *Result) {
 		// The lease apiserver is gone; its last act was the removal, which the policy denied.
 		const denied = "Unable to remove endpoints from kubernetes service"
 		if log, err := os.ReadFile(lease.APIServerLog()); err != nil {
-			r.fail("%v", err)
+			r.Fail("%v", err)
 		} else if line := lineWith(log, denied); line == "" {
-			r.fail("the stopping lease apiserver (pod %s) did not log %q: was its removal not attempted, or not denied?", lease.Opts.Name, denied)
+			r.Fail("the stopping lease apiserver (pod %s) did not log %q: was its removal not attempted, or not denied?", lease.Opts.Name, denied)
 		} else if !strings.Contains(line, "kube-apiserver-proxy-kubernetes-endpoints") {
-			r.fail("the lease apiserver's removal failed, but not by the policy: %s", line)
+			r.Fail("the lease apiserver's removal failed, but not by the policy: %s", line)
 		} else {
-			r.Notes = append(r.Notes, "the stopping lease apiserver's removal was denied: "+line)
+			r.Note("the stopping lease apiserver's removal was denied: %s", line)
 		}
 	})
 	// Every gap of either view fails the scenario (Run), as for every rollout of this design.
@@ -231,13 +232,13 @@ func anonymousOff(ctx context.Context, e *env, r *Result) {
 	// reaches it as a Secret would (its own copy, readable by that uid).
 	certFile, keyFile, err := e.node.ProxyReadableCopy("apiserver-kubelet-client")
 	if err != nil {
-		r.fail("%v", err)
+		r.Fail("%v", err)
 		return
 	}
 	cert := []string{"--health-client-cert=" + certFile, "--health-client-key=" + keyFile}
 	anonymous, err := e.node.APIServerClient("", "")
 	if err != nil {
-		r.fail("%v", err)
+		r.Fail("%v", err)
 		return
 	}
 	underLoad(ctx, e, r, true, func() {
@@ -247,7 +248,7 @@ func anonymousOff(ctx context.Context, e *env, r *Result) {
 		// The pod is ready because its proxy checks with the client certificate: its
 		// apiserver really refuses an anonymous request.
 		if code, err := e.current.APIServerGet(anonymous, "/readyz"); err != nil || code != http.StatusUnauthorized {
-			r.fail("pod %s's apiserver (--anonymous-auth=false) answered an anonymous GET /readyz with %d (%v), want 401", e.current.Opts.Name, code, err)
+			r.Fail("pod %s's apiserver (--anonymous-auth=false) answered an anonymous GET /readyz with %d (%v), want 401", e.current.Opts.Name, code, err)
 		}
 		e.rollout(ctx, r, cluster.Sidecar, cluster.GatePod, e.o.APIServer, nil, nil)
 	})
@@ -261,7 +262,7 @@ func brokenRolloutStalls(ctx context.Context, e *env, r *Result) {
 	underLoad(ctx, e, r, true, func() {
 		broken, err := e.startPod(ctx, cluster.Sidecar, e.o.APIServer, []string{"--anonymous-auth=false"}, nil)
 		if err != nil {
-			r.fail("start pod: %v", err)
+			r.Fail("start pod: %v", err)
 			return
 		}
 		// The apiserver itself becomes ready (its /readyz answers a client certificate)…
@@ -269,28 +270,36 @@ func brokenRolloutStalls(ctx context.Context, e *env, r *Result) {
 			filepath.Join(e.node.PKI, "apiserver-kubelet-client.crt"),
 			filepath.Join(e.node.PKI, "apiserver-kubelet-client.key"))
 		if err != nil {
-			r.fail("%v", err)
-		} else if !cluster.Poll(ctx, time.Second, 3*time.Minute, func() bool {
-			return broken.Crashed() != nil || broken.APIServerReadyz(client)
-		}) || broken.Crashed() != nil {
-			r.fail("broken pod's apiserver never became ready: %v", broken.Crashed())
+			r.Fail("%v", err)
+		} else if err := await.Until(ctx, time.Second, 3*time.Minute, await.Condition{
+			Name: "broken pod " + broken.Opts.Name + ": its apiserver ready",
+			Check: func() (bool, string, error) {
+				if err := broken.Crashed(); err != nil {
+					return false, "", err
+				}
+				return broken.APIServerReadyz(client), "", nil
+			},
+		}); err != nil {
+			r.Fail("broken pod's apiserver never became ready: %v", err)
+		} else if err := broken.Crashed(); err != nil {
+			r.Fail("broken pod's apiserver never became ready: %v", err)
 		}
 		// …but the pod must not, however long it is given: 10 probe periods after that…
 		if err := broken.WaitReady(ctx, cluster.GatePod, 20*time.Second); err == nil {
-			r.fail("pod %s became ready although its proxy cannot check its apiserver", broken.Opts.Name)
+			r.Fail("pod %s became ready although its proxy cannot check its apiserver", broken.Opts.Name)
 		}
 		// …and for that reason alone: both containers run, and the proxy's own backend fails
 		// its check with 401.
 		if err := broken.Crashed(); err != nil {
-			r.fail("the broken pod is not ready for another reason than its apiserver: %v", err)
+			r.Fail("the broken pod is not ready for another reason than its apiserver: %v", err)
 		} else if why := ownBackendFailure(broken); !strings.Contains(why, "HTTP 401") {
-			r.fail("the broken pod's proxy does not say its own apiserver refuses the check with 401: %s", why)
+			r.Fail("the broken pod's proxy does not say its own apiserver refuses the check with 401: %s", why)
 		}
 		if !e.current.Ready(ctx) {
-			r.fail("old pod %s is not ready while the broken rollout stalls", e.current.Opts.Name)
+			r.Fail("old pod %s is not ready while the broken rollout stalls", e.current.Opts.Name)
 		}
 		t := broken.Terminate()
-		r.Notes = append(r.Notes, fmt.Sprintf("broken pod removed in %s", t.SidecarStopped.Round(time.Second)))
+		r.Note("broken pod removed in %s", t.SidecarStopped.Round(time.Second))
 	})
 }
 
@@ -321,7 +330,7 @@ func ownBackendFailure(p *cluster.Pod) string {
 func haproxySidecar(ctx context.Context, e *env, r *Result) {
 	r.Design, r.Gate = cluster.HAProxy, cluster.GateAPIServer
 	if e.o.HAProxy == "" {
-		r.fail("haproxy not found: install it (apt-get install haproxy) to compare")
+		r.Fail("haproxy not found: install it (apt-get install haproxy) to compare")
 		return
 	}
 	// Switch designs first, outside the measurement.
@@ -340,7 +349,7 @@ func haproxySidecar(ctx context.Context, e *env, r *Result) {
 	// (HAProxy's stop cuts what it carries, which would count against that scenario).
 	back := &Result{}
 	if !e.rollout(ctx, back, cluster.Sidecar, cluster.GatePod, e.o.APIServer, nil, nil) {
-		r.fail("rolling back to the shipped design failed: %v", back.Problems)
+		r.Fail("rolling back to the shipped design failed: %v", back.Failures())
 	}
 }
 
@@ -361,7 +370,7 @@ func underLoadWith(ctx context.Context, kubeconfig string, r *Result, strict boo
 	cfg := load.DefaultConfig(kubeconfig)
 	l, err := load.Start(ctx, cfg)
 	if err != nil {
-		r.fail("load: %v", err)
+		r.Fail("load: %v", err)
 		return
 	}
 	before := cluster.ReadTCPCounters()
@@ -373,30 +382,21 @@ func underLoadWith(ctx context.Context, kubeconfig string, r *Result, strict boo
 		return
 	}
 	for _, p := range rep.Problems(load.DefaultCriteria(), cfg) {
-		r.fail("%s", p)
+		r.Fail("%s", p)
 	}
-	for _, kind := range sortedKeys(rep.Samples) {
+	for _, kind := range slices.Sorted(maps.Keys(rep.Samples)) {
 		if kind == load.ConnClosedByPeer {
 			continue
 		}
 		for _, s := range rep.Samples[kind] {
-			r.Notes = append(r.Notes, kind+": "+s)
+			r.Note("%s", kind+": "+s)
 		}
 	}
 	for _, c := range []string{"TcpExt:ListenOverflows", "TcpExt:ListenDrops"} {
 		if n := r.TCP[c]; n > 0 {
-			r.fail("%s: %d in the node during the scenario (a listen queue overflowed or a SYN was dropped)", c, n)
+			r.Fail("%s: %d in the node during the scenario (a listen queue overflowed or a SYN was dropped)", c, n)
 		}
 	}
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }
 
 // awaitResumed waits (30 s at most) until every watch of the load has resumed after the
@@ -407,8 +407,8 @@ func sortedKeys[V any](m map[string]V) []string {
 // the listening sockets and could take them instead.
 func awaitResumed(ctx context.Context, l *load.Load, r *Result) {
 	since := time.Now()
-	if !cluster.Poll(ctx, 100*time.Millisecond, 30*time.Second, func() bool { return l.WatchesResumedSince(since) }) {
-		r.Notes = append(r.Notes, "the load's watches had not all resumed 30 s after the planted pod took over")
+	if !await.Holds(ctx, 100*time.Millisecond, 30*time.Second, func() bool { return l.WatchesResumedSince(since) }) {
+		r.Note("the load's watches had not all resumed 30 s after the planted pod took over")
 	}
 }
 
@@ -421,7 +421,7 @@ func awaitResumed(ctx context.Context, l *load.Load, r *Result) {
 func selfTest(fault string, symptoms ...string) func(ctx context.Context, e *env, r *Result) {
 	return func(ctx context.Context, e *env, r *Result) {
 		if e.o.PlantedProxy == "" {
-			r.fail("no proxy built with planted faults (--planted-proxy): the tier cannot prove it catches them")
+			r.Fail("no proxy built with planted faults (--planted-proxy): the tier cannot prove it catches them")
 			return
 		}
 		planted := func() (*cluster.Pod, error) {
@@ -447,18 +447,18 @@ func selfTest(fault string, symptoms ...string) func(ctx context.Context, e *env
 		// The planted pods' descriptors and memory are the inner run's (a leak is a symptom).
 		inner.Proxies = e.node.Leaks.Take()
 		for _, p := range cluster.LeakProblems(inner.Proxies) {
-			inner.fail("%s", p)
+			inner.Fail("%s", p)
 		}
 		r.Load, r.Rollouts, r.TCP, r.Proxies = inner.Load, inner.Rollouts, inner.TCP, inner.Proxies
 		// Back to a clean pod, whatever happened: the next scenario starts from it.
 		back := &Result{}
 		if !e.rollout(ctx, back, cluster.Sidecar, cluster.GatePod, e.o.APIServer, nil, nil) {
-			r.fail("rolling back to a pod without the planted fault failed: %v", back.Problems)
+			r.Fail("rolling back to a pod without the planted fault failed: %v", back.Failures())
 		}
 		// The last planted pod's last samples, while it stopped: part of the fault's run.
 		e.node.Leaks.Take()
 		caught := ""
-		for _, p := range inner.Problems {
+		for _, p := range inner.Failures() {
 			for _, s := range symptoms {
 				if caught == "" && strings.Contains(p, s) {
 					caught = p
@@ -467,13 +467,13 @@ func selfTest(fault string, symptoms ...string) func(ctx context.Context, e *env
 		}
 		switch {
 		case len(inner.Rollouts) != 2:
-			r.fail("the planted fault's 2 rollouts did not complete: %v", inner.Problems)
-		case len(inner.Problems) == 0:
-			r.fail("planted fault %s went unnoticed: the pass criteria passed a faulty proxy", fault)
+			r.Fail("the planted fault's 2 rollouts did not complete: %v", inner.Failures())
+		case inner.Failed() == 0:
+			r.Fail("planted fault %s went unnoticed: the pass criteria passed a faulty proxy", fault)
 		case caught == "":
-			r.fail("planted fault %s was caught, but not by its symptom (%s): %v", fault, strings.Join(symptoms, " or "), inner.Problems)
+			r.Fail("planted fault %s was caught, but not by its symptom (%s): %v", fault, strings.Join(symptoms, " or "), inner.Failures())
 		default:
-			r.Notes = append(r.Notes, fmt.Sprintf("planted fault %s caught (%d problems): %s", fault, len(inner.Problems), caught))
+			r.Note("planted fault %s caught (%d problems): %s", fault, inner.Failed(), caught)
 		}
 	}
 }

@@ -19,7 +19,9 @@ import (
 
 	"k8s.io/client-go/tools/clientcmd"
 
+	"kube-apiserver-proxy/tests/cluster/internal/await"
 	"kube-apiserver-proxy/tests/cluster/internal/cluster"
+	"kube-apiserver-proxy/tests/cluster/internal/report"
 	steprep "kube-apiserver-proxy/tests/cluster/internal/step"
 )
 
@@ -70,7 +72,7 @@ func startRemoteLoad(ctx context.Context, work string, net *cluster.ClientNet, k
 		logFile.Close()
 		close(l.done)
 	}()
-	ok := cluster.Poll(ctx, 200*time.Millisecond, 3*time.Minute, func() bool {
+	running := await.Until(ctx, 200*time.Millisecond, 3*time.Minute, await.Named("loadgen in "+net.Name+": its load running", func() bool {
 		select {
 		case <-l.done:
 			return true
@@ -78,15 +80,15 @@ func startRemoteLoad(ctx context.Context, work string, net *cluster.ClientNet, k
 		}
 		_, err := os.Stat(ready)
 		return err == nil
-	})
+	}))
 	select {
 	case <-l.done:
-		return nil, fmt.Errorf("loadgen in %s exited before its load ran: %s", net.Name, cluster.Tail(l.log, 5))
+		return nil, fmt.Errorf("loadgen in %s exited before its load ran: %s", net.Name, report.FileTail(l.log, 5))
 	default:
 	}
-	if !ok {
+	if running != nil {
 		l.stop()
-		return nil, fmt.Errorf("loadgen in %s: its load did not start within 3m: %s", net.Name, cluster.Tail(l.log, 5))
+		return nil, fmt.Errorf("%w: %s", running, report.FileTail(l.log, 5))
 	}
 	return l, nil
 }
@@ -102,7 +104,7 @@ func (l *remoteLoad) stop() (*steprep.Report, error) {
 	}
 	raw, err := os.ReadFile(l.out)
 	if err != nil {
-		return nil, fmt.Errorf("no report (%v): %s", l.waitError, cluster.Tail(l.log, 5))
+		return nil, fmt.Errorf("no report (%v): %s", l.waitError, report.FileTail(l.log, 5))
 	}
 	var rep steprep.Report
 	if err := json.Unmarshal(raw, &rep); err != nil {
@@ -134,33 +136,33 @@ func clientAddressTransparent(ctx context.Context, e *env, r *Result) {
 	defer func() { e.tmpl = shipped }()
 	transparent, err := cluster.RenderTemplate(filepath.Join(e.o.Repo, "manifests", "single-controller-transparent"))
 	if err != nil {
-		r.fail("%v", err)
+		r.Fail("%v", err)
 		return
 	}
 	superAdmin := filepath.Join(e.node.Dir, "super-admin.conf")
 	users := map[string]string{}
 	for _, conf := range []string{e.node.AdminConf, superAdmin} {
 		if users[conf], err = kubeconfigUser(conf); err != nil {
-			r.fail("%v", err)
+			r.Fail("%v", err)
 			return
 		}
 	}
 	policy := filepath.Join(e.o.Work, "audit-policy.yaml")
 	if err := os.WriteFile(policy, fmt.Appendf(nil, auditPolicy, users[e.node.AdminConf], users[superAdmin]), 0o644); err != nil {
-		r.fail("%v", err)
+		r.Fail("%v", err)
 		return
 	}
 	audit := []string{"--audit-policy-file=" + policy, "--audit-log-path=-"}
 
 	a, err := cluster.NewClientNet(ctx, "kapca", "198.51.100.1", "198.51.100.2")
 	if err != nil {
-		r.fail("%v", err)
+		r.Fail("%v", err)
 		return
 	}
 	defer a.Delete()
 	b, err := cluster.NewClientNet(ctx, "kapcb", "198.51.100.5", "198.51.100.6")
 	if err != nil {
-		r.fail("%v", err)
+		r.Fail("%v", err)
 		return
 	}
 	defer b.Delete()
@@ -176,7 +178,7 @@ func clientAddressTransparent(ctx context.Context, e *env, r *Result) {
 	}{{a, e.node.AdminConf}, {b, superAdmin}} {
 		l, err := startRemoteLoad(ctx, e.o.Work, c.net, c.kubeconfig)
 		if err != nil {
-			r.fail("%v", err)
+			r.Fail("%v", err)
 			for _, l := range clients {
 				l.stop()
 			}
@@ -226,34 +228,34 @@ func clientAddressTransparent(ctx context.Context, e *env, r *Result) {
 	r.TCP = cluster.ReadTCPCounters().Since(before)
 	for _, c := range []string{"TcpExt:ListenOverflows", "TcpExt:ListenDrops"} {
 		if n := r.TCP[c]; n > 0 {
-			r.fail("%s: %d in the node during the scenario (a listen queue overflowed or a SYN was dropped)", c, n)
+			r.Fail("%s: %d in the node during the scenario (a listen queue overflowed or a SYN was dropped)", c, n)
 		}
 	}
 	for i, l := range clients {
 		rep, err := l.stop()
 		if err != nil {
-			r.fail("client %s: %v", l.net.IP, err)
+			r.Fail("client %s: %v", l.net.IP, err)
 			continue
 		}
 		for _, p := range rep.Problems {
-			r.fail("client %s: %s", l.net.IP, p)
+			r.Fail("client %s: %s", l.net.IP, p)
 		}
 		if rep.Load != nil {
 			if i == 0 {
 				r.Load = rep.Load
 			}
-			r.Notes = append(r.Notes, fmt.Sprintf("client %s: %s", l.net.IP, rep.Load.Summary()))
+			r.Note("client %s: %s", l.net.IP, rep.Load.Summary())
 		}
 	}
 	if _, err := cluster.Run(ctx, 30*time.Second, e.o.Proxy, "transparent-routes", "--remove"); err != nil {
-		r.fail("transparent-routes --remove: %v", err)
+		r.Fail("transparent-routes --remove: %v", err)
 	}
 	if on[1].IsZero() {
 		return
 	}
 	events, err := auditEvents(pods)
 	if err != nil {
-		r.fail("%v", err)
+		r.Fail("%v", err)
 		return
 	}
 	loopback := map[string]string{}
@@ -339,16 +341,16 @@ func checkSources(r *Result, phase string, events []auditEvent, window [2]time.T
 			total += n
 		}
 		sort.Strings(parts)
-		r.Notes = append(r.Notes, fmt.Sprintf("%s, audit log: %s's requests by source address: %s", phase, user, strings.Join(parts, ", ")))
+		r.Note("%s, audit log: %s's requests by source address: %s", phase, user, strings.Join(parts, ", "))
 		if total == 0 {
-			r.fail("%s: no audited request of %s between %s and %s", phase, user, window[0].Format("15:04:05"), window[1].Format("15:04:05"))
+			r.Fail("%s: no audited request of %s between %s and %s", phase, user, window[0].Format("15:04:05"), window[1].Format("15:04:05"))
 		}
 		for source, n := range sources {
 			if source != want[user] {
-				r.fail("%s: %d requests of %s audited from %s, want all from %s", phase, n, user, source, want[user])
+				r.Fail("%s: %d requests of %s audited from %s, want all from %s", phase, n, user, source, want[user])
 			}
 			if ip := net.ParseIP(source); want[user] != "127.0.0.1" && ip != nil && ip.IsLoopback() {
-				r.fail("%s: a client off the node appears as %s", phase, source)
+				r.Fail("%s: a client off the node appears as %s", phase, source)
 			}
 		}
 	}
