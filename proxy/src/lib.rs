@@ -16,7 +16,7 @@
 //!   filters, capabilities). Names nothing of the crate.
 //! - [`base`]: what every layer shares: [`base::addr`] (listen, backend, client and admin
 //!   addresses), [`base::exit`] (a command's error: exit 2 for bad input, 1 otherwise), [`base::lifecycle`] (the lifecycle states on a watch channel),
-//!   [`base::metrics`] (every Prometheus metric, in one struct, fed its sources),
+//!   [`base::metrics`] (the Prometheus toolkit each layer registers its own metrics with),
 //!   [`base::shard`] (per-thread counters), [`base::lograte`] (rate limits for log lines
 //!   traffic can trigger), [`base::net`] (TCP socket options and binding),
 //!   [`base::fsutil`] (atomic and durable file writes), [`base::yaml`] (YAML as Kubernetes

@@ -25,16 +25,19 @@ use tokio_util::task::TaskTracker;
 
 use crate::backends::backend::{Backends, Tier};
 use crate::backends::discovery;
+use crate::backends::metrics::BackendFamilies;
 use crate::backends::readiness::Readiness;
 use crate::base::addr::ListenAddr;
 use crate::base::lifecycle::{Lifecycle, State};
-use crate::base::metrics::Metrics;
+use crate::base::metrics::ProcessGauges;
 use crate::base::net;
 use crate::cli::{ClientAddress, RuntimeShape};
 use crate::config::Config;
 use crate::data::forward::ForwardContext;
 use crate::data::listener::{HoldError, Listeners};
+use crate::data::metrics::DataMetrics;
 use crate::data::workers::{Placement, Workers};
+use crate::handoff::metrics::HandoffMetrics;
 use crate::handoff::{Handoff, HandoffError};
 use crate::instance::signal::Intent;
 use crate::instance::upgrade::{self, StartCommand};
@@ -163,17 +166,19 @@ impl Instance {
         let start_command = StartCommand::current();
         #[cfg(feature = "planted-faults")]
         crate::fault::plant(config.planted_fault);
-        let metrics = Metrics::new(&registry);
-        metrics.read_pipes_pooled_from(crate::data::copy::pooled_pipes);
-        let lifecycle = Lifecycle::new(metrics.clone());
+        // Each layer registers its own metrics.
+        let process = ProcessGauges::register(&registry);
+        let data = DataMetrics::register(&registry);
+        let lifecycle = Lifecycle::new(&registry);
         crate::instance::limits::raise_and_report(config.max_connections.get());
-        report_tcp_migrate_req(&metrics);
+        let handoff_metrics = HandoffMetrics::register(&registry);
+        report_tcp_migrate_req(&handoff_metrics);
 
         let root = CancellationToken::new();
         let cancel_all_on_drop = root.clone().drop_guard();
         let tasks = TaskTracker::new();
-        let backends = start_backends(&config, &metrics, &root, &tasks);
-        let ctx = forward_context(&config, &backends, &metrics, &root, &tasks);
+        let backends = start_backends(&config, BackendFamilies::register(&registry), &root, &tasks);
+        let ctx = forward_context(&config, &backends, &data, &root, &tasks);
         let listeners = Arc::new(Listeners::new(
             ctx.clone(),
             config.max_connections.get(),
@@ -191,13 +196,23 @@ impl Instance {
             backends.clone(),
             config.discovery.own_backend_file.is_some(),
         );
-        let handoff = start_handoff(&config, &listeners, &readiness, &metrics, &root, &tasks)?;
+        let retire_requests = crate::node::retire::requests_counter(&registry);
+        let handoff = start_handoff(
+            &config,
+            &listeners,
+            &readiness,
+            (handoff_metrics, retire_requests),
+            &root,
+            &tasks,
+        )?;
         let view = Arc::new(AdminView {
             state: lifecycle.subscribe(),
             backends: backends.clone(),
             listeners: listeners.clone(),
+            process,
+            rejected: admin::rejected_counter(&registry),
             registry,
-            metrics: metrics.clone(),
+            data,
             readiness,
             handoff: handoff.clone(),
             client_address: config.client_address,
@@ -342,11 +357,11 @@ impl Instance {
 /// (`--own-backend-file`, `--backend-dir`).
 fn start_backends(
     config: &Config,
-    metrics: &Metrics,
+    metrics: BackendFamilies,
     root: &CancellationToken,
     tasks: &TaskTracker,
 ) -> Arc<Backends> {
-    let backends = Backends::new(config.health.clone(), metrics.clone(), root.child_token());
+    let backends = Backends::new(config.health.clone(), metrics, root.child_token());
     for addr in &config.backends {
         backends.add(*addr, Tier::Static);
     }
@@ -366,7 +381,7 @@ fn start_backends(
 fn forward_context(
     config: &Config,
     backends: &Arc<Backends>,
-    metrics: &Metrics,
+    metrics: &DataMetrics,
     root: &CancellationToken,
     tasks: &TaskTracker,
 ) -> Arc<ForwardContext> {
@@ -415,12 +430,12 @@ fn placement(config: &Config, root: &CancellationToken) -> Result<Placement, Run
 }
 
 /// The handoff server (`--handoff-dir`), and a recovery instance's retirement
-/// (`--retire-file`: it asks to be removed once a ready peer serves).
+/// (`--retire-file`: it asks to be removed once a ready peer serves), with their metrics.
 fn start_handoff(
     config: &Config,
     listeners: &Arc<Listeners>,
     readiness: &Readiness,
-    metrics: &Metrics,
+    (metrics, retire_requests): (HandoffMetrics, prometheus::IntCounter),
     root: &CancellationToken,
     tasks: &TaskTracker,
 ) -> Result<Option<Arc<Handoff>>, RunError> {
@@ -432,7 +447,7 @@ fn start_handoff(
         config.listen.clone(),
         listeners.clone(),
         readiness.clone(),
-        metrics.clone(),
+        metrics,
         root.child_token(),
         tasks.clone(),
     )?;
@@ -441,7 +456,7 @@ fn start_handoff(
             file.clone(),
             handoff.clone(),
             readiness.clone(),
-            metrics.clone(),
+            retire_requests,
             root.child_token(),
         ));
     }
@@ -718,7 +733,7 @@ async fn let_connections_finish(listeners: &Listeners, ctx: &ForwardContext, dea
         tokio::time::timeout(ctx.close_window + CLOSE_GRACE, listeners.connections.wait()).await;
 }
 
-fn report_tcp_migrate_req(metrics: &Metrics) {
+fn report_tcp_migrate_req(metrics: &HandoffMetrics) {
     match sys::tcp_migrate_req() {
         Some(v) => {
             metrics.tcp_migrate_req.set(v);

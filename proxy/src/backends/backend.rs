@@ -15,10 +15,10 @@ use tokio_util::task::TaskTracker;
 
 use crate::backends::check::{self, CheckResult, HealthConfig};
 use crate::backends::health::{Health, HealthState, Observation};
+use crate::backends::metrics::{BackendFamilies, BackendMetrics};
 use crate::backends::pace::Pace;
 use crate::base::addr::BackendAddr;
 use crate::base::lograte::LogRate;
-use crate::base::metrics::{BackendMetrics, Metrics};
 
 /// While a check keeps failing for the same cause, the cause is logged this often.
 pub const CAUSE_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
@@ -97,7 +97,7 @@ impl Backend {
         addr: BackendAddr,
         tier: Tier,
         health: &HealthConfig,
-        metrics: &Metrics,
+        metrics: &BackendFamilies,
         checks: CancellationToken,
     ) -> Self {
         Backend {
@@ -231,7 +231,7 @@ pub struct Backends {
     /// Bumped on every health change; `wait_healthy` watches it.
     changed: watch::Sender<u64>,
     health: HealthConfig,
-    metrics: Metrics,
+    metrics: BackendFamilies,
     /// Parent of every backend's check token.
     stop: CancellationToken,
     checks: TaskTracker,
@@ -240,7 +240,11 @@ pub struct Backends {
 impl Backends {
     /// The set, its health checks stopped when `stop` (a branch of the instance's cancellation
     /// tree) is cancelled.
-    pub fn new(health: HealthConfig, metrics: Metrics, stop: CancellationToken) -> Arc<Self> {
+    pub fn new(
+        health: HealthConfig,
+        metrics: BackendFamilies,
+        stop: CancellationToken,
+    ) -> Arc<Self> {
         Arc::new(Backends {
             id: NEXT_SET.fetch_add(1, Ordering::Relaxed),
             list: RwLock::new(Arc::new(Vec::new())),
@@ -300,7 +304,7 @@ impl Backends {
             return;
         };
         backend.checks.cancel();
-        self.metrics.remove_backend(addr);
+        self.metrics.remove(addr);
         *list = Arc::new(list.iter().filter(|b| b.addr != addr).cloned().collect());
         self.list_version.fetch_add(1, Ordering::Release);
         drop(list);

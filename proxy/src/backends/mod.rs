@@ -4,6 +4,7 @@ pub mod backend;
 pub mod check;
 pub mod discovery;
 pub mod health;
+pub mod metrics;
 pub mod pace;
 pub mod readiness;
 pub mod routes;

@@ -7,7 +7,11 @@ use std::fmt;
 
 use tokio::sync::watch;
 
-use crate::base::metrics::Metrics;
+use prometheus::{IntGaugeVec, Registry};
+
+use crate::base::metrics::gauge_vec;
+
+pub const LIFECYCLE_STATE: &str = "lifecycle_state";
 
 /// Lifecycle phase of the instance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
@@ -53,13 +57,21 @@ impl fmt::Display for State {
 /// Owner side of the lifecycle: moves the state forward, logs and exports each change once.
 pub struct Lifecycle {
     tx: watch::Sender<State>,
-    metrics: Metrics,
+    /// `lifecycle_state{state}`: 1 for the current state.
+    gauge: IntGaugeVec,
 }
 
 impl Lifecycle {
-    pub fn new(metrics: Metrics) -> Self {
+    /// Starts in `Starting`; the state's gauge is registered on `registry`.
+    pub fn new(registry: &Registry) -> Self {
         let (tx, _) = watch::channel(State::Starting);
-        let lc = Lifecycle { tx, metrics };
+        let gauge = gauge_vec(
+            registry,
+            LIFECYCLE_STATE,
+            "1 for the current lifecycle state.",
+            &["state"],
+        );
+        let lc = Lifecycle { tx, gauge };
         lc.export(State::Starting);
         tracing::info!(state = %State::Starting, "lifecycle");
         lc
@@ -92,8 +104,11 @@ impl Lifecycle {
     }
 
     fn export(&self, state: State) {
-        let all: Vec<&str> = State::ALL.iter().map(|s| s.as_str()).collect();
-        self.metrics.set_state(state.as_str(), &all);
+        for s in State::ALL {
+            self.gauge
+                .with_label_values(&[s.as_str()])
+                .set(i64::from(s == state));
+        }
     }
 }
 
@@ -103,7 +118,7 @@ mod tests {
 
     #[test]
     fn only_moves_forward() {
-        let lc = Lifecycle::new(Metrics::new(&prometheus::Registry::new()));
+        let lc = Lifecycle::new(&Registry::new());
         lc.advance(State::Serving);
         lc.advance(State::WaitingForBackend);
         assert_eq!(lc.get(), State::Serving);

@@ -23,10 +23,10 @@ use crate::backends::pace::{Turn, TURN_WAIT};
 use crate::backends::transparent;
 use crate::base::addr::ClientAddr;
 use crate::base::lograte::LogRate;
-use crate::base::metrics::{FailReason, Metrics};
 use crate::base::net;
 use crate::data::control::{Control, Registry, Signal};
 use crate::data::copy::{self, Copied, Pending};
+use crate::data::metrics::{DataMetrics, FailReason};
 use crate::data::transfer::{self, Park};
 
 /// Failures on client traffic are logged at most once a second each (counted in metrics always).
@@ -37,7 +37,7 @@ static CONNECT_FAILED_LOG: LogRate = LogRate::new(Duration::from_secs(1));
 /// to its own [`Control`] and to per-thread counters.
 pub struct ForwardContext {
     pub backends: Arc<Backends>,
-    pub metrics: Metrics,
+    pub metrics: DataMetrics,
     pub connect_timeout: Duration,
     /// Cancelled at the drain deadline: every connection is cut through its own control
     /// ([`Registry::cut_all`], see [`cut_on_cancel`]) and closes after a random delay within
@@ -496,10 +496,10 @@ async fn take_turn(held: bool, backend: &Backend) -> Option<Turn> {
 }
 
 /// Keeps `connections_active` right on every exit path.
-struct ActiveConnection<'a>(&'a Metrics);
+struct ActiveConnection<'a>(&'a DataMetrics);
 
 impl<'a> ActiveConnection<'a> {
-    fn new(metrics: &'a Metrics) -> Self {
+    fn new(metrics: &'a DataMetrics) -> Self {
         metrics.connections_active.inc();
         ActiveConnection(metrics)
     }

@@ -18,8 +18,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::base::addr::{ClientAddr, ListenAddr};
 use crate::base::lograte::LogRate;
-use crate::base::metrics::FailReason;
 use crate::data::forward::{self, ForwardContext};
+use crate::data::metrics::FailReason;
 use crate::data::workers::Placement;
 use crate::sys::{self, SocketIdentity};
 

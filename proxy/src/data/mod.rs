@@ -4,5 +4,6 @@ pub mod control;
 pub mod copy;
 pub mod forward;
 pub mod listener;
+pub mod metrics;
 pub mod transfer;
 pub mod workers;

@@ -19,6 +19,7 @@
 //! an instance answers there).
 
 pub mod codec;
+pub mod metrics;
 mod peer;
 pub(crate) mod server;
 pub mod wire;
@@ -40,7 +41,7 @@ use crate::base::addr::ListenAddr;
 use crate::data::listener::{HeldSocket, Listeners};
 use crate::sys;
 
-use crate::base::metrics::{HandoffDirection, HandoffOutcome, Metrics};
+use crate::handoff::metrics::{HandoffDirection, HandoffMetrics, HandoffOutcome};
 pub use codec::{Message, PeerState};
 
 /// Time one exchange with a peer may take.
@@ -84,7 +85,7 @@ pub struct Handoff {
     listen: HashSet<ListenAddr>,
     listeners: Arc<Listeners>,
     readiness: Readiness,
-    metrics: Metrics,
+    metrics: HandoffMetrics,
     stop: CancellationToken,
     /// Tracks the peer server and each exchange it answers.
     tasks: TaskTracker,
@@ -101,7 +102,7 @@ impl Handoff {
         listen: Vec<ListenAddr>,
         listeners: Arc<Listeners>,
         readiness: Readiness,
-        metrics: Metrics,
+        metrics: HandoffMetrics,
         stop: CancellationToken,
         tasks: TaskTracker,
     ) -> Result<Arc<Self>, HandoffError> {
@@ -348,7 +349,7 @@ impl Handoff {
     ) -> Result<nix::sys::socket::UnixCredentials, wire::WireError> {
         let cred = sys::peer_credentials(stream.as_fd())?;
         if !self.allowed_uids.contains(&cred.uid()) {
-            self.metrics.handoff_peers_refused.inc();
+            self.metrics.peers_refused.inc();
             tracing::warn!(peer = %path.display(), uid = cred.uid(), "handoff: peer socket owned by a uid not allowed");
             return Err(
                 io::Error::new(io::ErrorKind::PermissionDenied, "peer uid not allowed").into(),
@@ -529,11 +530,11 @@ impl Handoff {
                     out.push((ListenAddr(actual), std::net::TcpListener::from(fd)));
                 }
                 Ok(actual) => {
-                    self.metrics.handoff_messages_rejected.inc();
+                    self.metrics.messages_rejected.inc();
                     tracing::warn!(announced, actual = %actual, "handoff: received socket is not one of our --listen addresses; closed");
                 }
                 Err(e) => {
-                    self.metrics.handoff_messages_rejected.inc();
+                    self.metrics.messages_rejected.inc();
                     tracing::warn!(announced, error = %e, "handoff: received descriptor is not a listening TCP socket; closed");
                 }
             }

@@ -8,8 +8,8 @@ use super::codec::{ConnEntry, Message, PeerState};
 use super::server::{Peer, Reply, Responder};
 use super::Handoff;
 use crate::base::lifecycle::State;
-use crate::base::metrics::{HandoffDirection, HandoffOutcome};
 use crate::data::listener::{HoldError, TakenConnection};
+use crate::handoff::metrics::{HandoffDirection, HandoffOutcome};
 use crate::sys;
 
 impl Responder for Handoff {
@@ -20,11 +20,11 @@ impl Responder for Handoff {
     }
 
     fn peer_refused(&self) {
-        self.metrics.handoff_peers_refused.inc();
+        self.metrics.peers_refused.inc();
     }
 
     fn message_rejected(&self) {
-        self.metrics.handoff_messages_rejected.inc();
+        self.metrics.messages_rejected.inc();
     }
 
     fn status(&self) -> (PeerState, bool) {
@@ -60,7 +60,7 @@ impl Responder for Handoff {
     }
 
     fn refuse(&self, pid: i32, request: &Message) -> Message {
-        self.metrics.handoff_messages_rejected.inc();
+        self.metrics.messages_rejected.inc();
         tracing::warn!(peer.pid = pid, message = ?request, "handoff: unexpected message rejected");
         Message::Refuse {
             reason: "unexpected message".into(),
@@ -219,7 +219,7 @@ fn take_connections(
             .filter(|(local, _)| ours(local));
         let backend_ok = sys::connected_tcp_addrs(backend.as_fd()).is_ok();
         let (Some((_, peer)), true) = (client_ok, backend_ok) else {
-            handoff.metrics.handoff_messages_rejected.inc();
+            handoff.metrics.messages_rejected.inc();
             tracing::warn!(peer.pid = pid, client = entry.client, "handoff: received connection is not a connected TCP pair on our --listen address; left to the predecessor");
             continue;
         };

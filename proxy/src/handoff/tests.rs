@@ -15,12 +15,14 @@ use super::Handoff;
 use super::HandoffConfig;
 use crate::backends::backend::Backends;
 use crate::backends::check::HealthConfig;
+use crate::backends::metrics::BackendFamilies;
 use crate::backends::readiness::Readiness;
 use crate::base::addr::ListenAddr;
 use crate::base::lifecycle::State;
-use crate::base::metrics::{HandoffDirection, HandoffOutcome, Metrics};
 use crate::data::forward::ForwardContext;
 use crate::data::listener::Listeners;
+use crate::data::metrics::DataMetrics;
+use crate::handoff::metrics::{HandoffDirection, HandoffMetrics, HandoffOutcome};
 
 /// Fault injection points of the serving side (tests only).
 #[derive(Default)]
@@ -61,13 +63,14 @@ struct Instance {
 
 impl Instance {
     fn start(dir: &Path, addr: ListenAddr, state: State, backend_ready: bool) -> Instance {
-        let metrics = Metrics::new(&Registry::new());
+        let registry = Registry::new();
         let health = HealthConfig::tcp_for_tests();
         let stop = CancellationToken::new();
+        let families = BackendFamilies::register(&registry);
         let ctx = Arc::new(ForwardContext {
             transparent: false,
-            backends: Backends::new(health, metrics.clone(), stop.child_token()),
-            metrics: metrics.clone(),
+            backends: Backends::new(health, families, stop.child_token()),
+            metrics: DataMetrics::register(&registry),
             connect_timeout: Duration::from_secs(1),
             cut: CancellationToken::new(),
             close_window: Duration::ZERO,
@@ -90,7 +93,7 @@ impl Instance {
             vec![addr],
             listeners.clone(),
             Readiness::from_fn(rx, move || backend_ready),
-            metrics,
+            HandoffMetrics::register(&registry),
             stop,
             tokio_util::task::TaskTracker::new(),
         )

@@ -2,6 +2,7 @@
 
 pub mod api;
 pub mod checkpoint;
+pub mod checkpoint_metrics;
 pub mod etcd_canary;
 pub mod install;
 pub mod kubeadm_identity;

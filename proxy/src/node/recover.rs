@@ -26,8 +26,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::base::metrics::CheckpointMetrics;
 use crate::cli::RecoverArgs;
+use crate::node::checkpoint_metrics::CheckpointMetrics;
 use crate::node::kubeconfig::KubeconfigError;
 use crate::node::staticpod;
 

@@ -16,8 +16,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backends::readiness::Readiness;
 use crate::base::lifecycle::State;
-use crate::base::metrics::Metrics;
 use crate::handoff::Handoff;
+use prometheus::{IntCounter, Registry};
 
 /// How often peers are asked.
 pub const TICK: Duration = Duration::from_secs(1);
@@ -26,12 +26,23 @@ pub const CONFIRMATIONS: u32 = 2;
 /// Least time between two writes.
 pub const REWRITE: Duration = Duration::from_secs(10);
 
-/// Runs until `stop`.
+pub const RETIRE_REQUESTS: &str = "retire_requests_total";
+
+/// `retire_requests_total`, registered on `r`: what [`run`] counts.
+pub fn requests_counter(r: &Registry) -> IntCounter {
+    crate::base::metrics::counter(
+        r,
+        RETIRE_REQUESTS,
+        "Recovery instance: times it asked to be retired (--retire-file written) because a ready instance serves beside it.",
+    )
+}
+
+/// Runs until `stop`; counts each request in `requests`.
 pub async fn run(
     file: PathBuf,
     handoff: Arc<Handoff>,
     readiness: Readiness,
-    metrics: Metrics,
+    requests: IntCounter,
     stop: CancellationToken,
 ) {
     tracing::info!(file = %file.display(), "recovery instance: will ask to be retired once an instance of the Deployment is ready beside it");
@@ -71,7 +82,7 @@ pub async fn run(
         .await
         {
             Ok(Ok(())) => {
-                metrics.retire_requests.inc();
+                requests.inc();
                 last_write = Some(Instant::now());
                 tracing::info!(file = %file.display(), ready_peers = ready, "recovery instance: a ready instance serves beside us; retirement requested");
             }

@@ -18,7 +18,7 @@ use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use prometheus::{Encoder, Registry, TextEncoder};
+use prometheus::{Encoder, IntCounter, Registry, TextEncoder};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -27,12 +27,24 @@ use tokio_util::task::TaskTracker;
 use crate::backends::backend::Backends;
 use crate::backends::readiness::Readiness;
 use crate::base::lifecycle::State;
-use crate::base::metrics::Metrics;
+use crate::base::metrics::ProcessGauges;
 use crate::data::listener::Listeners;
+use crate::data::metrics::DataMetrics;
 use crate::handoff::Handoff;
 
 /// Most admin connections served at once; more wait in the kernel backlog.
 const MAX_ADMIN_CONNECTIONS: usize = 32;
+
+pub const ADMIN_REQUESTS_REJECTED: &str = "admin_requests_rejected_total";
+
+/// `admin_requests_rejected_total`, registered on `r`.
+pub fn rejected_counter(r: &Registry) -> IntCounter {
+    crate::base::metrics::counter(
+        r,
+        ADMIN_REQUESTS_REJECTED,
+        "Admin requests rejected (bad method, path or size).",
+    )
+}
 /// Time a client has to send its request headers.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// Largest request head accepted.
@@ -44,7 +56,12 @@ pub struct AdminView {
     pub backends: Arc<Backends>,
     pub listeners: Arc<Listeners>,
     pub registry: Registry,
-    pub metrics: Metrics,
+    /// The data path's counters of the client-address mode (for `/status`).
+    pub data: DataMetrics,
+    /// Read before every scrape.
+    pub process: ProcessGauges,
+    /// `admin_requests_rejected_total` ([`rejected_counter`]).
+    pub rejected: IntCounter,
     /// `/readyz`: Serving and the own backend (or any backend) up.
     pub readiness: Readiness,
     /// The handoff side, if on: `/status` lists its peers.
@@ -102,8 +119,8 @@ impl AdminView {
             "backends": backends,
             "client_address": {
                 "mode": if transparent { "transparent" } else { "proxy" },
-                "transparent_connections": self.metrics.client_address_transparent.get(),
-                "fallback_connections": self.metrics.client_address_fallback.get(),
+                "transparent_connections": self.data.client_address_transparent.get(),
+                "fallback_connections": self.data.client_address_fallback.get(),
             },
             "peers": self
                 .handoff
@@ -118,7 +135,7 @@ impl AdminView {
     /// This instance's metrics in the Prometheus text format (gauges read at scrape time are
     /// refreshed first).
     pub async fn metrics_text(&self) -> Result<Vec<u8>, prometheus::Error> {
-        self.metrics.refresh().await;
+        self.process.refresh().await;
         let mut buf = Vec::with_capacity(16 * 1024);
         TextEncoder::new().encode(&self.registry.gather(), &mut buf)?;
         Ok(buf)
@@ -168,7 +185,7 @@ impl AdminView {
 
     fn respond(&self, req: &Request<Incoming>) -> Response<Full<Bytes>> {
         if req.method() != Method::GET && req.method() != Method::HEAD {
-            self.metrics.admin_requests_rejected.inc();
+            self.rejected.inc();
             return text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
         }
         match req.uri().path() {
@@ -195,7 +212,7 @@ impl AdminView {
                     .expect("valid response")
             }
             _ => {
-                self.metrics.admin_requests_rejected.inc();
+                self.rejected.inc();
                 text(StatusCode::NOT_FOUND, "not found\n")
             }
         }
@@ -393,13 +410,14 @@ mod tests {
 
     async fn admin(state: State, backend_ready: bool) -> Admin {
         let registry = Registry::new();
-        let metrics = Metrics::new(&registry);
+        let data = DataMetrics::register(&registry);
         let stop = CancellationToken::new();
         let health = HealthConfig::tcp_for_tests();
-        let backends = Backends::new(health, metrics.clone(), stop.child_token());
+        let families = crate::backends::metrics::BackendFamilies::register(&registry);
+        let backends = Backends::new(health, families, stop.child_token());
         let ctx = Arc::new(ForwardContext {
             backends: backends.clone(),
-            metrics: metrics.clone(),
+            metrics: data.clone(),
             connect_timeout: Duration::from_secs(1),
             cut: stop.child_token(),
             close_window: Duration::ZERO,
@@ -419,8 +437,10 @@ mod tests {
             state: rx.clone(),
             backends,
             listeners,
+            process: ProcessGauges::register(&registry),
+            rejected: rejected_counter(&registry),
             registry,
-            metrics,
+            data,
             readiness: Readiness::from_fn(rx, move || backend_ready),
             handoff: None,
             client_address: crate::cli::ClientAddress::Proxy,
@@ -519,7 +539,7 @@ mod tests {
         );
         let r = request(a.addr, "HEAD", "/healthz").await;
         assert_eq!((r.status, r.body.as_str()), (200, ""), "HEAD has no body");
-        assert_eq!(a.view.metrics.admin_requests_rejected.get(), 0);
+        assert_eq!(a.view.rejected.get(), 0);
     }
 
     #[tokio::test]
@@ -554,7 +574,7 @@ mod tests {
             (r.status, r.body.as_str(), r.content_type.as_str()),
             (404, "not found\n", TEXT)
         );
-        assert_eq!(a.view.metrics.admin_requests_rejected.get(), 1);
+        assert_eq!(a.view.rejected.get(), 1);
         for (method, path) in [
             ("POST", "/healthz"),
             ("PUT", "/readyz"),
@@ -570,6 +590,6 @@ mod tests {
                 "{method} {path}"
             );
         }
-        assert_eq!(a.view.metrics.admin_requests_rejected.get(), 7);
+        assert_eq!(a.view.rejected.get(), 7);
     }
 }
