@@ -1426,6 +1426,245 @@ mod tests {
             .any(|m| m["mountPath"] == "/etc/kubernetes" && m["readOnly"] == true));
     }
 
+    /// kubeadm's etcd manifest as kubeadm writes it (its nulls and empty objects included).
+    const KUBEADM_ETCD: &str = "apiVersion: v1\nkind: Pod\nmetadata:\n  annotations:\n    kubeadm.kubernetes.io/etcd.advertise-client-urls: https://192.0.2.10:2379\n  creationTimestamp: null\n  labels:\n    component: etcd\n    tier: control-plane\n  name: etcd\n  namespace: kube-system\nspec:\n  containers:\n  - command:\n    - etcd\n    - --advertise-client-urls=https://192.0.2.10:2379\n    - --data-dir=/var/lib/etcd\n    - --name=node-1\n    image: registry.k8s.io/etcd:3.6.16-0\n    imagePullPolicy: IfNotPresent\n    livenessProbe:\n      failureThreshold: 8\n      httpGet:\n        host: 127.0.0.1\n        path: /livez\n        port: probe-port\n        scheme: HTTP\n      initialDelaySeconds: 10\n      periodSeconds: 10\n      timeoutSeconds: 15\n    name: etcd\n    ports:\n    - containerPort: 2381\n      name: probe-port\n      protocol: TCP\n    resources:\n      requests:\n        cpu: 100m\n        memory: 100Mi\n    volumeMounts:\n    - mountPath: /var/lib/etcd\n      name: etcd-data\n  hostNetwork: true\n  priority: 2000001000\n  priorityClassName: system-node-critical\n  securityContext:\n    seccompProfile:\n      type: RuntimeDefault\n  volumes:\n  - hostPath:\n      path: /var/lib/etcd\n      type: DirectoryOrCreate\n    name: etcd-data\nstatus: {}\n";
+    /// kubeadm's scheduler manifest, the same way.
+    const KUBEADM_SCHEDULER: &str = "apiVersion: v1\nkind: Pod\nmetadata:\n  creationTimestamp: null\n  labels:\n    component: kube-scheduler\n    tier: control-plane\n  name: kube-scheduler\n  namespace: kube-system\nspec:\n  containers:\n  - command:\n    - kube-scheduler\n    - --kubeconfig=/etc/kubernetes/scheduler.conf\n    - --leader-elect=true\n    image: registry.k8s.io/kube-scheduler:v1.37.2\n    imagePullPolicy: IfNotPresent\n    name: kube-scheduler\n    resources:\n      requests:\n        cpu: 100m\n    volumeMounts:\n    - mountPath: /etc/kubernetes/scheduler.conf\n      name: kubeconfig\n      readOnly: true\n  hostNetwork: true\n  priority: 2000001000\n  priorityClassName: system-node-critical\n  securityContext:\n    seccompProfile:\n      type: RuntimeDefault\n  volumes:\n  - hostPath:\n      path: /etc/kubernetes/scheduler.conf\n      type: FileOrCreate\n    name: kubeconfig\nstatus: {}\n";
+
+    /// A `Sync` on two fresh directories (the API never called: no kubeconfig).
+    fn sync_on(tmp: &Path) -> Sync {
+        let (kubeadm_dir, static_pod_dir) = (tmp.join("manifests"), tmp.join("kubelet"));
+        std::fs::create_dir_all(&kubeadm_dir).unwrap();
+        std::fs::create_dir_all(&static_pod_dir).unwrap();
+        Sync {
+            kubeadm_dir,
+            static_pod_dir,
+            node: "node-1".into(),
+            namespace: "kube-system".into(),
+            deployment: "kube-apiserver".into(),
+            proxy_image: "kap:v1".into(),
+            interval: Duration::from_secs(1),
+            settle: Duration::ZERO,
+            rollout_timeout: Duration::from_secs(1),
+            etcd_canary_timeout: Duration::ZERO,
+            etcd_canary_port: 0,
+            canaried: std::sync::Mutex::new(None),
+            kubeconfig: tmp.join("none"),
+            command: vec![],
+        }
+    }
+
+    /// What this agent writes into the kubelet's directory, and the UIDs, byte for byte as the
+    /// releases before wrote them for the same kubeadm files (kubeadm's nulls kept): a copy or
+    /// UID that changed with an upgrade of the agent would restart its static pod, etcd's among
+    /// them. Pinned: never change these texts to make a change pass.
+    #[test]
+    fn the_copies_and_uids_are_what_earlier_releases_wrote() {
+        const ETCD_UID: &str = "f490bd654fc82834edacef2b87fe67eb";
+        const SCHEDULER_UID: &str = "5dfdbf0558dc666326c20c3dfcb7eb4c";
+        const STANDIN_UID: &str = "510bccb3d28167488d0070e45ff0bf8a";
+        const ETCD_COPY: &str = r#"apiVersion: v1
+kind: Pod
+metadata:
+  annotations:
+    kubeadm.kubernetes.io/etcd.advertise-client-urls: "https://192.0.2.10:2379"
+  creationTimestamp: ~
+  labels:
+    component: etcd
+    tier: control-plane
+  name: etcd
+  namespace: kube-system
+  uid: f490bd654fc82834edacef2b87fe67eb
+spec:
+  containers:
+    - command:
+        - etcd
+        - "--advertise-client-urls=https://192.0.2.10:2379"
+        - "--data-dir=/var/lib/etcd"
+        - "--name=node-1"
+      image: "registry.k8s.io/etcd:3.6.16-0"
+      imagePullPolicy: IfNotPresent
+      livenessProbe:
+        failureThreshold: 8
+        httpGet:
+          host: 127.0.0.1
+          path: /livez
+          port: probe-port
+          scheme: HTTP
+        initialDelaySeconds: 10
+        periodSeconds: 10
+        timeoutSeconds: 15
+      name: etcd
+      ports:
+        - containerPort: 2381
+          name: probe-port
+          protocol: TCP
+      resources:
+        requests:
+          cpu: 100m
+          memory: 100Mi
+      volumeMounts:
+        - mountPath: /var/lib/etcd
+          name: etcd-data
+  hostNetwork: true
+  priority: 2000001000
+  priorityClassName: system-node-critical
+  securityContext:
+    seccompProfile:
+      type: RuntimeDefault
+  volumes:
+    - hostPath:
+        path: /var/lib/etcd
+        type: DirectoryOrCreate
+      name: etcd-data
+status: {}
+"#;
+        const SCHEDULER_COPY: &str = r#"apiVersion: v1
+kind: Pod
+metadata:
+  creationTimestamp: ~
+  labels:
+    component: kube-scheduler
+    tier: control-plane
+  name: kube-scheduler
+  namespace: kube-system
+  uid: 5dfdbf0558dc666326c20c3dfcb7eb4c
+spec:
+  containers:
+    - command:
+        - kube-scheduler
+        - "--kubeconfig=/etc/kubernetes/scheduler.conf"
+        - "--leader-elect=true"
+      image: "registry.k8s.io/kube-scheduler:v1.37.2"
+      imagePullPolicy: IfNotPresent
+      name: kube-scheduler
+      resources:
+        requests:
+          cpu: 100m
+      volumeMounts:
+        - mountPath: /etc/kubernetes/scheduler.conf
+          name: kubeconfig
+          readOnly: true
+  hostNetwork: true
+  priority: 2000001000
+  priorityClassName: system-node-critical
+  securityContext:
+    seccompProfile:
+      type: RuntimeDefault
+  volumes:
+    - hostPath:
+        path: /etc/kubernetes/scheduler.conf
+        type: FileOrCreate
+      name: kubeconfig
+status: {}
+"#;
+        // etcd's copy restarted in place: the short grace period, marked.
+        const ETCD_GRACED: &str = r#"apiVersion: v1
+kind: Pod
+metadata:
+  annotations:
+    kube-apiserver-proxy/restart-grace: "2"
+    kubeadm.kubernetes.io/etcd.advertise-client-urls: "https://192.0.2.10:2379"
+  creationTimestamp: ~
+  labels:
+    component: etcd
+    tier: control-plane
+  name: etcd
+  namespace: kube-system
+  uid: f490bd654fc82834edacef2b87fe67eb
+spec:
+  containers:
+    - command:
+        - etcd
+        - "--advertise-client-urls=https://192.0.2.10:2379"
+        - "--data-dir=/var/lib/etcd"
+        - "--name=node-1"
+      image: "registry.k8s.io/etcd:3.6.16-0"
+      imagePullPolicy: IfNotPresent
+      livenessProbe:
+        failureThreshold: 8
+        httpGet:
+          host: 127.0.0.1
+          path: /livez
+          port: probe-port
+          scheme: HTTP
+        initialDelaySeconds: 10
+        periodSeconds: 10
+        timeoutSeconds: 15
+      name: etcd
+      ports:
+        - containerPort: 2381
+          name: probe-port
+          protocol: TCP
+      resources:
+        requests:
+          cpu: 100m
+          memory: 100Mi
+      volumeMounts:
+        - mountPath: /var/lib/etcd
+          name: etcd-data
+  hostNetwork: true
+  priority: 2000001000
+  priorityClassName: system-node-critical
+  securityContext:
+    seccompProfile:
+      type: RuntimeDefault
+  terminationGracePeriodSeconds: 2
+  volumes:
+    - hostPath:
+        path: /var/lib/etcd
+        type: DirectoryOrCreate
+      name: etcd-data
+status: {}
+"#;
+        let tmp = std::env::temp_dir().join(format!("kap-sync-pin-{}", rand::random::<u64>()));
+        let sync = sync_on(&tmp);
+        std::fs::write(sync.kubeadm_dir.join("etcd.yaml"), KUBEADM_ETCD).unwrap();
+        std::fs::write(
+            sync.kubeadm_dir.join("kube-scheduler.yaml"),
+            KUBEADM_SCHEDULER,
+        )
+        .unwrap();
+        std::fs::write(sync.kubeadm_dir.join(APISERVER), KUBEADM).unwrap();
+        assert_eq!(
+            sync.copy_manifests(false).unwrap(),
+            ["etcd.yaml", "kube-scheduler.yaml"]
+        );
+        let read = |name: &str| std::fs::read_to_string(sync.static_pod_dir.join(name)).unwrap();
+        assert_eq!(read("etcd.yaml"), ETCD_COPY);
+        assert_eq!(read("kube-scheduler.yaml"), SCHEDULER_COPY);
+        // Again: nothing to do.
+        assert!(sync.copy_manifests(false).unwrap().is_empty());
+        let doc = |text: &str| crate::base::yaml::parse_documents(text).unwrap().remove(0);
+        assert_eq!(
+            static_uid("node-1", "etcd.yaml", &doc(KUBEADM_ETCD)),
+            ETCD_UID
+        );
+        assert_eq!(static_uid("node-1", "etcd.yaml", &doc(ETCD_COPY)), ETCD_UID);
+        assert_eq!(
+            static_uid("node-1", "kube-scheduler.yaml", &doc(KUBEADM_SCHEDULER)),
+            SCHEDULER_UID
+        );
+        // The restart in place, and back to kubeadm's grace period (fix_mirrors).
+        let graced = with_restart_grace(doc(ETCD_COPY));
+        assert_eq!(crate::base::yaml::to_yaml(&graced), ETCD_GRACED);
+        assert_eq!(static_uid("node-1", "etcd.yaml", &graced), ETCD_UID);
+        let mut plain = as_kubeadms(&graced);
+        plain["metadata"]["uid"] = json!(ETCD_UID);
+        assert_eq!(crate::base::yaml::to_yaml(&plain), ETCD_COPY);
+        // The stand-in's UID (the stand-in itself is render's).
+        let pod = StaticPod::parse(KUBEADM).unwrap();
+        let stand = standin(
+            &pod,
+            Some("f"),
+            "kap:v1",
+            &["kubeadm-sync".into()],
+            &[Path::new("/m"), Path::new("/k")],
+        );
+        assert_eq!(static_uid("node-1", APISERVER, &stand), STANDIN_UID);
+        std::fs::remove_dir_all(&tmp).unwrap();
+    }
+
     #[test]
     fn a_static_uid_follows_the_content_not_the_kubelet() {
         let pod = json!({"apiVersion": "v1", "kind": "Pod",
