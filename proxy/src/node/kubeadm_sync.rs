@@ -636,15 +636,16 @@ pub fn proxy_image(d: &Deployment) -> Option<String> {
 
 /// Whether a live Deployment's proxy runs with `--client-address transparent` (the mode is
 /// the operator's choice, kept across kubeadm's changes like the proxy image).
-pub fn transparent(d: &Deployment) -> bool {
+pub fn transparent_client_address(d: &Deployment) -> bool {
     proxies(d)
         .flat_map(|c| c.args.iter().flatten())
         .any(|a| a == "--client-address=transparent")
 }
 
-/// [`transparent`] of a Deployment as JSON (false for one that is not a Deployment).
+/// [`transparent_client_address`] of a Deployment as JSON (render's tests hold it so); false
+/// for one that is not a Deployment this build reads.
 pub fn client_address_transparent(d: &Value) -> bool {
-    object::from_value::<Deployment>(d.clone()).is_ok_and(|d| transparent(&d))
+    object::from_value::<Deployment>(d.clone()).is_ok_and(|d| transparent_client_address(&d))
 }
 
 /// The checked configuration.
@@ -1196,7 +1197,7 @@ impl Sync {
             image: None,
             allow_downgrade: false,
             proxy_image: proxy_image(&live).or_else(|| Some(self.proxy_image.clone())),
-            client_address_transparent: transparent(&live),
+            client_address_transparent: transparent_client_address(&live),
         };
         let rendered =
             render::deployment(&base, &pod, files.as_deref(), &options).map_err(|e| {
@@ -2195,12 +2196,12 @@ status: {}
                 {"name": render::CONTAINER, "image": "k:1", "args": ["--client-address=transparent"]},
                 {"name": "proxy", "image": "kap:v2", "args": ["--client-address=transparent"]}]}}}}));
         assert_eq!(proxy_image(&d).as_deref(), Some("kap:v2"));
-        assert!(transparent(&d));
+        assert!(transparent_client_address(&d));
         assert!(client_address_transparent(&object::to_value(&d)));
         let mut plain = d.clone();
         let proxy = &mut plain.spec.template.spec.as_mut().unwrap().containers[1];
         proxy.args = None;
-        assert!(!transparent(&plain));
+        assert!(!transparent_client_address(&plain));
         assert_eq!(proxy_image(&Deployment::default()), None);
     }
 }
