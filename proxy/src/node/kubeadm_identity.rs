@@ -26,12 +26,18 @@ use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use base64::Engine;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
+};
 use serde_json::{json, Value};
 
 use crate::base::fsutil::write_durable;
 use crate::node::api::ApiClient;
 use crate::node::kubeconfig;
 use crate::node::leader_handover::{lease_of, LEADERS};
+use crate::node::object::{self, ObjectMeta, Pod};
 
 /// The agent's ServiceAccount, in `kube-system`.
 pub const SERVICE_ACCOUNT: &str = "kube-apiserver-proxy-kubeadm-sync";
@@ -86,10 +92,12 @@ pub fn leases(kubeadm_dir: &Path) -> Vec<(String, String)> {
                 NAMESPACE.to_owned(),
                 file.trim_end_matches(".yaml").to_owned(),
             );
+            // Read for its flags only: as far as this build knows pods.
             match std::fs::read_to_string(kubeadm_dir.join(file))
                 .ok()
                 .and_then(|t| crate::base::yaml::parse_documents(&t).ok())
                 .and_then(|docs| docs.into_iter().next())
+                .and_then(|doc| serde_json::from_value::<Pod>(doc).ok())
             {
                 Some(pod) => lease_of(&pod),
                 None => Some(default),
@@ -101,70 +109,142 @@ pub fn leases(kubeadm_dir: &Path) -> Vec<(String, String)> {
     leases
 }
 
-/// The RBAC rules of the agent, by namespace (`""`: the ClusterRole's).
-pub fn rules(id: &Identity<'_>, leases: &[(String, String)]) -> Vec<(String, Vec<Value>)> {
-    let mut by_ns: std::collections::BTreeMap<String, Vec<Value>> = Default::default();
-    let (dns, dname) = id.deployment;
-    by_ns.entry(dns.to_owned()).or_default().push(json!({
-        "apiGroups": ["apps"], "resources": ["deployments"],
-        "resourceNames": [dname], "verbs": ["get", "update"]}));
-    let pods = by_ns.entry(NAMESPACE.to_owned()).or_default();
-    pods.push(json!({"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}));
-    pods.push(json!({"apiGroups": [""], "resources": ["pods"],
-        "resourceNames": [format!("etcd-{}", id.node)], "verbs": ["update"]}));
-    for (ns, name) in leases {
-        by_ns.entry(ns.clone()).or_default().push(json!({
-            "apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-            "resourceNames": [name], "verbs": ["get", "update"]}));
+/// A rule allowing `verbs` on `resources` of the API group `group`, on the objects named
+/// `names` only when there are any.
+fn rule(group: &str, resources: &str, names: &[&str], verbs: &[&str]) -> PolicyRule {
+    let strings = |l: &[&str]| l.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    PolicyRule {
+        api_groups: Some(vec![group.to_owned()]),
+        resources: Some(vec![resources.to_owned()]),
+        resource_names: (!names.is_empty()).then(|| strings(names)),
+        verbs: strings(verbs),
+        ..Default::default()
     }
-    let mut out: Vec<(String, Vec<Value>)> = by_ns.into_iter().collect();
-    out.push((
-        String::new(),
-        vec![json!({"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]})],
+}
+
+/// The RBAC rules of the agent, by namespace (`""`: the ClusterRole's).
+pub fn rules(id: &Identity<'_>, leases: &[(String, String)]) -> Vec<(String, Vec<PolicyRule>)> {
+    let mut by_ns: std::collections::BTreeMap<String, Vec<PolicyRule>> = Default::default();
+    let (dns, dname) = id.deployment;
+    by_ns.entry(dns.to_owned()).or_default().push(rule(
+        "apps",
+        "deployments",
+        &[dname],
+        &["get", "update"],
     ));
+    let pods = by_ns.entry(NAMESPACE.to_owned()).or_default();
+    pods.push(rule("", "pods", &[], &["get"]));
+    pods.push(rule(
+        "",
+        "pods",
+        &[&format!("etcd-{}", id.node)],
+        &["update"],
+    ));
+    for (ns, name) in leases {
+        by_ns.entry(ns.clone()).or_default().push(rule(
+            "coordination.k8s.io",
+            "leases",
+            &[name],
+            &["get", "update"],
+        ));
+    }
+    let mut out: Vec<(String, Vec<PolicyRule>)> = by_ns.into_iter().collect();
+    out.push((String::new(), vec![rule("", "nodes", &[], &["list"])]));
     out
 }
 
+/// One of the objects of the agent's identity.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Object {
+    ServiceAccount(ServiceAccount),
+    Role(Role),
+    RoleBinding(RoleBinding),
+    ClusterRole(ClusterRole),
+    ClusterRoleBinding(ClusterRoleBinding),
+}
+
+impl Object {
+    /// The object as JSON (its `apiVersion` and `kind` included).
+    pub fn to_value(&self) -> Value {
+        match self {
+            Object::ServiceAccount(o) => object::to_value(o),
+            Object::Role(o) => object::to_value(o),
+            Object::RoleBinding(o) => object::to_value(o),
+            Object::ClusterRole(o) => object::to_value(o),
+            Object::ClusterRoleBinding(o) => object::to_value(o),
+        }
+    }
+}
+
 /// The objects to create or update, each with its path (the collection's is its parent).
-pub fn objects(id: &Identity<'_>, leases: &[(String, String)]) -> Vec<(String, Value)> {
-    let labels = json!({"app.kubernetes.io/part-of": "kube-apiserver-proxy"});
-    let subject =
-        json!([{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": NAMESPACE}]);
+pub fn objects(id: &Identity<'_>, leases: &[(String, String)]) -> Vec<(String, Object)> {
+    let meta = |namespace: Option<&str>, name: &str| ObjectMeta {
+        name: Some(name.to_owned()),
+        namespace: namespace.map(str::to_owned),
+        labels: Some(
+            [(
+                "app.kubernetes.io/part-of".to_owned(),
+                "kube-apiserver-proxy".to_owned(),
+            )]
+            .into(),
+        ),
+        ..Default::default()
+    };
+    let subjects = Some(vec![Subject {
+        kind: "ServiceAccount".to_owned(),
+        name: SERVICE_ACCOUNT.to_owned(),
+        namespace: Some(NAMESPACE.to_owned()),
+        ..Default::default()
+    }]);
     let mut out = vec![(
-        format!("/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{SERVICE_ACCOUNT}"),
-        json!({"apiVersion": "v1", "kind": "ServiceAccount",
-            "metadata": {"name": SERVICE_ACCOUNT, "namespace": NAMESPACE, "labels": labels}}),
+        object::path::<ServiceAccount>(NAMESPACE, SERVICE_ACCOUNT),
+        Object::ServiceAccount(ServiceAccount {
+            metadata: meta(Some(NAMESPACE), SERVICE_ACCOUNT),
+            ..Default::default()
+        }),
     )];
     const RBAC: &str = "/apis/rbac.authorization.k8s.io/v1";
     let escaped = RBAC_NAME.replace(':', "%3A");
     for (ns, rules) in rules(id, leases) {
-        let (kind, binding, base, meta) = if ns.is_empty() {
-            (
-                "ClusterRole",
-                "ClusterRoleBinding",
-                RBAC.to_owned(),
-                json!({"name": RBAC_NAME, "labels": labels}),
-            )
-        } else {
-            (
-                "Role",
-                "RoleBinding",
-                format!("{RBAC}/namespaces/{ns}"),
-                json!({"name": RBAC_NAME, "namespace": ns, "labels": labels}),
-            )
+        let role_ref = |kind: &str| RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".to_owned()),
+            kind: kind.to_owned(),
+            name: RBAC_NAME.to_owned(),
         };
-        out.push((
-            format!("{base}/{}s/{escaped}", kind.to_lowercase()),
-            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind,
-                "metadata": meta, "rules": rules}),
-        ));
-        out.push((
-            format!("{base}/{}s/{escaped}", binding.to_lowercase()),
-            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": binding,
-                "metadata": meta,
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": RBAC_NAME},
-                "subjects": subject}),
-        ));
+        if ns.is_empty() {
+            out.push((
+                format!("{RBAC}/clusterroles/{escaped}"),
+                Object::ClusterRole(ClusterRole {
+                    metadata: meta(None, RBAC_NAME),
+                    rules: Some(rules),
+                    ..Default::default()
+                }),
+            ));
+            out.push((
+                format!("{RBAC}/clusterrolebindings/{escaped}"),
+                Object::ClusterRoleBinding(ClusterRoleBinding {
+                    metadata: meta(None, RBAC_NAME),
+                    role_ref: role_ref("ClusterRole"),
+                    subjects: subjects.clone(),
+                }),
+            ));
+        } else {
+            out.push((
+                format!("{RBAC}/namespaces/{ns}/roles/{escaped}"),
+                Object::Role(Role {
+                    metadata: meta(Some(&ns), RBAC_NAME),
+                    rules: Some(rules),
+                }),
+            ));
+            out.push((
+                format!("{RBAC}/namespaces/{ns}/rolebindings/{escaped}"),
+                Object::RoleBinding(RoleBinding {
+                    metadata: meta(Some(&ns), RBAC_NAME),
+                    role_ref: role_ref("Role"),
+                    subjects: subjects.clone(),
+                }),
+            ));
+        }
     }
     out
 }
@@ -184,8 +264,10 @@ pub fn kubeconfig_text(server: &str, ca: &[u8], token: &str) -> String {
     }))
 }
 
-/// `PUT` `object` at `path`, or `POST` it to the collection when it does not exist yet.
-async fn apply(api: &ApiClient, path: &str, object: &Value) -> Result<(), IdentityError> {
+/// `PUT` `object` at `path`, or `POST` it to the collection when it does not exist yet. (The
+/// answer is not read: a field of a newer Kubernetes in it is no failure.)
+async fn apply(api: &ApiClient, path: &str, object: &Object) -> Result<(), IdentityError> {
+    let object = &object.to_value();
     match api.send_json("PUT", path, object).await {
         Ok(_) => Ok(()),
         Err(e) if e.status() == Some(hyper::StatusCode::NOT_FOUND) => {
@@ -217,18 +299,24 @@ pub fn write(
         }
         let path =
             format!("/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{SERVICE_ACCOUNT}/token");
-        let request = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-            "spec": {"expirationSeconds": lifetime.as_secs()}});
+        let request = TokenRequest {
+            spec: Some(TokenRequestSpec {
+                expiration_seconds: Some(i64::try_from(lifetime.as_secs()).unwrap_or(i64::MAX)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let failed = |e: &dyn std::fmt::Display| IdentityError::Api(format!("POST {path}: {e}"));
         let answer = api
-            .send_json("POST", &path, &request)
+            .send_json("POST", &path, &object::to_value(&request))
             .await
-            .map_err(|e| IdentityError::Api(format!("POST {path}: {e}")))?;
-        answer["status"]["token"]
-            .as_str()
-            .map(str::to_owned)
-            .ok_or_else(|| {
-                IdentityError::Api(format!("POST {path}: no status.token in the answer"))
-            })
+            .map_err(|e| failed(&e))?;
+        // Only its token is read: as far as this build knows the object.
+        let answer: TokenRequest = serde_json::from_value(answer).map_err(|e| failed(&e))?;
+        answer
+            .status
+            .and_then(|s| s.token)
+            .ok_or_else(|| failed(&"no status.token in the answer"))
     })?;
     let expiry = kubeconfig::token_expiry(&token)
         .ok_or_else(|| IdentityError::Api("the token carries no expiry (exp)".to_owned()))?;
@@ -290,10 +378,10 @@ mod tests {
         let text = serde_json::to_string(&ns.1).unwrap();
         // Updates only on named objects: the Deployment, etcd's mirror pod, the two leases.
         for r in &ns.1 {
-            if r["verbs"].as_array().unwrap().contains(&json!("update")) {
-                assert!(r["resourceNames"].is_array(), "{r}");
+            if r.verbs.iter().any(|v| v == "update") {
+                assert!(r.resource_names.is_some(), "{r:?}");
             }
-            assert!(!r["verbs"].as_array().unwrap().contains(&json!("*")), "{r}");
+            assert!(!r.verbs.iter().any(|v| v == "*"), "{r:?}");
         }
         assert!(text.contains("\"etcd-cp-1\""), "{text}");
         assert!(text.contains("\"sched\""), "{text}");
@@ -320,8 +408,14 @@ mod tests {
                 "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/kube-apiserver-proxy%3Akubeadm-sync",
             ]
         );
-        assert_eq!(objects[2].1["subjects"][0]["name"], SERVICE_ACCOUNT);
-        assert_eq!(objects[4].1["roleRef"]["kind"], "ClusterRole");
+        let Object::RoleBinding(binding) = &objects[2].1 else {
+            panic!("a RoleBinding: {:?}", objects[2].1);
+        };
+        assert_eq!(binding.subjects.as_ref().unwrap()[0].name, SERVICE_ACCOUNT);
+        let Object::ClusterRoleBinding(binding) = &objects[4].1 else {
+            panic!("a ClusterRoleBinding: {:?}", objects[4].1);
+        };
+        assert_eq!(binding.role_ref.kind, "ClusterRole");
         assert_eq!(
             USER,
             format!("system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}")

@@ -61,21 +61,25 @@
 //! manifest is put back and `--once` fails. The agent, once it runs from the new directory,
 //! puts the manifest back.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, EmptyDirVolumeSource, HostPathVolumeSource, ResourceRequirements, SecurityContext,
+    Capabilities, EmptyDirVolumeSource, HostPathVolumeSource, Node, ResourceRequirements,
+    SecurityContext,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use serde_json::{json, Value};
+use k8s_openapi::List;
+use serde_json::Value;
 
 use crate::base::fsutil::write_durable;
 use crate::node::api::ApiClient;
 use crate::node::etcd_canary;
 use crate::node::leader_handover::{self, LEADERS};
-use crate::node::object::{self, Container, ObjectMeta, Pod, PodSpec, Volume, VolumeMount};
+use crate::node::object::{
+    self, Container, Deployment, ObjectError, ObjectMeta, Pod, PodSpec, Volume, VolumeMount,
+};
 use crate::node::render::{self, StaticPod};
 use crate::node::staticpod::MANIFEST_MODE;
 
@@ -292,12 +296,25 @@ pub fn standin(
 }
 
 /// The digests a stand-in or a pod template stands for: (manifest, files).
-pub fn digests(meta: &Value) -> (Option<&str>, Option<&str>) {
-    let a = &meta["annotations"];
+pub fn digests(meta: &ObjectMeta) -> (Option<&str>, Option<&str>) {
+    let annotation = |key: &str| {
+        meta.annotations
+            .as_ref()
+            .and_then(|a| a.get(key))
+            .map(String::as_str)
+    };
     (
-        a[render::MANIFEST_DIGEST].as_str(),
-        a[render::FILES_DIGEST].as_str(),
+        annotation(render::MANIFEST_DIGEST),
+        annotation(render::FILES_DIGEST),
     )
+}
+
+/// The digests a Deployment's pod template stands for ([`digests`]).
+fn template_digests(d: &Deployment) -> (Option<&str>, Option<&str>) {
+    match &d.spec.template.metadata {
+        Some(meta) => digests(meta),
+        None => (None, None),
+    }
 }
 
 /// This host's name (its UTS namespace's; empty when unreadable): what controllers put
@@ -308,6 +325,136 @@ pub fn hostname() -> String {
         .unwrap_or_default()
 }
 
+/// A static pod's file as this agent reads, compares and writes it: the pod, typed (read with
+/// [`object::from_value`]: a field this build does not know is refused, named by its path),
+/// and the document as read.
+///
+/// Every look and every edit is on the typed pod; what is written and hashed ([`static_uid`])
+/// is the document as read with the agent's edits written into it ([`Manifest::edit`]), never
+/// the typed pod serialized anew. kubeadm writes `metadata.creationTimestamp: null`, which a
+/// typed pod drops (and a timestamp would come back in another format): a copy written from
+/// the typed pod would differ from the one an earlier release of this agent wrote for the same
+/// kubeadm file, and so would its UID, and the kubelet would restart every static pod, etcd's
+/// included, at the agent's upgrade.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Manifest {
+    pod: Pod,
+    doc: Value,
+}
+
+impl Manifest {
+    /// The static pod `doc` (a YAML or JSON document as read).
+    pub fn from_value(doc: Value) -> Result<Self, ObjectError> {
+        Ok(Manifest {
+            pod: object::from_value(doc.clone())?,
+            doc,
+        })
+    }
+
+    /// The pod.
+    pub fn pod(&self) -> &Pod {
+        &self.pod
+    }
+
+    /// The document: as read, with the agent's edits.
+    pub fn document(&self) -> &Value {
+        &self.doc
+    }
+
+    /// The file's text.
+    pub fn to_yaml(&self) -> String {
+        crate::base::yaml::to_yaml(&self.doc)
+    }
+
+    /// Makes `edit` on the pod and writes it into the document. Only the fields this agent
+    /// edits are written (`metadata.uid`, `metadata.annotations`,
+    /// `spec.terminationGracePeriodSeconds`), each only where it changed: the rest of the
+    /// document stays as read.
+    fn edit(&mut self, edit: impl FnOnce(&mut Pod)) {
+        edit(&mut self.pod);
+        let meta = &self.pod.metadata;
+        let grace = self
+            .pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.termination_grace_period_seconds);
+        write_field(
+            &mut self.doc,
+            &["metadata", "uid"],
+            meta.uid.as_ref().map(object::to_value),
+        );
+        write_field(
+            &mut self.doc,
+            &["metadata", "annotations"],
+            meta.annotations.as_ref().map(object::to_value),
+        );
+        write_field(
+            &mut self.doc,
+            &["spec", "terminationGracePeriodSeconds"],
+            grace.map(Value::from),
+        );
+        debug_assert_eq!(
+            object::from_value::<Pod>(self.doc.clone()).as_ref(),
+            Ok(&self.pod),
+            "an edit of a field the document does not get"
+        );
+    }
+
+    /// The file as kubeadm wrote it ([`as_kubeadms`]).
+    fn as_kubeadms(&self) -> Manifest {
+        let mut m = self.clone();
+        m.edit(strip_agents);
+        m
+    }
+
+    /// This file's UID on `node` as `name` ([`static_uid`]).
+    pub fn static_uid(&self, node: &str, name: &str) -> String {
+        uid_of(node, name, &self.as_kubeadms().to_yaml())
+    }
+}
+
+/// Sets the field at `path` of `doc` to `value` (`None`: takes it out), unless it holds that
+/// already (a null stands for none: left as it is). [`Manifest::edit`]'s, for the document as
+/// read.
+fn write_field(doc: &mut Value, path: &[&str], value: Option<Value>) {
+    let Some((last, parents)) = path.split_last() else {
+        return;
+    };
+    let have = parents
+        .iter()
+        .try_fold(&*doc, |v, key| v.get(key))
+        .and_then(|v| v.get(last))
+        .filter(|v| !v.is_null());
+    if have == value.as_ref() {
+        return;
+    }
+    let mut at = doc;
+    for key in parents {
+        if at.is_null() {
+            *at = Value::Object(Default::default());
+        }
+        let Some(object) = at.as_object_mut() else {
+            return;
+        };
+        at = object
+            .entry(*key)
+            .or_insert_with(|| Value::Object(Default::default()));
+    }
+    if at.is_null() {
+        *at = Value::Object(Default::default());
+    }
+    if let Some(object) = at.as_object_mut() {
+        match value {
+            Some(v) => {
+                object.insert((*last).to_owned(), v);
+            }
+            None => {
+                object.remove(*last);
+            }
+        }
+    }
+}
+
 /// The UID a copy or the stand-in carries when no running pod is adopted: derived from the
 /// node, the file's name and its content, as the kubelet derives one for a static pod without
 /// a UID, but with nothing of the kubelet's own: the kubelet hashes the pod as its version
@@ -315,33 +462,51 @@ pub fn hostname() -> String {
 /// file another UID and replaces every static pod (etcd among them) at its upgrade. With the
 /// UID in the file, the kubelet's upgrade keeps them; a changed file still gets a new UID, and
 /// the mirror pod's `kubernetes.io/config.hash` that kubeadm waits on changes with it.
+///
+/// `pod` is the document as read ([`Manifest::static_uid`] for one read already); one this
+/// build cannot read as a pod is hashed as it is (for kubeadm's own file, which carries
+/// neither a UID nor the agent's grace period, that is the same).
 pub fn static_uid(node: &str, name: &str, pod: &Value) -> String {
-    let text = format!(
-        "{node}\n{name}\n{}",
-        crate::base::yaml::to_yaml(&as_kubeadms(pod))
-    );
+    match Manifest::from_value(pod.clone()) {
+        Ok(m) => m.static_uid(node, name),
+        Err(_) => uid_of(node, name, &crate::base::yaml::to_yaml(pod)),
+    }
+}
+
+/// [`static_uid`] of the text `yaml` (the file as kubeadm wrote it).
+fn uid_of(node: &str, name: &str, yaml: &str) -> String {
+    let text = format!("{node}\n{name}\n{yaml}");
     render::sha256_hex(text.as_bytes())[..32].to_owned()
 }
 
-/// `pod` as kubeadm wrote it: without what this agent adds, its `metadata.uid` and the short
+/// Takes out of `pod` what this agent adds to kubeadm's: its `metadata.uid` and the short
 /// grace period of a restart in place ([`RESTART_GRACE`], marked by [`GRACE_MARK`]).
-fn as_kubeadms(pod: &Value) -> Value {
-    let mut p = pod.clone();
-    if let Some(m) = p["metadata"].as_object_mut() {
-        m.remove("uid");
-        let (marked, emptied) = match m.get_mut("annotations").and_then(Value::as_object_mut) {
-            Some(a) => (a.remove(GRACE_MARK).is_some(), a.is_empty()),
-            None => (false, false),
-        };
-        if marked && emptied {
-            m.remove("annotations");
+fn strip_agents(pod: &mut Pod) {
+    pod.metadata.uid = None;
+    let marked = pod
+        .metadata
+        .annotations
+        .as_mut()
+        .is_some_and(|a| a.remove(GRACE_MARK).is_some());
+    if marked {
+        if pod
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(BTreeMap::is_empty)
+        {
+            pod.metadata.annotations = None;
         }
-        if marked {
-            if let Some(spec) = p["spec"].as_object_mut() {
-                spec.remove("terminationGracePeriodSeconds");
-            }
+        if let Some(spec) = pod.spec.as_mut() {
+            spec.termination_grace_period_seconds = None;
         }
     }
+}
+
+/// `pod` as kubeadm wrote it: without what this agent adds ([`strip_agents`]).
+fn as_kubeadms(pod: &Pod) -> Pod {
+    let mut p = pod.clone();
+    strip_agents(&mut p);
     p
 }
 
@@ -356,19 +521,22 @@ pub const GRACE_MARK: &str = "kube-apiserver-proxy/restart-grace";
 
 /// `copy` (kubeadm's etcd pod with the running UID) with [`RESTART_GRACE`], when kubeadm's
 /// pod sets no grace period of its own.
-fn with_restart_grace(mut copy: Value) -> Value {
-    if copy["spec"].get("terminationGracePeriodSeconds").is_none() {
-        copy["spec"]["terminationGracePeriodSeconds"] = json!(RESTART_GRACE);
-        if !copy["metadata"]["annotations"].is_object() {
-            copy["metadata"]["annotations"] = json!({});
+fn with_restart_grace(mut copy: Manifest) -> Manifest {
+    copy.edit(|pod| {
+        let spec = pod.spec.get_or_insert_with(Default::default);
+        if spec.termination_grace_period_seconds.is_none() {
+            spec.termination_grace_period_seconds = Some(RESTART_GRACE);
+            pod.metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(GRACE_MARK.to_owned(), RESTART_GRACE.to_string());
         }
-        copy["metadata"]["annotations"][GRACE_MARK] = json!(RESTART_GRACE.to_string());
-    }
+    });
     copy
 }
 
 /// Whether a copy holds the same pod as its source (`metadata.uid`, set at adoption, aside).
-pub fn same_pod(source: &Value, copy: &Value) -> bool {
+pub fn same_pod(source: &Pod, copy: &Pod) -> bool {
     as_kubeadms(source) == as_kubeadms(copy)
 }
 
@@ -383,18 +551,15 @@ pub const RESTART_IN_PLACE: &str = "etcd.yaml";
 /// container only when its name or image changed (`pkg/kubelet/container/helpers.go`,
 /// `HashContainer`, v1.36 and v1.37); the restarted container runs the new spec whole (its
 /// flags too). Any other change needs a new pod.
-pub fn restarts_in_place(old: &Value, new: &Value) -> bool {
-    let rest = |v: &Value| {
-        let mut v = as_kubeadms(v);
-        if let Some(s) = v["spec"].as_object_mut() {
-            s.remove("containers");
+pub fn restarts_in_place(old: &Pod, new: &Pod) -> bool {
+    let rest = |p: &Pod| {
+        let mut p = as_kubeadms(p);
+        if let Some(s) = p.spec.as_mut() {
+            s.containers = Vec::new();
         }
-        v
+        p
     };
-    let (Some(a), Some(b)) = (
-        old["spec"]["containers"].as_array(),
-        new["spec"]["containers"].as_array(),
-    ) else {
+    let (Some(a), Some(b)) = (containers(old), containers(new)) else {
         return false;
     };
     if rest(old) != rest(new) || a.len() != b.len() {
@@ -402,12 +567,17 @@ pub fn restarts_in_place(old: &Value, new: &Value) -> bool {
     }
     let mut changed = false;
     for (x, y) in a.iter().zip(b) {
-        if x["name"] != y["name"] || (x != y && x["image"] == y["image"]) {
+        if x.name != y.name || (x != y && x.image == y.image) {
             return false;
         }
         changed |= x != y;
     }
     changed
+}
+
+/// A pod's containers (none without a spec).
+fn containers(pod: &Pod) -> Option<&[Container]> {
+    pod.spec.as_ref().map(|s| s.containers.as_slice())
 }
 
 /// Whether a container's image as the kubelet reports it (`status.containerStatuses[].image`,
@@ -427,113 +597,113 @@ pub enum Mirror {
     /// container of the copy running its image and ready.
     Waiting,
     /// The new containers serve: the mirror pod with their images and the new config hash.
-    Update(Value),
+    Update(Box<Pod>),
 }
 
 /// What a mirror pod needs once its pod was restarted in place for `copy`: nothing while it
 /// already shows the copy's images, a wait while the kubelet does not yet report every
 /// container of `copy` running its image and ready, else the mirror pod with the copy's images
 /// and `hash` as its `kubernetes.io/config.hash`.
-pub fn mirror_update(mirror: &Value, copy: &Value, hash: &str) -> Mirror {
-    let Some(containers) = copy["spec"]["containers"].as_array() else {
+pub fn mirror_update(mirror: &Pod, copy: &Pod, hash: &str) -> Mirror {
+    let Some(wanted) = containers(copy) else {
         return Mirror::InLine;
     };
-    let image_of = |pod: &Value, name: &Value| {
-        pod["spec"]["containers"]
-            .as_array()
-            .and_then(|cs| cs.iter().find(|c| c["name"] == *name))
-            .and_then(|c| c["image"].as_str())
-            .map(str::to_owned)
+    let image_of = |name: &str| {
+        containers(mirror)?
+            .iter()
+            .find(|c| c.name == name)?
+            .image
+            .as_deref()
     };
-    if containers
+    if wanted
         .iter()
-        .all(|c| image_of(mirror, &c["name"]).as_deref() == c["image"].as_str())
+        .all(|c| image_of(&c.name) == c.image.as_deref())
     {
         return Mirror::InLine;
     }
-    let Some(statuses) = mirror["status"]["containerStatuses"].as_array() else {
+    let Some(statuses) = mirror
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+    else {
         return Mirror::Waiting;
     };
-    let serving = containers.iter().all(|c| {
+    let serving = wanted.iter().all(|c| {
         statuses.iter().any(|st| {
-            st["name"] == c["name"]
-                && st["ready"] == json!(true)
-                && st["state"]["running"].is_object()
-                && match (st["image"].as_str(), c["image"].as_str()) {
-                    (Some(r), Some(i)) => same_image(r, i),
-                    _ => false,
-                }
+            st.name == c.name
+                && st.ready
+                && st.state.as_ref().is_some_and(|s| s.running.is_some())
+                && c.image.as_deref().is_some_and(|i| same_image(&st.image, i))
         })
     });
     if !serving {
         return Mirror::Waiting;
     }
     let mut m = mirror.clone();
-    m["metadata"]["annotations"]["kubernetes.io/config.hash"] = json!(hash);
-    if let Some(cs) = m["spec"]["containers"].as_array_mut() {
-        for mc in cs {
-            if let Some(c) = containers.iter().find(|c| c["name"] == mc["name"]) {
-                mc["image"] = c["image"].clone();
+    m.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert("kubernetes.io/config.hash".to_owned(), hash.to_owned());
+    if let Some(spec) = m.spec.as_mut() {
+        for mc in &mut spec.containers {
+            if let Some(c) = wanted.iter().find(|c| c.name == mc.name) {
+                mc.image = c.image.clone();
             }
         }
     }
-    if let Some(obj) = m.as_object_mut() {
-        obj.remove("status");
-    }
-    Mirror::Update(m)
+    m.status = None;
+    Mirror::Update(Box::new(m))
 }
 
 /// What `kubectl rollout status` waits for: the controller saw the latest generation, every
 /// replica is updated and available, and no old one is left.
-pub fn rollout_done(d: &Value) -> bool {
-    let st = &d["status"];
-    let want = d["spec"]["replicas"].as_i64().unwrap_or(1);
-    st["observedGeneration"].as_i64().unwrap_or(0)
-        >= d["metadata"]["generation"].as_i64().unwrap_or(1)
-        && st["updatedReplicas"].as_i64().unwrap_or(0) == want
-        && st["availableReplicas"].as_i64().unwrap_or(0) == want
-        && st["replicas"].as_i64().unwrap_or(0) == want
-        && st["unavailableReplicas"].as_i64().unwrap_or(0) == 0
+pub fn rollout_done(d: &Deployment) -> bool {
+    let st = d.status.clone().unwrap_or_default();
+    let want = d.spec.replicas.unwrap_or(1);
+    st.observed_generation.unwrap_or(0) >= d.metadata.generation.unwrap_or(1)
+        && st.updated_replicas.unwrap_or(0) == want
+        && st.available_replicas.unwrap_or(0) == want
+        && st.replicas.unwrap_or(0) == want
+        && st.unavailable_replicas.unwrap_or(0) == 0
 }
 
 /// The live Deployment with the rendered spec and labels (everything else, its
 /// resourceVersion included, kept for a replace).
-pub fn replaced(live: &Value, rendered: &Value) -> Value {
+pub fn replaced(live: &Deployment, rendered: &Deployment) -> Deployment {
     let mut d = live.clone();
-    d["spec"] = rendered["spec"].clone();
-    if let Some(l) = rendered["metadata"]["labels"].as_object() {
-        let labels = d["metadata"]["labels"].as_object_mut();
-        match labels {
-            Some(m) => m.extend(l.clone()),
-            None => d["metadata"]["labels"] = Value::Object(l.clone()),
-        }
+    d.spec = rendered.spec.clone();
+    if let Some(l) = &rendered.metadata.labels {
+        d.metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .extend(l.clone());
     }
-    if let Some(m) = d.as_object_mut() {
-        m.remove("status");
-    }
+    d.status = None;
     d
 }
 
-/// The proxy image of a live Deployment (its first container that is not the apiserver).
-pub fn proxy_image(d: &Value) -> Option<String> {
-    d["spec"]["template"]["spec"]["containers"]
-        .as_array()?
+/// A Deployment's containers that are not the apiserver's: the proxy's.
+fn proxies(d: &Deployment) -> impl Iterator<Item = &Container> {
+    d.spec
+        .template
+        .spec
+        .as_ref()
+        .map(|s| s.containers.as_slice())
+        .unwrap_or_default()
         .iter()
-        .find(|c| c["name"] != render::CONTAINER)?["image"]
-        .as_str()
-        .map(str::to_owned)
+        .filter(|c| c.name != render::CONTAINER)
+}
+
+/// The proxy image of a live Deployment (its first container that is not the apiserver).
+pub fn proxy_image(d: &Deployment) -> Option<String> {
+    proxies(d).next()?.image.clone()
 }
 
 /// Whether a live Deployment's proxy runs with `--client-address transparent` (the mode is
 /// the operator's choice, kept across kubeadm's changes like the proxy image).
-pub fn client_address_transparent(d: &Value) -> bool {
-    d["spec"]["template"]["spec"]["containers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|c| c["name"] != render::CONTAINER)
-        .flat_map(|c| c["args"].as_array().into_iter().flatten())
-        .filter_map(Value::as_str)
+pub fn transparent_client_address(d: &Deployment) -> bool {
+    proxies(d)
+        .flat_map(|c| c.args.iter().flatten())
         .any(|a| a == "--client-address=transparent")
 }
 
@@ -635,20 +805,24 @@ pub(crate) fn manifests(dir: &Path) -> Result<BTreeSet<String>, SyncError> {
     Ok(names)
 }
 
-pub(crate) fn read_pod(path: &Path) -> Result<Value, SyncError> {
+/// The static pod of the file `path` ([`Manifest`]: a field this build does not know is
+/// refused, named by its path).
+pub(crate) fn read_pod(path: &Path) -> Result<Manifest, SyncError> {
     let bytes = std::fs::read(path).map_err(io("read", path))?;
     let text = String::from_utf8_lossy(&bytes);
-    let mut docs = crate::base::yaml::parse_documents(&text).map_err(|e| SyncError::Manifest {
+    let manifest = |message: String| SyncError::Manifest {
         path: path.display().to_string(),
-        message: e.to_string(),
-    })?;
+        message,
+    };
+    let mut docs =
+        crate::base::yaml::parse_documents(&text).map_err(|e| manifest(e.to_string()))?;
     if docs.len() != 1 {
-        return Err(SyncError::Manifest {
-            path: path.display().to_string(),
-            message: format!("{} documents, one pod expected", docs.len()),
-        });
+        return Err(manifest(format!(
+            "{} documents, one pod expected",
+            docs.len()
+        )));
     }
-    Ok(docs.remove(0))
+    Manifest::from_value(docs.remove(0)).map_err(|e| manifest(e.to_string()))
 }
 
 /// The state a running agent keeps between passes.
@@ -693,14 +867,23 @@ impl Sync {
     }
 
     /// The running static pod's UID (its mirror pod's config hash), for adoption.
-    fn running_uid(&self, pod: &Value) -> Option<String> {
-        let name = pod["metadata"]["name"].as_str()?;
-        let ns = pod["metadata"]["namespace"].as_str().unwrap_or("default");
-        let path = format!("/api/v1/namespaces/{ns}/pods/{name}-{}", self.node);
-        let mirror = self.block_on(self.api().ok()?.get_json(&path)).ok()?;
-        mirror["metadata"]["annotations"]["kubernetes.io/config.hash"]
-            .as_str()
-            .map(str::to_owned)
+    fn running_uid(&self, pod: &Pod) -> Option<String> {
+        let path = self.mirror_path(pod, "default")?;
+        // Only looked at: read as far as this build knows pods (not refused for a field of a
+        // newer Kubernetes, which would give the copy a new UID and restart its pod).
+        let mirror: Pod = self.block_on(self.api().ok()?.get_as(&path)).ok()?;
+        mirror
+            .metadata
+            .annotations?
+            .remove("kubernetes.io/config.hash")
+    }
+
+    /// The API path of the mirror pod of the static pod `pod` on this node (its namespace,
+    /// `default_ns` when it names none); none for a pod without a name.
+    fn mirror_path(&self, pod: &Pod, default_ns: &str) -> Option<String> {
+        let name = pod.metadata.name.as_deref()?;
+        let ns = pod.metadata.namespace.as_deref().unwrap_or(default_ns);
+        Some(object::path::<Pod>(ns, &format!("{name}-{}", self.node)))
     }
 
     /// Copies every manifest but the apiserver's; removes the copies whose source is gone.
@@ -734,7 +917,9 @@ impl Sync {
             let existing = read_pod(&dst);
             // kubeadm changed a controller's pod: the old one stopped first (its lease handed over).
             let replaced_leader = match &existing {
-                Ok(copy) if LEADERS.contains(&name.as_str()) && !same_pod(&pod, copy) => {
+                Ok(copy)
+                    if LEADERS.contains(&name.as_str()) && !same_pod(pod.pod(), copy.pod()) =>
+                {
                     Some(copy.clone())
                 }
                 _ => None,
@@ -743,21 +928,21 @@ impl Sync {
             // kubeadm changed etcd's pod: its canary first; failed, etcd runs on as it is.
             if let Ok(copy) = &existing {
                 if name == RESTART_IN_PLACE
-                    && !same_pod(&pod, copy)
+                    && !same_pod(pod.pod(), copy.pod())
                     && !self.canary_passes(copy, &pod)
                 {
                     continue;
                 }
             }
             let uid = match existing {
-                Ok(copy) if same_pod(&pod, &copy) => {
+                Ok(copy) if same_pod(pod.pod(), copy.pod()) => {
                     // The same pod with its UID: nothing to do. Without one (written by an
                     // earlier release of this agent): the UID the kubelet gave it, so that
                     // nothing restarts; left as it is when the mirror pod cannot be read now.
-                    if copy["metadata"]["uid"].is_string() {
+                    if copy.pod().metadata.uid.is_some() {
                         continue;
                     }
-                    match self.running_uid(&pod) {
+                    match self.running_uid(pod.pod()) {
                         Some(uid) => uid,
                         None => continue,
                     }
@@ -765,51 +950,44 @@ impl Sync {
                 // A new copy at the migration: the running pod's UID, which the kubelet,
                 // restarted on this directory, keeps running.
                 Err(_) if adopt => self
-                    .running_uid(&pod)
-                    .unwrap_or_else(|| static_uid(&self.node, &name, &pod)),
+                    .running_uid(pod.pod())
+                    .unwrap_or_else(|| pod.static_uid(&self.node, &name)),
                 // kubeadm changed etcd's images (its upgrade): the running UID, so that the
                 // kubelet restarts etcd in its pod, with no call to the API (fix_mirrors then
                 // brings the mirror pod in line), after a short grace period.
                 Ok(copy)
                     if name == RESTART_IN_PLACE
-                        && copy["metadata"]["uid"].is_string()
-                        && restarts_in_place(&copy, &pod) =>
+                        && copy.pod().metadata.uid.is_some()
+                        && restarts_in_place(copy.pod(), pod.pod()) =>
                 {
                     tracing::info!(
                         manifest = %name,
                         "kubeadm-sync: only its images changed: restarted in its pod, the UID kept"
                     );
                     in_place = true;
-                    copy["metadata"]["uid"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_owned()
+                    copy.pod().metadata.uid.clone().unwrap_or_default()
                 }
                 // kubeadm changed it: a new pod.
-                _ => static_uid(&self.node, &name, &pod),
+                _ => pod.static_uid(&self.node, &name),
             };
-            let mut p = pod.clone();
-            p["metadata"]["uid"] = json!(uid);
+            let mut p = pod;
+            p.edit(|p| p.metadata.uid = Some(uid));
             if in_place {
                 p = with_restart_grace(p);
             }
             if let Some(old) = &replaced_leader {
-                self.stop_leader(&dst, old)?;
+                self.stop_leader(&dst, old.pod())?;
             }
             // Durably: the kubelet runs it after a power loss (etcd's too), and kubeadm's mode.
-            write_durable(
-                &dst,
-                crate::base::yaml::to_yaml(&p).as_bytes(),
-                MANIFEST_MODE,
-            )
-            .map_err(io("write", &dst))?;
+            write_durable(&dst, p.to_yaml().as_bytes(), MANIFEST_MODE)
+                .map_err(io("write", &dst))?;
             changed.push(name);
         }
         for gone in before.difference(&now) {
             let dst = self.static_pod_dir.join(gone);
             if LEADERS.contains(&gone.as_str()) {
                 if let Ok(old) = read_pod(&dst) {
-                    self.stop_leader(&dst, &old)?;
+                    self.stop_leader(&dst, old.pod())?;
                     changed.push(format!("-{gone}"));
                     continue;
                 }
@@ -833,23 +1011,21 @@ impl Sync {
     /// Removes the copy `dst` of a controller pod (`old`), waits for the kubelet to stop it
     /// and releases its leader lease ([`leader_handover`]): the pod that follows takes the lease
     /// at once instead of waiting out its duration.
-    fn stop_leader(&self, dst: &Path, old: &Value) -> Result<(), SyncError> {
+    fn stop_leader(&self, dst: &Path, old: &Pod) -> Result<(), SyncError> {
         match std::fs::remove_file(dst) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(io("remove", dst)(e)),
         }
-        let (Some(lease), Some(name), Some(uid)) = (
+        let (Some(lease), Some(name), Some(uid), Some(mirror)) = (
             leader_handover::lease_of(old),
-            old["metadata"]["name"].as_str(),
-            old["metadata"]["uid"].as_str(),
+            old.metadata.name.as_deref(),
+            old.metadata.uid.as_deref(),
+            self.mirror_path(old, "kube-system"),
         ) else {
             return Ok(());
         };
-        let ns = old["metadata"]["namespace"]
-            .as_str()
-            .unwrap_or("kube-system");
-        let mirror = format!("/api/v1/namespaces/{ns}/pods/{name}-{}", self.node);
+        let ns = old.metadata.namespace.as_deref().unwrap_or("kube-system");
         let host = hostname();
         let hosts = [host.as_str(), self.node.as_str()];
         let started = Instant::now();
@@ -887,11 +1063,11 @@ impl Sync {
     /// ([`etcd_canary`]) served, now or for the same content before. A failed canary is tried
     /// again for the same content after [`CANARY_RETRY`] (kubeadm's own wait, after which an
     /// upgrade has put its manifest back; a manifest changed by hand stays refused, logged).
-    fn canary_passes(&self, running: &Value, new: &Value) -> bool {
+    fn canary_passes(&self, running: &Manifest, new: &Manifest) -> bool {
         if self.etcd_canary_timeout.is_zero() {
             return true;
         }
-        let digest = static_uid(&self.node, RESTART_IN_PLACE, new);
+        let digest = new.static_uid(&self.node, RESTART_IN_PLACE);
         let mut memo = self.canaried.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(c) = memo.as_ref().filter(|c| c.digest == digest) {
             if c.passed {
@@ -907,19 +1083,17 @@ impl Sync {
         }
         tracing::info!(digest = %digest,
             "kubeadm-sync: kubeadm changed etcd's manifest: its canary first (the new pod as a learner member, beside etcd)");
-        let ns = new["metadata"]["namespace"]
-            .as_str()
+        let ns = new
+            .pod()
+            .metadata
+            .namespace
+            .as_deref()
             .unwrap_or("kube-system");
-        let mirror_path = format!("/api/v1/namespaces/{ns}/pods/etcd-canary-{}", self.node);
+        let mirror_path = object::path::<Pod>(ns, &format!("etcd-canary-{}", self.node));
         // One client for the canary's polls (the kubeconfig is read once per pass, not per poll).
         let api = self.api().ok();
         let mirror = || self.block_on(api.as_ref()?.get_as(&mirror_path)).ok();
-        let typed = |pod: &Value| crate::node::object::from_value(pod.clone());
-        let passed = match typed(running)
-            .and_then(|running| Ok((running, typed(new)?)))
-            .map_err(etcd_canary::CanaryError::from)
-            .and_then(|(running, new)| self.canary().run(&running, &new, &mirror))
-        {
+        let passed = match self.canary().run(running.pod(), new.pod(), &mirror) {
             Ok(served) => {
                 tracing::info!(version = %served.version, took = ?served.took,
                     "kubeadm-sync: etcd's canary served the cluster's data (learner removed): etcd's copy changed");
@@ -957,11 +1131,7 @@ impl Sync {
         let copy = self.static_pod_dir.join(RESTART_IN_PLACE);
         let cleaned = read_pod(&copy)
             .map_err(|e| e.to_string())
-            .and_then(|running| {
-                let running =
-                    crate::node::object::from_value(running).map_err(|e| e.to_string())?;
-                canary.clean_up(&running).map_err(|e| e.to_string())
-            });
+            .and_then(|running| canary.clean_up(running.pod()).map_err(|e| e.to_string()));
         if let Err(e) = cleaned {
             tracing::warn!(error = %e, "kubeadm-sync: an earlier etcd canary not removed (the next canary tries again)");
         }
@@ -980,28 +1150,35 @@ impl Sync {
             Err(_) if !path.exists() => return Ok(true),
             Err(e) => return Err(e),
         };
-        let (Some(name), Some(uid)) = (
-            copy["metadata"]["name"].as_str(),
-            copy["metadata"]["uid"].as_str(),
+        let meta = &copy.pod().metadata;
+        let (Some(name), Some(uid), Some(mirror_path)) = (
+            meta.name.as_deref(),
+            meta.uid.as_deref(),
+            self.mirror_path(copy.pod(), "default"),
         ) else {
             return Ok(true);
         };
-        let ns = copy["metadata"]["namespace"].as_str().unwrap_or("default");
-        let mirror_path = format!("/api/v1/namespaces/{ns}/pods/{name}-{}", self.node);
+        let ns = meta.namespace.as_deref().unwrap_or("default");
         let api = self.api()?;
-        let mirror = self
-            .block_on(api.get_json(&mirror_path))
+        // Refused when a field of it would be lost: it may be written back.
+        let mirror: Pod = self
+            .block_on(api.get_object(&mirror_path))
             .map_err(|e| SyncError::Api(e.to_string()))?;
         // Only the mirror pod of this very pod (a new UID means a new pod, a new mirror pod).
-        if mirror["metadata"]["annotations"]["kubernetes.io/config.mirror"].as_str() != Some(uid) {
+        let mirror_of = mirror
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("kubernetes.io/config.mirror"));
+        if mirror_of.map(String::as_str) != Some(uid) {
             return Ok(true);
         }
-        let hash = static_uid(&self.node, RESTART_IN_PLACE, &copy);
-        match mirror_update(&mirror, &copy, &hash) {
+        let hash = copy.static_uid(&self.node, RESTART_IN_PLACE);
+        match mirror_update(&mirror, copy.pod(), &hash) {
             Mirror::InLine => {}
             Mirror::Waiting => return Ok(false),
             Mirror::Update(update) => {
-                self.block_on(api.send_json("PUT", &mirror_path, &update))
+                self.block_on(api.send_object("PUT", &mirror_path, &*update))
                     .map_err(|e| SyncError::Api(e.to_string()))?;
                 tracing::info!(pod = %format!("{ns}/{name}-{}", self.node), hash = %hash,
                     "kubeadm-sync: mirror pod brought to the pod restarted in place (images, config hash)");
@@ -1009,24 +1186,22 @@ impl Sync {
         }
         // The new etcd serves: the copy back to kubeadm's grace period (a change of the pod
         // alone, with its UID: the kubelet restarts nothing).
-        if copy["metadata"]["annotations"].get(GRACE_MARK).is_some() {
-            let mut plain = as_kubeadms(&copy);
-            plain["metadata"]["uid"] = json!(uid);
-            write_durable(
-                &path,
-                crate::base::yaml::to_yaml(&plain).as_bytes(),
-                MANIFEST_MODE,
-            )
-            .map_err(io("write", &path))?;
+        if meta
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(GRACE_MARK))
+        {
+            let uid = uid.to_owned();
+            let mut plain = copy.as_kubeadms();
+            plain.edit(|p| p.metadata.uid = Some(uid));
+            write_durable(&path, plain.to_yaml().as_bytes(), MANIFEST_MODE)
+                .map_err(io("write", &path))?;
         }
         Ok(true)
     }
 
     fn deployment_path(&self) -> String {
-        format!(
-            "/apis/apps/v1/namespaces/{}/deployments/{}",
-            self.namespace, self.deployment
-        )
+        object::path::<Deployment>(&self.namespace, &self.deployment)
     }
 
     /// One pass over the apiserver: converges the live Deployment's template to what kubeadm's
@@ -1055,7 +1230,7 @@ impl Sync {
         let current = read_pod(&dst).ok();
         let stands_for = current
             .as_ref()
-            .map(|p| digests(&p["metadata"]))
+            .map(|p| digests(&p.pod().metadata))
             .map(|(m, f)| (m.map(str::to_owned), f.map(str::to_owned)));
         let stood_for = stands_for == Some((Some(inputs.0.clone()), inputs.1.clone()));
         if stood_for {
@@ -1072,24 +1247,25 @@ impl Sync {
             }
         }
         let api = self.api()?;
-        let live = self
-            .block_on(api.get_json(&self.deployment_path()))
+        let live: Deployment = self
+            .block_on(api.get_object(&self.deployment_path()))
             .map_err(|e| SyncError::Api(format!("GET {}: {e}", self.deployment_path())))?;
         let (base, _) = render::base().map_err(|e| SyncError::Api(e.to_string()))?;
         let options = render::Options {
             image: None,
             allow_downgrade: false,
             proxy_image: proxy_image(&live).or_else(|| Some(self.proxy_image.clone())),
-            client_address_transparent: client_address_transparent(&live),
+            client_address_transparent: transparent_client_address(&live),
         };
-        let rendered = render::deployment(&base, &pod, files.as_deref(), &options)
-            .map(|d| object::to_value(&d))
-            .map_err(|e| SyncError::Manifest {
-                path: src.display().to_string(),
-                message: e.to_string(),
+        let rendered =
+            render::deployment(&base, &pod, files.as_deref(), &options).map_err(|e| {
+                SyncError::Manifest {
+                    path: src.display().to_string(),
+                    message: e.to_string(),
+                }
             })?;
-        let want = digests(&rendered["spec"]["template"]["metadata"]);
-        if digests(&live["spec"]["template"]["metadata"]) != want {
+        let want = template_digests(&rendered);
+        if template_digests(&live) != want {
             self.single_controller(&api)?;
             if stood_for {
                 tracing::warn!(
@@ -1104,7 +1280,7 @@ impl Sync {
                     "kubeadm-sync: kubeadm's apiserver changed; replacing the Deployment (surge rollout)"
                 );
             }
-            self.block_on(api.send_json(
+            self.block_on(api.send_object(
                 "PUT",
                 &self.deployment_path(),
                 &replaced(&live, &rendered),
@@ -1142,20 +1318,22 @@ impl Sync {
         if stood_for {
             return Ok(Pass::InStep);
         }
-        let mut stand = object::to_value(&standin(
+        let stand = object::to_value(&standin(
             &pod,
             files.as_deref(),
             &self.proxy_image,
             &self.command,
             &[&self.kubeadm_dir, &self.static_pod_dir],
         ));
-        stand["metadata"]["uid"] = json!(static_uid(&self.node, APISERVER, &stand));
-        write_durable(
-            &dst,
-            crate::base::yaml::to_yaml(&stand).as_bytes(),
-            MANIFEST_MODE,
-        )
-        .map_err(io("write", &dst))?;
+        // Written as a copy is: the document as built, with its UID.
+        let mut stand = Manifest::from_value(stand).map_err(|e| SyncError::Manifest {
+            path: dst.display().to_string(),
+            message: e.to_string(),
+        })?;
+        let uid = stand.static_uid(&self.node, APISERVER);
+        stand.edit(|p| p.metadata.uid = Some(uid));
+        write_durable(&dst, stand.to_yaml().as_bytes(), MANIFEST_MODE)
+            .map_err(io("write", &dst))?;
         tracing::info!(
             manifest = %pod.digest,
             "kubeadm-sync: rollout complete; stand-in kube-apiserver written (the kubelet restarts this agent)"
@@ -1169,18 +1347,17 @@ impl Sync {
     /// ever. Nodes that cannot be listed do not stop the pass (logged).
     fn single_controller(&self, api: &ApiClient) -> Result<(), SyncError> {
         const PATH: &str = "/api/v1/nodes?labelSelector=node-role.kubernetes.io%2Fcontrol-plane";
-        let nodes = match self.block_on(api.get_json(PATH)) {
+        let nodes: List<Node> = match self.block_on(api.get_as(PATH)) {
             Ok(n) => n,
             Err(e) => {
                 tracing::warn!(error = %e, "kubeadm-sync: the control-plane nodes cannot be listed; assuming this one alone");
                 return Ok(());
             }
         };
-        let names: Vec<&str> = nodes["items"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|n| n["metadata"]["name"].as_str())
+        let names: Vec<&str> = nodes
+            .items
+            .iter()
+            .filter_map(|n| n.metadata.name.as_deref())
             .collect();
         if names.len() > 1 {
             return Err(SyncError::SeveralControllers {
@@ -1230,12 +1407,14 @@ pub enum Pass {
 
 /// Whether the Deployment controller gave up on the rollout (`Progressing` false with
 /// `ProgressDeadlineExceeded`, past `progressDeadlineSeconds`).
-pub fn progress_deadline_exceeded(d: &Value) -> bool {
-    d["status"]["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .any(|c| c["type"] == "Progressing" && c["reason"] == "ProgressDeadlineExceeded")
+pub fn progress_deadline_exceeded(d: &Deployment) -> bool {
+    d.status
+        .iter()
+        .flat_map(|s| s.conditions.iter().flatten())
+        .any(|c| {
+            c.type_.as_deref() == Some("Progressing")
+                && c.reason.as_deref() == Some("ProgressDeadlineExceeded")
+        })
 }
 
 /// The pid of a kube-apiserver process other than a Deployment's (which binds a `127.`
@@ -1439,6 +1618,7 @@ pub fn run(args: &crate::cli::KubeadmSyncArgs) -> Result<(), SyncError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     const KUBEADM: &str = "apiVersion: v1\nkind: Pod\nmetadata:\n  annotations:\n    kubeadm.kubernetes.io/kube-apiserver.advertise-address.endpoint: 192.0.2.10:6443\n  labels:\n    component: kube-apiserver\n    tier: control-plane\n  name: kube-apiserver\n  namespace: kube-system\nspec:\n  containers:\n  - command: [kube-apiserver, --advertise-address=192.0.2.10, --secure-port=6443]\n    image: registry.k8s.io/kube-apiserver:v1.37.2\n    name: kube-apiserver\n    ports: [{containerPort: 6443, name: probe-port, protocol: TCP}]\n    readinessProbe: {httpGet: {host: 192.0.2.10, path: /readyz, port: probe-port, scheme: HTTPS}, periodSeconds: 1}\n    livenessProbe: {httpGet: {host: 192.0.2.10, path: /livez, port: probe-port, scheme: HTTPS}}\n  hostNetwork: true\n  priorityClassName: system-node-critical\n";
 
@@ -1466,8 +1646,7 @@ mod tests {
                 ["kubeadm.kubernetes.io/kube-apiserver.advertise-address.endpoint"],
             "192.0.2.10:6443"
         );
-        let meta_value = object::to_value(meta);
-        assert_eq!(digests(&meta_value), (Some(pod.digest.as_str()), Some("f")));
+        assert_eq!(digests(meta), (Some(pod.digest.as_str()), Some("f")));
         let spec = s.spec.as_ref().unwrap();
         let c = &spec.containers[0];
         let init = &spec.init_containers.as_ref().unwrap()[0];
@@ -1517,30 +1696,326 @@ mod tests {
             .any(|m| m.mount_path == "/etc/kubernetes" && m.read_only == Some(true)));
     }
 
-    #[test]
-    fn a_static_uid_follows_the_content_not_the_kubelet() {
-        let pod = json!({"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "etcd", "namespace": "kube-system"},
-            "spec": {"containers": [{"name": "etcd", "image": "etcd:v3.6.16"}]}});
-        let uid = static_uid("node-1", "etcd.yaml", &pod);
-        assert_eq!(uid.len(), 32);
-        assert!(uid.bytes().all(|b| b.is_ascii_hexdigit()));
-        // The same file again, with the UID it got: the same UID.
-        let mut with_uid = pod.clone();
-        with_uid["metadata"]["uid"] = json!(uid.clone());
-        assert_eq!(static_uid("node-1", "etcd.yaml", &with_uid), uid);
-        // Another image, file or node: another pod.
-        let mut newer = pod.clone();
-        newer["spec"]["containers"][0]["image"] = json!("etcd:v3.7.0");
-        assert_ne!(static_uid("node-1", "etcd.yaml", &newer), uid);
-        assert_ne!(static_uid("node-1", "etcd2.yaml", &pod), uid);
-        assert_ne!(static_uid("node-2", "etcd.yaml", &pod), uid);
+    /// kubeadm's etcd manifest as kubeadm writes it (its nulls and empty objects included).
+    const KUBEADM_ETCD: &str = "apiVersion: v1\nkind: Pod\nmetadata:\n  annotations:\n    kubeadm.kubernetes.io/etcd.advertise-client-urls: https://192.0.2.10:2379\n  creationTimestamp: null\n  labels:\n    component: etcd\n    tier: control-plane\n  name: etcd\n  namespace: kube-system\nspec:\n  containers:\n  - command:\n    - etcd\n    - --advertise-client-urls=https://192.0.2.10:2379\n    - --data-dir=/var/lib/etcd\n    - --name=node-1\n    image: registry.k8s.io/etcd:3.6.16-0\n    imagePullPolicy: IfNotPresent\n    livenessProbe:\n      failureThreshold: 8\n      httpGet:\n        host: 127.0.0.1\n        path: /livez\n        port: probe-port\n        scheme: HTTP\n      initialDelaySeconds: 10\n      periodSeconds: 10\n      timeoutSeconds: 15\n    name: etcd\n    ports:\n    - containerPort: 2381\n      name: probe-port\n      protocol: TCP\n    resources:\n      requests:\n        cpu: 100m\n        memory: 100Mi\n    volumeMounts:\n    - mountPath: /var/lib/etcd\n      name: etcd-data\n  hostNetwork: true\n  priority: 2000001000\n  priorityClassName: system-node-critical\n  securityContext:\n    seccompProfile:\n      type: RuntimeDefault\n  volumes:\n  - hostPath:\n      path: /var/lib/etcd\n      type: DirectoryOrCreate\n    name: etcd-data\nstatus: {}\n";
+    /// kubeadm's scheduler manifest, the same way.
+    const KUBEADM_SCHEDULER: &str = "apiVersion: v1\nkind: Pod\nmetadata:\n  creationTimestamp: null\n  labels:\n    component: kube-scheduler\n    tier: control-plane\n  name: kube-scheduler\n  namespace: kube-system\nspec:\n  containers:\n  - command:\n    - kube-scheduler\n    - --kubeconfig=/etc/kubernetes/scheduler.conf\n    - --leader-elect=true\n    image: registry.k8s.io/kube-scheduler:v1.37.2\n    imagePullPolicy: IfNotPresent\n    name: kube-scheduler\n    resources:\n      requests:\n        cpu: 100m\n    volumeMounts:\n    - mountPath: /etc/kubernetes/scheduler.conf\n      name: kubeconfig\n      readOnly: true\n  hostNetwork: true\n  priority: 2000001000\n  priorityClassName: system-node-critical\n  securityContext:\n    seccompProfile:\n      type: RuntimeDefault\n  volumes:\n  - hostPath:\n      path: /etc/kubernetes/scheduler.conf\n      type: FileOrCreate\n    name: kubeconfig\nstatus: {}\n";
+
+    /// A `Sync` on two fresh directories (the API never called: no kubeconfig).
+    fn sync_on(tmp: &Path) -> Sync {
+        let (kubeadm_dir, static_pod_dir) = (tmp.join("manifests"), tmp.join("kubelet"));
+        std::fs::create_dir_all(&kubeadm_dir).unwrap();
+        std::fs::create_dir_all(&static_pod_dir).unwrap();
+        Sync {
+            kubeadm_dir,
+            static_pod_dir,
+            node: "node-1".into(),
+            namespace: "kube-system".into(),
+            deployment: "kube-apiserver".into(),
+            proxy_image: "kap:v1".into(),
+            interval: Duration::from_secs(1),
+            settle: Duration::ZERO,
+            rollout_timeout: Duration::from_secs(1),
+            etcd_canary_timeout: Duration::ZERO,
+            etcd_canary_port: 0,
+            canaried: std::sync::Mutex::new(None),
+            kubeconfig: tmp.join("none"),
+            command: vec![],
+        }
     }
 
-    fn etcd(image: &str, flags: &[&str]) -> Value {
-        json!({"metadata": {"name": "etcd", "namespace": "kube-system", "uid": "u1",
+    /// What this agent writes into the kubelet's directory, and the UIDs, byte for byte as the
+    /// releases before wrote them for the same kubeadm files (kubeadm's nulls kept): a copy or
+    /// UID that changed with an upgrade of the agent would restart its static pod, etcd's among
+    /// them. Pinned: never change these texts to make a change pass.
+    #[test]
+    fn the_copies_and_uids_are_what_earlier_releases_wrote() {
+        const ETCD_UID: &str = "f490bd654fc82834edacef2b87fe67eb";
+        const SCHEDULER_UID: &str = "5dfdbf0558dc666326c20c3dfcb7eb4c";
+        const STANDIN_UID: &str = "510bccb3d28167488d0070e45ff0bf8a";
+        const ETCD_COPY: &str = r#"apiVersion: v1
+kind: Pod
+metadata:
+  annotations:
+    kubeadm.kubernetes.io/etcd.advertise-client-urls: "https://192.0.2.10:2379"
+  creationTimestamp: ~
+  labels:
+    component: etcd
+    tier: control-plane
+  name: etcd
+  namespace: kube-system
+  uid: f490bd654fc82834edacef2b87fe67eb
+spec:
+  containers:
+    - command:
+        - etcd
+        - "--advertise-client-urls=https://192.0.2.10:2379"
+        - "--data-dir=/var/lib/etcd"
+        - "--name=node-1"
+      image: "registry.k8s.io/etcd:3.6.16-0"
+      imagePullPolicy: IfNotPresent
+      livenessProbe:
+        failureThreshold: 8
+        httpGet:
+          host: 127.0.0.1
+          path: /livez
+          port: probe-port
+          scheme: HTTP
+        initialDelaySeconds: 10
+        periodSeconds: 10
+        timeoutSeconds: 15
+      name: etcd
+      ports:
+        - containerPort: 2381
+          name: probe-port
+          protocol: TCP
+      resources:
+        requests:
+          cpu: 100m
+          memory: 100Mi
+      volumeMounts:
+        - mountPath: /var/lib/etcd
+          name: etcd-data
+  hostNetwork: true
+  priority: 2000001000
+  priorityClassName: system-node-critical
+  securityContext:
+    seccompProfile:
+      type: RuntimeDefault
+  volumes:
+    - hostPath:
+        path: /var/lib/etcd
+        type: DirectoryOrCreate
+      name: etcd-data
+status: {}
+"#;
+        const SCHEDULER_COPY: &str = r#"apiVersion: v1
+kind: Pod
+metadata:
+  creationTimestamp: ~
+  labels:
+    component: kube-scheduler
+    tier: control-plane
+  name: kube-scheduler
+  namespace: kube-system
+  uid: 5dfdbf0558dc666326c20c3dfcb7eb4c
+spec:
+  containers:
+    - command:
+        - kube-scheduler
+        - "--kubeconfig=/etc/kubernetes/scheduler.conf"
+        - "--leader-elect=true"
+      image: "registry.k8s.io/kube-scheduler:v1.37.2"
+      imagePullPolicy: IfNotPresent
+      name: kube-scheduler
+      resources:
+        requests:
+          cpu: 100m
+      volumeMounts:
+        - mountPath: /etc/kubernetes/scheduler.conf
+          name: kubeconfig
+          readOnly: true
+  hostNetwork: true
+  priority: 2000001000
+  priorityClassName: system-node-critical
+  securityContext:
+    seccompProfile:
+      type: RuntimeDefault
+  volumes:
+    - hostPath:
+        path: /etc/kubernetes/scheduler.conf
+        type: FileOrCreate
+      name: kubeconfig
+status: {}
+"#;
+        // etcd's copy restarted in place: the short grace period, marked.
+        const ETCD_GRACED: &str = r#"apiVersion: v1
+kind: Pod
+metadata:
+  annotations:
+    kube-apiserver-proxy/restart-grace: "2"
+    kubeadm.kubernetes.io/etcd.advertise-client-urls: "https://192.0.2.10:2379"
+  creationTimestamp: ~
+  labels:
+    component: etcd
+    tier: control-plane
+  name: etcd
+  namespace: kube-system
+  uid: f490bd654fc82834edacef2b87fe67eb
+spec:
+  containers:
+    - command:
+        - etcd
+        - "--advertise-client-urls=https://192.0.2.10:2379"
+        - "--data-dir=/var/lib/etcd"
+        - "--name=node-1"
+      image: "registry.k8s.io/etcd:3.6.16-0"
+      imagePullPolicy: IfNotPresent
+      livenessProbe:
+        failureThreshold: 8
+        httpGet:
+          host: 127.0.0.1
+          path: /livez
+          port: probe-port
+          scheme: HTTP
+        initialDelaySeconds: 10
+        periodSeconds: 10
+        timeoutSeconds: 15
+      name: etcd
+      ports:
+        - containerPort: 2381
+          name: probe-port
+          protocol: TCP
+      resources:
+        requests:
+          cpu: 100m
+          memory: 100Mi
+      volumeMounts:
+        - mountPath: /var/lib/etcd
+          name: etcd-data
+  hostNetwork: true
+  priority: 2000001000
+  priorityClassName: system-node-critical
+  securityContext:
+    seccompProfile:
+      type: RuntimeDefault
+  terminationGracePeriodSeconds: 2
+  volumes:
+    - hostPath:
+        path: /var/lib/etcd
+        type: DirectoryOrCreate
+      name: etcd-data
+status: {}
+"#;
+        let tmp = std::env::temp_dir().join(format!("kap-sync-pin-{}", rand::random::<u64>()));
+        let sync = sync_on(&tmp);
+        std::fs::write(sync.kubeadm_dir.join("etcd.yaml"), KUBEADM_ETCD).unwrap();
+        std::fs::write(
+            sync.kubeadm_dir.join("kube-scheduler.yaml"),
+            KUBEADM_SCHEDULER,
+        )
+        .unwrap();
+        std::fs::write(sync.kubeadm_dir.join(APISERVER), KUBEADM).unwrap();
+        assert_eq!(
+            sync.copy_manifests(false).unwrap(),
+            ["etcd.yaml", "kube-scheduler.yaml"]
+        );
+        let read = |name: &str| std::fs::read_to_string(sync.static_pod_dir.join(name)).unwrap();
+        assert_eq!(read("etcd.yaml"), ETCD_COPY);
+        assert_eq!(read("kube-scheduler.yaml"), SCHEDULER_COPY);
+        // Again: nothing to do.
+        assert!(sync.copy_manifests(false).unwrap().is_empty());
+        let doc = |text: &str| crate::base::yaml::parse_documents(text).unwrap().remove(0);
+        assert_eq!(
+            static_uid("node-1", "etcd.yaml", &doc(KUBEADM_ETCD)),
+            ETCD_UID
+        );
+        assert_eq!(static_uid("node-1", "etcd.yaml", &doc(ETCD_COPY)), ETCD_UID);
+        assert_eq!(
+            static_uid("node-1", "kube-scheduler.yaml", &doc(KUBEADM_SCHEDULER)),
+            SCHEDULER_UID
+        );
+        // The restart in place, and back to kubeadm's grace period (fix_mirrors).
+        let graced = with_restart_grace(Manifest::from_value(doc(ETCD_COPY)).unwrap());
+        assert_eq!(graced.to_yaml(), ETCD_GRACED);
+        assert_eq!(graced.static_uid("node-1", "etcd.yaml"), ETCD_UID);
+        assert_eq!(
+            static_uid("node-1", "etcd.yaml", graced.document()),
+            ETCD_UID
+        );
+        let mut plain = graced.as_kubeadms();
+        plain.edit(|p| p.metadata.uid = Some(ETCD_UID.to_owned()));
+        assert_eq!(plain.to_yaml(), ETCD_COPY);
+        // The stand-in's UID (the stand-in itself is render's).
+        let pod = StaticPod::parse(KUBEADM).unwrap();
+        let stand = object::to_value(&standin(
+            &pod,
+            Some("f"),
+            "kap:v1",
+            &["kubeadm-sync".into()],
+            &[Path::new("/m"), Path::new("/k")],
+        ));
+        assert_eq!(static_uid("node-1", APISERVER, &stand), STANDIN_UID);
+        // Written as built, with that UID (Sync::apiserver).
+        let mut written = Manifest::from_value(stand.clone()).unwrap();
+        assert_eq!(written.static_uid("node-1", APISERVER), STANDIN_UID);
+        written.edit(|p| p.metadata.uid = Some(STANDIN_UID.to_owned()));
+        assert_eq!(written.as_kubeadms().document(), &stand);
+        assert!(written
+            .to_yaml()
+            .contains(&format!("\n  uid: {STANDIN_UID}\n")));
+        std::fs::remove_dir_all(&tmp).unwrap();
+    }
+
+    /// `pod` as a file read ([`Manifest`]).
+    fn manifest(pod: &Pod) -> Manifest {
+        Manifest::from_value(object::to_value(pod)).unwrap()
+    }
+
+    /// The first container of `pod`.
+    fn first(pod: &mut Pod) -> &mut Container {
+        &mut pod.spec.as_mut().unwrap().containers[0]
+    }
+
+    #[test]
+    fn a_static_uid_follows_the_content_not_the_kubelet() {
+        let pod: Pod = object::from_value(json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "etcd", "namespace": "kube-system"},
+            "spec": {"containers": [{"name": "etcd", "image": "etcd:v3.6.16"}]}}))
+        .unwrap();
+        let uid = static_uid("node-1", "etcd.yaml", &object::to_value(&pod));
+        assert_eq!(uid.len(), 32);
+        assert!(uid.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_eq!(manifest(&pod).static_uid("node-1", "etcd.yaml"), uid);
+        // The same file again, with the UID it got: the same UID.
+        let mut with_uid = pod.clone();
+        with_uid.metadata.uid = Some(uid.clone());
+        assert_eq!(
+            static_uid("node-1", "etcd.yaml", &object::to_value(&with_uid)),
+            uid
+        );
+        // Another image, file or node: another pod.
+        let mut newer = pod.clone();
+        first(&mut newer).image = Some("etcd:v3.7.0".into());
+        assert_ne!(manifest(&newer).static_uid("node-1", "etcd.yaml"), uid);
+        assert_ne!(manifest(&pod).static_uid("node-1", "etcd2.yaml"), uid);
+        assert_ne!(manifest(&pod).static_uid("node-2", "etcd.yaml"), uid);
+    }
+
+    #[test]
+    fn a_field_this_build_does_not_know_is_not_copied() {
+        let tmp = std::env::temp_dir().join(format!("kap-sync-unknown-{}", rand::random::<u64>()));
+        let sync = sync_on(&tmp);
+        let unknown = KUBEADM_ETCD.replace(
+            "  hostNetwork: true\n",
+            "  hostNetwork: true\n  future: {}\n",
+        );
+        let src = sync.kubeadm_dir.join("etcd.yaml");
+        std::fs::write(&src, &unknown).unwrap();
+        let e = read_pod(&src).unwrap_err().to_string();
+        assert!(e.starts_with(&src.display().to_string()), "{e}");
+        assert!(e.contains("(spec.future;"), "{e}");
+        assert!(sync.copy_manifests(false).unwrap().is_empty());
+        assert!(!sync.static_pod_dir.join("etcd.yaml").exists());
+        // The copy of kubeadm's earlier file stays as it is.
+        std::fs::write(&src, KUBEADM_ETCD).unwrap();
+        assert_eq!(sync.copy_manifests(false).unwrap(), ["etcd.yaml"]);
+        let copy = std::fs::read(sync.static_pod_dir.join("etcd.yaml")).unwrap();
+        std::fs::write(&src, &unknown).unwrap();
+        assert!(sync.copy_manifests(false).unwrap().is_empty());
+        assert_eq!(
+            std::fs::read(sync.static_pod_dir.join("etcd.yaml")).unwrap(),
+            copy
+        );
+        std::fs::remove_dir_all(&tmp).unwrap();
+    }
+
+    fn etcd(image: &str, flags: &[&str]) -> Pod {
+        object::from_value(json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "etcd", "namespace": "kube-system", "uid": "u1",
                 "annotations": {"kubeadm.kubernetes.io/etcd.advertise-client-urls": "https://10.0.0.1:2379"}},
-            "spec": {"hostNetwork": true, "containers": [{"name": "etcd", "image": image, "command": flags}]}})
+            "spec": {"hostNetwork": true, "containers": [{"name": "etcd", "image": image, "command": flags}]}}))
+        .unwrap()
     }
 
     #[test]
@@ -1557,7 +2032,7 @@ mod tests {
         ));
         // The UID aside, nothing changed: nothing to restart.
         let mut same = old.clone();
-        same["metadata"].as_object_mut().unwrap().remove("uid");
+        same.metadata.uid = None;
         assert!(!restarts_in_place(&old, &same));
         // The flags alone: the kubelet would not restart the container.
         assert!(!restarts_in_place(
@@ -1566,29 +2041,32 @@ mod tests {
         ));
         // Anything of the pod beside its containers: a new pod.
         let mut pod_level = etcd("registry.k8s.io/etcd:3.7.0-0", &["etcd", "--a"]);
-        pod_level["spec"]["hostNetwork"] = json!(false);
+        pod_level.spec.as_mut().unwrap().host_network = Some(false);
         assert!(!restarts_in_place(&old, &pod_level));
         let mut label = etcd("registry.k8s.io/etcd:3.7.0-0", &["etcd", "--a"]);
-        label["metadata"]["labels"] = json!({"x": "y"});
+        label.metadata.labels = Some([("x".to_owned(), "y".to_owned())].into());
         assert!(!restarts_in_place(&old, &label));
         // A container more, or renamed.
         let mut more = etcd("registry.k8s.io/etcd:3.7.0-0", &["etcd", "--a"]);
-        more["spec"]["containers"]
-            .as_array_mut()
-            .unwrap()
-            .push(json!({"name": "x", "image": "x"}));
+        more.spec.as_mut().unwrap().containers.push(Container {
+            name: "x".into(),
+            image: Some("x".into()),
+            ..Default::default()
+        });
         assert!(!restarts_in_place(&old, &more));
         let mut renamed = etcd("registry.k8s.io/etcd:3.7.0-0", &["etcd", "--a"]);
-        renamed["spec"]["containers"][0]["name"] = json!("etcd2");
+        first(&mut renamed).name = "etcd2".into();
         assert!(!restarts_in_place(&old, &renamed));
     }
 
-    fn mirror(image: &str, status_image: &str, ready: bool) -> Value {
-        json!({"metadata": {"name": "etcd-n", "namespace": "kube-system", "resourceVersion": "7",
+    fn mirror(image: &str, status_image: &str, ready: bool) -> Pod {
+        object::from_value(json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "etcd-n", "namespace": "kube-system", "resourceVersion": "7",
                 "annotations": {"kubernetes.io/config.hash": "u1", "kubernetes.io/config.mirror": "u1"}},
             "spec": {"containers": [{"name": "etcd", "image": image}]},
             "status": {"containerStatuses": [{"name": "etcd", "image": status_image, "ready": ready,
-                "state": {"running": {"startedAt": "2026-12-05T00:00:00Z"}}}]}})
+                "state": {"running": {"startedAt": "2026-12-05T00:00:00Z"}}}]}}))
+        .unwrap()
     }
 
     #[test]
@@ -1628,102 +2106,153 @@ mod tests {
             let Mirror::Update(u) = mirror_update(&serving, &c, "h2") else {
                 panic!("an update for {reported}");
             };
+            let annotations = u.metadata.annotations.as_ref().unwrap();
+            assert_eq!(annotations["kubernetes.io/config.hash"], "h2");
+            assert_eq!(annotations["kubernetes.io/config.mirror"], "u1");
+            assert_eq!(u.metadata.resource_version.as_deref(), Some("7"));
             assert_eq!(
-                u["metadata"]["annotations"]["kubernetes.io/config.hash"],
-                "h2"
+                u.spec.as_ref().unwrap().containers[0].image,
+                c.spec.as_ref().unwrap().containers[0].image
             );
-            assert_eq!(
-                u["metadata"]["annotations"]["kubernetes.io/config.mirror"],
-                "u1"
-            );
-            assert_eq!(u["metadata"]["resourceVersion"], "7");
-            assert_eq!(
-                u["spec"]["containers"][0]["image"],
-                c["spec"]["containers"][0]["image"]
-            );
-            assert!(u.get("status").is_none());
+            assert!(u.status.is_none());
         }
     }
 
     #[test]
     fn copies_compare_without_the_adopted_uid() {
-        let a = json!({"metadata": {"name": "etcd"}, "spec": {"x": 1}});
+        let a: Pod = object::from_value(json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "etcd"}, "spec": {"containers": [{"name": "etcd", "image": "e:1"}]}}))
+        .unwrap();
         let mut b = a.clone();
-        b["metadata"]["uid"] = json!("abc");
+        b.metadata.uid = Some("abc".into());
         assert!(same_pod(&a, &b));
-        b["spec"]["x"] = json!(2);
+        first(&mut b).image = Some("e:2".into());
         assert!(!same_pod(&a, &b));
     }
 
     #[test]
     fn the_restart_grace_is_the_agents_and_compares_away() {
+        let grace = |m: &Manifest| {
+            m.pod()
+                .spec
+                .as_ref()
+                .and_then(|s| s.termination_grace_period_seconds)
+        };
         let kubeadm = etcd("registry.k8s.io/etcd:3.7.0-0", &["--name=n"]);
-        let mut copy = kubeadm.clone();
-        copy["metadata"]["uid"] = json!("uid-etcd");
+        let mut copy = manifest(&kubeadm);
+        copy.edit(|p| p.metadata.uid = Some("uid-etcd".into()));
         let short = with_restart_grace(copy.clone());
-        assert_eq!(short["spec"]["terminationGracePeriodSeconds"], json!(2));
-        assert!(same_pod(&kubeadm, &short), "{short}");
+        assert_eq!(grace(&short), Some(2));
+        assert!(same_pod(&kubeadm, short.pod()), "{short:?}");
         assert_eq!(
-            static_uid("n", RESTART_IN_PLACE, &short),
-            static_uid("n", RESTART_IN_PLACE, &kubeadm)
+            short.static_uid("n", RESTART_IN_PLACE),
+            manifest(&kubeadm).static_uid("n", RESTART_IN_PLACE)
         );
         // Taken out whole: no annotation left where kubeadm's pod had none.
         let mut bare = kubeadm.clone();
-        bare["metadata"]
-            .as_object_mut()
-            .unwrap()
-            .remove("annotations");
-        let bare_short = with_restart_grace(bare.clone());
-        assert!(bare_short["metadata"]["annotations"][GRACE_MARK].is_string());
-        assert_eq!(as_kubeadms(&bare_short), as_kubeadms(&bare));
+        bare.metadata.annotations = None;
+        let bare_short = with_restart_grace(manifest(&bare));
+        assert!(bare_short.pod().metadata.annotations.as_ref().unwrap()[GRACE_MARK] == "2");
+        assert_eq!(as_kubeadms(bare_short.pod()), as_kubeadms(&bare));
+        assert_eq!(
+            bare_short.as_kubeadms().document(),
+            manifest(&bare).as_kubeadms().document()
+        );
         // The next image change still restarts in place from a copy that has it.
         let next = etcd("registry.k8s.io/etcd:3.7.1-0", &["--name=n"]);
-        assert!(restarts_in_place(&short, &next));
+        assert!(restarts_in_place(short.pod(), &next));
         // kubeadm's own grace period (a patch) stays: neither changed nor compared away.
         let mut patched = kubeadm.clone();
-        patched["spec"]["terminationGracePeriodSeconds"] = json!(10);
-        let kept = with_restart_grace(patched.clone());
-        assert_eq!(kept["spec"]["terminationGracePeriodSeconds"], json!(10));
-        assert!(!same_pod(&kubeadm, &kept));
+        patched
+            .spec
+            .as_mut()
+            .unwrap()
+            .termination_grace_period_seconds = Some(10);
+        let kept = with_restart_grace(manifest(&patched));
+        assert_eq!(grace(&kept), Some(10));
+        assert!(!same_pod(&kubeadm, kept.pod()));
         // A grace period without the mark is not the agent's: it counts.
         let mut unmarked = kubeadm.clone();
-        unmarked["spec"]["terminationGracePeriodSeconds"] = json!(2);
+        unmarked
+            .spec
+            .as_mut()
+            .unwrap()
+            .termination_grace_period_seconds = Some(2);
         assert!(!same_pod(&kubeadm, &unmarked));
+    }
+
+    use k8s_openapi::api::apps::v1::DeploymentStatus;
+
+    fn deployment(value: Value) -> Deployment {
+        object::from_value(value).unwrap()
     }
 
     #[test]
     fn rollout_done_as_kubectl_rollout_status() {
-        let mut d = json!({"metadata": {"generation": 3}, "spec": {"replicas": 1},
-            "status": {"observedGeneration": 3, "updatedReplicas": 1, "availableReplicas": 1, "replicas": 1}});
+        let mut d = deployment(
+            json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"generation": 3},
+            "spec": {"replicas": 1},
+            "status": {"observedGeneration": 3, "updatedReplicas": 1, "availableReplicas": 1, "replicas": 1}}),
+        );
         assert!(rollout_done(&d));
-        d["status"]["replicas"] = json!(2); // the old pod is still there
+        fn status(d: &mut Deployment) -> &mut DeploymentStatus {
+            d.status.as_mut().unwrap()
+        }
+        status(&mut d).replicas = Some(2); // the old pod is still there
         assert!(!rollout_done(&d));
-        d["status"]["replicas"] = json!(1);
-        d["status"]["observedGeneration"] = json!(2);
+        status(&mut d).replicas = Some(1);
+        status(&mut d).observed_generation = Some(2);
         assert!(!rollout_done(&d));
     }
 
     #[test]
     fn a_rollout_past_its_progress_deadline_is_seen() {
-        let mut d = json!({"status": {"conditions": [
+        let mut d = deployment(
+            json!({"apiVersion": "apps/v1", "kind": "Deployment", "status": {"conditions": [
             {"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable"},
-            {"type": "Progressing", "status": "True", "reason": "ReplicaSetUpdated"}]}});
+            {"type": "Progressing", "status": "True", "reason": "ReplicaSetUpdated"}]}}),
+        );
         assert!(!progress_deadline_exceeded(&d));
-        d["status"]["conditions"][1] =
-            json!({"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded"});
+        let progressing = &mut d.status.as_mut().unwrap().conditions.as_mut().unwrap()[1];
+        progressing.status = Some("False".into());
+        progressing.reason = Some("ProgressDeadlineExceeded".into());
         assert!(progress_deadline_exceeded(&d));
-        assert!(!progress_deadline_exceeded(&json!({})));
+        assert!(!progress_deadline_exceeded(&Deployment::default()));
     }
 
     #[test]
     fn replace_keeps_the_live_metadata() {
-        let live = json!({"metadata": {"name": "kube-apiserver", "resourceVersion": "7", "labels": {"x": "y"}},
-            "spec": {"old": true}, "status": {"replicas": 1}});
-        let rendered = json!({"metadata": {"labels": {"a": "b"}}, "spec": {"new": true}});
+        let live = deployment(json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "kube-apiserver", "resourceVersion": "7", "labels": {"x": "y"}},
+            "spec": {"replicas": 1}, "status": {"replicas": 1}}));
+        let rendered = deployment(json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"labels": {"a": "b"}}, "spec": {"replicas": 2, "paused": true}}));
         let r = replaced(&live, &rendered);
-        assert_eq!(r["metadata"]["resourceVersion"], "7");
-        assert_eq!(r["metadata"]["labels"], json!({"x": "y", "a": "b"}));
-        assert_eq!(r["spec"], json!({"new": true}));
-        assert!(r.get("status").is_none());
+        assert_eq!(r.metadata.resource_version.as_deref(), Some("7"));
+        assert_eq!(
+            r.metadata.labels,
+            Some(
+                [("x", "y"), ("a", "b")]
+                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                    .into()
+            )
+        );
+        assert_eq!(r.spec, rendered.spec);
+        assert!(r.status.is_none());
+    }
+
+    #[test]
+    fn the_proxy_of_a_live_deployment_is_read_from_its_template() {
+        let d = deployment(json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "spec": {"template": {"spec": {"containers": [
+                {"name": render::CONTAINER, "image": "k:1", "args": ["--client-address=transparent"]},
+                {"name": "proxy", "image": "kap:v2", "args": ["--client-address=transparent"]}]}}}}));
+        assert_eq!(proxy_image(&d).as_deref(), Some("kap:v2"));
+        assert!(transparent_client_address(&d));
+        let mut plain = d.clone();
+        let proxy = &mut plain.spec.template.spec.as_mut().unwrap().containers[1];
+        proxy.args = None;
+        assert!(!transparent_client_address(&plain));
+        assert_eq!(proxy_image(&Deployment::default()), None);
     }
 }

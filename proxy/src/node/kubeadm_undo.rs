@@ -62,7 +62,8 @@ pub fn plan(kubeadm_dir: &Path, static_pod_dir: &Path) -> Result<Vec<Handover>, 
     for name in &running {
         let path = static_pod_dir.join(name);
         let pod = kubeadm_sync::read_pod(&path).map_err(|e| refuse(&path, e.to_string()))?;
-        if kubeadm_sync::digests(&pod["metadata"]).0.is_some() {
+        let pod = pod.pod();
+        if kubeadm_sync::digests(&pod.metadata).0.is_some() {
             return Err(refuse(&path, "the kubeadm-sync stand-in still runs: move it out of the kubelet's directory first (the kubelet stops the agent), then migrate-back"));
         }
         if !kubeadms.contains(name) {
@@ -71,13 +72,13 @@ pub fn plan(kubeadm_dir: &Path, static_pod_dir: &Path) -> Result<Vec<Handover>, 
                 kubeadm_dir.display()
             )));
         }
-        let Some(uid) = pod["metadata"]["uid"].as_str().filter(|u| !u.is_empty()) else {
+        let Some(uid) = pod.metadata.uid.as_deref().filter(|u| !u.is_empty()) else {
             return Err(refuse(&path, "carries no metadata.uid: the UID the kubelet runs it under cannot be carried over, and a pod read from another file without one gets a new UID (a restart)"));
         };
         if name != APISERVER {
             let theirs = kubeadm_dir.join(name);
             let kubeadms_pod = kubeadm_sync::read_pod(&theirs)?;
-            if !kubeadm_sync::same_pod(&kubeadms_pod, &pod) {
+            if !kubeadm_sync::same_pod(kubeadms_pod.pod(), pod) {
                 return Err(refuse(&theirs, format!(
                     "kubeadm's pod is not the one that runs from {}: kubeadm changed it and the agent has not followed (a change still under way, or one whose etcd canary failed: see the agent's log); bring them in line first",
                     path.display()

@@ -24,9 +24,10 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
-use serde_json::{json, Value};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 
 use crate::node::api::ApiClient;
+use crate::node::object::{self, Lease, Pod};
 
 /// The copies whose pod elects a leader with a lease.
 pub const LEADERS: [&str; 2] = ["kube-controller-manager.yaml", "kube-scheduler.yaml"];
@@ -42,14 +43,14 @@ pub const STOP_WAIT: Duration = Duration::from_secs(45);
 /// The lease `pod` elects its leader with, as its flags say: `(namespace, name)`,
 /// `kube-system/<its container's name>` by default; none with `--leader-elect=false` or a lock
 /// other than leases.
-pub fn lease_of(pod: &Value) -> Option<(String, String)> {
-    let c = &pod["spec"]["containers"][0];
-    let container = c["name"].as_str()?;
-    let words: Vec<&str> = ["command", "args"]
-        .iter()
-        .filter_map(|k| c[k].as_array())
+pub fn lease_of(pod: &Pod) -> Option<(String, String)> {
+    let c = pod.spec.as_ref()?.containers.first()?;
+    let container = c.name.as_str();
+    let words: Vec<&str> = [&c.command, &c.args]
+        .into_iter()
         .flatten()
-        .filter_map(Value::as_str)
+        .flatten()
+        .map(String::as_str)
         .collect();
     let flag = |name: &str| {
         words
@@ -73,21 +74,39 @@ pub fn lease_of(pod: &Value) -> Option<(String, String)> {
 
 /// `lease` released, as client-go releases its own, when a process of this host holds it (its
 /// identity is `<hostname>_<uuid>`); none otherwise (released already, or another's).
-pub fn released(lease: &Value, hosts: &[&str], now: SystemTime) -> Option<Value> {
-    let holder = lease["spec"]["holderIdentity"].as_str().unwrap_or("");
+pub fn released(lease: &Lease, hosts: &[&str], now: SystemTime) -> Option<Lease> {
+    let holder = holder(lease);
     if !hosts
         .iter()
         .any(|h| !h.is_empty() && holder.starts_with(&format!("{h}_")))
     {
         return None;
     }
-    let at = humantime::format_rfc3339_micros(now).to_string();
+    // Written in microseconds (MicroTime), as client-go writes them.
+    let micros = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_micros();
+    let at = i64::try_from(micros)
+        .ok()
+        .and_then(|m| k8s_openapi::jiff::Timestamp::from_microsecond(m).ok())
+        .map(MicroTime);
     let mut l = lease.clone();
-    l["spec"]["holderIdentity"] = json!("");
-    l["spec"]["leaseDurationSeconds"] = json!(1);
-    l["spec"]["acquireTime"] = json!(at);
-    l["spec"]["renewTime"] = json!(at);
+    let spec = l.spec.get_or_insert_with(Default::default);
+    spec.holder_identity = Some(String::new());
+    spec.lease_duration_seconds = Some(1);
+    spec.acquire_time = at.clone();
+    spec.renew_time = at;
     Some(l)
+}
+
+/// Who holds `lease` (empty: nobody).
+fn holder(lease: &Lease) -> &str {
+    lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.holder_identity.as_deref())
+        .unwrap_or("")
 }
 
 /// What became of the lease.
@@ -127,10 +146,15 @@ pub async fn after_stop(
             client = api();
         }
         if let Some(api) = &client {
-            match api.get_json(mirror_path).await {
+            // Only looked at: read as far as this build knows pods.
+            match api.get_as::<Pod>(mirror_path).await {
                 Err(e) if e.status() == Some(hyper::StatusCode::NOT_FOUND) => break api,
                 Ok(m)
-                    if m["metadata"]["annotations"]["kubernetes.io/config.mirror"].as_str()
+                    if m.metadata
+                        .annotations
+                        .as_ref()
+                        .and_then(|a| a.get("kubernetes.io/config.mirror"))
+                        .map(String::as_str)
                         != Some(uid) =>
                 {
                     break api
@@ -146,32 +170,34 @@ pub async fn after_stop(
     // The mirror pod gone, the kubelet still finishes the old pod: a successor of the same name
     // written before that is held back for its pod worker's back-off (10–15 s).
     tokio::time::sleep(KUBELET_FINISH).await;
-    let path = format!("/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}");
-    let lease = api.get_json(&path).await.map_err(|source| HandoverError {
-        path: path.clone(),
-        source,
-    })?;
+    let path = object::path::<Lease>(namespace, name);
+    // Refused when a field of it would be lost: it is written back.
+    let lease: Lease = api
+        .get_object(&path)
+        .await
+        .map_err(|source| HandoverError {
+            path: path.clone(),
+            source,
+        })?;
     let Some(free) = released(&lease, hosts, SystemTime::now()) else {
         return Ok(Handover::NotHeld);
     };
     // With the resourceVersion read: refused (409) if anyone wrote it meanwhile.
-    api.send_json("PUT", &path, &free)
+    api.send_object("PUT", &path, &free)
         .await
         .map_err(|source| HandoverError { path, source })?;
-    Ok(Handover::Released(
-        lease["spec"]["holderIdentity"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned(),
-    ))
+    Ok(Handover::Released(holder(&lease).to_owned()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
-    fn pod(args: &[&str]) -> Value {
-        json!({"spec": {"containers": [{"name": "kube-controller-manager", "command": args}]}})
+    fn pod(args: &[&str]) -> Pod {
+        object::from_value(json!({"apiVersion": "v1", "kind": "Pod",
+            "spec": {"containers": [{"name": "kube-controller-manager", "command": args}]}}))
+        .unwrap()
     }
 
     #[test]
@@ -203,14 +229,22 @@ mod tests {
 
     #[test]
     fn only_this_hosts_holder_is_released_as_client_go_releases() {
-        let lease = json!({"metadata": {"resourceVersion": "7"}, "spec": {"holderIdentity": "node-1_0b7e", "leaseDurationSeconds": 15, "leaseTransitions": 3}});
-        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let lease: Lease = object::from_value(json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"resourceVersion": "7"},
+            "spec": {"holderIdentity": "node-1_0b7e", "leaseDurationSeconds": 15, "leaseTransitions": 3}}))
+        .unwrap();
+        let now = SystemTime::UNIX_EPOCH + Duration::from_nanos(1_800_000_000_000_000_999);
         let free = released(&lease, &["node-1"], now).unwrap();
-        assert_eq!(free["spec"]["holderIdentity"], "");
-        assert_eq!(free["spec"]["leaseDurationSeconds"], 1);
-        assert_eq!(free["spec"]["leaseTransitions"], 3);
-        assert_eq!(free["metadata"]["resourceVersion"], "7");
-        assert_eq!(free["spec"]["renewTime"], "2027-01-15T08:00:00.000000Z");
+        let spec = free.spec.as_ref().unwrap();
+        assert_eq!(spec.holder_identity.as_deref(), Some(""));
+        assert_eq!(spec.lease_duration_seconds, Some(1));
+        assert_eq!(spec.lease_transitions, Some(3));
+        assert_eq!(free.metadata.resource_version.as_deref(), Some("7"));
+        assert_eq!(
+            object::to_value(&free)["spec"]["renewTime"],
+            "2027-01-15T08:00:00.000000Z"
+        );
+        assert_eq!(spec.acquire_time, spec.renew_time);
         assert_eq!(released(&lease, &["node-10", ""], now), None);
         assert_eq!(released(&free, &["node-1"], now), None);
     }

@@ -1485,11 +1485,9 @@ status: {}
             inits.len(),
             spec(&plain).init_containers.as_ref().unwrap().len() + 1
         );
-        assert!(crate::node::kubeadm_sync::client_address_transparent(
-            &object::to_value(&d)
-        ));
-        assert!(!crate::node::kubeadm_sync::client_address_transparent(
-            &object::to_value(&plain)
+        assert!(crate::node::kubeadm_sync::transparent_client_address(&d));
+        assert!(!crate::node::kubeadm_sync::transparent_client_address(
+            &plain
         ));
     }
 }

@@ -299,7 +299,18 @@ impl Node {
             deployment: ("kube-system", "kube-apiserver"),
             kubeadm_dir: &manifests,
         };
-        let rules = kubeadm_identity::rules(&id, &kubeadm_identity::leases(&manifests));
+        // The typed rules (k8s-openapi's PolicyRule) as JSON, as the evaluator reads them.
+        let rules: Vec<(String, Vec<Value>)> =
+            kubeadm_identity::rules(&id, &kubeadm_identity::leases(&manifests))
+                .into_iter()
+                .map(|(ns, rules)| {
+                    let rules = rules
+                        .iter()
+                        .map(|r| serde_json::to_value(r).expect("a rule serializes"))
+                        .collect();
+                    (ns, rules)
+                })
+                .collect();
         let calls = self.fake.calls();
         let denied: Vec<String> = calls
             .iter()
