@@ -27,11 +27,16 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use hyper::StatusCode;
+use k8s_openapi::api::apps::v1::{DaemonSet, ReplicaSet};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
 use serde_json::Value;
 
 use crate::base::fsutil::write_durable;
 use crate::node::api::{ApiClient, ApiError};
 use crate::node::kubeconfig::KubeconfigError;
+use crate::node::object::{self, Deployment, ObjectError, ObjectMeta, Pod};
 use crate::node::staticpod::{self, Origin};
 
 /// The checkpoint's file name in the checkpoint directory.
@@ -150,43 +155,46 @@ pub fn replaces(existing: Option<&Origin>, ours: &Origin) -> Result<(), &'static
 }
 
 /// Since when `pod` has been Ready, if it is.
-pub fn ready_since(pod: &Value) -> Option<SystemTime> {
-    pod["status"]["conditions"]
-        .as_array()?
+pub fn ready_since(pod: &Pod) -> Option<SystemTime> {
+    pod.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
         .iter()
-        .find(|c| c["type"] == "Ready" && c["status"] == "True")
-        .and_then(|c| c["lastTransitionTime"].as_str())
-        .and_then(|t| humantime::parse_rfc3339(t).ok())
+        .find(|c| c.type_ == "Ready" && c.status == "True")
+        .and_then(|c| c.last_transition_time.as_ref())
+        .and_then(|t| {
+            let since_epoch = Duration::try_from(t.0.as_duration()).ok()?;
+            SystemTime::UNIX_EPOCH.checked_add(since_epoch)
+        })
 }
 
 /// The pod to checkpoint among `pods` (a pod list's items) at `now`: not a mirror pod, not
 /// being deleted, Ready without a break for `after`; the newest such by `creationTimestamp`.
-pub fn choose(pods: &[Value], now: SystemTime, after: Duration) -> Option<&Value> {
+pub fn choose(pods: &[Pod], now: SystemTime, after: Duration) -> Option<&Pod> {
     pods.iter()
         .filter(|p| {
-            p["metadata"]["annotations"]
-                .get("kubernetes.io/config.mirror")
-                .is_none()
-                && p["metadata"].get("deletionTimestamp").is_none()
+            let meta = &p.metadata;
+            !meta
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"))
+                && meta.deletion_timestamp.is_none()
                 && ready_since(p).is_some_and(|t| now.duration_since(t).is_ok_and(|d| d >= after))
         })
         .max_by(|a, b| {
-            let created = |p: &Value| {
-                p["metadata"]["creationTimestamp"]
-                    .as_str()
-                    .map(str::to_owned)
-            };
-            created(a).cmp(&created(b))
+            a.metadata
+                .creation_timestamp
+                .cmp(&b.metadata.creation_timestamp)
         })
 }
 
-/// The controller owner reference of `object` (kind, name, uid), if it has one.
-pub fn controller_of(object: &Value) -> Option<(&str, &str, &str)> {
-    object["metadata"]["ownerReferences"]
-        .as_array()?
+/// The controller owner reference of an object (of its `metadata`), if it has one.
+pub fn controller_of(meta: &ObjectMeta) -> Option<&OwnerReference> {
+    meta.owner_references
+        .as_ref()?
         .iter()
-        .find(|r| r["controller"] == true)
-        .and_then(|r| Some((r["kind"].as_str()?, r["name"].as_str()?, r["uid"].as_str()?)))
+        .find(|r| r.controller == Some(true))
 }
 
 /// Why a pod is not one of the workload's: its controller owner references do not lead there.
@@ -220,81 +228,121 @@ pub enum NotOwned {
     },
 }
 
+/// The metadata of the `K` that `reference` names in `namespace`, read from the API, if it is the
+/// one named (its uid): `Ok(Err(why))` when it is missing or another.
+///
+/// Only the metadata is used and nothing is written back: the object is read as the API gives
+/// it (a field this build does not know is ignored, not refused).
+async fn owner_meta<K>(
+    api: &ApiClient,
+    namespace: &str,
+    reference: &OwnerReference,
+) -> Result<Result<ObjectMeta, NotOwned>, CheckpointError>
+where
+    K: k8s_openapi::Resource + k8s_openapi::Metadata<Ty = ObjectMeta> + DeserializeOwned,
+{
+    let path = object::path::<K>(namespace, &reference.name);
+    let meta = match api.get_as::<K>(&path).await {
+        Ok(o) => o.metadata().clone(),
+        Err(e) if e.status() == Some(StatusCode::NOT_FOUND) => {
+            return Ok(Err(NotOwned::Missing(path)))
+        }
+        Err(source) => return Err(CheckpointError::Api { path, source }),
+    };
+    if meta.uid.as_deref() != Some(reference.uid.as_str()) {
+        return Ok(Err(NotOwned::Uid {
+            path,
+            uid: reference.uid.clone(),
+        }));
+    }
+    Ok(Ok(meta))
+}
+
 /// Follows `pod`'s controller owner references up to `workload`, reading each owner from the
 /// API and comparing uids: `Ok(Err(why))` when the chain does not lead there.
 async fn owned_by(
     api: &ApiClient,
     namespace: &str,
-    pod: &Value,
+    pod: &Pod,
     workload: &Workload,
 ) -> Result<Result<(), NotOwned>, CheckpointError> {
-    let get = |path: String| async move {
-        match api.get_json(&path).await {
-            Ok(v) => Ok(Ok(v)),
-            Err(e) if e.status() == Some(StatusCode::NOT_FOUND) => Ok(Err(NotOwned::Missing(path))),
-            Err(source) => Err(CheckpointError::Api { path, source }),
-        }
-    };
     let (want, name) = match workload {
         Workload::Deployment(n) => ("ReplicaSet", n),
         Workload::DaemonSet(n) => ("DaemonSet", n),
     };
-    let Some((kind, owner, uid)) = controller_of(pod) else {
+    let Some(reference) = controller_of(&pod.metadata) else {
         return Ok(Err(NotOwned::NoController(workload.clone())));
     };
-    if kind != want {
+    if reference.kind != want {
         return Ok(Err(NotOwned::Kind {
-            kind: kind.to_owned(),
-            owner: owner.to_owned(),
+            kind: reference.kind.clone(),
+            owner: reference.name.clone(),
             want,
             workload: workload.clone(),
         }));
     }
-    let apps = format!("/apis/apps/v1/namespaces/{namespace}");
-    let mut path = match workload {
-        Workload::Deployment(_) => format!("{apps}/replicasets/{owner}"),
-        Workload::DaemonSet(_) => format!("{apps}/daemonsets/{owner}"),
-    };
-    let (mut owner, mut uid) = (owner.to_owned(), uid.to_owned());
-    loop {
-        let object = match get(path.clone()).await? {
-            Ok(o) => o,
-            Err(why) => return Ok(Err(why)),
-        };
-        if object["metadata"]["uid"].as_str() != Some(uid.as_str()) {
-            return Ok(Err(NotOwned::Uid { path, uid }));
-        }
-        if object["kind"] != "ReplicaSet" {
-            // The workload itself.
-            return Ok(if owner == *name {
+    match workload {
+        Workload::DaemonSet(_) => {
+            if let Err(why) = owner_meta::<DaemonSet>(api, namespace, reference).await? {
+                return Ok(Err(why));
+            }
+            Ok(if reference.name == *name {
                 Ok(())
             } else {
                 Err(NotOwned::Owner {
-                    owner,
+                    owner: reference.name.clone(),
                     workload: workload.clone(),
                 })
-            });
+            })
         }
-        match controller_of(&object) {
-            Some(("Deployment", d, u)) if matches!(workload, Workload::Deployment(_)) => {
-                if d != name {
-                    return Ok(Err(NotOwned::Deployment {
-                        replicaset: owner,
-                        deployment: d.to_owned(),
+        Workload::Deployment(_) => {
+            let replicaset = match owner_meta::<ReplicaSet>(api, namespace, reference).await? {
+                Ok(meta) => meta,
+                Err(why) => return Ok(Err(why)),
+            };
+            let deployment = match controller_of(&replicaset) {
+                Some(d) if d.kind == "Deployment" => d,
+                _ => {
+                    return Ok(Err(NotOwned::Uncontrolled {
+                        replicaset: reference.name.clone(),
                         workload: workload.clone(),
-                    }));
+                    }))
                 }
-                path = format!("{apps}/deployments/{d}");
-                (owner, uid) = (d.to_owned(), u.to_owned());
-            }
-            _ => {
-                return Ok(Err(NotOwned::Uncontrolled {
-                    replicaset: owner,
+            };
+            if deployment.name != *name {
+                return Ok(Err(NotOwned::Deployment {
+                    replicaset: reference.name.clone(),
+                    deployment: deployment.name.clone(),
                     workload: workload.clone(),
-                }))
+                }));
             }
+            Ok(owner_meta::<Deployment>(api, namespace, deployment)
+                .await?
+                .map(drop))
         }
     }
+}
+
+/// A pod list as the API returns it, its items kept as JSON: the one written is read again
+/// with nothing lost ([`object::from_value`]).
+#[derive(Deserialize)]
+struct PodList {
+    #[serde(default)]
+    items: Option<Vec<Value>>,
+}
+
+/// The metadata of a checkpoint file (its origin, when it was written): nothing else of it is
+/// read here, so a file this build would refuse to activate ([`staticpod::read`]) still says
+/// whose it is.
+fn file_metadata(bytes: &[u8]) -> Option<ObjectMeta> {
+    #[derive(Deserialize)]
+    struct File {
+        #[serde(default)]
+        metadata: ObjectMeta,
+    }
+    serde_json::from_slice::<File>(bytes)
+        .ok()
+        .map(|f| f.metadata)
 }
 
 /// One attempt: list the workload's pods on this node, choose, check, compare, write. The
@@ -307,15 +355,27 @@ pub async fn attempt(config: &WriterConfig, now: SystemTime) -> Result<Outcome, 
         encode(&config.selector),
         encode(&format!("spec.nodeName={}", config.node)),
     );
-    let list = api
-        .get_json(&path)
+    let api_error = |source| CheckpointError::Api {
+        path: path.clone(),
+        source,
+    };
+    let items = api
+        .get_as::<PodList>(&path)
         .await
-        .map_err(|source| CheckpointError::Api {
-            path: path.clone(),
-            source,
+        .map_err(api_error)?
+        .items
+        .unwrap_or_default();
+    let pods = items
+        .iter()
+        .map(Pod::deserialize)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| {
+            api_error(ApiError::Object(ObjectError::Shape {
+                kind: "Pod",
+                message: e.to_string(),
+            }))
         })?;
-    let items = list["items"].as_array().cloned().unwrap_or_default();
-    let Some(pod) = choose(&items, now, config.after) else {
+    let Some(pod) = choose(&pods, now, config.after) else {
         return Ok(Outcome::NoCandidate);
     };
     let ours = Origin::of_pod(pod).map_err(|source| CheckpointError::Unusable {
@@ -327,9 +387,16 @@ pub async fn attempt(config: &WriterConfig, now: SystemTime) -> Result<Outcome, 
     let existing_value = existing
         .as_deref()
         .and_then(|b| serde_json::from_slice::<Value>(b).ok());
-    let existing_origin = existing_value
-        .as_ref()
-        .and_then(|v| Origin::of_checkpoint(v).ok());
+    let existing_origin = existing
+        .as_deref()
+        .and_then(file_metadata)
+        .and_then(|metadata| {
+            Origin::of_checkpoint(&Pod {
+                metadata,
+                ..Pod::default()
+            })
+            .ok()
+        });
     let refused = |reason: String| {
         Ok(Outcome::Refused {
             pod: ours.pod.clone(),
@@ -340,8 +407,7 @@ pub async fn attempt(config: &WriterConfig, now: SystemTime) -> Result<Outcome, 
         // Kept: it must still pass the rules of the boot (they may have changed since it was
         // written), or the reboot would find nothing to activate.
         if let Some(Err(e)) = existing_value
-            .as_ref()
-            .map(|v| staticpod::validate(v, &config.policy))
+            .map(|v| staticpod::read(v).and_then(|p| staticpod::validate(&p, &config.policy)))
         {
             return refused(format!(
                 "the checkpoint in {} would be refused at boot: {e}",
@@ -357,17 +423,14 @@ pub async fn attempt(config: &WriterConfig, now: SystemTime) -> Result<Outcome, 
     if let Err(why) = owned_by(&api, &config.namespace, pod, &config.workload).await? {
         return refused(why.to_string());
     }
-    let stamp = humantime::format_rfc3339_seconds(now).to_string();
-    let checkpoint = match staticpod::from_pod(pod, &config.retire_file, &stamp) {
-        Ok(c) => c,
-        Err(e) => return refused(e.to_string()),
+    let raw = &items[pods
+        .iter()
+        .position(|p| std::ptr::eq(p, pod))
+        .expect("chosen among them")];
+    let text = match checkpoint_file(raw, config, now) {
+        Ok(text) => text,
+        Err(reason) => return refused(reason),
     };
-    // The rules of the activation at boot, now, while there is an API to report to.
-    if let Err(e) = staticpod::validate(&checkpoint, &config.policy) {
-        return refused(format!("it would be refused at boot: {e}"));
-    }
-    let mut text = serde_json::to_vec_pretty(&checkpoint).expect("JSON value serializes");
-    text.push(b'\n');
     store(&config.dir, existing.as_deref(), &text).map_err(|source| CheckpointError::File {
         path: config.dir.display().to_string(),
         source,
@@ -375,10 +438,29 @@ pub async fn attempt(config: &WriterConfig, now: SystemTime) -> Result<Outcome, 
     Ok(Outcome::Written(ours.pod))
 }
 
+/// The checkpoint file's text made of `pod`, the very pod chosen as the API gave it, at `now`;
+/// or why it is refused. A pod with a field this build does not know is refused: its checkpoint
+/// would run without it, not as the pod that was ready.
+fn checkpoint_file(pod: &Value, config: &WriterConfig, now: SystemTime) -> Result<Vec<u8>, String> {
+    let pod: Pod = object::from_value(pod.clone())
+        .map_err(|e| format!("{e}; no checkpoint is written without it"))?;
+    let stamp = humantime::format_rfc3339_seconds(now).to_string();
+    let checkpoint =
+        staticpod::from_pod(&pod, &config.retire_file, &stamp).map_err(|e| e.to_string())?;
+    // The rules of the activation at boot, now, while there is an API to report to.
+    staticpod::validate(&checkpoint, &config.policy)
+        .map_err(|e| format!("it would be refused at boot: {e}"))?;
+    // Through a JSON value: its keys sorted, as every checkpoint before.
+    let mut text =
+        serde_json::to_vec_pretty(&object::to_value(&checkpoint)).expect("JSON value serializes");
+    text.push(b'\n');
+    Ok(text)
+}
+
 /// When the checkpoint in `dir` was written (its annotation), if there is a readable one.
 pub fn written_at(dir: &Path) -> Option<SystemTime> {
-    let v: Value = serde_json::from_slice(&std::fs::read(dir.join(FILE)).ok()?).ok()?;
-    humantime::parse_rfc3339(v["metadata"]["annotations"][staticpod::AT].as_str()?).ok()
+    let metadata = file_metadata(&std::fs::read(dir.join(FILE)).ok()?)?;
+    humantime::parse_rfc3339(metadata.annotations?.get(staticpod::AT)?).ok()
 }
 
 /// Percent-encodes a query value.
@@ -417,6 +499,7 @@ pub fn store(dir: &Path, existing: Option<&[u8]>, text: &[u8]) -> std::io::Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use serde_json::json;
 
     fn origin(uid: &str, created: &str) -> Origin {
@@ -437,13 +520,20 @@ mod tests {
         assert!(replaces(Some(&new), &new).is_err());
     }
 
-    fn pod(name: &str, created: &str, ready: Option<&str>) -> Value {
+    fn pod(name: &str, created: &str, ready: Option<&str>) -> Pod {
         let conditions = match ready {
             Some(t) => json!([{"type": "Ready", "status": "True", "lastTransitionTime": t}]),
             None => json!([{"type": "Ready", "status": "False", "lastTransitionTime": created}]),
         };
-        json!({"metadata": {"name": name, "creationTimestamp": created},
-               "status": {"conditions": conditions}})
+        object::from_value(
+            json!({"metadata": {"name": name, "creationTimestamp": created},
+                                  "status": {"conditions": conditions}}),
+        )
+        .unwrap()
+    }
+
+    fn name(pod: Option<&Pod>) -> &str {
+        pod.unwrap().metadata.name.as_deref().unwrap()
     }
 
     #[test]
@@ -460,16 +550,10 @@ mod tests {
             Some("2025-01-01T00:59:30Z"),
         );
         let pods = [good.clone(), broken.clone(), young.clone()];
-        assert_eq!(
-            choose(&pods, now, after).unwrap()["metadata"]["name"],
-            "good"
-        );
+        assert_eq!(name(choose(&pods, now, after)), "good");
         // Once it has been ready for the wait, the new one is chosen.
         let later = now + Duration::from_secs(31);
-        assert_eq!(
-            choose(&pods, later, after).unwrap()["metadata"]["name"],
-            "young"
-        );
+        assert_eq!(name(choose(&pods, later, after)), "young");
         // Mirror pods (kubeadm's static apiserver, the recovery instance) and pods being
         // deleted are never chosen.
         let mut mirror = pod(
@@ -477,18 +561,58 @@ mod tests {
             "2025-01-01T00:59:00Z",
             Some("2025-01-01T00:00:00Z"),
         );
-        mirror["metadata"]["annotations"] = json!({"kubernetes.io/config.mirror": "x"});
+        mirror.metadata.annotations =
+            Some([("kubernetes.io/config.mirror".to_owned(), "x".to_owned())].into());
         let mut going = pod(
             "going",
             "2025-01-01T00:59:00Z",
             Some("2025-01-01T00:00:00Z"),
         );
-        going["metadata"]["deletionTimestamp"] = json!("2025-01-01T00:59:59Z");
+        going.metadata.deletion_timestamp = Some(Time("2025-01-01T00:59:59Z".parse().unwrap()));
         assert_eq!(
-            choose(&[good, mirror, going, broken], now, after).unwrap()["metadata"]["name"],
+            name(choose(&[good, mirror, going, broken], now, after)),
             "good"
         );
         assert!(choose(&[pod("b", "2025-01-01T00:00:00Z", None)], now, after).is_none());
+    }
+
+    /// The chosen pod as the API gave it becomes the file; one from a newer API, with a field
+    /// this build does not know, is refused with the field's path and no file is made.
+    #[test]
+    fn a_pod_with_a_field_this_build_does_not_know_is_not_written() {
+        let config = WriterConfig {
+            dir: PathBuf::from("/var/lib/kube-apiserver-proxy/checkpoint"),
+            namespace: "kube-system".into(),
+            selector: "component=kube-apiserver".into(),
+            workload: Workload::Deployment("kube-apiserver".into()),
+            node: "node-1".into(),
+            after: Duration::from_secs(60),
+            retire_file: "/run/kube-apiserver-proxy/checkpoint-retire".into(),
+            kubeconfig: PathBuf::from("/etc/kubernetes/kubelet.conf"),
+            policy: staticpod::tests::policy(),
+        };
+        let now = humantime::parse_rfc3339("2025-01-02T04:00:00Z").unwrap();
+        let raw = staticpod::tests::pod_json();
+        let text = checkpoint_file(&raw, &config, now).unwrap();
+        assert!(text.ends_with(b"}\n"));
+        let file = staticpod::read(serde_json::from_slice(&text).unwrap()).unwrap();
+        assert_eq!(
+            staticpod::validate(&file, &config.policy).unwrap().pod,
+            "kube-system/kube-apiserver-7d4f9c-abcde"
+        );
+        assert_eq!(
+            file.metadata.annotations.unwrap()[staticpod::AT],
+            "2025-01-02T04:00:00Z"
+        );
+
+        let mut newer = raw;
+        newer["spec"]["containers"][1]["lifecycle"]["preStop"]["sleep"]["jitter"] = json!("1s");
+        let why = checkpoint_file(&newer, &config, now).unwrap_err();
+        assert_eq!(
+            why,
+            "Pod has a field this build does not know (spec.containers[1].lifecycle.preStop.sleep.jitter; \
+             it knows Kubernetes v1.37): it would be lost; no checkpoint is written without it"
+        );
     }
 
     #[test]

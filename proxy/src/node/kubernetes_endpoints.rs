@@ -229,4 +229,39 @@ mod tests {
         assert_eq!(v6.matches("addressType: IPv6").count(), 2);
         assert_eq!(v6.matches("port: 443").count(), 3);
     }
+
+    /// Every document is the Kubernetes object it says it is, with no field its type lacks
+    /// (a misspelt one would be ignored by `kubectl apply`).
+    #[test]
+    fn the_documents_are_the_objects_kubernetes_knows() {
+        use crate::node::object::from_value;
+        use k8s_openapi::api::admissionregistration::v1::{
+            ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+        };
+        use k8s_openapi::api::core::v1::Endpoints;
+        use k8s_openapi::api::discovery::v1::EndpointSlice;
+
+        let docs =
+            crate::base::yaml::parse_documents(&render("2001:db8::10".parse().unwrap(), 443))
+                .unwrap();
+        assert_eq!(docs.len(), 5);
+        let endpoints: Endpoints = from_value(docs[0].clone()).unwrap();
+        let subset = &endpoints.subsets.as_ref().unwrap()[0];
+        assert_eq!(subset.addresses.as_ref().unwrap()[0].ip, "2001:db8::10");
+        assert_eq!(subset.ports.as_ref().unwrap()[0].port, 443);
+        for (doc, name) in [(&docs[1], "kubernetes"), (&docs[2], OWN_SLICE)] {
+            let slice: EndpointSlice = from_value(doc.clone()).unwrap();
+            assert_eq!(slice.metadata.name.as_deref(), Some(name));
+            assert_eq!(slice.address_type, "IPv6");
+            assert_eq!(slice.endpoints.unwrap()[0].addresses, ["2001:db8::10"]);
+            assert_eq!(
+                slice.metadata.labels.unwrap()["kubernetes.io/service-name"],
+                "kubernetes"
+            );
+        }
+        let policy: ValidatingAdmissionPolicy = from_value(docs[3].clone()).unwrap();
+        assert_eq!(policy.metadata.name.as_deref(), Some(GUARD));
+        let binding: ValidatingAdmissionPolicyBinding = from_value(docs[4].clone()).unwrap();
+        assert_eq!(binding.spec.policy_name, GUARD);
+    }
 }

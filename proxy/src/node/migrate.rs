@@ -44,6 +44,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::ConfigMap;
 use nix::unistd::Uid;
 use socket2::{Domain, Socket, Type};
 use tokio_util::sync::CancellationToken;
@@ -52,6 +53,7 @@ use tokio_util::task::TaskTracker;
 use crate::cli::MigrateArgs;
 use crate::handoff::codec::{Message, PeerState};
 use crate::handoff::server::{self, DirError, Peer, Reply, Responder};
+use crate::node::object;
 use crate::{node::served, sys};
 
 /// Why `migrate` failed. [`MigrateError::is_bad_input`] tells exit code 2 from 1. The cause is
@@ -570,12 +572,12 @@ fn check_served(args: &MigrateArgs, port: u16, pid: u32) -> Result<(), InputErro
 /// nodes see it), read with `admin.conf`.
 fn read_cluster_info(dir: &Path) -> Result<String, ClusterInfoError> {
     let api = crate::node::api::ApiClient::from_kubeconfig(&dir.join("admin.conf"))?;
+    // Only read (a field this build does not know is ignored, not refused).
     let cm = crate::base::runtime::block_on(
-        api.get_json("/api/v1/namespaces/kube-public/configmaps/cluster-info"),
+        api.get_as::<ConfigMap>(&object::path::<ConfigMap>("kube-public", "cluster-info")),
     )?;
-    cm["data"]["kubeconfig"]
-        .as_str()
-        .map(str::to_owned)
+    cm.data
+        .and_then(|mut data| data.remove("kubeconfig"))
         .ok_or(ClusterInfoError::NoKubeconfig)
 }
 

@@ -54,6 +54,7 @@ use crate::handoff::codec::{Message, PeerState};
 use crate::handoff::server::{self, DirError, Peer, Reply, Responder};
 use crate::node::api::ApiClient;
 use crate::node::migrate::{find_holder, GetfdError, PtraceContext};
+use crate::node::object::{self, ObjectMeta, Pod};
 use crate::{node::served, sys};
 
 /// Why `migrate-back` failed. [`MigrateBackError::is_bad_input`] tells exit code 2 from 1.
@@ -367,27 +368,31 @@ pub fn with_uid(text: &str) -> Result<String, ManifestError> {
     let parse = |t: &str| {
         crate::base::yaml::parse_documents(t).map_err(|e| ManifestError::NotOnePod(e.to_string()))
     };
-    let docs = parse(text)?;
+    // Read for its UID and to compare: the text edited keeps a field this build does not know,
+    // which this reading ignores; only the pod written anew must have all of them (below).
+    let read = |doc: &serde_json::Value| {
+        serde_json::from_value::<Pod>(doc.clone())
+            .map_err(|e| ManifestError::NotOnePod(e.to_string()))
+    };
+    let mut docs = parse(text)?;
     if docs.len() != 1 || !docs[0].is_object() {
         return Err(ManifestError::NotOnePod(format!(
             "{} documents, one pod expected",
             docs.len()
         )));
     }
-    let pod = &docs[0];
-    if pod["metadata"]["uid"]
-        .as_str()
-        .is_some_and(|u| !u.is_empty())
-    {
+    let pod = read(&docs[0])?;
+    if pod.metadata.uid.as_deref().is_some_and(|u| !u.is_empty()) {
         return Ok(text.to_owned());
     }
+    // Of the document as kubeadm-sync reads it (its nulls included): the same file, the same UID.
     let uid = crate::node::kubeadm_sync::static_uid(
         &crate::node::kubeadm_sync::hostname(),
         "kube-apiserver.yaml",
-        pod,
+        &docs[0],
     );
     let mut want = pod.clone();
-    want["metadata"]["uid"] = serde_json::json!(uid);
+    want.metadata.uid = Some(uid.clone());
     // kubeadm's text with one line added (what an operator diffs), when that reads back as
     // the pod with the UID; else the pod written anew.
     let lines: Vec<&str> = text.split_inclusive('\n').collect();
@@ -404,16 +409,21 @@ pub fn with_uid(text: &str) -> Result<String, ManifestError> {
             t.push_str(&lines[i + 1..].concat());
             t
         }
-        None if pod.get("metadata").is_none() => {
+        // No metadata at all (one in flow style, even empty, is a key the line would repeat).
+        None if pod.metadata == ObjectMeta::default() => {
             let sep = if text.ends_with('\n') { "" } else { "\n" };
             format!("{text}{sep}metadata:\n  uid: {uid}\n")
         }
         None => String::new(),
     };
-    if parse(&edited).is_ok_and(|d| d.len() == 1 && d[0] == want) {
+    if parse(&edited).is_ok_and(|d| d.len() == 1 && read(&d[0]).is_ok_and(|p| p == want)) {
         return Ok(edited);
     }
-    Ok(crate::base::yaml::to_yaml(&want))
+    // Written anew: refused if it would lose a field.
+    let mut anew = object::from_value::<Pod>(docs.swap_remove(0))
+        .map_err(|e| ManifestError::NotOnePod(e.to_string()))?;
+    anew.metadata.uid = Some(uid);
+    Ok(crate::base::yaml::to_yaml(&object::to_value(&anew)))
 }
 
 /// Sets `SO_REUSEPORT` on the socket listening at `e` and gives it to root, through a
@@ -455,6 +465,13 @@ fn share_port_with_root(e: &served::TcpEntry) -> Result<(), BackFailure> {
     Ok(())
 }
 
+/// The apiserver's `/version` answer, of which only `gitVersion` is read.
+#[derive(serde::Deserialize)]
+struct Version {
+    #[serde(rename = "gitVersion")]
+    git_version: Option<String>,
+}
+
 /// The `gitVersion` the apiserver behind one of `held` reports.
 async fn running_version(held: &[served::TcpEntry], ca: &Path) -> Result<String, MigrateBackError> {
     let mut errors = Vec::new();
@@ -465,10 +482,10 @@ async fn running_version(held: &[served::TcpEntry], ca: &Path) -> Result<String,
                 path: ca.to_owned(),
                 error,
             })?;
-        match api.get_json("/version").await {
+        match api.get_as::<Version>("/version").await {
             Ok(v) => {
-                if let Some(version) = v["gitVersion"].as_str() {
-                    return Ok(version.to_owned());
+                if let Some(version) = v.git_version {
+                    return Ok(version);
                 }
                 errors.push(format!("{addr}: no gitVersion"));
             }
@@ -810,7 +827,8 @@ mod tests {
     fn the_installed_manifest_carries_a_uid_of_its_content() {
         let a = with_uid(KUBEADM).unwrap();
         let docs = crate::base::yaml::parse_documents(&a).unwrap();
-        let uid = docs[0]["metadata"]["uid"].as_str().unwrap().to_owned();
+        let pod: Pod = object::from_value(docs[0].clone()).unwrap();
+        let uid = pod.metadata.uid.unwrap();
         assert_eq!(uid.len(), 32);
         // The same pod again: the same UID; another: another; one given: kept as it is.
         assert_eq!(with_uid(KUBEADM).unwrap(), a);
@@ -836,6 +854,31 @@ mod tests {
         assert_eq!(added.len(), 1, "{b}");
         assert!(added[0].starts_with("  uid: "), "{b}");
         assert_eq!(b.replace(&format!("{}\n", added[0]), ""), kubeadms);
+        // Metadata in flow style: the pod written anew, with the UID.
+        for metadata in ["{name: kube-apiserver}", "{}"] {
+            let flow =
+                KUBEADM.replace("kind: Pod\n", &format!("kind: Pod\nmetadata: {metadata}\n"));
+            let c = with_uid(&flow).unwrap();
+            let docs = crate::base::yaml::parse_documents(&c).unwrap();
+            let pod: Pod = object::from_value(docs[0].clone()).unwrap();
+            assert_eq!(pod.metadata.uid.map(|u| u.len()), Some(32), "{c}");
+            assert_eq!(with_uid(&c).unwrap(), c);
+        }
+        // A field this build does not know: kept in kubeadm's text; refused, named, rather than
+        // written anew without it.
+        let newer = KUBEADM.replace(
+            "    name: kube-apiserver\n",
+            "    name: kube-apiserver\n    future: 1\n",
+        );
+        let kept = with_uid(&newer).unwrap();
+        assert!(kept.starts_with(&newer), "{kept}");
+        let newer = newer.replace("kind: Pod\n", "kind: Pod\nmetadata: {}\n");
+        match with_uid(&newer) {
+            Err(ManifestError::NotOnePod(m)) => {
+                assert!(m.contains("(spec.containers[0].future;"), "{m}")
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

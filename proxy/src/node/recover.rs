@@ -29,6 +29,7 @@ use std::time::Duration;
 use crate::cli::RecoverArgs;
 use crate::node::checkpoint_metrics::CheckpointMetrics;
 use crate::node::kubeconfig::KubeconfigError;
+use crate::node::object::Pod;
 use crate::node::staticpod;
 
 /// Why `recover` cannot start or stopped: bad flags or files (exit 2, see
@@ -353,18 +354,16 @@ async fn decide(config: &Recover) -> Decision {
             ))
         }
     };
-    let pod: serde_json::Value = match serde_json::from_slice(&bytes) {
-        Ok(v) => v,
-        Err(e) => {
-            return Decision::Not(format!(
-                "checkpoint {} refused: {}",
-                config.checkpoint.display(),
-                Refusal::from(e)
-            ))
-        }
-    };
-    let origin = match staticpod::validate(&pod, &config.policy).map_err(Refusal::from) {
-        Ok(o) => o,
+    // Read with nothing lost (a field this build does not know refuses it: the kubelet would
+    // run what this build cannot check), then checked.
+    let checked = serde_json::from_slice(&bytes)
+        .map_err(Refusal::from)
+        .and_then(|file| {
+            let pod = staticpod::read(file)?;
+            Ok((staticpod::validate(&pod, &config.policy)?, pod))
+        });
+    let (origin, pod) = match checked {
+        Ok(checked) => checked,
         Err(e) => {
             return Decision::Not(format!(
                 "checkpoint {} refused: {e}",
@@ -397,13 +396,15 @@ async fn decide(config: &Recover) -> Decision {
 /// is not activated (None: it may be, or there is nothing to compare). Such an apiserver would
 /// serve data written by a newer one, to clients and kubelets of a newer one: Kubernetes
 /// supports one minor of skew. `--allow-version-skew` activates it anyway.
-fn too_far_behind(checkpoint: &serde_json::Value, kubeadm_manifest: &Path) -> Option<String> {
-    let image = checkpoint["spec"]["containers"]
-        .as_array()?
+fn too_far_behind(checkpoint: &Pod, kubeadm_manifest: &Path) -> Option<String> {
+    let image = checkpoint
+        .spec
+        .as_ref()?
+        .containers
         .iter()
-        .find(|c| c["name"] == crate::node::render::CONTAINER)?["image"]
-        .as_str()?
-        .to_owned();
+        .find(|c| c.name == crate::node::render::CONTAINER)?
+        .image
+        .clone()?;
     let text = match std::fs::read_to_string(kubeadm_manifest) {
         Ok(t) => t,
         Err(e) => {

@@ -17,8 +17,17 @@
 //!   the pod unusable as a checkpoint: better no new checkpoint than one that cannot start;
 //! - **the proxy sidecar** (the container run with `--handoff-dir`) gets `--retire-file`, which
 //!   makes it ask for its own removal once an instance of the Deployment is ready beside it.
+//!
+//! The pod and the checkpoint are k8s-openapi's [`Pod`]: one read from JSON (the API's answer, a
+//! checkpoint file, [`read`]) that has a field this build does not know is refused, named by its
+//! path ([`object::from_value`]), rather than written or activated without it.
 
-use serde_json::{json, Map, Value};
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use crate::node::object::{self, Container, ObjectMeta, Pod, PodSpec, Volume};
 
 /// Name of the static pod (the mirror pod is `<NAME>-<node>`); the file in the static pod
 /// directory is `<NAME>.json`.
@@ -58,28 +67,32 @@ pub struct Origin {
 
 impl Origin {
     /// The origin of a pod as the API returns it.
-    pub fn of_pod(pod: &Value) -> Result<Self, Unusable> {
-        let meta = &pod["metadata"];
-        let field = |name: &str| {
-            meta[name]
-                .as_str()
-                .map(str::to_owned)
-                .ok_or_else(|| unusable(format!("pod has no metadata.{name}")))
+    pub fn of_pod(pod: &Pod) -> Result<Self, Unusable> {
+        let meta = &pod.metadata;
+        let field = |value: Option<String>, name: &str| {
+            value.ok_or_else(|| unusable(format!("pod has no metadata.{name}")))
         };
         Ok(Origin {
-            pod: format!("{}/{}", field("namespace")?, field("name")?),
-            uid: field("uid")?,
-            created: field("creationTimestamp")?,
+            pod: format!(
+                "{}/{}",
+                field(meta.namespace.clone(), "namespace")?,
+                field(meta.name.clone(), "name")?
+            ),
+            uid: field(meta.uid.clone(), "uid")?,
+            created: field(
+                meta.creation_timestamp.as_ref().map(rfc3339),
+                "creationTimestamp",
+            )?,
         })
     }
 
     /// The origin recorded in a checkpoint's annotations.
-    pub fn of_checkpoint(checkpoint: &Value) -> Result<Self, Unusable> {
-        let annotations = &checkpoint["metadata"]["annotations"];
+    pub fn of_checkpoint(checkpoint: &Pod) -> Result<Self, Unusable> {
+        let annotations = checkpoint.metadata.annotations.as_ref();
         let field = |name: &str| {
-            annotations[name]
-                .as_str()
-                .map(str::to_owned)
+            annotations
+                .and_then(|a| a.get(name))
+                .cloned()
                 .ok_or_else(|| unusable(format!("no annotation {name}")))
         };
         Ok(Origin {
@@ -90,109 +103,157 @@ impl Origin {
     }
 }
 
+/// A time as the API writes it (`2025-01-02T03:04:05Z`, k8s-openapi's serialization of
+/// [`Time`](k8s_openapi::apimachinery::pkg::apis::meta::v1::Time)).
+fn rfc3339(t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> String {
+    t.0.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+/// The pod [`from_pod`] takes: k8s-openapi's [`Pod`], or the API's answer as JSON, read with
+/// [`object::from_value`] (a field this build does not know makes it unusable, named by its
+/// path).
+pub trait ApiPod {
+    fn pod(&self) -> Result<Cow<'_, Pod>, Unusable>;
+}
+
+impl ApiPod for Pod {
+    fn pod(&self) -> Result<Cow<'_, Pod>, Unusable> {
+        Ok(Cow::Borrowed(self))
+    }
+}
+
+impl ApiPod for Value {
+    fn pod(&self) -> Result<Cow<'_, Pod>, Unusable> {
+        object::from_value(self.clone())
+            .map(Cow::Owned)
+            .map_err(|e| unusable(e.to_string()))
+    }
+}
+
 /// The static pod made of `pod` (as the API returns it). `retire_file` is given to the recovery
 /// instance's proxy as `--retire-file`; `now` is the RFC 3339 time of writing.
-pub fn from_pod(pod: &Value, retire_file: &str, now: &str) -> Result<Value, Unusable> {
-    let origin = Origin::of_pod(pod)?;
-    let namespace = pod["metadata"]["namespace"]
-        .as_str()
-        .unwrap_or("kube-system");
-    let mut spec = pod["spec"]
-        .as_object()
-        .cloned()
+pub fn from_pod(pod: &impl ApiPod, retire_file: &str, now: &str) -> Result<Pod, Unusable> {
+    let pod = pod.pod()?;
+    let origin = Origin::of_pod(&pod)?;
+    let namespace = pod
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "kube-system".into());
+    let mut spec = pod
+        .spec
+        .clone()
         .ok_or_else(|| unusable("pod has no spec"))?;
     strip_api_fields(&mut spec)?;
     let dropped = keep_volumes(&mut spec)?;
     adjust_containers(&mut spec, &dropped, retire_file)?;
 
-    let mut labels = Map::new();
-    labels.insert("component".into(), json!(NAME));
-    labels.insert("tier".into(), json!("control-plane"));
-    let mut annotations = Map::new();
-    annotations.insert(OF.into(), json!(origin.pod));
-    annotations.insert(OF_UID.into(), json!(origin.uid));
-    annotations.insert(OF_CREATED.into(), json!(origin.created));
-    annotations.insert(AT.into(), json!(now));
-    Ok(json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": NAME,
-            "namespace": namespace,
-            "labels": labels,
-            "annotations": annotations,
+    let labels = BTreeMap::from([
+        ("component".to_owned(), NAME.to_owned()),
+        ("tier".to_owned(), "control-plane".to_owned()),
+    ]);
+    let annotations = BTreeMap::from([
+        (OF.to_owned(), origin.pod),
+        (OF_UID.to_owned(), origin.uid),
+        (OF_CREATED.to_owned(), origin.created),
+        (AT.to_owned(), now.to_owned()),
+    ]);
+    Ok(Pod {
+        metadata: ObjectMeta {
+            name: Some(NAME.to_owned()),
+            namespace: Some(namespace),
+            labels: Some(labels),
+            annotations: Some(annotations),
+            ..ObjectMeta::default()
         },
-        "spec": spec,
-    }))
+        spec: Some(spec),
+        status: None,
+    })
 }
 
-/// Spec fields set by the scheduler, admission plugins or controllers, or meaningless without
-/// an API: dropped.
-const API_FIELDS: &[&str] = &[
-    "nodeName",
-    "priority",
-    "preemptionPolicy",
-    "serviceAccountName",
-    "serviceAccount",
-    "schedulerName",
-    "affinity",
-    "nodeSelector",
-    "tolerations",
-    "topologySpreadConstraints",
-    "readinessGates",
-    "imagePullSecrets",
-    "ephemeralContainers",
-    "overhead",
-    "resourceClaims",
-    "schedulingGates",
-];
-
-/// Drops [`API_FIELDS`], refuses a `runtimeClassName`, turns the token automount off.
-fn strip_api_fields(spec: &mut Map<String, Value>) -> Result<(), Unusable> {
-    for field in API_FIELDS {
-        spec.remove(*field);
+/// A checkpoint as read from its file (JSON), as `recover` reads it before activating it: a v1
+/// Pod with no field this build does not know (one written by a newer build is refused, not
+/// activated without the field).
+pub fn read(checkpoint: Value) -> Result<Pod, Unusable> {
+    #[derive(serde::Deserialize)]
+    struct Kind {
+        #[serde(rename = "apiVersion")]
+        api_version: Option<String>,
+        kind: Option<String>,
     }
-    if spec.contains_key("runtimeClassName") {
+    let kind = <Kind as serde::Deserialize>::deserialize(&checkpoint).ok();
+    if !kind
+        .is_some_and(|k| k.api_version.as_deref() == Some("v1") && k.kind.as_deref() == Some("Pod"))
+    {
+        return Err(unusable("not a v1 Pod"));
+    }
+    object::from_value(checkpoint).map_err(|e| unusable(e.to_string()))
+}
+
+/// Clears the spec fields set by the scheduler, admission plugins or controllers, or
+/// meaningless without an API (`nodeName`, `priority`, `preemptionPolicy`,
+/// `serviceAccountName`, `serviceAccount`, `schedulerName`, `affinity`, `nodeSelector`,
+/// `tolerations`, `topologySpreadConstraints`, `readinessGates`, `imagePullSecrets`,
+/// `ephemeralContainers`, `overhead`, `resourceClaims`, `schedulingGates`); refuses a
+/// `runtimeClassName`; turns the token automount off.
+fn strip_api_fields(spec: &mut PodSpec) -> Result<(), Unusable> {
+    spec.node_name = None;
+    spec.priority = None;
+    spec.preemption_policy = None;
+    spec.service_account_name = None;
+    spec.service_account = None;
+    spec.scheduler_name = None;
+    spec.affinity = None;
+    spec.node_selector = None;
+    spec.tolerations = None;
+    spec.topology_spread_constraints = None;
+    spec.readiness_gates = None;
+    spec.image_pull_secrets = None;
+    spec.ephemeral_containers = None;
+    spec.overhead = None;
+    spec.resource_claims = None;
+    spec.scheduling_gates = None;
+    if spec.runtime_class_name.is_some() {
         return Err(unusable(
             "spec.runtimeClassName needs the API (a RuntimeClass); a static pod cannot use it",
         ));
     }
-    spec.insert("automountServiceAccountToken".into(), Value::Bool(false));
+    spec.automount_service_account_token = Some(false);
     Ok(())
+}
+
+/// The kind of a volume: the name of its source's field (`hostPath`, `secret`, …; the first by
+/// name if it has several), empty if it has none.
+fn volume_kind(v: &Volume) -> String {
+    match object::to_value(v) {
+        Value::Object(fields) => fields
+            .keys()
+            .find(|k| k.as_str() != "name")
+            .cloned()
+            .unwrap_or_default(),
+        _ => String::new(),
+    }
 }
 
 /// Keeps the volumes the kubelet can set up alone, drops service account tokens (their names
 /// returned, for the mounts); any other volume makes the pod unusable.
-fn keep_volumes(spec: &mut Map<String, Value>) -> Result<Vec<String>, Unusable> {
+fn keep_volumes(spec: &mut PodSpec) -> Result<Vec<String>, Unusable> {
     let mut dropped = Vec::new();
     let mut volumes = Vec::new();
-    for v in spec
-        .get("volumes")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        let name = v["name"].as_str().unwrap_or("?").to_owned();
-        let obj = v.as_object().cloned().unwrap_or_default();
-        let kind = obj
-            .keys()
-            .find(|k| k.as_str() != "name")
-            .cloned()
-            .unwrap_or_default();
-        match kind.as_str() {
-            "hostPath" | "emptyDir" | "downwardAPI" => volumes.push(v.clone()),
+    for v in spec.volumes.take().into_iter().flatten() {
+        let name = v.name.clone();
+        match volume_kind(&v).as_str() {
+            "hostPath" | "emptyDir" | "downwardAPI" => volumes.push(v),
             "projected" => {
-                let sources = v["projected"]["sources"]
-                    .as_array()
-                    .cloned()
+                let sources = v
+                    .projected
+                    .as_ref()
+                    .and_then(|p| p.sources.as_deref())
                     .unwrap_or_default();
-                if sources
-                    .iter()
-                    .any(|s| s.get("serviceAccountToken").is_some())
-                {
+                if sources.iter().any(|s| s.service_account_token.is_some()) {
                     dropped.push(name);
-                } else if sources.iter().all(|s| s.get("downwardAPI").is_some()) {
-                    volumes.push(v.clone());
+                } else if sources.iter().all(|s| s.downward_api.is_some()) {
+                    volumes.push(v);
                 } else {
                     return Err(unusable(format!(
                         "volume {name} projects API objects; a static pod cannot use it"
@@ -206,43 +267,28 @@ fn keep_volumes(spec: &mut Map<String, Value>) -> Result<Vec<String>, Unusable> 
             }
         }
     }
-    spec.insert("volumes".into(), Value::Array(volumes));
+    spec.volumes = Some(volumes);
     Ok(dropped)
 }
 
 /// Checks every container's environment, drops the mounts of the `dropped` volumes and gives
 /// the one proxy sidecar `--retire-file`.
 fn adjust_containers(
-    spec: &mut Map<String, Value>,
+    spec: &mut PodSpec,
     dropped: &[String],
     retire_file: &str,
 ) -> Result<(), Unusable> {
     let mut proxies = 0;
-    for list in ["initContainers", "containers"] {
-        let Some(containers) = spec.get_mut(list).and_then(Value::as_array_mut) else {
-            continue;
-        };
-        for c in containers.iter_mut() {
-            let c = c
-                .as_object_mut()
-                .ok_or_else(|| unusable(format!("{list}: not an object")))?;
-            let cname = c
-                .get("name")
-                .and_then(Value::as_str)
-                .unwrap_or("?")
-                .to_owned();
-            check_env(&cname, c)?;
-            if let Some(mounts) = c.get_mut("volumeMounts").and_then(Value::as_array_mut) {
-                mounts.retain(|m| {
-                    !dropped
-                        .iter()
-                        .any(|d| m["name"].as_str() == Some(d.as_str()))
-                });
-            }
-            if list == "containers" && is_proxy(c) {
-                proxies += 1;
-                add_retire_file(c, retire_file);
-            }
+    let init = spec.init_containers.iter_mut().flatten();
+    let main = spec.containers.iter_mut().map(|c| (true, c));
+    for (main, c) in init.map(|c| (false, c)).chain(main) {
+        check_env(c)?;
+        if let Some(mounts) = &mut c.volume_mounts {
+            mounts.retain(|m| !dropped.contains(&m.name));
+        }
+        if main && is_proxy(c) {
+            proxies += 1;
+            add_retire_file(c, retire_file);
         }
     }
     if proxies != 1 {
@@ -254,61 +300,40 @@ fn adjust_containers(
 }
 
 /// Environment that needs the API makes the pod unusable.
-fn check_env(container: &str, c: &Map<String, Value>) -> Result<(), Unusable> {
-    if c.get("envFrom")
-        .and_then(Value::as_array)
-        .is_some_and(|a| !a.is_empty())
-    {
+fn check_env(c: &Container) -> Result<(), Unusable> {
+    let container = &c.name;
+    if c.env_from.as_ref().is_some_and(|a| !a.is_empty()) {
         return Err(unusable(format!(
             "container {container}: envFrom needs the API; a static pod cannot use it"
         )));
     }
-    for e in c.get("env").and_then(Value::as_array).into_iter().flatten() {
-        let from = &e["valueFrom"];
-        if from.get("secretKeyRef").is_some() || from.get("configMapKeyRef").is_some() {
+    for e in c.env.iter().flatten() {
+        let from = e.value_from.as_ref();
+        if from.is_some_and(|f| f.secret_key_ref.is_some() || f.config_map_key_ref.is_some()) {
             return Err(unusable(format!(
                 "container {container}: env {} comes from a Secret or ConfigMap; a static pod cannot use it",
-                e["name"].as_str().unwrap_or("?")
+                e.name
             )));
         }
     }
     Ok(())
 }
 
-fn string_list(c: &Map<String, Value>, key: &str) -> Vec<String> {
-    c.get(key)
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|v| v.as_str().map(str::to_owned))
-        .collect()
-}
-
-fn is_proxy(c: &Map<String, Value>) -> bool {
+fn is_proxy(c: &Container) -> bool {
     let flag = |a: &String| a == PROXY_FLAG || a.starts_with(&format!("{PROXY_FLAG}="));
-    string_list(c, "command").iter().any(flag)
-        || string_list(c, "args").iter().any(flag)
-        || c.get("env")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .any(|e| e["name"].as_str() == Some(PROXY_ENV))
+    c.command.iter().flatten().any(flag)
+        || c.args.iter().flatten().any(flag)
+        || c.env.iter().flatten().any(|e| e.name == PROXY_ENV)
 }
 
 /// Adds `--retire-file` (replacing one the pod had).
-fn add_retire_file(c: &mut Map<String, Value>, retire_file: &str) {
-    for key in ["command", "args"] {
-        if c.contains_key(key) {
-            let list: Vec<String> = string_list(c, key)
-                .into_iter()
-                .filter(|a| !a.starts_with("--retire-file"))
-                .collect();
-            c.insert(key.into(), json!(list));
-        }
+fn add_retire_file(c: &mut Container, retire_file: &str) {
+    for list in [&mut c.command, &mut c.args].into_iter().flatten() {
+        list.retain(|a| !a.starts_with("--retire-file"));
     }
-    let mut args = string_list(c, "args");
-    args.push(format!("--retire-file={retire_file}"));
-    c.insert("args".into(), json!(args));
+    c.args
+        .get_or_insert_with(Vec::new)
+        .push(format!("--retire-file={retire_file}"));
 }
 
 /// The host paths a checkpoint may always mount: kubeadm's certificate directories (those its
@@ -421,17 +446,22 @@ pub fn image_repository(image: &str) -> &str {
 }
 
 /// One container of a checkpoint against `policy` (`pod_seccomp`: the pod's own profile).
-fn check_container(c: &Value, policy: &Policy, pod_seccomp: Option<&str>) -> Result<(), Unusable> {
-    let name = c["name"].as_str().unwrap_or("?");
-    let security = &c["securityContext"];
-    if security["privileged"] == true {
+fn check_container(
+    c: &Container,
+    policy: &Policy,
+    pod_seccomp: Option<&str>,
+) -> Result<(), Unusable> {
+    let name = &c.name;
+    let security = c.security_context.as_ref();
+    if security.and_then(|s| s.privileged) == Some(true) {
         return Err(unusable(format!("container {name} is privileged")));
     }
-    let added: Vec<&str> = security["capabilities"]["add"]
-        .as_array()
+    let added: Vec<&str> = security
+        .and_then(|s| s.capabilities.as_ref())
+        .and_then(|c| c.add.as_ref())
         .into_iter()
         .flatten()
-        .map(|c| c.as_str().unwrap_or("?"))
+        .map(String::as_str)
         .filter(|c| !policy.capabilities.contains(&capability_name(c)))
         .collect();
     if !added.is_empty() {
@@ -440,7 +470,7 @@ fn check_container(c: &Value, policy: &Policy, pod_seccomp: Option<&str>) -> Res
             added.join(", ")
         )));
     }
-    let image = c["image"].as_str().unwrap_or("");
+    let image = c.image.as_deref().unwrap_or("");
     let repository = image_repository(image);
     let allowed = policy
         .image_repositories
@@ -452,7 +482,10 @@ fn check_container(c: &Value, policy: &Policy, pod_seccomp: Option<&str>) -> Res
             policy.image_repositories.join(", ")
         )));
     }
-    match security["seccompProfile"]["type"].as_str().or(pod_seccomp) {
+    let seccomp = security
+        .and_then(|s| s.seccomp_profile.as_ref())
+        .map(|p| p.type_.as_str());
+    match seccomp.or(pod_seccomp) {
         Some("RuntimeDefault" | "Localhost") => {}
         Some(other) => {
             return Err(unusable(format!(
@@ -469,44 +502,51 @@ fn check_container(c: &Value, policy: &Policy, pod_seccomp: Option<&str>) -> Res
 }
 
 /// Checks a checkpoint against `policy`, when it is written and before it is given to the
-/// kubelet: a pod named [`NAME`] carrying its origin; no host PID or IPC namespace, no
-/// ephemeral container; in every container: not privileged, no added capability (but those of
-/// `Policy::capabilities`), an image from an allowed repository, a seccomp profile
-/// (`RuntimeDefault` or `Localhost`; unset is `Unconfined` on a kubelet without
+/// kubelet (a file read with [`read`]): a pod named [`NAME`] carrying its origin; no host PID or
+/// IPC namespace, no ephemeral container; in every container: not privileged, no added
+/// capability (but those of `Policy::capabilities`), an image from an allowed repository, a
+/// seccomp profile (`RuntimeDefault` or `Localhost`; unset is `Unconfined` on a kubelet without
 /// `seccompDefault`); host paths only under the allowed ones and never over the protected ones.
 /// The pod's spec is decided by anyone allowed to change the Deployment, and the kubelet runs
 /// what is activated as root: the file is checked again at activation, whoever wrote it.
-pub fn validate(checkpoint: &Value, policy: &Policy) -> Result<Origin, Unusable> {
-    if checkpoint["apiVersion"] != "v1" || checkpoint["kind"] != "Pod" {
-        return Err(unusable("not a v1 Pod"));
-    }
-    if checkpoint["metadata"]["name"] != NAME {
+pub fn validate(checkpoint: &Pod, policy: &Policy) -> Result<Origin, Unusable> {
+    if checkpoint.metadata.name.as_deref() != Some(NAME) {
         return Err(unusable(format!("metadata.name is not {NAME}")));
     }
     let origin = Origin::of_checkpoint(checkpoint)?;
-    let spec = &checkpoint["spec"];
-    for ns in ["hostPID", "hostIPC"] {
-        if spec[ns] == true {
+    let Some(spec) = &checkpoint.spec else {
+        return Ok(origin);
+    };
+    for (ns, set) in [("hostPID", spec.host_pid), ("hostIPC", spec.host_ipc)] {
+        if set == Some(true) {
             return Err(unusable(format!("spec.{ns} is set")));
         }
     }
-    if spec["ephemeralContainers"]
-        .as_array()
+    if spec
+        .ephemeral_containers
+        .as_ref()
         .is_some_and(|a| !a.is_empty())
     {
         return Err(unusable("spec.ephemeralContainers is set"));
     }
-    let pod_seccomp = spec["securityContext"]["seccompProfile"]["type"].as_str();
-    for list in ["initContainers", "containers"] {
-        for c in spec[list].as_array().into_iter().flatten() {
-            check_container(c, policy, pod_seccomp)?;
-        }
+    let pod_seccomp = spec
+        .security_context
+        .as_ref()
+        .and_then(|s| s.seccomp_profile.as_ref())
+        .map(|p| p.type_.as_str());
+    for c in spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(&spec.containers)
+    {
+        check_container(c, policy, pod_seccomp)?;
     }
-    for v in spec["volumes"].as_array().into_iter().flatten() {
-        let Some(path) = v["hostPath"]["path"].as_str() else {
+    for v in spec.volumes.iter().flatten() {
+        let Some(path) = v.host_path.as_ref().map(|h| h.path.as_str()) else {
             continue;
         };
-        let volume = v["name"].as_str().unwrap_or("?");
+        let volume = &v.name;
         let Some(p) = normalize(path) else {
             return Err(unusable(format!(
                 "volume {volume} mounts host path {path}, which is not a plain absolute path"
@@ -537,11 +577,17 @@ pub fn validate(checkpoint: &Value, policy: &Policy) -> Result<Origin, Unusable>
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use k8s_openapi::api::core::v1::{EnvVar, SecurityContext};
+    use serde_json::json;
 
     /// The Deployment's pod as the API returns it (abridged to what matters here).
-    fn pod() -> Value {
+    fn pod() -> Pod {
+        object::from_value(pod_json()).unwrap()
+    }
+
+    pub(crate) fn pod_json() -> Value {
         json!({
             "apiVersion": "v1",
             "kind": "Pod",
@@ -601,7 +647,7 @@ mod tests {
     const RETIRE: &str = "/run/kube-apiserver-proxy/checkpoint-retire";
 
     /// The agent's policy for the test pod's images, with the manifests' directories protected.
-    fn policy() -> Policy {
+    pub(crate) fn policy() -> Policy {
         Policy::new(
             &[],
             &["proxy".into(), "kube-apiserver".into()],
@@ -612,59 +658,94 @@ mod tests {
         )
     }
 
-    fn container<'a>(pod: &'a Value, name: &str) -> &'a Value {
-        pod["spec"]["containers"]
-            .as_array()
+    fn container<'a>(pod: &'a Pod, name: &str) -> &'a Container {
+        pod.spec
+            .as_ref()
             .unwrap()
+            .containers
             .iter()
-            .find(|c| c["name"] == name)
+            .find(|c| c.name == name)
             .unwrap()
+    }
+
+    fn spec(pod: &mut Pod) -> &mut PodSpec {
+        pod.spec.as_mut().unwrap()
+    }
+
+    /// The path of the test pod's `k8s-certs` volume.
+    fn host_path(pod: &mut Pod) -> &mut String {
+        &mut spec(pod).volumes.as_mut().unwrap()[2]
+            .host_path
+            .as_mut()
+            .unwrap()
+            .path
+    }
+
+    fn security(context: Value) -> Option<SecurityContext> {
+        Some(object::typed(context, "securityContext").unwrap())
+    }
+
+    fn annotation<'a>(pod: &'a Pod, name: &str) -> Option<&'a str> {
+        pod.metadata
+            .annotations
+            .as_ref()?
+            .get(name)
+            .map(String::as_str)
     }
 
     #[test]
     fn pod_becomes_a_static_pod_of_its_own() {
         let s = from_pod(&pod(), RETIRE, "2025-01-02T04:00:00Z").unwrap();
-        assert_eq!(s["metadata"]["name"], NAME);
-        assert_eq!(s["metadata"]["namespace"], "kube-system");
+        assert_eq!(s.metadata.name.as_deref(), Some(NAME));
+        assert_eq!(s.metadata.namespace.as_deref(), Some("kube-system"));
         // Never the Deployment's labels: its selector must not match the mirror pod.
         assert_eq!(
-            s["metadata"]["labels"],
-            json!({"component": NAME, "tier": "control-plane"})
+            s.metadata.labels,
+            Some(BTreeMap::from([
+                ("component".into(), NAME.into()),
+                ("tier".into(), "control-plane".into())
+            ]))
         );
         assert_eq!(
-            s["metadata"]["annotations"][OF],
-            "kube-system/kube-apiserver-7d4f9c-abcde"
+            annotation(&s, OF),
+            Some("kube-system/kube-apiserver-7d4f9c-abcde")
         );
-        assert_eq!(s["metadata"]["annotations"][OF_UID], "1111-2222");
-        assert_eq!(s["metadata"]["annotations"][AT], "2025-01-02T04:00:00Z");
-        for gone in ["ownerReferences", "resourceVersion", "uid"] {
-            assert!(s["metadata"].get(gone).is_none(), "{gone}");
-        }
-        assert!(s.get("status").is_none());
-        let spec = &s["spec"];
-        for gone in [
-            "nodeName",
-            "priority",
-            "serviceAccountName",
-            "serviceAccount",
-            "tolerations",
-            "affinity",
-            "nodeSelector",
-            "schedulerName",
-        ] {
-            assert!(spec.get(gone).is_none(), "{gone} kept");
-        }
-        assert_eq!(spec["priorityClassName"], "system-node-critical");
-        assert_eq!(spec["hostNetwork"], true);
-        assert_eq!(spec["automountServiceAccountToken"], false);
-        let volumes: Vec<&str> = spec["volumes"]
-            .as_array()
-            .unwrap()
+        assert_eq!(annotation(&s, OF_UID), Some("1111-2222"));
+        assert_eq!(annotation(&s, OF_CREATED), Some("2025-01-02T03:04:05Z"));
+        assert_eq!(annotation(&s, AT), Some("2025-01-02T04:00:00Z"));
+        assert!(s.metadata.owner_references.is_none());
+        assert!(s.metadata.resource_version.is_none());
+        assert!(s.metadata.uid.is_none());
+        assert!(s.status.is_none());
+        let spec = s.spec.as_ref().unwrap();
+        assert!(spec.node_name.is_none(), "nodeName kept");
+        assert!(spec.priority.is_none(), "priority kept");
+        assert!(
+            spec.service_account_name.is_none(),
+            "serviceAccountName kept"
+        );
+        assert!(spec.service_account.is_none(), "serviceAccount kept");
+        assert!(spec.tolerations.is_none(), "tolerations kept");
+        assert!(spec.affinity.is_none(), "affinity kept");
+        assert!(spec.node_selector.is_none(), "nodeSelector kept");
+        assert!(spec.scheduler_name.is_none(), "schedulerName kept");
+        assert_eq!(
+            spec.priority_class_name.as_deref(),
+            Some("system-node-critical")
+        );
+        assert_eq!(spec.host_network, Some(true));
+        assert_eq!(spec.automount_service_account_token, Some(false));
+        let volumes: Vec<&str> = spec
+            .volumes
             .iter()
-            .map(|v| v["name"].as_str().unwrap())
+            .flatten()
+            .map(|v| v.name.as_str())
             .collect();
         assert_eq!(volumes, ["proxy-bin", "shared", "k8s-certs", "proxy-run"]);
-        assert_eq!(spec["initContainers"][0]["name"], "install-proxy");
+        assert_eq!(
+            spec.init_containers.as_ref().unwrap()[0].name,
+            "install-proxy"
+        );
     }
 
     #[test]
@@ -681,54 +762,94 @@ mod tests {
         let s = from_pod(&pod(), RETIRE, "t").unwrap();
         let proxy = container(&s, "proxy");
         assert_eq!(
-            proxy["args"],
-            json!([
-                "--listen=$(HOST_IP):6443",
-                "--handoff-dir=/run/kube-apiserver-proxy/handoff",
-                "--drain-timeout=45s",
+            proxy.args.as_deref().unwrap(),
+            [
+                "--listen=$(HOST_IP):6443".to_owned(),
+                "--handoff-dir=/run/kube-apiserver-proxy/handoff".into(),
+                "--drain-timeout=45s".into(),
                 format!("--retire-file={RETIRE}")
-            ])
+            ]
         );
-        assert_eq!(
-            proxy["env"],
-            json!([{"name": "HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}}])
-        );
-        let mounts: Vec<&str> = proxy["volumeMounts"]
-            .as_array()
-            .unwrap()
+        let env: Vec<EnvVar> = object::typed(
+            json!([{"name": "HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}}]),
+            "env",
+        )
+        .unwrap();
+        assert_eq!(proxy.env.as_ref(), Some(&env));
+        let mounts: Vec<&str> = proxy
+            .volume_mounts
             .iter()
-            .map(|m| m["name"].as_str().unwrap())
+            .flatten()
+            .map(|m| m.name.as_str())
             .collect();
         assert_eq!(mounts, ["shared", "proxy-run"]);
-        // What it makes passes the checks `recover` makes before activating it.
+        // What it makes passes the checks `recover` makes before activating it, also as the
+        // file it is written as.
         let origin = validate(&s, &policy()).unwrap();
         assert_eq!(origin, Origin::of_pod(&pod()).unwrap());
+        let file = serde_json::to_vec_pretty(&s).unwrap();
+        let read_back = read(serde_json::from_slice(&file).unwrap()).unwrap();
+        assert_eq!(read_back, s);
     }
 
     #[test]
     fn api_objects_make_a_pod_unusable() {
         let mut p = pod();
-        p["spec"]["volumes"]
-            .as_array_mut()
-            .unwrap()
-            .push(json!({"name": "enc", "secret": {"secretName": "enc"}}));
+        spec(&mut p).volumes.as_mut().unwrap().push(
+            object::typed(
+                json!({"name": "enc", "secret": {"secretName": "enc"}}),
+                "volume",
+            )
+            .unwrap(),
+        );
         let e = from_pod(&p, RETIRE, "t").unwrap_err();
         assert!(e.0.contains("volume enc (secret)"), "{e}");
 
         let mut p = pod();
-        p["spec"]["containers"][0]["env"]
-            .as_array_mut()
-            .unwrap()
-            .push(
+        spec(&mut p).containers[0].env.as_mut().unwrap().push(
+            object::typed(
                 json!({"name": "X", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}),
-            );
+                "env",
+            )
+            .unwrap(),
+        );
         let e = from_pod(&p, RETIRE, "t").unwrap_err();
         assert!(e.0.contains("env X"), "{e}");
 
         let mut p = pod();
-        p["spec"]["containers"][1]["args"] = json!(["--listen=x:1"]);
+        spec(&mut p).containers[1].args = Some(vec!["--listen=x:1".into()]);
         let e = from_pod(&p, RETIRE, "t").unwrap_err();
         assert!(e.0.contains("0 containers run with --handoff-dir"), "{e}");
+    }
+
+    /// A pod from a newer API, with a field this build does not know, is not made a
+    /// checkpoint without it; nor is a checkpoint file with one activated.
+    #[test]
+    fn a_field_this_build_does_not_know_is_never_dropped() {
+        let mut p = pod_json();
+        p["spec"]["containers"][0]["restartPolicyOnSomething"] = json!({"future": true});
+        let e = from_pod(&p, RETIRE, "t").unwrap_err();
+        assert!(
+            e.0.contains("(spec.containers[0].restartPolicyOnSomething; it knows Kubernetes"),
+            "{e}"
+        );
+        assert!(from_pod(&pod_json(), RETIRE, "t").is_ok());
+
+        let good = object::to_value(&from_pod(&pod(), RETIRE, "t").unwrap());
+        assert!(read(good.clone()).is_ok());
+        let mut file = good.clone();
+        file["spec"]["hostNetworkFuture"] = json!("x");
+        let e = read(file).unwrap_err();
+        assert!(e.0.contains("(spec.hostNetworkFuture;"), "{e}");
+        for (key, value) in [("apiVersion", json!("v2")), ("kind", json!("Pod2"))] {
+            let mut file = good.clone();
+            file[key] = value;
+            assert_eq!(read(file).unwrap_err().0, "not a v1 Pod");
+            let mut file = good.clone();
+            file.as_object_mut().unwrap().remove(key);
+            assert_eq!(read(file).unwrap_err().0, "not a v1 Pod");
+        }
+        assert_eq!(read(json!([])).unwrap_err().0, "not a v1 Pod");
     }
 
     #[test]
@@ -736,108 +857,103 @@ mod tests {
         let policy = policy();
         let good = from_pod(&pod(), RETIRE, "t").unwrap();
         assert!(validate(&good, &policy).is_ok());
-        type Break = fn(&mut Value);
+        type Break = fn(&mut Pod);
         let cases: [(&str, &str, Break); 20] = [
             (
                 "host path /",
                 "holds /var/lib/kube-apiserver-proxy/checkpoint",
-                |s| s["spec"]["volumes"][2]["hostPath"]["path"] = json!("/"),
+                |s| *host_path(s) = "/".into(),
             ),
             ("a path with ..", "not a plain absolute path", |s| {
-                s["spec"]["volumes"][2]["hostPath"]["path"] = json!("/etc/kubernetes/pki/../..")
+                *host_path(s) = "/etc/kubernetes/pki/../..".into()
             }),
             ("a relative path", "not a plain absolute path", |s| {
-                s["spec"]["volumes"][2]["hostPath"]["path"] = json!("etc/kubernetes/pki")
+                *host_path(s) = "etc/kubernetes/pki".into()
             }),
             ("host path /var/log", "not under an allowed path", |s| {
-                s["spec"]["volumes"][2]["hostPath"]["path"] = json!("/var/log")
+                *host_path(s) = "/var/log".into()
             }),
             // A sibling directory with a common prefix is not "under" an allowed path.
             ("a sibling", "not under an allowed path", |s| {
-                s["spec"]["volumes"][2]["hostPath"]["path"] = json!("/etc/kubernetes/pki-other")
+                *host_path(s) = "/etc/kubernetes/pki-other".into()
             }),
             (
                 "the checkpoint directory",
                 "holds /var/lib/kube-apiserver-proxy/checkpoint",
-                |s| {
-                    s["spec"]["volumes"][2]["hostPath"]["path"] =
-                        json!("/var/lib/kube-apiserver-proxy/checkpoint")
-                },
+                |s| *host_path(s) = "/var/lib/kube-apiserver-proxy/checkpoint".into(),
             ),
             (
                 "a parent of it",
                 "holds /var/lib/kube-apiserver-proxy/checkpoint",
-                |s| s["spec"]["volumes"][2]["hostPath"]["path"] = json!("/var/lib/"),
+                |s| *host_path(s) = "/var/lib/".into(),
             ),
             (
                 "a file in it",
                 "holds /var/lib/kube-apiserver-proxy/checkpoint",
                 |s| {
-                    s["spec"]["volumes"][2]["hostPath"]["path"] =
-                        json!("/var/lib/kube-apiserver-proxy/checkpoint/kube-apiserver.json")
+                    *host_path(s) =
+                        "/var/lib/kube-apiserver-proxy/checkpoint/kube-apiserver.json".into()
                 },
             ),
             (
                 "the static pod directory",
                 "holds /etc/kubernetes/manifests",
-                |s| s["spec"]["volumes"][2]["hostPath"]["path"] = json!("/etc/kubernetes"),
+                |s| *host_path(s) = "/etc/kubernetes".into(),
             ),
             ("privileged", "is privileged", |s| {
-                s["spec"]["containers"][0]["securityContext"] = json!({"privileged": true})
+                spec(s).containers[0].security_context = security(json!({"privileged": true}))
             }),
             (
                 "an added capability",
                 "adds capabilities (SYS_ADMIN)",
                 |s| {
-                    s["spec"]["containers"][1]["securityContext"] =
-                        json!({"capabilities": {"drop": ["ALL"], "add": ["SYS_ADMIN"]}})
+                    spec(s).containers[1].security_context =
+                        security(json!({"capabilities": {"drop": ["ALL"], "add": ["SYS_ADMIN"]}}))
                 },
             ),
             (
                 "an init container's capability",
                 "container install-proxy adds",
                 |s| {
-                    s["spec"]["initContainers"][0]["securityContext"] =
-                        json!({"capabilities": {"add": ["NET_ADMIN"]}})
+                    spec(s).init_containers.as_mut().unwrap()[0].security_context =
+                        security(json!({"capabilities": {"add": ["NET_ADMIN"]}}))
                 },
             ),
             (
                 "an image of another repository",
                 "runs image \"evil.example/kube-apiserver:v1\"",
-                |s| s["spec"]["containers"][0]["image"] = json!("evil.example/kube-apiserver:v1"),
+                |s| spec(s).containers[0].image = Some("evil.example/kube-apiserver:v1".into()),
             ),
             (
                 "a repository with an allowed prefix",
                 "not from an allowed repository",
-                |s| s["spec"]["containers"][1]["image"] = json!("proxy-evil:1"),
+                |s| spec(s).containers[1].image = Some("proxy-evil:1".into()),
             ),
             ("no image", "runs image \"\"", |s| {
-                s["spec"]["containers"][1]
-                    .as_object_mut()
-                    .unwrap()
-                    .remove("image");
+                spec(s).containers[1].image = None
             }),
             (
                 "seccomp Unconfined (pod)",
                 "seccomp profile Unconfined",
-                |s| s["spec"]["securityContext"]["seccompProfile"]["type"] = json!("Unconfined"),
+                |s| {
+                    spec(s).security_context =
+                        security_of_pod(json!({"seccompProfile": {"type": "Unconfined"}}))
+                },
             ),
             (
                 "seccomp Unconfined (container)",
                 "seccomp profile Unconfined",
                 |s| {
-                    s["spec"]["containers"][0]["securityContext"] =
-                        json!({"seccompProfile": {"type": "Unconfined"}})
+                    spec(s).containers[0].security_context =
+                        security(json!({"seccompProfile": {"type": "Unconfined"}}))
                 },
             ),
             ("no seccomp profile", "no seccomp profile", |s| {
-                s["spec"].as_object_mut().unwrap().remove("securityContext");
+                spec(s).security_context = None
             }),
-            ("hostPID", "spec.hostPID", |s| {
-                s["spec"]["hostPID"] = json!(true)
-            }),
+            ("hostPID", "spec.hostPID", |s| spec(s).host_pid = Some(true)),
             ("name", "metadata.name", |s| {
-                s["metadata"]["name"] = json!("other")
+                s.metadata.name = Some("other".into())
             }),
         ];
         for (what, why, break_it) in cases {
@@ -851,26 +967,32 @@ mod tests {
         // A container may tighten the pod's profile, and images by tag or digest (a registry
         // with a port) name their repository.
         let mut s = good.clone();
-        s["spec"]["containers"][0]["securityContext"] =
-            json!({"seccompProfile": {"type": "Localhost", "localhostProfile": "p.json"}});
-        s["spec"]["containers"][0]["image"] = json!("kube-apiserver@sha256:abcd");
+        spec(&mut s).containers[0].security_context = security(
+            json!({"seccompProfile": {"type": "Localhost", "localhostProfile": "p.json"}}),
+        );
+        spec(&mut s).containers[0].image = Some("kube-apiserver@sha256:abcd".into());
         assert!(validate(&s, &policy).is_ok());
         let mirror = Policy::new(&[], &["registry.example:5000/mirror/".into()], &[]);
-        s["spec"]["containers"][0]["image"] =
-            json!("registry.example:5000/mirror/kube-apiserver:v1.37.2");
-        s["spec"]["containers"][1]["image"] = json!("registry.example:5000/mirror/proxy:1");
-        s["spec"]["initContainers"][0]["image"] = json!("registry.example:5000/mirror/proxy:1");
+        spec(&mut s).containers[0].image =
+            Some("registry.example:5000/mirror/kube-apiserver:v1.37.2".into());
+        spec(&mut s).containers[1].image = Some("registry.example:5000/mirror/proxy:1".into());
+        spec(&mut s).init_containers.as_mut().unwrap()[0].image =
+            Some("registry.example:5000/mirror/proxy:1".into());
         assert!(validate(&s, &mirror).is_ok());
         // Capabilities only as allowed by name.
         let mut s = good.clone();
-        s["spec"]["containers"][1]["securityContext"] =
-            json!({"capabilities": {"drop": ["ALL"], "add": ["NET_RAW", "CAP_SETUID"]}});
+        spec(&mut s).containers[1].security_context =
+            security(json!({"capabilities": {"drop": ["ALL"], "add": ["NET_RAW", "CAP_SETUID"]}}));
         assert!(validate(&s, &policy).is_err());
         let some = policy.clone().allow_capabilities(&["net_raw".into()]);
         let e = validate(&s, &some).unwrap_err();
         assert!(e.0.ends_with("adds capabilities (CAP_SETUID)"), "{e}");
         let both = policy.allow_capabilities(&["CAP_NET_RAW".into(), "SETUID".into()]);
         assert!(validate(&s, &both).is_ok());
+    }
+
+    fn security_of_pod(context: Value) -> Option<k8s_openapi::api::core::v1::PodSecurityContext> {
+        Some(object::typed(context, "securityContext").unwrap())
     }
 
     #[test]
@@ -908,13 +1030,20 @@ mod tests {
     #[test]
     fn a_retire_file_the_pod_had_is_replaced() {
         let mut p = pod();
-        p["spec"]["containers"][1]["args"]
-            .as_array_mut()
+        spec(&mut p).containers[1]
+            .args
+            .as_mut()
             .unwrap()
-            .push(json!("--retire-file=/elsewhere"));
+            .push("--retire-file=/elsewhere".into());
         let s = from_pod(&p, RETIRE, "t").unwrap();
-        let args = container(&s, "proxy")["args"].to_string();
-        assert!(!args.contains("/elsewhere"), "{args}");
-        assert_eq!(args.matches("--retire-file").count(), 1, "{args}");
+        let args = container(&s, "proxy").args.clone().unwrap();
+        assert!(!args.iter().any(|a| a.contains("/elsewhere")), "{args:?}");
+        assert_eq!(
+            args.iter()
+                .filter(|a| a.starts_with("--retire-file"))
+                .count(),
+            1,
+            "{args:?}"
+        );
     }
 }
