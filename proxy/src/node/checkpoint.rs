@@ -429,7 +429,7 @@ pub async fn attempt(config: &WriterConfig, now: SystemTime) -> Result<Outcome, 
         .expect("chosen among them")];
     let text = match checkpoint_file(raw, config, now) {
         Ok(text) => text,
-        Err(reason) => return refused(reason),
+        Err(reason) => return refused(reason.to_string()),
     };
     store(&config.dir, existing.as_deref(), &text).map_err(|source| CheckpointError::File {
         path: config.dir.display().to_string(),
@@ -438,18 +438,32 @@ pub async fn attempt(config: &WriterConfig, now: SystemTime) -> Result<Outcome, 
     Ok(Outcome::Written(ours.pod))
 }
 
+/// Why the chosen pod makes no checkpoint file (the reason of [`Outcome::Refused`]).
+#[derive(Debug, thiserror::Error)]
+enum FileRefusal {
+    /// A field this build does not know: its checkpoint would run without it, not as the pod
+    /// that was ready.
+    #[error("{0}; no checkpoint is written without it")]
+    Unknown(#[source] ObjectError),
+    #[error(transparent)]
+    Unusable(staticpod::Unusable),
+    #[error("it would be refused at boot: {0}")]
+    AtBoot(#[source] staticpod::Unusable),
+}
+
 /// The checkpoint file's text made of `pod`, the very pod chosen as the API gave it, at `now`;
-/// or why it is refused. A pod with a field this build does not know is refused: its checkpoint
-/// would run without it, not as the pod that was ready.
-fn checkpoint_file(pod: &Value, config: &WriterConfig, now: SystemTime) -> Result<Vec<u8>, String> {
-    let pod: Pod = object::from_value(pod.clone())
-        .map_err(|e| format!("{e}; no checkpoint is written without it"))?;
+/// or why it is refused.
+fn checkpoint_file(
+    pod: &Value,
+    config: &WriterConfig,
+    now: SystemTime,
+) -> Result<Vec<u8>, FileRefusal> {
+    let pod: Pod = object::from_value(pod.clone()).map_err(FileRefusal::Unknown)?;
     let stamp = humantime::format_rfc3339_seconds(now).to_string();
     let checkpoint =
-        staticpod::from_pod(&pod, &config.retire_file, &stamp).map_err(|e| e.to_string())?;
+        staticpod::from_pod(&pod, &config.retire_file, &stamp).map_err(FileRefusal::Unusable)?;
     // The rules of the activation at boot, now, while there is an API to report to.
-    staticpod::validate(&checkpoint, &config.policy)
-        .map_err(|e| format!("it would be refused at boot: {e}"))?;
+    staticpod::validate(&checkpoint, &config.policy).map_err(FileRefusal::AtBoot)?;
     // Through a JSON value: its keys sorted, as every checkpoint before.
     let mut text =
         serde_json::to_vec_pretty(&object::to_value(&checkpoint)).expect("JSON value serializes");
@@ -609,7 +623,7 @@ mod tests {
         newer["spec"]["containers"][1]["lifecycle"]["preStop"]["sleep"]["jitter"] = json!("1s");
         let why = checkpoint_file(&newer, &config, now).unwrap_err();
         assert_eq!(
-            why,
+            why.to_string(),
             "Pod has a field this build does not know (spec.containers[1].lifecycle.preStop.sleep.jitter; \
              it knows Kubernetes v1.37): it would be lost; no checkpoint is written without it"
         );

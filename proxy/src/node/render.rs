@@ -1293,12 +1293,7 @@ status: {}
             spec: Some(spec),
             status: None,
         };
-        let checkpoint = staticpod::from_pod(
-            &object::to_value(&pod),
-            "/run/retire",
-            "2025-01-02T03:05:05Z",
-        )
-        .unwrap();
+        let checkpoint = staticpod::from_pod(&pod, "/run/retire", "2025-01-02T03:05:05Z").unwrap();
         let paths: Vec<String> = template
             .spec
             .iter()
