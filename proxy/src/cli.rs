@@ -50,6 +50,7 @@ pub enum Command {
     /// Print the apiserver Deployment derived from kubeadm's static manifest (and what goes
     /// with it: the `default/kubernetes` endpoints and the disruption budget) for
     /// `kubectl apply -f -`.
+    #[command(after_help = RENDER_AFTER_HELP)]
     Render(RenderArgs),
     /// Node agent (the static pod `kube-apiserver` of a migrated controller): keep the
     /// kubelet's static pods in step with kubeadm's manifests, kube-apiserver's as a surge
@@ -76,6 +77,12 @@ pub struct KubernetesEndpointsArgs {
     #[arg(long, value_name = "PORT", default_value = "6443", value_parser = clap::value_parser!(u16).range(1..))]
     pub port: u16,
 }
+
+/// What `render --help` ends with: the Kubernetes the node agents' object types are of
+/// (`node::object::KNOWN`, which a test holds this to).
+pub const RENDER_AFTER_HELP: &str = "Kubernetes objects are read and written as the types of \
+Kubernetes v1.37 (as are kubeadm-sync's, recover's and migrate-back's): a manifest with a field \
+v1.37 does not have is refused, naming the field, never rendered without it.";
 
 #[derive(Debug, Clone, Args)]
 pub struct RenderArgs {

@@ -58,6 +58,32 @@ pub struct ForwardContext {
     pub transparent: bool,
 }
 
+#[cfg(test)]
+impl ForwardContext {
+    /// A context for the crate's tests: TCP-checked backends (stopped with `stop`) and the data
+    /// path's metrics on `registry`, a 1 s connect timeout, `--copy auto`, a cut of its own.
+    pub(crate) fn for_tests(
+        registry: &prometheus::Registry,
+        stop: &CancellationToken,
+    ) -> ForwardContext {
+        ForwardContext {
+            backends: Backends::new(
+                crate::backends::check::HealthConfig::tcp_for_tests(),
+                crate::backends::metrics::BackendFamilies::register(registry),
+                stop.child_token(),
+            ),
+            metrics: DataMetrics::register(registry),
+            connect_timeout: Duration::from_secs(1),
+            cut: CancellationToken::new(),
+            close_window: Duration::ZERO,
+            copy_mode: copy::Mode::Auto,
+            carried: Arc::default(),
+            successor_serves: Default::default(),
+            transparent: false,
+        }
+    }
+}
+
 /// Cuts every carried connection once `ctx.cut` is cancelled (run as a task of the instance).
 pub async fn cut_on_cancel(ctx: Arc<ForwardContext>) {
     ctx.cut.cancelled().await;

@@ -176,33 +176,16 @@ mod tests {
     use super::*;
     use std::sync::Arc;
 
-    use crate::backends::backend::Backends;
-    use crate::backends::check::HealthConfig;
-    use crate::backends::metrics::BackendFamilies;
     use crate::base::addr::ClientAddr;
     use crate::data::forward::{self, ForwardContext};
-    use crate::data::metrics::DataMetrics;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
     use tokio_util::sync::CancellationToken;
 
     pub(super) fn context(mode: crate::data::copy::Mode) -> Arc<ForwardContext> {
-        let registry = prometheus::Registry::new();
-        let health = HealthConfig::tcp_for_tests();
         Arc::new(ForwardContext {
-            transparent: false,
-            backends: Backends::new(
-                health,
-                BackendFamilies::register(&registry),
-                CancellationToken::new(),
-            ),
-            metrics: DataMetrics::register(&registry),
-            connect_timeout: Duration::from_secs(1),
-            cut: CancellationToken::new(),
-            close_window: Duration::ZERO,
             copy_mode: mode,
-            carried: Arc::default(),
-            successor_serves: Default::default(),
+            ..ForwardContext::for_tests(&prometheus::Registry::new(), &CancellationToken::new())
         })
     }
 

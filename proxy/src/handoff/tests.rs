@@ -13,15 +13,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::Handoff;
 use super::HandoffConfig;
-use crate::backends::backend::Backends;
-use crate::backends::check::HealthConfig;
-use crate::backends::metrics::BackendFamilies;
 use crate::backends::readiness::Readiness;
 use crate::base::addr::ListenAddr;
 use crate::base::lifecycle::State;
 use crate::data::forward::ForwardContext;
 use crate::data::listener::Listeners;
-use crate::data::metrics::DataMetrics;
 use crate::handoff::metrics::{HandoffDirection, HandoffMetrics, HandoffOutcome};
 
 /// Fault injection points of the serving side (tests only).
@@ -64,20 +60,8 @@ struct Instance {
 impl Instance {
     fn start(dir: &Path, addr: ListenAddr, state: State, backend_ready: bool) -> Instance {
         let registry = Registry::new();
-        let health = HealthConfig::tcp_for_tests();
         let stop = CancellationToken::new();
-        let families = BackendFamilies::register(&registry);
-        let ctx = Arc::new(ForwardContext {
-            transparent: false,
-            backends: Backends::new(health, families, stop.child_token()),
-            metrics: DataMetrics::register(&registry),
-            connect_timeout: Duration::from_secs(1),
-            cut: CancellationToken::new(),
-            close_window: Duration::ZERO,
-            copy_mode: crate::data::copy::Mode::Auto,
-            carried: Arc::default(),
-            successor_serves: Default::default(),
-        });
+        let ctx = Arc::new(ForwardContext::for_tests(&registry, &stop));
         let listeners = Arc::new(Listeners::new(
             ctx,
             100,

@@ -191,6 +191,15 @@ mod tests {
     }
 
     #[test]
+    fn render_help_names_the_kubernetes_the_types_are_of() {
+        assert!(
+            crate::cli::RENDER_AFTER_HELP.contains(&format!("Kubernetes {KNOWN} ")),
+            "{}",
+            crate::cli::RENDER_AFTER_HELP
+        );
+    }
+
+    #[test]
     fn api_paths() {
         assert_eq!(
             path::<Pod>("kube-system", "p"),

@@ -391,7 +391,6 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::*;
-    use crate::backends::check::HealthConfig;
     use crate::data::forward::ForwardContext;
 
     /// An admin endpoint served on `127.0.0.1:0`, in `state`, its backends ready or not.
@@ -410,22 +409,12 @@ mod tests {
 
     async fn admin(state: State, backend_ready: bool) -> Admin {
         let registry = Registry::new();
-        let data = DataMetrics::register(&registry);
         let stop = CancellationToken::new();
-        let health = HealthConfig::tcp_for_tests();
-        let families = crate::backends::metrics::BackendFamilies::register(&registry);
-        let backends = Backends::new(health, families, stop.child_token());
         let ctx = Arc::new(ForwardContext {
-            backends: backends.clone(),
-            metrics: data.clone(),
-            connect_timeout: Duration::from_secs(1),
             cut: stop.child_token(),
-            close_window: Duration::ZERO,
-            copy_mode: crate::data::copy::Mode::Auto,
-            carried: Arc::default(),
-            successor_serves: Default::default(),
-            transparent: false,
+            ..ForwardContext::for_tests(&registry, &stop)
         });
+        let (backends, data) = (ctx.backends.clone(), ctx.metrics.clone());
         let listeners = Arc::new(Listeners::new(
             ctx,
             16,
