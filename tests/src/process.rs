@@ -3,7 +3,7 @@
 //! shows only for failing tests).
 
 use std::io::{BufRead as _, BufReader, Read};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -157,6 +157,37 @@ impl ChildProcess {
         }
         Ok(status)
     }
+}
+
+/// A finished command's stdout, then its stderr, as one text.
+pub fn output_text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// A finished command's exit code (-1: ended by a signal) and [`output_text`].
+pub fn code_and_output(out: &Output) -> (i32, String) {
+    (out.status.code().unwrap_or(-1), output_text(out))
+}
+
+/// The one line a command refused bad input with — exit code 2 and one line on stderr, the
+/// project's rule for a bad flag or file — or an error saying how `out` differs; `what` names
+/// the command in it.
+pub fn bad_input_line(out: &Output, what: &str) -> Result<String> {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        out.status.code() == Some(2),
+        "{what}: {:?}, not exit 2: {stderr}",
+        out.status
+    );
+    ensure!(
+        stderr.trim().lines().count() == 1,
+        "{what}: not one line: {stderr}"
+    );
+    Ok(stderr.trim().to_owned())
 }
 
 impl Drop for ChildProcess {

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Context as _, Result};
 use kube_apiserver_proxy_tests::certs::Pki;
 use kube_apiserver_proxy_tests::fake_apiserver::{FakeApiserver, FakeApiserverBuilder};
-use kube_apiserver_proxy_tests::process::ChildProcess;
+use kube_apiserver_proxy_tests::process::{bad_input_line, ChildProcess};
 use kube_apiserver_proxy_tests::proxy::proxy_bin;
 use kube_apiserver_proxy_tests::strace::{self, Trace};
 use kube_apiserver_proxy_tests::util::{eventually, skip, TempDir};
@@ -1261,14 +1261,10 @@ async fn kubeadm_sync_undo_hands_kubeadm_the_pods_the_kubelet_runs_with_their_ui
     };
     let before = std::fs::read(kubeadm.join("etcd.yaml"))?;
     let out = undo().output()?;
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let line = bad_input_line(&out, "--undo with the stand-in in the kubelet's directory")?;
     ensure!(
-        out.status.code() == Some(2)
-            && stderr.trim().lines().count() == 1
-            && stderr.contains("stand-in still runs")
-            && stderr.contains("nothing written"),
-        "--undo with the stand-in in the kubelet's directory: {:?} {stderr}",
-        out.status
+        line.contains("stand-in still runs") && line.contains("nothing written"),
+        "{line}"
     );
     ensure!(
         std::fs::read(kubeadm.join("etcd.yaml"))? == before,
@@ -1550,14 +1546,8 @@ async fn kubeadm_sync_writes_its_own_kubeconfig_with_a_service_account_token() -
     // The agent without its kubeconfig: one line naming the command that writes it.
     std::fs::rename(node.dir.join("admin.conf"), node.dir.join("moved.conf"))?;
     let out = output(node.agent(true)).await?;
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    ensure!(
-        out.status.code() == Some(2)
-            && stderr.lines().count() == 1
-            && stderr.contains("--write-kubeconfig"),
-        "{}: {stderr}",
-        out.status
-    );
+    let line = bad_input_line(&out, "the agent without its kubeconfig")?;
+    ensure!(line.contains("--write-kubeconfig"), "{line}");
     ensure!(
         !node.dir.join("kubelet").exists()
             || std::fs::read_dir(node.dir.join("kubelet"))?

@@ -383,10 +383,9 @@ fn manifests_render_and_validate() -> Result<()> {
             let out = cmd.arg(&path).output()?;
             ensure!(
                 out.status.success(),
-                "{}: kubernetes-validate {version:?} failed:\n{}{}",
+                "{}: kubernetes-validate {version:?} failed:\n{}",
                 path.display(),
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
+                kube_apiserver_proxy_tests::process::output_text(&out)
             );
         }
     }
@@ -960,14 +959,7 @@ async fn run_short(argv: &[String], deadline: Duration) -> Result<(i32, String)>
     let out = tokio::time::timeout(deadline, child.wait_with_output())
         .await
         .with_context(|| format!("{argv:?} still running after {deadline:?}"))??;
-    Ok((
-        out.status.code().unwrap_or(-1),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    ))
+    Ok(kube_apiserver_proxy_tests::process::code_and_output(&out))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2151,10 +2143,9 @@ fn alert_rules_pass_promtool() -> Result<()> {
             .context("run promtool")?;
         ensure!(
             out.status.success(),
-            "promtool {}: {}{}",
+            "promtool {}: {}",
             args.join(" "),
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
+            kube_apiserver_proxy_tests::process::output_text(&out)
         );
     }
     // Every alert is expected to fire in some unit test.

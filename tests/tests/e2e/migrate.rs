@@ -15,7 +15,7 @@ use std::time::Duration;
 use anyhow::{ensure, Context as _, Result};
 use kube_apiserver_proxy_tests::certs::Pki;
 use kube_apiserver_proxy_tests::fake_apiserver::FakeApiserver;
-use kube_apiserver_proxy_tests::process::ChildProcess;
+use kube_apiserver_proxy_tests::process::{bad_input_line, ChildProcess};
 use kube_apiserver_proxy_tests::proxy::{proxy_bin, run_cli};
 use kube_apiserver_proxy_tests::util::{
     connection_refused, eventually, free_random_loopback_addr, is_root, skip, TempDir,
@@ -367,16 +367,8 @@ async fn migrate_rejects_bad_input() -> Result<()> {
         let mut argv = vec!["migrate"];
         argv.extend(args.iter().copied());
         let out = run_cli(&argv).await?;
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        ensure!(
-            out.status.code() == Some(2),
-            "{argv:?}: {:?}: {stderr}",
-            out.status
-        );
-        ensure!(
-            stderr.trim().lines().count() == 1 && stderr.contains(expect),
-            "{argv:?}: {stderr}"
-        );
+        let line = bad_input_line(&out, &format!("{argv:?}"))?;
+        ensure!(line.contains(expect), "{argv:?}: {line}");
     }
     Ok(())
 }

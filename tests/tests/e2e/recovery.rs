@@ -16,7 +16,7 @@ use anyhow::{ensure, Context as _, Result};
 use kube_apiserver_proxy_tests::certs::Pki;
 use kube_apiserver_proxy_tests::client::{ensure_scrapes_refused, http_get, HttpsClient};
 use kube_apiserver_proxy_tests::fake_apiserver::FakeApiserver;
-use kube_apiserver_proxy_tests::process::ChildProcess;
+use kube_apiserver_proxy_tests::process::{bad_input_line, ChildProcess};
 use kube_apiserver_proxy_tests::proxy::{proxy_bin, require_metric, run_cli, ProxyBuilder};
 use kube_apiserver_proxy_tests::strace::{self, Trace};
 use kube_apiserver_proxy_tests::util::{eventually, free_random_loopback_addr, skip, TempDir};
@@ -678,16 +678,8 @@ async fn recover_flags_are_checked_before_anything_starts() -> Result<()> {
         ),
     ] {
         let out = run_cli(&args).await?;
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        ensure!(
-            out.status.code() == Some(2),
-            "{args:?}: {:?} {stderr}",
-            out.status
-        );
-        ensure!(
-            stderr.trim().lines().count() == 1 && stderr.contains(expect),
-            "{args:?}: {stderr}"
-        );
+        let line = bad_input_line(&out, &format!("{args:?}"))?;
+        ensure!(line.contains(expect), "{args:?}: {line}");
     }
     Ok(())
 }

@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::{anyhow, ensure, Context, Result};
+use kube_apiserver_proxy_tests::process::bad_input_line;
 use kube_apiserver_proxy_tests::proxy::proxy_bin;
 use kube_apiserver_proxy_tests::util::{skip, TempDir};
 use serde_json::Value;
@@ -376,16 +377,8 @@ fn render_real_kubeadm() -> Result<()> {
         .arg(&file)
         .args(older)
         .output()?;
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    ensure!(
-        out.status.code() == Some(2),
-        "older --image: {:?} {stderr}",
-        out.status
-    );
-    ensure!(
-        stderr.lines().count() == 1 && stderr.contains("older than"),
-        "{stderr}"
-    );
+    let line = bad_input_line(&out, "older --image")?;
+    ensure!(line.contains("older than"), "{line}");
     ensure!(out.stdout.is_empty(), "older --image printed something");
     let out = Command::new(proxy_bin()?)
         .args(["render", "--allow-downgrade", "--static-pod"])
@@ -433,11 +426,7 @@ fn render_real_kubeadm() -> Result<()> {
         .args(["render", "--static-pod"])
         .arg(tmp.join("missing.yaml"))
         .output()?;
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    ensure!(
-        out.status.code() == Some(2) && stderr.lines().count() == 1,
-        "{stderr}"
-    );
-    ensure!(stderr.contains("missing.yaml"), "{stderr}");
+    let line = bad_input_line(&out, "a missing --static-pod")?;
+    ensure!(line.contains("missing.yaml"), "{line}");
     Ok(())
 }

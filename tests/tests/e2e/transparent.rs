@@ -45,14 +45,7 @@ fn transparent_routes(args: &[&str]) -> Result<(i32, String)> {
         .arg("transparent-routes")
         .args(args)
         .output()?;
-    Ok((
-        out.status.code().unwrap_or(-1),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    ))
+    Ok(kube_apiserver_proxy_tests::process::code_and_output(&out))
 }
 
 /// Installs the routing and checks that it said so.
