@@ -210,6 +210,23 @@ impl Pki {
         self.dir.join("client.key")
     }
 
+    /// `--metrics-tls-cert-file`, `--metrics-tls-key-file` (the serving pair) and
+    /// `--metrics-client-ca-file` (this CA): a scrape address that speaks TLS and asks for a
+    /// client certificate of this PKI.
+    pub fn metrics_tls_flags(&self) -> [String; 3] {
+        [
+            format!(
+                "--metrics-tls-cert-file={}",
+                self.server_cert_file().display()
+            ),
+            format!(
+                "--metrics-tls-key-file={}",
+                self.server_key_file().display()
+            ),
+            format!("--metrics-client-ca-file={}", self.ca_file().display()),
+        ]
+    }
+
     /// A rustls client config trusting this CA, presenting the client certificate if
     /// `with_client_cert`.
     pub fn client_config(&self, with_client_cert: bool) -> Result<Arc<rustls::ClientConfig>> {

@@ -190,6 +190,41 @@ pub fn bad_input_line(out: &Output, what: &str) -> Result<String> {
     Ok(stderr.trim().to_owned())
 }
 
+/// Runs `cmd` with `input` on its stdin (written from a thread of its own, so a command that
+/// answers before it has read everything cannot stall it) and waits for its output.
+pub fn output_with_input(cmd: &mut Command, input: &str) -> Result<Output> {
+    use std::io::Write as _;
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("spawn {cmd:?}"))?;
+    let mut stdin = child.stdin.take().expect("piped stdin");
+    let input = input.to_owned();
+    let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
+    let out = child.wait_with_output()?;
+    writer
+        .join()
+        .map_err(|_| anyhow::anyhow!("stdin writer panicked"))??;
+    Ok(out)
+}
+
+/// The documents of a YAML stream as PyYAML reads them (`python3` with PyYAML), empty ones
+/// left out: a reader other than the proxy's own.
+pub fn pyyaml_docs(yaml: &str) -> Result<Vec<serde_json::Value>> {
+    let out = output_with_input(
+        Command::new("python3").args([
+            "-c",
+            "import sys, json, yaml\n\
+             json.dump([d for d in yaml.safe_load_all(sys.stdin) if d is not None], sys.stdout)",
+        ]),
+        yaml,
+    )?;
+    ensure!(out.status.success(), "PyYAML: {}", output_text(&out));
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
 impl Drop for ChildProcess {
     fn drop(&mut self) {
         let mut child = self.child.lock().unwrap();

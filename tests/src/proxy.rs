@@ -192,6 +192,16 @@ impl ProxyBuilder {
         }
     }
 
+    /// `run` on `listen` to `backend`, TCP-checked with [`Self::fast_health`]'s timings: the
+    /// plain proxy most tests start from.
+    pub fn tcp(listen: SocketAddr, backend: SocketAddr) -> Self {
+        Self::new()
+            .listen(listen)
+            .backend(backend)
+            .health_check("tcp")
+            .fast_health()
+    }
+
     /// Leaves out the `run` subcommand (it is the default).
     pub fn without_subcommand(mut self) -> Self {
         self.subcommand = None;

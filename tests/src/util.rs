@@ -159,6 +159,16 @@ pub fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
 
+/// The names of the entries of `dir`, sorted.
+pub fn dir_entries(dir: &Path) -> Result<Vec<String>> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .with_context(|| format!("read {}", dir.display()))?
+        .map(|e| Ok(e?.file_name().to_string_lossy().into_owned()))
+        .collect::<Result<_>>()?;
+    names.sort();
+    Ok(names)
+}
+
 /// A temporary directory under `std::env::temp_dir()` with a random name, removed on drop.
 #[derive(Debug)]
 pub struct TempDir {

@@ -1829,64 +1829,18 @@ spec:
 status: {}
 "#;
         // etcd's copy restarted in place: the short grace period, marked.
-        const ETCD_GRACED: &str = r#"apiVersion: v1
-kind: Pod
-metadata:
-  annotations:
-    kube-apiserver-proxy/restart-grace: "2"
-    kubeadm.kubernetes.io/etcd.advertise-client-urls: "https://192.0.2.10:2379"
-  creationTimestamp: ~
-  labels:
-    component: etcd
-    tier: control-plane
-  name: etcd
-  namespace: kube-system
-  uid: f490bd654fc82834edacef2b87fe67eb
-spec:
-  containers:
-    - command:
-        - etcd
-        - "--advertise-client-urls=https://192.0.2.10:2379"
-        - "--data-dir=/var/lib/etcd"
-        - "--name=node-1"
-      image: "registry.k8s.io/etcd:3.6.16-0"
-      imagePullPolicy: IfNotPresent
-      livenessProbe:
-        failureThreshold: 8
-        httpGet:
-          host: 127.0.0.1
-          path: /livez
-          port: probe-port
-          scheme: HTTP
-        initialDelaySeconds: 10
-        periodSeconds: 10
-        timeoutSeconds: 15
-      name: etcd
-      ports:
-        - containerPort: 2381
-          name: probe-port
-          protocol: TCP
-      resources:
-        requests:
-          cpu: 100m
-          memory: 100Mi
-      volumeMounts:
-        - mountPath: /var/lib/etcd
-          name: etcd-data
-  hostNetwork: true
-  priority: 2000001000
-  priorityClassName: system-node-critical
-  securityContext:
-    seccompProfile:
-      type: RuntimeDefault
-  terminationGracePeriodSeconds: 2
-  volumes:
-    - hostPath:
-        path: /var/lib/etcd
-        type: DirectoryOrCreate
-      name: etcd-data
-status: {}
-"#;
+        // The same copy with the restart grace: its annotation and the grace period, nothing else.
+        let etcd_graced = ETCD_COPY
+            .replacen(
+                "  annotations:\n",
+                "  annotations:\n    kube-apiserver-proxy/restart-grace: \"2\"\n",
+                1,
+            )
+            .replacen(
+                "  volumes:\n",
+                "  terminationGracePeriodSeconds: 2\n  volumes:\n",
+                1,
+            );
         let tmp = std::env::temp_dir().join(format!("kap-sync-pin-{}", rand::random::<u64>()));
         let sync = sync_on(&tmp);
         std::fs::write(sync.kubeadm_dir.join("etcd.yaml"), KUBEADM_ETCD).unwrap();
@@ -1917,7 +1871,7 @@ status: {}
         );
         // The restart in place, and back to kubeadm's grace period (fix_mirrors).
         let graced = with_restart_grace(Manifest::from_value(doc(ETCD_COPY)).unwrap());
-        assert_eq!(graced.to_yaml(), ETCD_GRACED);
+        assert_eq!(graced.to_yaml(), etcd_graced);
         assert_eq!(graced.static_uid("node-1", "etcd.yaml"), ETCD_UID);
         assert_eq!(
             static_uid("node-1", "etcd.yaml", graced.document()),

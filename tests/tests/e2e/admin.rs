@@ -7,21 +7,16 @@ use kube_apiserver_proxy_tests::fake_apiserver::FakeApiserver;
 use kube_apiserver_proxy_tests::proxy::{parse_metric, run_cli};
 use kube_apiserver_proxy_tests::util::{eventually, free_addr};
 
-use crate::https_backend_unready;
 use crate::{
     connect_echo, echo_backend, https_client, https_proxy, listen_addr, serving, tcp_proxy,
     DEADLINE,
 };
+use crate::{https_backend_unready, proxy_before_its_backend};
 
 #[tokio::test]
 async fn healthz_readyz_and_metrics_follow_the_lifecycle() -> Result<()> {
     let pki = Pki::new()?;
-    let backend = https_backend_unready(&pki).await?;
-    let listen = listen_addr()?;
-    let proxy = https_proxy(&pki, listen, &[&backend])
-        .fast_health()
-        .spawn()
-        .await?;
+    let (backend, listen, proxy) = proxy_before_its_backend(&pki).await?;
     proxy.wait_state("WaitingForBackend").await?;
     let (status, body) = proxy.admin_get("/healthz").await?;
     ensure!(

@@ -294,12 +294,8 @@ async fn flags_from_environment_variables() -> Result<()> {
 async fn run_is_the_default_subcommand() -> Result<()> {
     let backend = echo_backend().await?;
     let listen = listen_addr()?;
-    let proxy = ProxyBuilder::new()
+    let proxy = ProxyBuilder::tcp(listen, backend.addr())
         .without_subcommand()
-        .listen(listen)
-        .backend(backend.addr())
-        .health_check("tcp")
-        .fast_health()
         .spawn()
         .await?;
     proxy.wait_state("Serving").await?;

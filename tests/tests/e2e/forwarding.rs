@@ -286,14 +286,7 @@ async fn ipv6_listen_address() -> Result<()> {
     }
     let backend = echo_backend().await?;
     let listen = free_addr("::1".parse()?)?;
-    let _proxy = serving(
-        ProxyBuilder::new()
-            .listen(listen)
-            .backend(backend.addr())
-            .health_check("tcp")
-            .fast_health(),
-    )
-    .await?;
+    let _proxy = serving(ProxyBuilder::tcp(listen, backend.addr())).await?;
     let mut client = connect_echo(listen).await?;
     client.round_trip(b"over ipv6").await?;
     Ok(())

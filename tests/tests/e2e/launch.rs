@@ -171,15 +171,6 @@ fn cmdline(pid: u32) -> Result<Vec<String>> {
         .collect())
 }
 
-/// The files in `dir`, sorted.
-fn dir_entries(dir: &Path) -> Result<Vec<String>> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)?
-        .map(|e| Ok(e?.file_name().to_string_lossy().into_owned()))
-        .collect::<Result<_>>()?;
-    names.sort();
-    Ok(names)
-}
-
 #[tokio::test]
 async fn launch_execs_the_command_in_place_on_the_chosen_address() -> Result<()> {
     let pki = Pki::new()?;
@@ -213,7 +204,7 @@ async fn launch_execs_the_command_in_place_on_the_chosen_address() -> Result<()>
         "address file content {text:?}"
     );
     // Written atomically: nothing but the file itself is left in the directory.
-    let left = dir_entries(dir.path())?;
+    let left = kube_apiserver_proxy_tests::util::dir_entries(dir.path())?;
     ensure!(left == ["address"], "files left next to it: {left:?}");
 
     // Same pid: the process we spawned IS the fake apiserver now, with the substituted argv.
@@ -426,7 +417,7 @@ async fn launch_rejects_bad_input_without_starting_anything() -> Result<()> {
             !file.exists(),
             "{name}: the address file was left behind ({line})"
         );
-        let left = dir_entries(dir.path())?;
+        let left = kube_apiserver_proxy_tests::util::dir_entries(dir.path())?;
         ensure!(
             left == ["broken-interpreter", "data.txt", "not-a-dir"],
             "{name}: something was started or written: {left:?}"
@@ -447,7 +438,7 @@ async fn launch_without_address_file_names_the_flag() -> Result<()> {
     let marker = dir.join("started-{{address}}");
     let args: Vec<OsString> = vec!["launch".into(), "--".into(), "touch".into(), marker.into()];
     bad_input(&args, "--address-file").await?;
-    let left = dir_entries(dir.path())?;
+    let left = kube_apiserver_proxy_tests::util::dir_entries(dir.path())?;
     ensure!(left.is_empty(), "something was started: {left:?}");
     Ok(())
 }

@@ -265,13 +265,9 @@ async fn a_backend_reset_reaches_the_client_as_an_orderly_close() -> Result<()> 
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let backend = answer_then_reset().await?;
     let listen = listen_addr()?;
-    let proxy = serving(
-        kube_apiserver_proxy_tests::proxy::ProxyBuilder::new()
-            .listen(listen)
-            .backend(backend)
-            .health_check("tcp")
-            .fast_health(),
-    )
+    let proxy = serving(kube_apiserver_proxy_tests::proxy::ProxyBuilder::tcp(
+        listen, backend,
+    ))
     .await?;
     for round in 0..5 {
         let stream = tokio::net::TcpStream::connect(listen).await?;

@@ -8,8 +8,8 @@ use kube_apiserver_proxy_tests::certs::Pki;
 use kube_apiserver_proxy_tests::client::TcpClient;
 use kube_apiserver_proxy_tests::util::{connection_refused, eventually};
 
-use crate::https_backend_unready;
-use crate::{echo_backend, https_client, https_proxy, listen_addr, serving, tcp_proxy, DEADLINE};
+use crate::proxy_before_its_backend;
+use crate::{echo_backend, https_client, listen_addr, serving, tcp_proxy, DEADLINE};
 
 #[tokio::test]
 async fn two_instances_share_one_listen_address() -> Result<()> {
@@ -42,12 +42,7 @@ async fn two_instances_share_one_listen_address() -> Result<()> {
 #[tokio::test]
 async fn listener_bound_only_after_backend_is_ready() -> Result<()> {
     let pki = Pki::new()?;
-    let backend = https_backend_unready(&pki).await?;
-    let listen = listen_addr()?;
-    let proxy = https_proxy(&pki, listen, &[&backend])
-        .fast_health()
-        .spawn()
-        .await?;
+    let (backend, listen, proxy) = proxy_before_its_backend(&pki).await?;
     // Several checks answered 503 …
     eventually(DEADLINE, || async {
         proxy.ensure_running()?;

@@ -74,6 +74,18 @@ pub async fn https_backend_unready(pki: &Pki) -> Result<FakeApiserver> {
         .await
 }
 
+/// A proxy (https checks, fast timings) started on a fresh address before its one backend is
+/// ready: the backend, the address, the proxy.
+pub async fn proxy_before_its_backend(pki: &Pki) -> Result<(FakeApiserver, SocketAddr, Proxy)> {
+    let backend = https_backend_unready(pki).await?;
+    let listen = listen_addr()?;
+    let proxy = https_proxy(pki, listen, &[&backend])
+        .fast_health()
+        .spawn()
+        .await?;
+    Ok((backend, listen, proxy))
+}
+
 /// A raw TCP echo backend on a random loopback address.
 pub async fn echo_backend() -> Result<FakeApiserver> {
     FakeApiserver::tcp_echo().random_loopback()?.start().await

@@ -31,7 +31,6 @@
 //! them.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
@@ -39,10 +38,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, ensure, Context as _, Result};
+use anyhow::{bail, ensure, Context as _, Result};
 use kube_apiserver_proxy_tests::certs::Pki;
 use kube_apiserver_proxy_tests::client::{http_get, HttpsClient};
 use kube_apiserver_proxy_tests::load::HttpsLoad;
+use kube_apiserver_proxy_tests::process::{code_and_output, output_with_input, pyyaml_docs};
 use kube_apiserver_proxy_tests::proxy::{parse_metric, proxy_bin, METRIC_PREFIX};
 use kube_apiserver_proxy_tests::util::{eventually, free_addr, random_loopback_ip, skip, TempDir};
 use nix::sys::signal::{kill, Signal};
@@ -105,28 +105,6 @@ fn tools_available(test: &str) -> Result<bool> {
     Ok(false)
 }
 
-/// Runs `cmd` with `input` on stdin; `(exit code, stdout, stderr)`.
-fn run_with_input(cmd: &mut Command, input: &str) -> Result<(i32, String, String)> {
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("spawn {cmd:?}"))?;
-    let mut stdin = child.stdin.take().expect("piped stdin");
-    let input = input.to_owned();
-    let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
-    let out = child.wait_with_output()?;
-    writer
-        .join()
-        .map_err(|_| anyhow!("stdin writer panicked"))??;
-    Ok((
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    ))
-}
-
 /// `kubernetes-validate --strict` of a YAML stream against every schema version of
 /// [`VALIDATE_VERSIONS`]; `what` names it in the error.
 fn validate(what: &str, yaml: &str) -> Result<()> {
@@ -136,10 +114,10 @@ fn validate(what: &str, yaml: &str) -> Result<()> {
         if let Some(v) = version {
             cmd.args(["-k", v]);
         }
-        let (code, stdout, stderr) = run_with_input(cmd.arg("-"), yaml)?;
+        let (code, text) = code_and_output(&output_with_input(cmd.arg("-"), yaml)?);
         ensure!(
             code == 0,
-            "{what}: kubernetes-validate {version:?} failed ({code}):\n{stdout}{stderr}"
+            "{what}: kubernetes-validate {version:?} failed ({code}):\n{text}"
         );
     }
     Ok(())
@@ -164,17 +142,7 @@ fn render(overlay: &str) -> Result<String> {
 
 /// YAML stream → JSON objects (python3 + PyYAML).
 fn yaml_to_json(yaml: &str) -> Result<Vec<Value>> {
-    let (code, stdout, stderr) = run_with_input(
-        Command::new("python3").args([
-            "-c",
-            "import sys, json, yaml\n\
-             json.dump([d for d in yaml.safe_load_all(sys.stdin) if d is not None], sys.stdout)",
-        ]),
-        yaml,
-    )?;
-    ensure!(code == 0, "YAML to JSON failed: {stderr}");
-    let docs: Vec<Value> = serde_json::from_str(&stdout)?;
-    Ok(docs)
+    pyyaml_docs(yaml)
 }
 
 fn rendered_objects(overlay: &str) -> Result<Vec<Value>> {

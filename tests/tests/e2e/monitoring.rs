@@ -15,6 +15,7 @@ use anyhow::{ensure, Context as _, Result};
 use kube_apiserver_proxy_tests::certs::Pki;
 use kube_apiserver_proxy_tests::client::{ensure_scrapes_refused, http_get, HttpsClient};
 use kube_apiserver_proxy_tests::fake_apiserver::FakeApiserver;
+use kube_apiserver_proxy_tests::process::bad_input_line;
 use kube_apiserver_proxy_tests::proxy::{run_cli, Proxy, METRIC_PREFIX};
 use kube_apiserver_proxy_tests::util::{eventually, free_random_loopback_addr, TempDir};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -246,14 +247,7 @@ async fn tls_scrape_address_requires_a_client_certificate() -> Result<()> {
     let dir = TempDir::new("scrape-tls")?;
     let handoff = dir.join("handoff");
     let scrape = free_random_loopback_addr()?;
-    let tls = [
-        format!(
-            "--metrics-tls-cert-file={}",
-            pki.server_cert_file().display()
-        ),
-        format!("--metrics-tls-key-file={}", pki.server_key_file().display()),
-        format!("--metrics-client-ca-file={}", pki.ca_file().display()),
-    ];
+    let tls = pki.metrics_tls_flags();
     let _a = instance_with("a", &backend, &handoff, scrape, &tls).await?;
     let _b = instance_with("b", &backend, &handoff, scrape, &tls).await?;
     let client = HttpsClient::new(pki.client_config(true)?);
@@ -280,12 +274,8 @@ async fn tls_scrape_address_requires_a_client_certificate() -> Result<()> {
         &tls[1],
     ])
     .await?;
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    ensure!(
-        out.status.code() == Some(2) && stderr.contains("--metrics-client-ca-file"),
-        "without a client CA: {:?} {stderr}",
-        out.status
-    );
+    let line = bad_input_line(&out, "without a client CA")?;
+    ensure!(line.contains("--metrics-client-ca-file"), "{line}");
     Ok(())
 }
 

@@ -1187,14 +1187,7 @@ async fn recover_metrics_over_tls_answer_client_certificates_only() -> Result<()
     let pki = Pki::new()?;
     let dir = TempDir::new("recover-tls")?;
     let metrics = free_random_loopback_addr()?;
-    let tls = [
-        format!(
-            "--metrics-tls-cert-file={}",
-            pki.server_cert_file().display()
-        ),
-        format!("--metrics-tls-key-file={}", pki.server_key_file().display()),
-        format!("--metrics-client-ca-file={}", pki.ca_file().display()),
-    ];
+    let tls = pki.metrics_tls_flags();
     let mut command = Command::new(proxy_bin()?);
     command
         .arg("recover")
@@ -1229,11 +1222,7 @@ async fn recover_metrics_over_tls_answer_client_certificates_only() -> Result<()
         tls[0].clone(),
     ])
     .await?;
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    ensure!(
-        out.status.code() == Some(2) && stderr.contains("--metrics-tls-key-file"),
-        "a certificate alone: {:?} {stderr}",
-        out.status
-    );
+    let line = bad_input_line(&out, "a certificate alone")?;
+    ensure!(line.contains("--metrics-tls-key-file"), "{line}");
     Ok(())
 }

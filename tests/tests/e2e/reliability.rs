@@ -288,14 +288,7 @@ async fn resetting_backend() -> Result<SocketAddr> {
 async fn backend_reset_mid_stream_closes_the_client_and_leaks_nothing() -> Result<()> {
     let backend = resetting_backend().await?;
     let listen = listen_addr()?;
-    let proxy = serving(
-        ProxyBuilder::new()
-            .listen(listen)
-            .backend(backend)
-            .health_check("tcp")
-            .fast_health(),
-    )
-    .await?;
+    let proxy = serving(ProxyBuilder::tcp(listen, backend)).await?;
     let baseline = resources(&proxy).await?;
     for _ in 0..20 {
         let mut c = TcpStream::connect(listen).await?;

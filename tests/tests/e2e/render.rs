@@ -12,12 +12,13 @@
 //! them the test says it is skipped, except in CI, where it fails.
 
 use std::collections::BTreeMap;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::{anyhow, ensure, Context, Result};
-use kube_apiserver_proxy_tests::process::bad_input_line;
+use kube_apiserver_proxy_tests::process::{
+    bad_input_line, output_text, output_with_input, pyyaml_docs,
+};
 use kube_apiserver_proxy_tests::proxy::proxy_bin;
 use kube_apiserver_proxy_tests::util::{skip, TempDir};
 use serde_json::Value;
@@ -80,37 +81,9 @@ fn tools() -> Result<bool> {
     Ok(false)
 }
 
-fn with_stdin(cmd: &mut Command, input: &str) -> Result<std::process::Output> {
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("spawn {cmd:?}"))?;
-    child
-        .stdin
-        .take()
-        .expect("piped")
-        .write_all(input.as_bytes())?;
-    Ok(child.wait_with_output()?)
-}
-
 /// A YAML stream read by PyYAML.
 fn yaml_docs(yaml: &str) -> Result<Vec<Value>> {
-    let out = with_stdin(
-        Command::new("python3").args([
-            "-c",
-            "import sys, json, yaml\n\
-             json.dump([d for d in yaml.safe_load_all(sys.stdin) if d is not None], sys.stdout)",
-        ]),
-        yaml,
-    )?;
-    ensure!(
-        out.status.success(),
-        "PyYAML: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(serde_json::from_slice(&out.stdout)?)
+    pyyaml_docs(yaml)
 }
 
 /// kubeadm's static apiserver pod for `cluster` (a ClusterConfiguration's fields).
@@ -336,15 +309,14 @@ fn check(name: &str, manifest: &str, dir: &Path, port: u16) -> Result<()> {
 
 /// `kubernetes-validate --strict` of a YAML stream: valid for the API server.
 fn validate_strict(name: &str, stream: &str) -> Result<()> {
-    let v = with_stdin(
+    let v = output_with_input(
         Command::new("kubernetes-validate").args(["--strict", "--quiet", "-"]),
         stream,
     )?;
     ensure!(
         v.status.success(),
-        "{name}: kubernetes-validate: {}{}",
-        String::from_utf8_lossy(&v.stdout),
-        String::from_utf8_lossy(&v.stderr)
+        "{name}: kubernetes-validate: {}",
+        output_text(&v)
     );
     Ok(())
 }

@@ -241,14 +241,6 @@ impl Drop for Chrooted {
     }
 }
 
-fn file_names(dir: &Path) -> Result<Vec<String>> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)?
-        .map(|e| Ok(e?.file_name().to_string_lossy().into_owned()))
-        .collect::<Result<_>>()?;
-    names.sort();
-    Ok(names)
-}
-
 /// In a root holding nothing but the binary (no libc, no loader, no /etc, no /proc, no
 /// shell): `--version`, then `launch` picking an address and exec'ing the proxy itself on it,
 /// which forwards traffic to a backend outside and exits 0 on SIGTERM.
@@ -265,7 +257,7 @@ async fn static_binary_runs_from_an_empty_root() -> Result<()> {
     let logs = TempDir::new("empty-root-logs")?;
     std::fs::copy(&bin, root.join("kube-apiserver-proxy"))?;
     ensure!(
-        file_names(root.path())? == ["kube-apiserver-proxy"],
+        kube_apiserver_proxy_tests::util::dir_entries(root.path())? == ["kube-apiserver-proxy"],
         "the root is not empty"
     );
 
@@ -359,7 +351,7 @@ async fn static_binary_runs_from_an_empty_root() -> Result<()> {
         "exit {status}; output:\n{}",
         proxy.log()
     );
-    let left = file_names(root.path())?;
+    let left = kube_apiserver_proxy_tests::util::dir_entries(root.path())?;
     ensure!(
         left == ["address", "admin", "kube-apiserver-proxy"],
         "files in the root afterwards: {left:?}"

@@ -76,12 +76,7 @@ impl Setup {
     }
 
     fn proxy(&self) -> ProxyBuilder {
-        ProxyBuilder::new()
-            .listen(self.listen)
-            .backend(self.backend.addr())
-            .health_check("tcp")
-            .fast_health()
-            .arg("--client-address=transparent")
+        ProxyBuilder::tcp(self.listen, self.backend.addr()).arg("--client-address=transparent")
     }
 }
 

@@ -947,11 +947,7 @@ async fn previous_release_hands_over_both_ways() -> Result<()> {
     let listen = free_random_loopback_addr()?;
     let dir = TempDir::new("skew")?;
     let start = |bin: Option<&Path>| {
-        let mut b = ProxyBuilder::new()
-            .listen(listen)
-            .backend(backend.addr())
-            .health_check("tcp")
-            .fast_health()
+        let mut b = ProxyBuilder::tcp(listen, backend.addr())
             .drain_timeout(Duration::from_secs(10))
             .arg("--handoff-dir")
             .arg(dir.join("handoff"));
@@ -1044,13 +1040,7 @@ async fn failed_successor_leaves_the_old_instance_serving() -> Result<()> {
 async fn sigusr2_without_handoff_dir_keeps_serving() -> Result<()> {
     let backend = FakeApiserver::tcp_echo().start().await?;
     let listen = free_random_loopback_addr()?;
-    let proxy = ProxyBuilder::new()
-        .listen(listen)
-        .backend(backend.addr())
-        .health_check("tcp")
-        .fast_health()
-        .spawn()
-        .await?;
+    let proxy = ProxyBuilder::tcp(listen, backend.addr()).spawn().await?;
     proxy.wait_state("Serving").await?;
     proxy.signal(Signal::SIGUSR2)?;
     proxy
