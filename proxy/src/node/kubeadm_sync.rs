@@ -330,7 +330,7 @@ pub fn hostname() -> String {
 /// and the document as read.
 ///
 /// Every look and every edit is on the typed pod; what is written and hashed ([`static_uid`])
-/// is the document as read with the agent's edits written into it ([`Manifest::edit`]), never
+/// is the document as read with the agent's edits written into it (`Manifest::edit`), never
 /// the typed pod serialized anew. kubeadm writes `metadata.creationTimestamp: null`, which a
 /// typed pod drops (and a timestamp would come back in another format): a copy written from
 /// the typed pod would differ from the one an earlier release of this agent wrote for the same

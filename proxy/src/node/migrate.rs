@@ -56,7 +56,7 @@ use crate::handoff::server::{self, DirError, Peer, Reply, Responder};
 use crate::node::object;
 use crate::{node::served, sys};
 
-/// Why `migrate` failed. [`MigrateError::is_bad_input`] tells exit code 2 from 1. The cause is
+/// Why `migrate` failed. Its [`CommandError::is_bad_input`](crate::base::exit::CommandError::is_bad_input) tells exit code 2 from 1. The cause is
 /// the source: print with `{:#}`.
 #[derive(Debug, thiserror::Error)]
 pub enum MigrateError {

@@ -57,7 +57,7 @@ use crate::node::migrate::{find_holder, GetfdError, PtraceContext};
 use crate::node::object::{self, ObjectMeta, Pod};
 use crate::{node::served, sys};
 
-/// Why `migrate-back` failed. [`MigrateBackError::is_bad_input`] tells exit code 2 from 1.
+/// Why `migrate-back` failed. Its [`CommandError::is_bad_input`](crate::base::exit::CommandError::is_bad_input) tells exit code 2 from 1.
 /// The cause is the source: print with `{:#}`. The line has always begun
 /// `migrate: migrate-back:` (the command was written as a part of `migrate`), and keeps doing so.
 #[derive(Debug, thiserror::Error)]

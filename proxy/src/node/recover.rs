@@ -33,7 +33,7 @@ use crate::node::object::Pod;
 use crate::node::staticpod;
 
 /// Why `recover` cannot start or stopped: bad flags or files (exit 2, see
-/// [`RecoverError::is_bad_input`]) or a failure at run time (exit 1).
+/// [`CommandError::is_bad_input`](crate::base::exit::CommandError::is_bad_input)) or a failure at run time (exit 1).
 #[derive(Debug, thiserror::Error)]
 pub enum RecoverError {
     #[error("--node-address: {0}")]

@@ -277,7 +277,7 @@ pub async fn serve(
 }
 
 /// Serves HTTP/1 requests with `handler` until `stop`, bounded like the admin endpoint: at most
-/// [`MAX_ADMIN_CONNECTIONS`] at once, small request heads read within a deadline; without
+/// `MAX_ADMIN_CONNECTIONS` at once, small request heads read within a deadline; without
 /// `keep_alive` every response closes its connection; with `tls`, each connection's handshake
 /// must finish within the same deadline. Each connection is a task on `tasks`. At `stop` no
 /// new connection is accepted, and those being served finish their request (within the
