@@ -187,11 +187,6 @@ impl ApiClient {
         }
     }
 
-    /// `GET path` (with query); the JSON body of a 200.
-    pub async fn get_json(&self, path: &str) -> Result<Value, ApiError> {
-        self.get_as(path).await
-    }
-
     /// `GET path` (with query); the JSON body of a 200 as a `T`: an object only looked at
     /// ([`object::inspect`]: fields `T` does not have are left out), a list, an answer that is
     /// not a Kubernetes object.
@@ -206,7 +201,7 @@ impl ApiClient {
     where
         K: k8s_openapi::Resource + DeserializeOwned + Serialize,
     {
-        Ok(object::from_value(self.get_json(path).await?)?)
+        Ok(object::from_value(self.get_as(path).await?)?)
     }
 
     /// `METHOD path` with the object `object` (`PUT`, `POST`); the object `K` of a 2xx.
