@@ -1,7 +1,9 @@
 //! The node agents' one Kubernetes API client: an apiserver, the credentials of a kubeconfig
-//! (client certificate or bearer token) or none (anonymous reads of `/readyz` and `/version`),
-//! and JSON requests with a typed error. `recover`, `kubeadm-sync` (and its identity, canary
-//! and lease handover), `migrate` and `migrate-back` all speak through it.
+//! (client certificate or bearer token), a client certificate alone (etcd's JSON gateway, for
+//! the canary) or none (anonymous reads of `/readyz` and `/version`); requests and answers are
+//! Kubernetes objects of [`crate::node::object`] (those written back read with nothing lost)
+//! or other JSON, with a typed error. `recover`, `kubeadm-sync` (and its identity, canary and
+//! lease handover), `migrate` and `migrate-back` all speak through it.
 
 use std::net::SocketAddr;
 use std::path::Path;
