@@ -462,7 +462,7 @@ pub fn deployment(
         }
     }
 
-    let ca = cluster_ca(pod, &flags);
+    let ca = cluster_ca(pod);
     if ca != DEFAULT_CLUSTER_CA {
         with_cluster_ca(spec, &ca)?;
     }
@@ -474,17 +474,12 @@ pub fn deployment(
 /// default `certificatesDir`'s.
 pub const DEFAULT_CLUSTER_CA: &str = "/etc/kubernetes/pki/ca.crt";
 
-/// The cluster CA of kubeadm's manifest: its `--client-ca-file` (kubeadm's
-/// `<certificatesDir>/ca.crt`), else `ca.crt` in its `k8s-certs` volume (the certificatesDir),
-/// else the default.
-pub fn cluster_ca(pod: &StaticPod, flags: &[Flag]) -> String {
-    if let Some(ca) = flags
-        .iter()
-        .find(|f| f.name == "--client-ca-file")
-        .and_then(|f| f.value.clone())
-    {
-        return ca;
-    }
+/// The cluster CA of kubeadm's manifest, which signed the apiserver's serving certificate:
+/// `ca.crt` in its `k8s-certs` volume (kubeadm's certificatesDir), else the default. Not its
+/// `--client-ca-file`: that is the bundle client certificates are verified with, kubeadm's
+/// `ca.crt` by default but the operator's to point at another bundle (an extraArg), which
+/// would not verify the apiserver.
+pub fn cluster_ca(pod: &StaticPod) -> String {
     pod.volumes()
         .iter()
         .find(|v| v.name == "k8s-certs")
@@ -1256,6 +1251,18 @@ status: {}
             .find(|c| c.name != CONTAINER)
             .unwrap();
         assert!(words(&proxy.args).contains(&"--health-ca-file=/etc/kubernetes/ssl/ca.crt"));
+        // A client CA bundle of the operator's (an extraArg) is not the CA of the apiserver's
+        // serving certificate: the certificates directory's ca.crt stays the cluster CA.
+        let bundle = custom.replace(
+            "    - --secure-port=6443\n",
+            "    - --client-ca-file=/etc/kubernetes/client-cas/bundle.crt\n    - --secure-port=6443\n",
+        );
+        assert_ne!(bundle, custom);
+        let d = render(&bundle, &Options::default()).unwrap();
+        assert_eq!(
+            volume(&d, "cluster-ca").host_path.as_ref().unwrap().path,
+            "/etc/kubernetes/ssl/ca.crt"
+        );
         // The default directory: the base as it is.
         let d = render(KUBEADM, &Options::default()).unwrap();
         assert_eq!(
