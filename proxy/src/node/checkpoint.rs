@@ -175,10 +175,7 @@ pub fn choose(pods: &[Pod], now: SystemTime, after: Duration) -> Option<&Pod> {
     pods.iter()
         .filter(|p| {
             let meta = &p.metadata;
-            !meta
-                .annotations
-                .as_ref()
-                .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"))
+            object::annotation(meta, object::MIRROR_OF).is_none()
                 && meta.deletion_timestamp.is_none()
                 && ready_since(p).is_some_and(|t| now.duration_since(t).is_ok_and(|d| d >= after))
         })

@@ -413,7 +413,7 @@ impl<'a> Etcd<'a> {
             .rt
             .block_on(to.send_json("POST", path, body))
             .map_err(|source| CanaryError::Etcd { what, source })?;
-        serde_json::from_value(v.clone()).map_err(|_| answer(what, &v))
+        T::deserialize(&v).map_err(|_| answer(what, &v))
     }
 }
 
@@ -468,12 +468,8 @@ fn flag(pod: &Pod, name: &str) -> Option<String> {
 /// `kubeadm.kubernetes.io/etcd.advertise-client-urls` annotation, else its
 /// `--advertise-client-urls`; the first, as host and port.
 pub fn client_url(pod: &Pod) -> Option<(String, u16)> {
-    let urls = pod
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(CLIENT_URLS))
-        .cloned()
+    let urls = object::annotation(&pod.metadata, CLIENT_URLS)
+        .map(str::to_owned)
         .or_else(|| flag(pod, "advertise-client-urls"))?;
     kubeconfig::host_port(urls.split(',').next()?.trim())
 }
@@ -608,12 +604,7 @@ pub fn canary_pod(
 /// (only the mirror pod of this canary, `uid`): stopped (its exit code, reason and message), or
 /// an image that cannot run.
 pub fn stopped(mirror: &Pod, uid: &str) -> Option<String> {
-    let of = mirror
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get("kubernetes.io/config.mirror"));
-    if of.map(String::as_str) != Some(uid) {
+    if object::annotation(&mirror.metadata, object::MIRROR_OF) != Some(uid) {
         return None;
     }
     let status = mirror.status.as_ref()?;

@@ -297,15 +297,9 @@ pub fn standin(
 
 /// The digests a stand-in or a pod template stands for: (manifest, files).
 pub fn digests(meta: &ObjectMeta) -> (Option<&str>, Option<&str>) {
-    let annotation = |key: &str| {
-        meta.annotations
-            .as_ref()
-            .and_then(|a| a.get(key))
-            .map(String::as_str)
-    };
     (
-        annotation(render::MANIFEST_DIGEST),
-        annotation(render::FILES_DIGEST),
+        object::annotation(meta, render::MANIFEST_DIGEST),
+        object::annotation(meta, render::FILES_DIGEST),
     )
 }
 
@@ -1165,12 +1159,7 @@ impl Sync {
             .block_on(api.get_object(&mirror_path))
             .map_err(|e| SyncError::Api(e.to_string()))?;
         // Only the mirror pod of this very pod (a new UID means a new pod, a new mirror pod).
-        let mirror_of = mirror
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get("kubernetes.io/config.mirror"));
-        if mirror_of.map(String::as_str) != Some(uid) {
+        if object::annotation(&mirror.metadata, object::MIRROR_OF) != Some(uid) {
             return Ok(true);
         }
         let hash = copy.static_uid(&self.node, RESTART_IN_PLACE);

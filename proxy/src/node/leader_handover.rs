@@ -149,14 +149,7 @@ pub async fn after_stop(
             // Only looked at: read as far as this build knows pods.
             match api.get_as::<Pod>(mirror_path).await {
                 Err(e) if e.status() == Some(hyper::StatusCode::NOT_FOUND) => break api,
-                Ok(m)
-                    if m.metadata
-                        .annotations
-                        .as_ref()
-                        .and_then(|a| a.get("kubernetes.io/config.mirror"))
-                        .map(String::as_str)
-                        != Some(uid) =>
-                {
+                Ok(m) if object::annotation(&m.metadata, object::MIRROR_OF) != Some(uid) => {
                     break api
                 }
                 _ => {}

@@ -24,6 +24,14 @@ pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 /// The Kubernetes release whose API the types are of.
 pub const KNOWN: &str = "v1.37";
 
+/// The kubelet's annotation on a mirror pod: the UID of the static pod it mirrors.
+pub const MIRROR_OF: &str = "kubernetes.io/config.mirror";
+
+/// The annotation `key` of an object's metadata.
+pub fn annotation<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
+    meta.annotations.as_ref()?.get(key).map(String::as_str)
+}
+
 /// Why a JSON or YAML document is not the object it should be.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ObjectError {
@@ -61,7 +69,10 @@ pub fn typed<T>(value: Value, kind: &'static str) -> Result<T, ObjectError>
 where
     T: DeserializeOwned + Serialize,
 {
-    let object: T = inspect(value.clone(), kind)?;
+    let object = T::deserialize(&value).map_err(|e| ObjectError::Shape {
+        kind,
+        message: e.to_string(),
+    })?;
     let back = to_value(&object);
     if let Some(path) = lost(&value, &back, &mut String::new()) {
         return Err(ObjectError::Unknown { kind, path });

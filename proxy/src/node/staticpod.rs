@@ -665,11 +665,7 @@ pub(crate) mod tests {
     }
 
     fn annotation<'a>(pod: &'a Pod, name: &str) -> Option<&'a str> {
-        pod.metadata
-            .annotations
-            .as_ref()?
-            .get(name)
-            .map(String::as_str)
+        object::annotation(&pod.metadata, name)
     }
 
     #[test]
