@@ -23,9 +23,10 @@
 //! which is harmless), so no half-close state needs to travel.
 
 use std::cell::RefCell;
+use std::future::Future;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use nix::fcntl::{splice, OFlag, SpliceFFlags};
@@ -133,63 +134,123 @@ pub enum Copied {
 /// failed, or the connection's [`Signal::PARK`] is raised. Bytes are added to the counters as
 /// they are written. Whenever it returns pending, the caller registers the task's waker with
 /// `pause` ([`Control::register`]) and polls again at once if the park flag is then raised.
-pub async fn bidirectional<P>(
-    client: &TcpStream,
-    backend: &TcpStream,
+///
+/// Not `try_join!`: when one direction fails, the other is not dropped at once. A backend that
+/// closed its connection (kube-apiserver after its GOAWAY, once in-flight requests are
+/// answered) makes our next write to it fail while its last answers and its FIN are still on
+/// the way to the client: the other direction delivers them (it ends by itself within moments,
+/// at the backend's EOF or error), for at most [`FAILED_GRACE`].
+///
+/// A direction that reaches EOF while the other goes on shuts down the write half of its
+/// destination, so the half-close reaches the other peer. When the other direction has ended
+/// already, the caller's close of both sockets sends that FIN (closing a socket sends a FIN,
+/// not a reset, when everything it received was read: here it was, up to its EOF), which saves
+/// a system call per connection.
+///
+/// Every connection holds this future for its whole life: a plain struct around the two
+/// directions, with no `async` state of its own (see [`one_way`]).
+pub fn bidirectional<'a, P>(
+    client: &'a TcpStream,
+    backend: &'a TcpStream,
     mode: Mode,
-    counters: (&Counter, &Counter),
+    counters: (&'a Counter, &'a Counter),
     pending: Pending,
     turn: Option<Turn>,
-    pause: &Control<P>,
-) -> io::Result<Copied> {
-    let ended = AtomicBool::new(false);
-    let upstream = one_way(
-        client, backend, mode, counters.0, pending.up, None, pause, &ended,
-    );
-    let downstream = one_way(
-        backend,
+    pause: &'a Control<P>,
+) -> impl Future<Output = io::Result<Copied>> + 'a
+where
+    P: 'a,
+{
+    Both {
+        up: one_way(client, backend, mode, counters.0, pending.up, None, pause),
+        down: one_way(backend, client, mode, counters.1, pending.down, turn, pause),
         client,
-        mode,
-        counters.1,
-        pending.down,
-        turn,
-        pause,
-        &ended,
-    );
-    // Not `try_join!`: when one direction fails, the other is not dropped at once. A backend
-    // that closed its connection (kube-apiserver after its GOAWAY, once in-flight requests are
-    // answered) makes our next write to it fail while its last answers and its FIN are still
-    // on the way to the client: the other direction delivers them (it ends by itself within
-    // moments, at the backend's EOF or error), for at most [`FAILED_GRACE`].
-    tokio::pin!(upstream, downstream);
-    let (mut up, mut down) = (None, None);
-    let mut grace: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
-    while up.is_none() || down.is_none() {
-        tokio::select! {
-            r = &mut upstream, if up.is_none() => {
-                if r.is_err() && grace.is_none() {
-                    grace = Some(Box::pin(tokio::time::sleep(FAILED_GRACE)));
-                }
-                up = Some(r);
+        backend,
+        up_ended: None,
+        down_ended: None,
+        grace: None,
+    }
+}
+
+/// How one direction ended: `None` at EOF, `Some` with the bytes it held when parked.
+type Ended = io::Result<Option<Vec<u8>>>;
+
+pin_project_lite::pin_project! {
+    /// Both directions of a connection ([`bidirectional`]).
+    struct Both<'a, U, D> {
+        #[pin]
+        up: U,
+        #[pin]
+        down: D,
+        client: &'a TcpStream,
+        backend: &'a TcpStream,
+        up_ended: Option<Ended>,
+        down_ended: Option<Ended>,
+        // Set once a direction failed: how long the other may go on.
+        grace: Option<Pin<Box<tokio::time::Sleep>>>,
+    }
+}
+
+impl<U, D> Future for Both<'_, U, D>
+where
+    U: Future<Output = Ended>,
+    D: Future<Output = Ended>,
+{
+    type Output = io::Result<Copied>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        if this.up_ended.is_none() {
+            if let Poll::Ready(r) = this.up.poll(cx) {
+                let r = settle(r, this.backend, this.down_ended.is_none(), this.grace);
+                *this.up_ended = Some(r);
             }
-            r = &mut downstream, if down.is_none() => {
-                if r.is_err() && grace.is_none() {
-                    grace = Some(Box::pin(tokio::time::sleep(FAILED_GRACE)));
-                }
-                down = Some(r);
-            }
-            _ = async { grace.as_mut().expect("guarded").await }, if grace.is_some() => break,
         }
+        if this.down_ended.is_none() {
+            if let Poll::Ready(r) = this.down.poll(cx) {
+                let r = settle(r, this.client, this.up_ended.is_none(), this.grace);
+                *this.down_ended = Some(r);
+            }
+        }
+        let both = this.up_ended.is_some() && this.down_ended.is_some();
+        let given_up = match this.grace.as_mut() {
+            Some(grace) if !both => grace.as_mut().poll(cx).is_ready(),
+            _ => false,
+        };
+        if !both && !given_up {
+            return Poll::Pending;
+        }
+        Poll::Ready(match (this.up_ended.take(), this.down_ended.take()) {
+            (Some(Err(e)), _) | (_, Some(Err(e))) => Err(e),
+            (Some(Ok(None)), Some(Ok(None))) => Ok(Copied::Done),
+            (Some(Ok(up)), Some(Ok(down))) => Ok(Copied::Paused(Pending {
+                up: up.unwrap_or_default(),
+                down: down.unwrap_or_default(),
+            })),
+            _ => unreachable!("done with both results, or given up after an error"),
+        })
     }
-    match (up, down) {
-        (Some(Err(e)), _) | (_, Some(Err(e))) => Err(e),
-        (Some(Ok(None)), Some(Ok(None))) => Ok(Copied::Done),
-        (Some(Ok(up)), Some(Ok(down))) => Ok(Copied::Paused(Pending {
-            up: up.unwrap_or_default(),
-            down: down.unwrap_or_default(),
-        })),
-        _ => unreachable!("the loop ends with both results or an error"),
+}
+
+/// What a direction's end means for the connection: at EOF while the other direction goes on,
+/// the half-close is passed on to `dst`; a failure starts the other direction's grace.
+fn settle(
+    ended: Ended,
+    dst: &TcpStream,
+    other_goes_on: bool,
+    grace: &mut Option<Pin<Box<tokio::time::Sleep>>>,
+) -> Ended {
+    let ended = match ended {
+        Ok(None) if other_goes_on => socket2::SockRef::from(dst)
+            .shutdown(std::net::Shutdown::Write)
+            .or_else(ignore_not_connected)
+            .map(|()| None),
+        other => other,
+    };
+    if ended.is_err() && grace.is_none() {
+        *grace = Some(Box::pin(tokio::time::sleep(FAILED_GRACE)));
     }
+    ended
 }
 
 /// How long the other direction may go on after one failed (see [`bidirectional`]).
@@ -230,59 +291,62 @@ async fn ready_unless_parked<P>(
 /// bytes read but not written). `turn` is given back once `src` is first readable (pace.rs:
 /// the backend answered).
 ///
-/// At EOF the write half of `dst` is shut down, so the half-close reaches the other peer while
-/// the other direction goes on — unless the other direction has ended already (`ended`): then
-/// the copy returns at once and the caller's close of both sockets sends that FIN, which saves
-/// a system call per connection. (Closing a socket sends a FIN, not a reset, when everything it
-/// received was read: here it was, up to its EOF.)
+/// What EOF means for the connection is [`bidirectional`]'s (`settle`).
+///
+/// Written as a function returning an `async move` block rather than an `async fn`: an `async
+/// fn` keeps its arguments twice in its state (as passed, and moved into its body), and this
+/// state is held by every connection for its whole life, two per connection. The waits that
+/// are rare (pending bytes of a handoff, a destination that cannot take a burst at once, a
+/// splice) are boxed for the same reason ([`a_connection_future_stays_small`]).
+///
+/// [`a_connection_future_stays_small`]: crate::data::forward
 #[allow(clippy::too_many_arguments)]
-async fn one_way<P>(
-    src: &TcpStream,
-    dst: &TcpStream,
+#[allow(clippy::manual_async_fn)] // an `async fn` would keep its arguments twice (copy::one_way)
+fn one_way<'a, P>(
+    src: &'a TcpStream,
+    dst: &'a TcpStream,
     mode: Mode,
-    counter: &Counter,
+    counter: &'a Counter,
     initial: Vec<u8>,
     mut turn: Option<Turn>,
-    pause: &Control<P>,
-    ended: &AtomicBool,
-) -> io::Result<Option<Vec<u8>>> {
-    if !initial.is_empty() {
-        if let Some(rest) = write_all(dst, &initial, pause).await? {
-            counter.add((initial.len() - rest.len()) as u64);
-            return Ok(Some(rest));
-        }
-        counter.add(initial.len() as u64);
-    }
-    let mut bulk = mode == Mode::Splice;
-    loop {
-        if !ready_unless_parked(pause, |cx| src.poll_read_ready(cx)).await? {
-            return Ok(Some(Vec::new()));
-        }
-        drop(turn.take());
-        let burst = if bulk && mode != Mode::Buffered {
-            match Pipe::take() {
-                Ok(pipe) => splice_burst(src, dst, pipe, counter, pause).await?,
-                Err(e) => {
-                    tracing::debug!(error = %e, "no pipe for splice: copying through a buffer");
-                    buffered_burst(src, dst, counter, pause).await?
-                }
+    pause: &'a Control<P>,
+) -> impl Future<Output = Ended> + 'a
+where
+    P: 'a,
+{
+    async move {
+        if !initial.is_empty() {
+            if let Some(rest) = Box::pin(write_all(dst, &initial, pause)).await? {
+                counter.add((initial.len() - rest.len()) as u64);
+                return Ok(Some(rest));
             }
-        } else {
-            buffered_burst(src, dst, counter, pause).await?
-        };
-        match burst {
-            Burst::Eof => {
-                if !ended.swap(true, Ordering::Relaxed) {
-                    socket2::SockRef::from(dst)
-                        .shutdown(std::net::Shutdown::Write)
-                        .or_else(ignore_not_connected)?;
-                }
-                return Ok(None);
+            counter.add(initial.len() as u64);
+        }
+        drop(initial);
+        let mut bulk = mode == Mode::Splice;
+        loop {
+            if !ready_unless_parked(pause, |cx| src.poll_read_ready(cx)).await? {
+                return Ok(Some(Vec::new()));
             }
-            Burst::Paused(rest) => return Ok(Some(rest)),
-            Burst::Moved { bytes, bulk: big } => {
-                if mode == Mode::Auto && bytes > 0 {
-                    bulk = big;
+            drop(turn.take());
+            let burst = if bulk && mode != Mode::Buffered {
+                match Pipe::take() {
+                    Ok(pipe) => Box::pin(splice_burst(src, dst, pipe, counter, pause)).await?,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "no pipe for splice: copying through a buffer");
+                        buffered_burst(src, dst, counter, pause).await?
+                    }
+                }
+            } else {
+                buffered_burst(src, dst, counter, pause).await?
+            };
+            match burst {
+                Burst::Eof => return Ok(None),
+                Burst::Paused(rest) => return Ok(Some(rest)),
+                Burst::Moved { bytes, bulk: big } => {
+                    if mode == Mode::Auto && bytes > 0 {
+                        bulk = big;
+                    }
                 }
             }
         }
@@ -359,25 +423,44 @@ fn read_and_forward(src: &TcpStream, dst: &TcpStream) -> io::Result<Step> {
     })
 }
 
-/// Moves what is readable now from `src` to `dst` through the scratch buffer.
-async fn buffered_burst<P>(
+/// How a run of [`read_and_forward`] steps ended.
+enum Buffered {
+    Ended(Burst),
+    /// The last step read `read` bytes; `rest` of them could not be written yet.
+    Blocked {
+        read: usize,
+        drained: bool,
+        rest: Vec<u8>,
+    },
+}
+
+/// Steps through the scratch buffer while they move everything they read at once (nothing to
+/// wait for); `moved` and `bulk` are the burst's so far.
+fn buffered_steps(
     src: &TcpStream,
     dst: &TcpStream,
     counter: &Counter,
-    pause: &Control<P>,
-) -> io::Result<Burst> {
-    let mut moved = 0;
-    let mut bulk = false;
+    moved: &mut usize,
+    bulk: &mut bool,
+) -> io::Result<Buffered> {
     loop {
         match read_and_forward(src, dst)? {
-            Step::Eof => return Ok(Burst::Eof),
-            Step::Empty => return Ok(Burst::Moved { bytes: moved, bulk }),
+            Step::Eof => return Ok(Buffered::Ended(Burst::Eof)),
+            Step::Empty => {
+                return Ok(Buffered::Ended(Burst::Moved {
+                    bytes: *moved,
+                    bulk: *bulk,
+                }))
+            }
             Step::Moved { read, drained } => {
                 counter.add(read as u64);
-                moved += read;
-                bulk |= read == SCRATCH_LEN;
+                *moved += read;
+                *bulk |= read == SCRATCH_LEN;
                 if drained {
-                    return Ok(Burst::Moved { bytes: moved, bulk });
+                    return Ok(Buffered::Ended(Burst::Moved {
+                        bytes: *moved,
+                        bulk: *bulk,
+                    }));
                 }
             }
             Step::Blocked {
@@ -385,16 +468,49 @@ async fn buffered_burst<P>(
                 drained,
                 rest,
             } => {
-                if let Some(left) = write_all(dst, &rest, pause).await? {
-                    counter.add((read - left.len()) as u64);
-                    return Ok(Burst::Paused(left));
-                }
-                counter.add(read as u64);
-                moved += read;
-                bulk |= read == SCRATCH_LEN;
-                if drained {
-                    return Ok(Burst::Moved { bytes: moved, bulk });
-                }
+                return Ok(Buffered::Blocked {
+                    read,
+                    drained,
+                    rest,
+                })
+            }
+        }
+    }
+}
+
+/// Moves what is readable now from `src` to `dst` through the scratch buffer. (An `async move`
+/// block, and the rare wait boxed: see [`one_way`].)
+#[allow(clippy::manual_async_fn)] // an `async fn` would keep its arguments twice (copy::one_way)
+fn buffered_burst<'a, P>(
+    src: &'a TcpStream,
+    dst: &'a TcpStream,
+    counter: &'a Counter,
+    pause: &'a Control<P>,
+) -> impl Future<Output = io::Result<Burst>> + 'a
+where
+    P: 'a,
+{
+    async move {
+        let (mut moved, mut bulk) = (0, false);
+        loop {
+            let (read, drained, rest) =
+                match buffered_steps(src, dst, counter, &mut moved, &mut bulk)? {
+                    Buffered::Ended(burst) => return Ok(burst),
+                    Buffered::Blocked {
+                        read,
+                        drained,
+                        rest,
+                    } => (read, drained, rest),
+                };
+            if let Some(left) = Box::pin(write_all(dst, &rest, pause)).await? {
+                counter.add((read - left.len()) as u64);
+                return Ok(Burst::Paused(left));
+            }
+            counter.add(read as u64);
+            moved += read;
+            bulk |= read == SCRATCH_LEN;
+            if drained {
+                return Ok(Burst::Moved { bytes: moved, bulk });
             }
         }
     }
@@ -522,6 +638,7 @@ mod tests {
 
     use super::*;
     use crate::data::control::Registry;
+    use std::sync::atomic::Ordering;
 
     /// Two ends of one loopback connection: (connecting end, accepted end).
     async fn socket_pair() -> (TcpStream, TcpStream) {
