@@ -502,9 +502,13 @@ pub fn store(dir: &Path, existing: Option<&[u8]>, text: &[u8]) -> std::io::Resul
         }
     }
     if let Some(old) = existing {
-        write_durable(&dir.join(PREVIOUS), old, staticpod::MANIFEST_MODE)?;
+        write_durable(
+            &dir.join(PREVIOUS),
+            old,
+            crate::node::manifest::MANIFEST_MODE,
+        )?;
     }
-    write_durable(&dir.join(FILE), text, staticpod::MANIFEST_MODE)
+    write_durable(&dir.join(FILE), text, crate::node::manifest::MANIFEST_MODE)
 }
 
 #[cfg(test)]

@@ -27,7 +27,7 @@ use std::path::Path;
 
 use crate::base::fsutil::write_durable;
 use crate::node::kubeadm_sync::{self, SyncError, APISERVER};
-use crate::node::staticpod::MANIFEST_MODE;
+use crate::node::manifest::MANIFEST_MODE;
 
 /// Why a file of the kubelet's directory cannot be handed to kubeadm's.
 fn refuse(path: &Path, why: impl Into<String>) -> SyncError {

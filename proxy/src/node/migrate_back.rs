@@ -297,7 +297,7 @@ pub fn run(args: &MigrateBackArgs) -> Result<(), MigrateBackError> {
     crate::base::fsutil::write_durable(
         &target,
         text.as_bytes(),
-        crate::node::staticpod::MANIFEST_MODE,
+        crate::node::manifest::MANIFEST_MODE,
     )
     .map_err(|source| BackFailure::WriteManifest {
         path: target.clone(),
@@ -362,7 +362,7 @@ fn check_input(
 /// The manifest with a `metadata.uid` (its own if it has one): the UID the kubelet runs the
 /// static apiserver under is then the file's, wherever the file is read from, so that
 /// `kubeadm-sync --undo` can carry it into kubeadm's directory, and a kubelet of another minor
-/// keeps the pod ([`crate::node::kubeadm_sync::static_uid`]: without one the kubelet derives it
+/// keeps the pod ([`crate::node::manifest::static_uid`]: without one the kubelet derives it
 /// from the file's path and from the pod as its version decodes it).
 pub fn with_uid(text: &str) -> Result<String, ManifestError> {
     let parse = |t: &str| {
@@ -386,8 +386,8 @@ pub fn with_uid(text: &str) -> Result<String, ManifestError> {
         return Ok(text.to_owned());
     }
     // Of the document as kubeadm-sync reads it (its nulls included): the same file, the same UID.
-    let uid = crate::node::kubeadm_sync::static_uid(
-        &crate::node::kubeadm_sync::hostname(),
+    let uid = crate::node::manifest::static_uid(
+        &crate::node::manifest::hostname(),
         "kube-apiserver.yaml",
         &docs[0],
     );

@@ -1,6 +1,7 @@
 //! The node commands and agents: migration to and from kubeadm's static pod, recovery, rendering, probes.
 
 pub mod api;
+pub mod apiserver_manifest;
 pub mod checkpoint;
 pub mod checkpoint_metrics;
 pub mod etcd_canary;
@@ -12,6 +13,7 @@ pub mod kubeconfig;
 pub mod kubernetes_endpoints;
 pub mod launch;
 pub mod leader_handover;
+pub mod manifest;
 pub mod migrate;
 pub mod migrate_back;
 pub mod object;

@@ -386,7 +386,11 @@ async fn decide(config: &Recover) -> Decision {
     }
     // Durably: after a power loss during the recovery the next boot finds it (`AlreadyActive`)
     // and the kubelet runs it; an empty file would be neither activated again nor run.
-    match crate::base::fsutil::write_durable(&manifest, &bytes, staticpod::MANIFEST_MODE) {
+    match crate::base::fsutil::write_durable(
+        &manifest,
+        &bytes,
+        crate::node::manifest::MANIFEST_MODE,
+    ) {
         Ok(()) => Decision::Activated(origin.pod),
         Err(e) => Decision::Not(format!("cannot write {}: {e}", manifest.display())),
     }
@@ -402,7 +406,7 @@ fn too_far_behind(checkpoint: &Pod, kubeadm_manifest: &Path) -> Option<String> {
         .as_ref()?
         .containers
         .iter()
-        .find(|c| c.name == crate::node::render::CONTAINER)?
+        .find(|c| c.name == crate::node::apiserver_manifest::CONTAINER)?
         .image
         .clone()?;
     let text = match std::fs::read_to_string(kubeadm_manifest) {
@@ -412,9 +416,11 @@ fn too_far_behind(checkpoint: &Pod, kubeadm_manifest: &Path) -> Option<String> {
             return None;
         }
     };
-    let kubeadm = crate::node::render::StaticPod::parse(&text).ok()?.image();
-    let (km, kn, ..) = crate::node::render::image_version(&kubeadm)?;
-    let (cm, cn, ..) = crate::node::render::image_version(&image)?;
+    let kubeadm = crate::node::apiserver_manifest::StaticPod::parse(&text)
+        .ok()?
+        .image();
+    let (km, kn, ..) = crate::node::apiserver_manifest::image_version(&kubeadm)?;
+    let (cm, cn, ..) = crate::node::apiserver_manifest::image_version(&image)?;
     (cm < km || (cm == km && cn + 1 < kn)).then(|| {
         format!(
             "checkpoint runs {} and kubeadm's manifest {} {}: more than one minor version behind (--allow-version-skew to activate it anyway)",
