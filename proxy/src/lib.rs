@@ -44,7 +44,7 @@
 //! - [`node`]: the node commands and agents: `migrate` and `migrate-back`
 //!   ([`node::migrate`], [`node::migrate_back`], [`node::served`]), reboot recovery
 //!   ([`node::recover`], [`node::checkpoint`], [`node::checkpoint_metrics`],
-//!   [`node::staticpod`], [`node::retire`]), kubeadm as the source of truth ([`node::render`],
+//!   [`node::staticpod`], [`instance::retire`]), kubeadm as the source of truth ([`node::render`],
 //!   [`node::kubeadm_sync`]), the one API client ([`node::api`]) and Kubernetes' objects as
 //!   k8s-openapi's types ([`node::object`]), kubeconfig files ([`node::kubeconfig`]), and the small
 //!   subcommands ([`node::launch`], [`node::probe`], [`node::install`],

@@ -20,6 +20,5 @@ pub mod object;
 pub mod probe;
 pub mod recover;
 pub mod render;
-pub mod retire;
 pub mod served;
 pub mod staticpod;

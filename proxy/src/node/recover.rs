@@ -18,7 +18,7 @@
 //!   watches the directory). Then it writes the marker, so a restart of the kubelet or of this
 //!   pod never activates again. A checkpoint left active from before the reboot stays active.
 //! - **Deactivate, when asked.** The recovery instance's proxy writes `--retire-file` once an
-//!   instance of the Deployment is ready beside it ([`crate::node::retire`]); the agent then removes
+//!   instance of the Deployment is ready beside it ([`crate::instance::retire`]); the agent then removes
 //!   the manifest from the static pod directory (the kubelet stops the pod: its proxy hands the
 //!   listening socket to that instance) and the file.
 
