@@ -42,13 +42,13 @@
 //!   `/status`, `/peer-ready` ([`observe::admin`]) and the node's one scrape target
 //!   ([`observe::scrape`]).
 //! - [`node`]: the node commands and agents: `migrate` and `migrate-back`
-//!   ([`node::migrate`], [`node::migrate_back`], [`node::served`]), reboot recovery
-//!   ([`node::recover`], [`node::checkpoint`], [`node::checkpoint_metrics`],
-//!   [`node::staticpod`], [`instance::retire`]), kubeadm as the source of truth ([`node::render`],
-//!   [`node::kubeadm_sync`]), the one API client ([`node::api`]) and Kubernetes' objects as
+//!   ([`node::migration::migrate`], [`node::migration::migrate_back`], [`node::migration::served`]), reboot recovery
+//!   ([`node::recovery::recover`], [`node::recovery::checkpoint`], [`node::recovery::checkpoint_metrics`],
+//!   [`node::recovery::staticpod`], [`instance::retire`]), kubeadm as the source of truth ([`node::kubeadm::render`],
+//!   [`node::kubeadm::sync`]), the one API client ([`node::api`]) and Kubernetes' objects as
 //!   k8s-openapi's types ([`node::object`]), kubeconfig files ([`node::kubeconfig`]), and the small
-//!   subcommands ([`node::launch`], [`node::probe`], [`node::install`],
-//!   [`node::kubernetes_endpoints`]).
+//!   subcommands ([`node::pod::launch`], [`node::pod::probe`], [`node::pod::install`],
+//!   [`node::kubeadm::kubernetes_endpoints`]).
 //! - The roots: [`config`] (the typed configuration built from the flags; every input error
 //!   is found here) and [`server`] (one instance: start, serve, drain); the binary's `main`.
 //! - `fault` (feature `planted-faults` only): faults planted for the real-cluster tier's

@@ -12,12 +12,11 @@ use clap::Parser;
 use kube_apiserver_proxy::base::exit::CommandError;
 use kube_apiserver_proxy::cli::{self, Cli, Command, LogFormat, RunArgs, RuntimeShape};
 use kube_apiserver_proxy::config::Config;
-use kube_apiserver_proxy::{
-    backends::routes, instance::privileges, instance::signal, node::install,
-    node::kubeadm_identity, node::kubeadm_sync, node::kubeadm_undo, node::kubernetes_endpoints,
-    node::launch, node::migrate, node::migrate_back, node::probe, node::recover, node::render,
-    server,
-};
+use kube_apiserver_proxy::node::kubeadm::{identity, kubernetes_endpoints, render, sync, undo};
+use kube_apiserver_proxy::node::migration::{migrate, migrate_back};
+use kube_apiserver_proxy::node::pod::{install, launch, probe};
+use kube_apiserver_proxy::node::recovery::recover;
+use kube_apiserver_proxy::{backends::routes, instance::privileges, instance::signal, server};
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -58,9 +57,9 @@ fn main() -> ExitCode {
                 return write_kubeconfig(&args);
             }
             let result = if args.undo {
-                kubeadm_undo::undo(&args.kubeadm_dir, &args.static_pod_dir).map(|_| ())
+                undo::undo(&args.kubeadm_dir, &args.static_pod_dir).map(|_| ())
             } else {
-                kubeadm_sync::run(&args)
+                sync::run(&args)
             };
             exit("error: kubeadm-sync: ", result)
         }
@@ -117,14 +116,14 @@ fn transparent_routes(args: &cli::TransparentRoutesArgs) -> ExitCode {
     }
 }
 
-/// `kubeadm-sync --write-kubeconfig` (`node::kubeadm_identity`).
+/// `kubeadm-sync --write-kubeconfig` (`node::kubeadm::identity`).
 fn write_kubeconfig(args: &cli::KubeadmSyncArgs) -> ExitCode {
-    let id = kubeadm_identity::Identity {
+    let id = identity::Identity {
         node: args.node_name.as_deref().unwrap_or_default(),
         deployment: (&args.namespace, &args.deployment),
         kubeadm_dir: &args.kubeadm_dir,
     };
-    match kubeadm_identity::write(
+    match identity::write(
         &args.admin_kubeconfig,
         &args.kubeconfig,
         &id,
@@ -133,7 +132,7 @@ fn write_kubeconfig(args: &cli::KubeadmSyncArgs) -> ExitCode {
         Ok(expiry) => {
             tracing::info!(
                 kubeconfig = %args.kubeconfig.display(),
-                user = kubeadm_identity::USER,
+                user = identity::USER,
                 expires = %humantime::format_rfc3339_seconds(expiry),
                 "kubeadm-sync: the agent's kubeconfig written; write it again before it expires"
             );

@@ -178,7 +178,7 @@ fn uid_of(node: &str, name: &str, yaml: &str) -> String {
 
 /// Takes out of `pod` what this agent adds to kubeadm's: its `metadata.uid` and the short
 /// grace period of a restart in place
-/// ([`RESTART_GRACE`](crate::node::kubeadm_sync::RESTART_GRACE), marked by [`GRACE_MARK`]).
+/// ([`RESTART_GRACE`](crate::node::kubeadm::sync::RESTART_GRACE), marked by [`GRACE_MARK`]).
 fn strip_agents(pod: &mut Pod) {
     pod.metadata.uid = None;
     let marked = pod

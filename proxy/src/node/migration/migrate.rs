@@ -24,7 +24,7 @@
 //!    to other addresses of the node, and it closes when the apiserver stops.
 //!
 //! Before step 1 changes anything, it looks for every address of the node that serves the port
-//! or is used for it ([`crate::node::served`]: established connections, the servers of kubeadm's
+//! or is used for it ([`crate::node::migration::served`]: established connections, the servers of kubeadm's
 //! kubeconfigs and of `kube-public/cluster-info`): a VIP used as `controlPlaneEndpoint`, a second
 //! NIC, the IPv6 side of a dual-stack node, `[::1]`. Each must be a `--listen` address or be
 //! given to `--drop`; otherwise it refuses with one line naming them (exit 2), since those stop
@@ -54,7 +54,7 @@ use crate::cli::MigrateArgs;
 use crate::handoff::codec::{Message, PeerState};
 use crate::handoff::server::{self, DirError, Peer, Reply, Responder};
 use crate::node::object;
-use crate::{node::served, sys};
+use crate::{node::migration::served, sys};
 
 /// Why `migrate` failed. Its [`CommandError::is_bad_input`](crate::base::exit::CommandError::is_bad_input) tells exit code 2 from 1. The cause is
 /// the source: print with `{:#}`.

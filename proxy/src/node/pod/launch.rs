@@ -85,7 +85,7 @@ pub fn pick_address(port: u16, may_move: bool) -> Result<SocketAddr, LaunchError
         match TcpListener::bind(addr) {
             Ok(_) => return Ok(addr),
             Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
-                if !crate::node::migrate::wildcard_listeners(port).is_empty() {
+                if !crate::node::migration::migrate::wildcard_listeners(port).is_empty() {
                     return moved(port, may_move, &mut rng);
                 }
             }

@@ -1,5 +1,5 @@
 //! The checkpoint of an apiserver pod as a static pod: the pure transformation applied to the pod
-//! before it is written ([`crate::node::checkpoint`]), and the checks ([`Policy`], [`validate`]) made
+//! before it is written ([`crate::node::recovery::checkpoint`]), and the checks ([`Policy`], [`validate`]) made
 //! on it when it is written and again before `recover` puts it into the kubelet's static pod
 //! directory.
 //!

@@ -37,7 +37,7 @@ use crate::base::fsutil::write_durable;
 use crate::node::api::{ApiClient, ApiError};
 use crate::node::kubeconfig::KubeconfigError;
 use crate::node::object::{self, Deployment, ObjectError, ObjectMeta, Pod};
-use crate::node::staticpod::{self, Origin};
+use crate::node::recovery::staticpod::{self, Origin};
 
 /// The checkpoint's file name in the checkpoint directory.
 pub const FILE: &str = "kube-apiserver.json";

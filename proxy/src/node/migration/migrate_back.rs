@@ -53,9 +53,9 @@ use crate::cli::MigrateBackArgs;
 use crate::handoff::codec::{Message, PeerState};
 use crate::handoff::server::{self, DirError, Peer, Reply, Responder};
 use crate::node::api::ApiClient;
-use crate::node::migrate::{find_holder, GetfdError, PtraceContext};
+use crate::node::migration::migrate::{find_holder, GetfdError, PtraceContext};
 use crate::node::object::{self, ObjectMeta, Pod};
-use crate::{node::served, sys};
+use crate::{node::migration::served, sys};
 
 /// Why `migrate-back` failed. Its [`CommandError::is_bad_input`](crate::base::exit::CommandError::is_bad_input) tells exit code 2 from 1.
 /// The cause is the source: print with `{:#}`. The line has always begun

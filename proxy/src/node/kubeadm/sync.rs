@@ -19,9 +19,9 @@
 //!   scheduler, anything else), and a copy whose source is gone is removed: kubeadm's upgrade
 //!   of them, its waits and its rollbacks behave as on any kubeadm node. A changed or removed
 //!   controller-manager or scheduler is stopped before its successor starts, and the leader
-//!   lease it still holds is released ([`crate::node::leader_handover`]): the successor leads
+//!   lease it still holds is released ([`crate::node::kubeadm::leader_handover`]): the successor leads
 //!   at once;
-//! - `kube-apiserver.yaml` becomes the Deployment ([`crate::node::render`]): when kubeadm's manifest
+//! - `kube-apiserver.yaml` becomes the Deployment ([`crate::node::kubeadm::render`]): when kubeadm's manifest
 //!   or a file its flags name changes (a new version, a flag, `kubeadm certs renew`) and has
 //!   been stable for `--settle`, the Deployment is rendered again and replaced (a surge
 //!   rollout); every pass compares the live Deployment's template with what kubeadm's manifest
@@ -48,7 +48,7 @@
 //! runs the new containers, ready, the agent writes their images and a new
 //! `kubernetes.io/config.hash` into it ([`Sync::fix_mirrors`]): what kubeadm waits on and reads;
 //! and the copy gets kubeadm's grace period back. Before any change of etcd's copy, kubeadm's new
-//! etcd pod runs as a canary ([`crate::node::etcd_canary`]): one that cannot start leaves etcd
+//! etcd pod runs as a canary ([`crate::node::kubeadm::etcd_canary`]): one that cannot start leaves etcd
 //! untouched.
 //!
 //! The first pass at the migration (`--once`) adopts the running static pods: each copy gets the
@@ -75,13 +75,13 @@ use k8s_openapi::List;
 use crate::base::fsutil::write_durable;
 use crate::node::api::ApiClient;
 use crate::node::apiserver_manifest::{StaticPod, CONTAINER};
-use crate::node::etcd_canary;
-use crate::node::leader_handover::{self, LEADERS};
+use crate::node::kubeadm::etcd_canary;
+use crate::node::kubeadm::leader_handover::{self, LEADERS};
+use crate::node::kubeadm::render;
 use crate::node::manifest::{as_kubeadms, hostname, Manifest, GRACE_MARK, MANIFEST_MODE};
 use crate::node::object::{
     self, Container, Deployment, ObjectMeta, Pod, PodSpec, Volume, VolumeMount,
 };
-use crate::node::render;
 
 /// kubeadm's apiserver manifest, in both directories.
 pub const APISERVER: &str = "kube-apiserver.yaml";
@@ -518,7 +518,7 @@ pub struct Sync {
     pub interval: Duration,
     pub settle: Duration,
     pub rollout_timeout: Duration,
-    /// The canary of etcd's changes ([`crate::node::etcd_canary`]): its timeout (zero: none)
+    /// The canary of etcd's changes ([`crate::node::kubeadm::etcd_canary`]): its timeout (zero: none)
     /// and its client port.
     pub etcd_canary_timeout: Duration,
     pub etcd_canary_port: u16,
@@ -1300,7 +1300,7 @@ static TOKEN_EXPIRY: crate::base::lograte::LogRate =
     crate::base::lograte::LogRate::new(Duration::from_secs(3600));
 
 /// Warns when the kubeconfig's token expires within
-/// [`kubeadm_identity::EXPIRY_WARNING`](crate::node::kubeadm_identity::EXPIRY_WARNING), or has.
+/// [`identity::EXPIRY_WARNING`](crate::node::kubeadm::identity::EXPIRY_WARNING), or has.
 fn check_token_expiry(kubeconfig: &Path) {
     let Some(expiry) = crate::node::kubeconfig::read(kubeconfig)
         .ok()
@@ -1312,7 +1312,7 @@ fn check_token_expiry(kubeconfig: &Path) {
     let left = expiry
         .duration_since(std::time::SystemTime::now())
         .unwrap_or_default();
-    if left < crate::node::kubeadm_identity::EXPIRY_WARNING {
+    if left < crate::node::kubeadm::identity::EXPIRY_WARNING {
         if let Some(suppressed) = TOKEN_EXPIRY.allow() {
             tracing::warn!(
                 kubeconfig = %kubeconfig.display(),
@@ -1325,7 +1325,7 @@ fn check_token_expiry(kubeconfig: &Path) {
 }
 
 /// `kubeadm-sync`: one pass with `--once` (the migration), else passes every `--interval`
-/// (`--undo` is [`crate::node::kubeadm_undo::undo`]).
+/// (`--undo` is [`crate::node::kubeadm::undo::undo`]).
 pub fn run(args: &crate::cli::KubeadmSyncArgs) -> Result<(), SyncError> {
     let sync = Sync::try_from(args)?;
     std::fs::create_dir_all(&sync.static_pod_dir).map_err(io("create", &sync.static_pod_dir))?;

@@ -12,7 +12,7 @@
 //! - `--bind-address={{address}}`, `--secure-port={{port}}`: `launch` picks the random
 //!   loopback address and the port (kubeadm's secure port) and the sidecar serves the node;
 //! - `--endpoint-reconciler-type=none` (a single controller's endpoints are applied once;
-//!   [`crate::node::kubernetes_endpoints`]);
+//!   [`crate::node::kubeadm::kubernetes_endpoints`]);
 //! - the shutdown flags of the base (`--shutdown-delay-duration`,
 //!   `--shutdown-watch-termination-grace-period`, `--shutdown-send-retry-after`), which the
 //!   proxy's drain timings are computed against;
@@ -46,13 +46,13 @@ use crate::node::object::{
 };
 
 /// `manifests/base/deployment.yaml`, as built into this binary.
-pub const BASE_DEPLOYMENT: &str = include_str!("../../../manifests/base/deployment.yaml");
+pub const BASE_DEPLOYMENT: &str = include_str!("../../../../manifests/base/deployment.yaml");
 /// `manifests/base/pdb.yaml`, as built into this binary.
-pub const BASE_PDB: &str = include_str!("../../../manifests/base/pdb.yaml");
+pub const BASE_PDB: &str = include_str!("../../../../manifests/base/pdb.yaml");
 /// The kustomize component of `--client-address transparent`: `render --client-address
 /// transparent` applies its patch, so the two cannot drift apart.
 pub const TRANSPARENT_COMPONENT: &str =
-    include_str!("../../../manifests/client-address-transparent/kustomization.yaml");
+    include_str!("../../../../manifests/client-address-transparent/kustomization.yaml");
 
 /// Pod template annotation: the SHA-256 of kubeadm's manifest the Deployment was derived from.
 pub const MANIFEST_DIGEST: &str = "kube-apiserver-proxy/kubeadm-manifest-sha256";
@@ -782,7 +782,7 @@ pub fn print(args: &crate::cli::RenderArgs) -> Result<String, PrintError> {
         .ok_or_else(|| in_file(RenderError::Manifest("no --advertise-address".into())))?
         .parse()
         .map_err(|e| in_file(RenderError::Manifest(format!("--advertise-address: {e}"))))?;
-    crate::node::kubernetes_endpoints::check_address(address)
+    crate::node::kubeadm::kubernetes_endpoints::check_address(address)
         .map_err(|e| in_file(RenderError::Manifest(format!("--advertise-address: {e}"))))?;
     let port = pod.secure_port().map_err(|e| in_file(e.into()))?;
     let options = Options {
@@ -811,7 +811,9 @@ pub fn print(args: &crate::cli::RenderArgs) -> Result<String, PrintError> {
          # (docs/runbooks/migrate-from-kubeadm.md). kubeadm stays the source of truth:\n\
          # kubeadm-sync renders it again whenever kubeadm writes a new manifest.\n"
     ));
-    out.push_str(&crate::node::kubernetes_endpoints::render(address, port));
+    out.push_str(&crate::node::kubeadm::kubernetes_endpoints::render(
+        address, port,
+    ));
     out.push_str("---\n");
     out.push_str(&crate::base::yaml::to_yaml(&object::to_value(&d)));
     out.push_str("---\n");
@@ -1086,7 +1088,7 @@ status: {}
     /// NET_ADMIN among them.
     #[test]
     fn a_transparent_pod_is_a_checkpoint_with_its_four_capabilities_allowed() {
-        use crate::node::staticpod;
+        use crate::node::recovery::staticpod;
         let options = Options {
             proxy_image: Some("ghcr.io/example/kube-apiserver-proxy:v1".into()),
             client_address_transparent: true,
@@ -1297,8 +1299,8 @@ status: {}
             inits.len(),
             spec(&plain).init_containers.as_ref().unwrap().len() + 1
         );
-        assert!(crate::node::kubeadm_sync::transparent_client_address(&d));
-        assert!(!crate::node::kubeadm_sync::transparent_client_address(
+        assert!(crate::node::kubeadm::sync::transparent_client_address(&d));
+        assert!(!crate::node::kubeadm::sync::transparent_client_address(
             &plain
         ));
     }

@@ -5,7 +5,7 @@
 //! with only `CAP_DAC_OVERRIDE`, because it is the one process allowed to write the kubelet's
 //! static pod directory. It does three things:
 //!
-//! - **Checkpoint** ([`crate::node::checkpoint`]), every `--checkpoint-interval` while an apiserver
+//! - **Checkpoint** ([`crate::node::recovery::checkpoint`]), every `--checkpoint-interval` while an apiserver
 //!   answers: the newest pod of the Deployment on this node that has been Ready for
 //!   `--checkpoint-after` is written to the checkpoint directory, read with the node's own
 //!   identity (`--kubeconfig`), if it belongs to `--workload` and passes the rules of the boot
@@ -27,10 +27,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::cli::RecoverArgs;
-use crate::node::checkpoint_metrics::CheckpointMetrics;
 use crate::node::kubeconfig::KubeconfigError;
 use crate::node::object::Pod;
-use crate::node::staticpod;
+use crate::node::recovery::checkpoint_metrics::CheckpointMetrics;
+use crate::node::recovery::staticpod;
 
 /// Why `recover` cannot start or stopped: bad flags or files (exit 2, see
 /// [`CommandError::is_bad_input`](crate::base::exit::CommandError::is_bad_input)) or a failure at run time (exit 1).
@@ -48,7 +48,7 @@ pub enum RecoverError {
     #[error("--{0}")]
     Kubeconfig(#[source] KubeconfigError),
     #[error("--workload: {0}")]
-    Workload(crate::node::checkpoint::WorkloadError),
+    Workload(crate::node::recovery::checkpoint::WorkloadError),
     #[error("--allow-host-path {0}: not a plain absolute path")]
     HostPath(String),
     #[error("--allow-image-repository {0:?}: give a repository without tag or digest")]
@@ -98,7 +98,7 @@ pub struct Recover {
     pub checkpoint: PathBuf,
     pub checkpoint_dir: PathBuf,
     /// The checkpoint writer (with `--kubeconfig`).
-    pub writer: Option<crate::node::checkpoint::WriterConfig>,
+    pub writer: Option<crate::node::recovery::checkpoint::WriterConfig>,
     pub checkpoint_interval: Duration,
     pub static_pod_dir: PathBuf,
     pub retire_file: PathBuf,
@@ -156,7 +156,7 @@ impl TryFrom<&RecoverArgs> for Recover {
             &protected,
         )
         .allow_capabilities(&args.allow_capability);
-        let workload: crate::node::checkpoint::Workload =
+        let workload: crate::node::recovery::checkpoint::Workload =
             args.workload.parse().map_err(RecoverError::Workload)?;
         let metrics_listen = args
             .metrics_listen
@@ -175,7 +175,7 @@ impl TryFrom<&RecoverArgs> for Recover {
                 // Read now to refuse a bad one at start; read again at every attempt.
                 crate::node::api::ApiClient::from_kubeconfig(kubeconfig)
                     .map_err(RecoverError::Kubeconfig)?;
-                Some(crate::node::checkpoint::WriterConfig {
+                Some(crate::node::recovery::checkpoint::WriterConfig {
                     dir: args.checkpoint_dir.clone(),
                     namespace: args.namespace.clone(),
                     selector: args.selector.clone(),
@@ -190,7 +190,9 @@ impl TryFrom<&RecoverArgs> for Recover {
             _ => None,
         };
         Ok(Recover {
-            checkpoint: args.checkpoint_dir.join(crate::node::checkpoint::FILE),
+            checkpoint: args
+                .checkpoint_dir
+                .join(crate::node::recovery::checkpoint::FILE),
             checkpoint_dir: args.checkpoint_dir.clone(),
             writer,
             checkpoint_interval: args.checkpoint_interval,
@@ -244,7 +246,7 @@ pub fn run(args: &RecoverArgs) -> Result<(), RecoverError> {
         tracing::info!(checkpoint = %config.checkpoint.display(), static_pod_dir = %config.static_pod_dir.display(), node_address = %config.node_address, metrics_listen = ?config.metrics_listen, "recover: started");
         metrics
             .written
-            .set(unix_seconds(crate::node::checkpoint::written_at(&config.checkpoint_dir)));
+            .set(unix_seconds(crate::node::recovery::checkpoint::written_at(&config.checkpoint_dir)));
         boot(&config).await;
         let mut writer = Writer::new(metrics.clone());
         let mut next_checkpoint = tokio::time::Instant::now();
@@ -493,10 +495,10 @@ impl Writer {
 
     /// One attempt; counts it, and logs a change of outcome (an unchanged failure or refusal at
     /// most every 5 minutes).
-    async fn attempt(&mut self, config: &crate::node::checkpoint::WriterConfig) {
-        use crate::node::checkpoint::Outcome;
+    async fn attempt(&mut self, config: &crate::node::recovery::checkpoint::WriterConfig) {
+        use crate::node::recovery::checkpoint::Outcome;
         let now = std::time::SystemTime::now();
-        let result = crate::node::checkpoint::attempt(config, now).await;
+        let result = crate::node::recovery::checkpoint::attempt(config, now).await;
         let m = &self.metrics;
         let label = match &result {
             Ok(Outcome::Written(_)) => "written",
@@ -520,10 +522,10 @@ impl Writer {
         let (text, warn) = match &result {
             Ok(Outcome::Written(pod)) => {
                 m.written
-                    .set(unix_seconds(crate::node::checkpoint::written_at(
+                    .set(unix_seconds(crate::node::recovery::checkpoint::written_at(
                         &config.dir,
                     )));
-                tracing::info!(pod, file = %config.dir.join(crate::node::checkpoint::FILE).display(), after = ?config.after, "recover: checkpoint written: this pod was ready without a break for --checkpoint-after, the last known good one");
+                tracing::info!(pod, file = %config.dir.join(crate::node::recovery::checkpoint::FILE).display(), after = ?config.after, "recover: checkpoint written: this pod was ready without a break for --checkpoint-after, the last known good one");
                 self.last = None;
                 return;
             }
