@@ -59,6 +59,7 @@
 pub mod backends;
 pub mod base;
 pub mod cli;
+pub mod commands;
 pub mod config;
 pub mod data;
 #[cfg(feature = "planted-faults")]

@@ -28,7 +28,7 @@ fn main() -> ExitCode {
         None => run(cli.run),
         Some(Command::Run(args)) => run(*args),
         // A failed probe is what the kubelet reports: "probe failed: …".
-        Some(Command::Probe(args)) => match probe::run(&args) {
+        Some(Command::Probe(args)) => match probe::run(&args.into()) {
             Err(e) if !e.is_bad_input() => exit("probe failed: ", Err(e)),
             result => exit("error: ", result),
         },
@@ -39,17 +39,17 @@ fn main() -> ExitCode {
                 Err(e) => exit("error: ", Err(e)),
             }
         }
-        Some(Command::Render(args)) => match render::print(&args) {
+        Some(Command::Render(args)) => match render::print(&args.static_pod, &(&args).into()) {
             Ok(yaml) => stdout(&yaml),
             Err(e) => exit("error: ", Err(e)),
         },
         Some(Command::Migrate(args)) => {
             init_tracing(LogFormat::Text, "info");
-            exit("error: ", migrate::run(&args).map(|_| ()))
+            exit("error: ", migrate::run(&args.into()).map(|_| ()))
         }
         Some(Command::MigrateBack(args)) => {
             init_tracing(LogFormat::Text, "info");
-            exit("error: ", migrate_back::run(&args).map(|_| ()))
+            exit("error: ", migrate_back::run(&args.into()).map(|_| ()))
         }
         Some(Command::KubeadmSync(args)) => {
             init_tracing(LogFormat::Text, "info");
@@ -59,17 +59,17 @@ fn main() -> ExitCode {
             let result = if args.undo {
                 undo::undo(&args.kubeadm_dir, &args.static_pod_dir).map(|_| ())
             } else {
-                sync::run(&args)
+                sync::run(&args.into())
             };
             exit("error: kubeadm-sync: ", result)
         }
         Some(Command::TransparentRoutes(args)) => transparent_routes(&args),
         Some(Command::Recover(args)) => {
             init_tracing(args.log_format, "info");
-            exit("error: recover: ", recover::run(&args))
+            exit("error: recover: ", recover::run(&(*args).into()))
         }
         // Returns only when it could not exec.
-        Some(Command::Launch(args)) => exit("error: ", Err(launch::launch(&args))),
+        Some(Command::Launch(args)) => exit("error: ", Err(launch::launch(&args.into()))),
     }
 }
 

@@ -234,8 +234,9 @@ const LAYERS: &[&[&str]] = &[
     &["observe"],
     // The node commands and agents.
     &["node"],
-    // The roots: typed configuration, one instance's start/serve/drain, the binary.
-    &["config", "server", "main"],
+    // The roots: typed configuration, the node commands' options, one instance's
+    // start/serve/drain, the binary.
+    &["config", "commands", "server", "main"],
 ];
 
 #[test]

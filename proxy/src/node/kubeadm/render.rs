@@ -766,9 +766,10 @@ impl crate::base::exit::CommandError for PrintError {
 /// `render`: the `default/kubernetes` endpoints, the Deployment and its budget, as one YAML
 /// stream. The files the flags name are digested when they can be read (as root on the node);
 /// otherwise the digest is left out and `kubeadm-sync` adds it (one extra rollout).
-pub fn print(args: &crate::cli::RenderArgs) -> Result<String, PrintError> {
-    let path = args.static_pod.display().to_string();
-    let text = std::fs::read_to_string(&args.static_pod).map_err(|source| PrintError::Read {
+/// `static_pod` is kubeadm's manifest (`--static-pod`).
+pub fn print(static_pod: &std::path::Path, options: &Options) -> Result<String, PrintError> {
+    let path = static_pod.display().to_string();
+    let text = std::fs::read_to_string(static_pod).map_err(|source| PrintError::Read {
         path: path.clone(),
         source,
     })?;
@@ -785,21 +786,14 @@ pub fn print(args: &crate::cli::RenderArgs) -> Result<String, PrintError> {
     crate::node::kubeadm::kubernetes_endpoints::check_address(address)
         .map_err(|e| in_file(RenderError::Manifest(format!("--advertise-address: {e}"))))?;
     let port = pod.secure_port().map_err(|e| in_file(e.into()))?;
-    let options = Options {
-        image: args.image.clone(),
-        allow_downgrade: args.allow_downgrade,
-        proxy_image: args.proxy_image.clone(),
-        client_address_transparent: args.client_address == crate::cli::ClientAddress::Transparent,
-    };
     let (base_deployment, base_pdb) = base().map_err(PrintError::Other)?;
     let files = files_digest(&pod.files());
-    let d =
-        deployment(&base_deployment, &pod, files.as_deref(), &options).map_err(|e| match e {
-            e @ (RenderError::Downgrade { .. } | RenderError::Unversioned { .. }) => {
-                PrintError::Other(e)
-            }
-            e => in_file(e),
-        })?;
+    let d = deployment(&base_deployment, &pod, files.as_deref(), options).map_err(|e| match e {
+        e @ (RenderError::Downgrade { .. } | RenderError::Unversioned { .. }) => {
+            PrintError::Other(e)
+        }
+        e => in_file(e),
+    })?;
     let namespace = d
         .metadata
         .namespace

@@ -532,10 +532,76 @@ pub struct Sync {
     pub command: Vec<String>,
 }
 
-impl TryFrom<&crate::cli::KubeadmSyncArgs> for Sync {
+/// What `kubeadm-sync` is asked for (its flags, `cli::KubeadmSyncArgs`; `--undo` and
+/// `--write-kubeconfig` are other jobs, run by the binary).
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// kubeadm's static pod directory (a constant of kubeadm's).
+    pub kubeadm_dir: PathBuf,
+
+    /// The directory the kubelet runs (its --pod-manifest-path on a migrated controller).
+    pub static_pod_dir: PathBuf,
+
+    /// The agent's own credentials, read again on every pass: the kubeconfig
+    /// --write-kubeconfig writes (a ServiceAccount's token with only what the agent calls).
+    /// Any kubeconfig whose user may do the same works (kubeadm's admin.conf did, with every
+    /// right of the cluster).
+    pub kubeconfig: PathBuf,
+
+    /// This node's name (the mirror pods are <name>-<node>).
+    pub node_name: Option<String>,
+
+    /// Namespace of the apiserver Deployment.
+    pub namespace: String,
+
+    /// Name of the apiserver Deployment.
+    pub deployment: String,
+
+    /// The proxy image: this agent's own (its init container), and the Deployment's sidecar
+    /// when the live Deployment has none.
+    pub proxy_image: Option<String>,
+
+    /// How often the directories are compared.
+    pub interval: Duration,
+
+    /// How long kubeadm's apiserver inputs must stay unchanged before a rollout (kubeadm renews
+    /// certificates, then writes the manifest).
+    pub settle: Duration,
+
+    /// How long a rollout to kubeadm's manifest may take before it is reported failed (so is
+    /// one whose Deployment reports ProgressDeadlineExceeded). Below kubeadm's own wait (5m,
+    /// UpgradeConfiguration timeouts.upgradeManifests), which then fails and puts the old
+    /// manifest back, which the agent rolls the Deployment back to. `--once` waits this long.
+    pub rollout_timeout: Duration,
+
+    /// How long the canary of a change to etcd's manifest may take to serve: kubeadm's new
+    /// etcd pod, run first as a learner member beside the running etcd (its own ports, its data
+    /// in an emptyDir), must apply the cluster's data before etcd's copy is changed; failed or
+    /// past this, etcd is left as it runs and kubeadm's wait fails (it puts its manifest
+    /// back). Below kubeadm's wait (5m), with room for etcd's restart. 0s: no canary.
+    pub etcd_canary_timeout: Duration,
+
+    /// The canary's client port on 127.0.0.1; its peer port is the next, its metrics port the
+    /// one after (2479, 2480, 2481: beside etcd's 2379, 2380, 2381).
+    pub etcd_canary_port: u16,
+
+    /// One pass, at the migration: copy the manifests (each keeps the running pod's UID, so
+    /// nothing restarts when the kubelet moves to --static-pod-dir), write the stand-in, set
+    /// kubeadm's apiserver manifest aside until the agent runs, wait for kubeadm's apiserver to
+    /// exit; then restart the kubelet on --static-pod-dir.
+    pub once: bool,
+
+    /// With --once: how long kubeadm's static apiserver may take to exit once its manifest is
+    /// set aside (the kubelet's look at the directory, then the pod's grace period, 30s).
+    /// Still running then: the manifest is put back and --once fails (exit 1), so that the
+    /// kubelet is not restarted under it.
+    pub once_timeout: Duration,
+}
+
+impl TryFrom<&Options> for Sync {
     type Error = SyncError;
 
-    fn try_from(a: &crate::cli::KubeadmSyncArgs) -> Result<Self, SyncError> {
+    fn try_from(a: &Options) -> Result<Self, SyncError> {
         if a.kubeadm_dir == a.static_pod_dir {
             return Err(SyncError::SameDir);
         }
@@ -1326,7 +1392,7 @@ fn check_token_expiry(kubeconfig: &Path) {
 
 /// `kubeadm-sync`: one pass with `--once` (the migration), else passes every `--interval`
 /// (`--undo` is [`crate::node::kubeadm::undo::undo`]).
-pub fn run(args: &crate::cli::KubeadmSyncArgs) -> Result<(), SyncError> {
+pub fn run(args: &Options) -> Result<(), SyncError> {
     let sync = Sync::try_from(args)?;
     std::fs::create_dir_all(&sync.static_pod_dir).map_err(io("create", &sync.static_pod_dir))?;
     if args.once {

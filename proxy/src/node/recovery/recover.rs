@@ -26,7 +26,6 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::cli::RecoverArgs;
 use crate::node::kubeconfig::KubeconfigError;
 use crate::node::object::Pod;
 use crate::node::recovery::checkpoint_metrics::CheckpointMetrics;
@@ -115,10 +114,98 @@ pub struct Recover {
     pub interval: Duration,
 }
 
-impl TryFrom<&RecoverArgs> for Recover {
+/// What `recover` is asked for (its flags, `cli::RecoverArgs`; the log format is the binary's).
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The node address the apiserver serves (NODE_IP:6443): the checkpoint is activated only
+    /// when nothing accepts connections there.
+    pub node_address: String,
+
+    /// The checkpoint directory (persistent, root-only): `kube-apiserver.json`, the
+    /// checkpoint, and `kube-apiserver.previous.json`, the one it replaced.
+    pub checkpoint_dir: PathBuf,
+
+    /// The node's kubeconfig (the kubelet's: /etc/kubernetes/kubelet.conf): the identity the
+    /// apiserver pods bound to this node are read with, to write the checkpoint. Without it
+    /// no checkpoint is written (activation and retirement only).
+    pub kubeconfig: Option<PathBuf>,
+
+    /// This node's name (the pods bound to it are read).
+    pub node_name: Option<String>,
+
+    /// Namespace of the apiserver Deployment.
+    pub namespace: String,
+
+    /// Label selector of the apiserver workload's pods (mirror pods are left out).
+    pub selector: String,
+
+    /// How long a pod must have been Ready, without a break, before it becomes the checkpoint.
+    pub checkpoint_after: Duration,
+
+    /// How often the pods are read.
+    pub checkpoint_interval: Duration,
+
+    /// The kubelet's static pod directory (`staticPodPath`).
+    pub static_pod_dir: PathBuf,
+
+    /// Written by the recovery instance's proxy (`run --retire-file`) when it may go.
+    pub retire_file: PathBuf,
+
+    /// Marks that this boot's decision was made; must be on a tmpfs (/run) so that a reboot
+    /// clears it.
+    pub boot_marker: PathBuf,
+
+    /// The workload whose pods may become the checkpoint: deployment/NAME or daemonset/NAME in
+    /// --namespace. A pod is written only if its controller owner references lead there (read
+    /// from the API: the node's identity needs `get` on them, manifests/recovery).
+    pub workload: String,
+
+    /// A further host path a checkpoint may mount, ADDED to the defaults (repeatable): kubeadm's
+    /// certificate directories (/etc/kubernetes/pki, /etc/ssl/certs, /etc/ca-certificates,
+    /// /etc/pki, /usr/share/ca-certificates, /usr/local/share/ca-certificates) and
+    /// /run/kube-apiserver-proxy. Never allowed, whatever is given here: the checkpoint
+    /// directory, the static pod directory, kubeadm's /etc/kubernetes/manifests, and any
+    /// directory above one.
+    pub allow_host_path: Vec<String>,
+
+    /// A further image repository a checkpoint's containers may run (repeatable, without tag),
+    /// ADDED to the default registry.k8s.io/kube-apiserver: give the proxy's repository, and
+    /// your mirror's. An entry ending in / allows every repository below it.
+    pub allow_image_repository: Vec<String>,
+
+    /// A capability a checkpoint's container may add (repeatable; none by default: a pod that
+    /// adds any is refused). Only for a Deployment that needs one, e.g. transparent client
+    /// addresses (NET_RAW, SETUID, SETGID for its sidecar).
+    pub allow_capability: Vec<String>,
+
+    /// kubeadm's apiserver manifest: at boot a checkpoint more than one minor version behind
+    /// its image is not activated (the apiserver would meet data and clients of a newer one).
+    /// Absent or unreadable: no such check (logged).
+    pub kubeadm_manifest: PathBuf,
+
+    /// Activate a checkpoint whatever its version is behind --kubeadm-manifest's.
+    pub allow_version_skew: bool,
+
+    /// Serve the agent's metrics (checkpoint age and refusals) on ADDR at /metrics.
+    pub metrics_listen: Option<String>,
+
+    /// Serve --metrics-listen over TLS with this certificate (PEM); needs --metrics-tls-key-file and --metrics-client-ca-file (as `run`'s).
+    pub metrics_tls_cert_file: Option<PathBuf>,
+
+    /// The private key of --metrics-tls-cert-file (PEM).
+    pub metrics_tls_key_file: Option<PathBuf>,
+
+    /// With TLS on --metrics-listen: only scrapers presenting a client certificate issued by a CA of this PEM file are answered.
+    pub metrics_client_ca_file: Option<PathBuf>,
+
+    /// How often the retire file is looked for.
+    pub interval: Duration,
+}
+
+impl TryFrom<&Options> for Recover {
     type Error = RecoverError;
 
-    fn try_from(args: &RecoverArgs) -> Result<Self, RecoverError> {
+    fn try_from(args: &Options) -> Result<Self, RecoverError> {
         let node_address =
             crate::cli::parse_socket_addr(&args.node_address).map_err(RecoverError::NodeAddress)?;
         if !args.static_pod_dir.is_dir() {
@@ -221,7 +308,7 @@ pub enum Decision {
 }
 
 /// Runs the agent until SIGTERM or SIGINT.
-pub fn run(args: &RecoverArgs) -> Result<(), RecoverError> {
+pub fn run(args: &Options) -> Result<(), RecoverError> {
     let config = Recover::try_from(args)?;
     let runtime = crate::base::runtime::current_thread().map_err(RecoverError::Runtime)?;
     runtime.block_on(async move {
