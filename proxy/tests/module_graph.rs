@@ -228,7 +228,8 @@ const LAYERS: &[&[&str]] = &[
     &["handoff"],
     // One process's life: signals, notifications, limits, privileges, in-place upgrade.
     &["instance"],
-    // The flags (clap): the node commands and the admin endpoints read their own.
+    // The flags (clap): the admin endpoints read the client address mode; the node commands
+    // take options of their own, converted by the root `commands`.
     &["cli"],
     // The admin endpoints and the node's scrape target.
     &["observe"],
