@@ -36,21 +36,25 @@
 //!   peer server).
 //! - [`instance`]: one process's life around the data path: signals ([`instance::signal`]),
 //!   systemd notifications ([`instance::notify`]), `RLIMIT_NOFILE` ([`instance::limits`]),
-//!   `--user` ([`instance::privileges`]), in-place upgrade ([`instance::upgrade`]).
+//!   `--user` ([`instance::privileges`]), in-place upgrade ([`instance::upgrade`]),
+//!   `--retire-file` ([`instance::retire`]).
 //! - [`cli`]: clap definitions of the subcommands and flags.
 //! - [`observe`]: what an operator reads over HTTP: `/metrics`, `/healthz`, `/readyz`,
 //!   `/status`, `/peer-ready` ([`observe::admin`]) and the node's one scrape target
 //!   ([`observe::scrape`]).
-//! - [`node`]: the node commands and agents: `migrate` and `migrate-back`
-//!   ([`node::migrate`], [`node::migrate_back`], [`node::served`]), reboot recovery
-//!   ([`node::recover`], [`node::checkpoint`], [`node::checkpoint_metrics`],
-//!   [`node::staticpod`], [`node::retire`]), kubeadm as the source of truth ([`node::render`],
-//!   [`node::kubeadm_sync`]), the one API client ([`node::api`]) and Kubernetes' objects as
-//!   k8s-openapi's types ([`node::object`]), kubeconfig files ([`node::kubeconfig`]), and the small
-//!   subcommands ([`node::launch`], [`node::probe`], [`node::install`],
-//!   [`node::kubernetes_endpoints`]).
+//! - [`node`]: the node commands and agents, a folder per job: [`node::migration`] (`migrate`,
+//!   `migrate-back`, the addresses the node serves), [`node::recovery`] (reboot recovery:
+//!   `recover`, the checkpoint, its checks and metrics), [`node::kubeadm`] (kubeadm as the
+//!   source of truth: `render`, `kubeadm-sync` with `--undo` and `--write-kubeconfig`, the etcd
+//!   canary, the lease handover, the `kubernetes` endpoints), [`node::pod`] (`launch`, `probe`,
+//!   `install`); shared by them: the one API client ([`node::api`]), Kubernetes' objects as
+//!   k8s-openapi's types ([`node::object`]), kubeconfig files ([`node::kubeconfig`]), static pod
+//!   files as the agents write them ([`node::manifest`]) and kubeadm's apiserver manifest
+//!   ([`node::apiserver_manifest`]). Job folders do not import each other in a cycle (the same
+//!   test).
 //! - The roots: [`config`] (the typed configuration built from the flags; every input error
-//!   is found here) and [`server`] (one instance: start, serve, drain); the binary's `main`.
+//!   is found here), [`commands`] (each node command's options from its flags) and [`server`]
+//!   (one instance: start, serve, drain); the binary's `main`.
 //! - `fault` (feature `planted-faults` only): faults planted for the real-cluster tier's
 //!   self-test.
 
@@ -59,6 +63,7 @@
 pub mod backends;
 pub mod base;
 pub mod cli;
+pub mod commands;
 pub mod config;
 pub mod data;
 #[cfg(feature = "planted-faults")]

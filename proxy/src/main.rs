@@ -12,12 +12,11 @@ use clap::Parser;
 use kube_apiserver_proxy::base::exit::CommandError;
 use kube_apiserver_proxy::cli::{self, Cli, Command, LogFormat, RunArgs, RuntimeShape};
 use kube_apiserver_proxy::config::Config;
-use kube_apiserver_proxy::{
-    backends::routes, instance::privileges, instance::signal, node::install,
-    node::kubeadm_identity, node::kubeadm_sync, node::kubeadm_undo, node::kubernetes_endpoints,
-    node::launch, node::migrate, node::migrate_back, node::probe, node::recover, node::render,
-    server,
-};
+use kube_apiserver_proxy::node::kubeadm::{identity, kubernetes_endpoints, render, sync, undo};
+use kube_apiserver_proxy::node::migration::{migrate, migrate_back};
+use kube_apiserver_proxy::node::pod::{install, launch, probe};
+use kube_apiserver_proxy::node::recovery::recover;
+use kube_apiserver_proxy::{backends::routes, instance::privileges, instance::signal, server};
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -29,7 +28,7 @@ fn main() -> ExitCode {
         None => run(cli.run),
         Some(Command::Run(args)) => run(*args),
         // A failed probe is what the kubelet reports: "probe failed: …".
-        Some(Command::Probe(args)) => match probe::run(&args) {
+        Some(Command::Probe(args)) => match probe::run(&args.into()) {
             Err(e) if !e.is_bad_input() => exit("probe failed: ", Err(e)),
             result => exit("error: ", result),
         },
@@ -40,17 +39,17 @@ fn main() -> ExitCode {
                 Err(e) => exit("error: ", Err(e)),
             }
         }
-        Some(Command::Render(args)) => match render::print(&args) {
+        Some(Command::Render(args)) => match render::print(&args.static_pod, &(&args).into()) {
             Ok(yaml) => stdout(&yaml),
             Err(e) => exit("error: ", Err(e)),
         },
         Some(Command::Migrate(args)) => {
             init_tracing(LogFormat::Text, "info");
-            exit("error: ", migrate::run(&args).map(|_| ()))
+            exit("error: ", migrate::run(&args.into()).map(|_| ()))
         }
         Some(Command::MigrateBack(args)) => {
             init_tracing(LogFormat::Text, "info");
-            exit("error: ", migrate_back::run(&args).map(|_| ()))
+            exit("error: ", migrate_back::run(&args.into()).map(|_| ()))
         }
         Some(Command::KubeadmSync(args)) => {
             init_tracing(LogFormat::Text, "info");
@@ -58,19 +57,19 @@ fn main() -> ExitCode {
                 return write_kubeconfig(&args);
             }
             let result = if args.undo {
-                kubeadm_undo::undo(&args.kubeadm_dir, &args.static_pod_dir).map(|_| ())
+                undo::undo(&args.kubeadm_dir, &args.static_pod_dir).map(|_| ())
             } else {
-                kubeadm_sync::run(&args)
+                sync::run(&args.into())
             };
             exit("error: kubeadm-sync: ", result)
         }
         Some(Command::TransparentRoutes(args)) => transparent_routes(&args),
         Some(Command::Recover(args)) => {
             init_tracing(args.log_format, "info");
-            exit("error: recover: ", recover::run(&args))
+            exit("error: recover: ", recover::run(&(*args).into()))
         }
         // Returns only when it could not exec.
-        Some(Command::Launch(args)) => exit("error: ", Err(launch::launch(&args))),
+        Some(Command::Launch(args)) => exit("error: ", Err(launch::launch(&args.into()))),
     }
 }
 
@@ -117,14 +116,14 @@ fn transparent_routes(args: &cli::TransparentRoutesArgs) -> ExitCode {
     }
 }
 
-/// `kubeadm-sync --write-kubeconfig` (`node::kubeadm_identity`).
+/// `kubeadm-sync --write-kubeconfig` (`node::kubeadm::identity`).
 fn write_kubeconfig(args: &cli::KubeadmSyncArgs) -> ExitCode {
-    let id = kubeadm_identity::Identity {
+    let id = identity::Identity {
         node: args.node_name.as_deref().unwrap_or_default(),
         deployment: (&args.namespace, &args.deployment),
         kubeadm_dir: &args.kubeadm_dir,
     };
-    match kubeadm_identity::write(
+    match identity::write(
         &args.admin_kubeconfig,
         &args.kubeconfig,
         &id,
@@ -133,7 +132,7 @@ fn write_kubeconfig(args: &cli::KubeadmSyncArgs) -> ExitCode {
         Ok(expiry) => {
             tracing::info!(
                 kubeconfig = %args.kubeconfig.display(),
-                user = kubeadm_identity::USER,
+                user = identity::USER,
                 expires = %humantime::format_rfc3339_seconds(expiry),
                 "kubeadm-sync: the agent's kubeconfig written; write it again before it expires"
             );

@@ -196,7 +196,7 @@ impl Instance {
             backends.clone(),
             config.discovery.own_backend_file.is_some(),
         );
-        let retire_requests = crate::node::retire::requests_counter(&registry);
+        let retire_requests = crate::instance::retire::requests_counter(&registry);
         let handoff = start_handoff(
             &config,
             &listeners,
@@ -452,7 +452,7 @@ fn start_handoff(
         tasks.clone(),
     )?;
     if let Some(file) = &config.retire_file {
-        tasks.spawn(crate::node::retire::run(
+        tasks.spawn(crate::instance::retire::run(
             file.clone(),
             handoff.clone(),
             readiness.clone(),

@@ -7,7 +7,8 @@
 //! Every `.rs` file under `src/` belongs to a module: `foo.rs` and `foo/mod.rs` are `foo`, and
 //! `foo/bar.rs` is `foo::bar` and counts as `foo` — unless `foo/` is a folder of modules (its
 //! `mod.rs` declares modules and nothing else): then `foo/bar.rs` and everything below it is the
-//! module `foo::bar`. A module depends on another when its code names it: `crate::name` (or
+//! module `foo::bar`, and so on down: a folder of modules inside one (`node/kubeadm/`) holds
+//! modules of its own (`node::kubeadm::sync`). A module depends on another when its code names it: `crate::name` (or
 //! `crate::folder::name`), an entry of a `use crate::{a, b::c}` group, a `super::` chain that
 //! climbs out of it, and in `main.rs` (the binary, a crate root of its own that sees the library
 //! by its name, e.g. `kube_apiserver_proxy`) `library::name`. Test code does not count: items
@@ -17,6 +18,8 @@
 //!
 //! The graph of those dependencies must have no cycle; the test names every strongly connected
 //! component of more than one module, with one reference (file:line) for each edge inside it.
+//! Nor may the entries of a folder that holds folders (the proxy's `node/`, a folder per job),
+//! each folder taken whole, form a cycle between them.
 //! The crate's self-contained modules (the proxy's `sys`, the `unsafe` module) must name no
 //! other module at all. And where the crate has layers (the proxy's [`LAYERS`]), every module
 //! belongs to one and names nothing in a layer above its own.
@@ -86,6 +89,105 @@ fn modules_import_each_other_without_cycles() {
     assert!(cycles.is_empty(), "{}", report(crate_dir, &graph, &cycles));
 }
 
+/// A folder of modules that holds folders of modules (the proxy's `node`, a folder per job)
+/// has no cycle between its entries either, each folder taken whole: jobs may share what is
+/// beside them, never lean on each other both ways, even through modules that do not name
+/// each other.
+#[test]
+fn folders_import_each_other_without_cycles() {
+    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let krate = this_crate();
+    let graph = graph_of(crate_dir, &crate_dir.join("src"), krate.library);
+    let mut text = String::new();
+    for (folder, entries, cycles) in folder_cycles(&graph) {
+        if !cycles.is_empty() {
+            let _ = writeln!(text, "in {folder}/, its folders taken whole:");
+            text.push_str(&report(crate_dir, &entries, &cycles));
+        }
+    }
+    assert!(text.is_empty(), "{text}");
+}
+
+#[test]
+fn folder_cycles_name_a_planted_cycle_between_folders() {
+    let mut graph = Graph::new();
+    for (from, to) in [
+        ("node::kubeadm::sync", "node::api"),
+        ("node::recovery::recover", "node::api"),
+        ("node::pod::launch", "node::migration::migrate"),
+        ("node::kubeadm::sync", "node::recovery::checkpoint"),
+        ("node::api", "base::fsutil"),
+    ] {
+        add_edge(&mut graph, from, to, "src/planted.rs", 1);
+    }
+    let found = |graph: &Graph| -> Vec<(String, Vec<Vec<String>>)> {
+        folder_cycles(graph)
+            .into_iter()
+            .map(|(folder, _, cycles)| (folder, cycles))
+            .collect()
+    };
+    assert_eq!(found(&graph), [("node".to_string(), vec![])]);
+
+    // No two modules name each other: only the folders do.
+    add_edge(
+        &mut graph,
+        "node::recovery::staticpod",
+        "node::kubeadm::render",
+        "src/planted.rs",
+        2,
+    );
+    assert!(cycles(&graph).is_empty());
+    let (folder, entries, cycles) = folder_cycles(&graph).remove(0);
+    assert_eq!(folder, "node");
+    assert_eq!(cycles, [vec!["node::kubeadm", "node::recovery"]]);
+    let text = report(Path::new("/x/proxy"), &entries, &cycles);
+    assert!(
+        text.contains("node::kubeadm -> node::recovery (src/planted.rs:1)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("node::recovery -> node::kubeadm (src/planted.rs:2)"),
+        "{text}"
+    );
+}
+
+/// For each folder of modules that holds folders of modules (`node`, a key with a name below
+/// its entry's), the graph between its entries, each folder of them taken whole
+/// (`node::kubeadm::sync` is `node::kubeadm`), and that graph's cycles.
+fn folder_cycles(graph: &Graph) -> Vec<(String, Graph, Vec<Vec<String>>)> {
+    let mut folders = BTreeSet::new();
+    for module in graph.keys() {
+        let names: Vec<&str> = module.split("::").collect();
+        for depth in 1..names.len().saturating_sub(1) {
+            folders.insert(names[..depth].join("::"));
+        }
+    }
+    let entry_of = |folder: &str, module: &str| -> Option<String> {
+        let rest = module.strip_prefix(folder)?.strip_prefix("::")?;
+        let first = rest.split("::").next()?;
+        Some(format!("{folder}::{first}"))
+    };
+    let mut found = Vec::new();
+    for folder in folders {
+        let mut entries = Graph::new();
+        for (from, edges) in graph {
+            let Some(from) = entry_of(&folder, from) else {
+                continue;
+            };
+            entries.entry(from.clone()).or_default();
+            for (to, (file, line)) in edges {
+                match entry_of(&folder, to) {
+                    Some(to) if to != from => add_edge(&mut entries, &from, &to, file, *line),
+                    _ => {}
+                }
+            }
+        }
+        let cycles = cycles(&entries);
+        found.push((folder, entries, cycles));
+    }
+    found
+}
+
 /// The self-contained modules name nothing else of the crate: the proxy's `sys`, the one
 /// module with `unsafe`, owns what it needs (the kernel's value layouts, `Plain`).
 #[test]
@@ -110,8 +212,9 @@ fn self_contained_modules_depend_on_nothing_of_the_crate() {
 }
 
 /// The layers, lowest first: a module names modules of its own layer or of layers below it,
-/// never above. A module is placed by its folder (`data::copy` is in `data`) or, at the top
-/// level, by its name. docs/architecture.md draws the same order.
+/// never above. A module is placed by its top folder (`data::copy` is in `data`,
+/// `node::kubeadm::sync` in `node`) or, at the top level, by its name. docs/architecture.md
+/// draws the same order.
 const LAYERS: &[&[&str]] = &[
     // The only `unsafe`: raw descriptor work.
     &["sys"],
@@ -125,14 +228,16 @@ const LAYERS: &[&[&str]] = &[
     &["handoff"],
     // One process's life: signals, notifications, limits, privileges, in-place upgrade.
     &["instance"],
-    // The flags (clap): the node commands and the admin endpoints read their own.
+    // The flags (clap): the admin endpoints read the client address mode; the node commands
+    // take options of their own, converted by the root `commands`.
     &["cli"],
     // The admin endpoints and the node's scrape target.
     &["observe"],
     // The node commands and agents.
     &["node"],
-    // The roots: typed configuration, one instance's start/serve/drain, the binary.
-    &["config", "server", "main"],
+    // The roots: typed configuration, the node commands' options, one instance's
+    // start/serve/drain, the binary.
+    &["config", "commands", "server", "main"],
 ];
 
 #[test]
@@ -334,11 +439,41 @@ fn scan_follows_folders_of_modules() {
         "//! Doc.\n#[cfg(feature = \"x\")]\npub mod a;\nmod b;\n"
     ));
     assert!(!only_declares_modules("pub mod a;\npub fn f() {}\n"));
+
+    let nested: BTreeSet<String> = ["node", "node::kubeadm", "data"].map(String::from).into();
+    let source = "use crate::node::kubeadm::{sync, render::StaticPod};\n\
+                  use crate::node::{api::ApiClient, kubeadm::undo};\n\
+                  use super::super::manifest;\n\
+                  use super::sync::run;\n\
+                  fn f() { crate::node::kubeadm::etcd_canary::check(); }\n";
+    let scanned = scan(source, "crate", &["node", "kubeadm", "identity"], &nested);
+    let named: Vec<&str> = scanned.references.iter().map(|r| r.to.as_str()).collect();
+    assert_eq!(
+        named,
+        [
+            "node::kubeadm::sync",
+            "node::kubeadm::render",
+            "node::api",
+            "node::kubeadm::undo",
+            "node::manifest",
+            "node::kubeadm::sync",
+            "node::kubeadm::etcd_canary"
+        ]
+    );
+    let module = |path: &[&str]| {
+        let path: Vec<String> = path.iter().map(|n| n.to_string()).collect();
+        module_of(&path, &nested)
+    };
+    assert_eq!(module(&["node", "kubeadm", "sync"]), "node::kubeadm::sync");
+    assert_eq!(module(&["node", "api"]), "node::api");
+    assert_eq!(module(&["handoff", "wire"]), "handoff");
+    assert_eq!(module(&["data", "copy", "part"]), "data::copy");
 }
 
 /// The dependency graph of the modules under `src`, every module a key: a top-level module
 /// (`foo.rs`, `foo/mod.rs` and everything below it), or a module of a folder of modules
-/// (`data/copy.rs` and everything below it is `data::copy`; see [`groups_of`]).
+/// (`data/copy.rs` and everything below it is `data::copy`; `node/kubeadm/sync.rs` is
+/// `node::kubeadm::sync` when `node/kubeadm/` is a folder of modules too; see [`groups_of`]).
 /// `library` is how `main.rs` names the library's crate root.
 fn graph_of(crate_dir: &Path, src: &Path, library: &str) -> Graph {
     let mut files = Vec::new();
@@ -361,15 +496,12 @@ fn graph_of(crate_dir: &Path, src: &Path, library: &str) -> Graph {
         }
         // lib.rs is the crate root and a folder's mod.rs only declares its modules: neither is
         // a module of its own.
-        if path == ["lib"] || (path.len() == 1 && groups.contains(&path[0])) {
+        if path == ["lib"] || groups.contains(&path.join("::")) {
             continue;
         }
         modules.push((file, path));
     }
-    let key = |path: &[String]| match path {
-        [group, module, ..] if groups.contains(group) => format!("{group}::{module}"),
-        _ => path[0].clone(),
-    };
+    let key = |path: &[String]| module_of(path, &groups);
     let known: BTreeSet<String> = modules.iter().map(|(_, path)| key(path)).collect();
 
     let mut graph = Graph::new();
@@ -409,22 +541,50 @@ fn graph_of(crate_dir: &Path, src: &Path, library: &str) -> Graph {
     graph
 }
 
-/// The folders of modules under `src`: a folder whose `mod.rs` declares modules and holds
-/// nothing else (comments and attributes aside). Its modules are modules of their own in the
-/// graph; a folder with code in its `mod.rs` (`handoff/`) is one module with its parts.
+/// The folders of modules under `src`, by module path (`data`, `node::kubeadm`): a folder whose
+/// `mod.rs` declares modules and holds nothing else (comments and attributes aside), at the top
+/// or inside another folder of modules. Its modules are modules of their own in the graph; a
+/// folder with code in its `mod.rs` (`handoff/`) is one module with its parts, whatever folders
+/// it holds.
 fn groups_of(src: &Path) -> BTreeSet<String> {
     let mut groups = BTreeSet::new();
-    for entry in std::fs::read_dir(src).expect("reading src") {
-        let dir = entry.expect("directory entry").path();
-        let Ok(text) = std::fs::read_to_string(dir.join("mod.rs")) else {
+    add_groups(src, "", &mut groups);
+    groups
+}
+
+/// The folders of modules in `dir` (module path `prefix`, empty at `src`) and below them.
+fn add_groups(dir: &Path, prefix: &str, groups: &mut BTreeSet<String>) {
+    let entries =
+        std::fs::read_dir(dir).unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()));
+    for entry in entries {
+        let sub = entry.expect("directory entry").path();
+        let Ok(text) = std::fs::read_to_string(sub.join("mod.rs")) else {
             continue;
         };
         if only_declares_modules(&text) {
-            let name = dir.file_name().expect("a name").to_string_lossy();
-            groups.insert(name.into_owned());
+            let name = sub.file_name().expect("a name").to_string_lossy();
+            let path = if prefix.is_empty() {
+                name.into_owned()
+            } else {
+                format!("{prefix}::{name}")
+            };
+            add_groups(&sub, &path, groups);
+            groups.insert(path);
         }
     }
-    groups
+}
+
+/// The module a file's module path belongs to: down the folders of modules, then one name
+/// (`[node, kubeadm, sync]` is `node::kubeadm::sync`, `[handoff, wire]` is `handoff`).
+fn module_of(path: &[String], groups: &BTreeSet<String>) -> String {
+    let mut module = path[0].clone();
+    for name in &path[1..] {
+        if !groups.contains(&module) {
+            break;
+        }
+        module = format!("{module}::{name}");
+    }
+    module
 }
 
 /// The text's code is nothing but `[pub] mod name;` items, each with its attributes.
@@ -507,7 +667,7 @@ fn scan(text: &str, root: &str, path: &[&str], groups: &BTreeSet<String>) -> Sca
         }
         let token = &tokens[i];
         if token.text == root && next_is(&tokens, i, "::") {
-            i = read_path_tail(&tokens, i + 2, groups, &mut references);
+            i = read_path_tail(&tokens, i + 2, "", groups, &mut references);
             continue;
         }
         if token.text == "super" && next_is(&tokens, i, "::") {
@@ -519,20 +679,11 @@ fn scan(text: &str, root: &str, path: &[&str], groups: &BTreeSet<String>) -> Sca
             }
             // A chain that climbs to the crate root names a top-level module next; one that
             // climbs to a folder of modules names a module of that folder.
-            let reached = &path[..path.len().saturating_sub(climbed)];
+            let reached = path[..path.len().saturating_sub(climbed)].join("::");
             if !path.is_empty() && reached.is_empty() {
-                i = read_path_tail(&tokens, j, groups, &mut references);
-            } else if let [group] = reached {
-                if groups.contains(*group) {
-                    let mut inside = Vec::new();
-                    i = read_path_tail(&tokens, j, &BTreeSet::new(), &mut inside);
-                    references.extend(inside.into_iter().map(|r| Reference {
-                        to: format!("{group}::{}", r.to),
-                        line: r.line,
-                    }));
-                } else {
-                    i = j;
-                }
+                i = read_path_tail(&tokens, j, "", groups, &mut references);
+            } else if groups.contains(&reached) {
+                i = read_path_tail(&tokens, j, &reached, groups, &mut references);
             } else {
                 i = j;
             }
@@ -547,30 +698,34 @@ fn scan(text: &str, root: &str, path: &[&str], groups: &BTreeSet<String>) -> Sca
     }
 }
 
-/// After `crate::`: one module, or the modules of a `{…}` group's entries. A name that is a
-/// folder of modules (one of `groups`) is read with the module after it (`data::copy`, or each
-/// of `data::{copy, control}`). Returns the index after.
+/// After `crate::` (or after the folder of modules `prefix`, reached by `super::`): one module,
+/// or the modules of a `{…}` group's entries. A name that is a folder of modules (one of
+/// `groups`) is read with the module after it (`data::copy`, each of `data::{copy, control}`,
+/// `node::kubeadm::sync`). Returns the index after.
 fn read_path_tail(
     tokens: &[Token],
     start: usize,
+    prefix: &str,
     groups: &BTreeSet<String>,
     out: &mut Vec<Reference>,
 ) -> usize {
     if tokens.get(start).is_some_and(|t| t.text == "{") {
         let (heads, after) = braced_heads(tokens, start);
         for head in heads {
-            read_name(tokens, head, groups, out);
+            read_name(tokens, head, prefix, groups, out);
         }
         return after;
     }
-    read_name(tokens, start, groups, out)
+    read_name(tokens, start, prefix, groups, out)
 }
 
-/// The name at `i`; a group's name is followed into its module, or each module of a `{…}`.
-/// Returns the index after what was read.
+/// The name at `i` (inside the folder `prefix`, empty at the crate root); a folder of modules
+/// is followed into its module, or each module of a `{…}`, folder by folder. Returns the index
+/// after what was read.
 fn read_name(
     tokens: &[Token],
     i: usize,
+    prefix: &str,
     groups: &BTreeSet<String>,
     out: &mut Vec<Reference>,
 ) -> usize {
@@ -580,24 +735,19 @@ fn read_name(
     if !is_ident(&token.text) {
         return i + 1;
     }
-    let mut named = |to: String, line: usize| out.push(Reference { to, line });
-    if !groups.contains(&token.text) || !next_is(tokens, i, "::") {
-        named(token.text.clone(), token.line);
+    let name = if prefix.is_empty() {
+        token.text.clone()
+    } else {
+        format!("{prefix}::{}", token.text)
+    };
+    if !groups.contains(&name) || !next_is(tokens, i, "::") {
+        out.push(Reference {
+            to: name,
+            line: token.line,
+        });
         return i + 1;
     }
-    let group = &token.text;
-    let after = i + 2;
-    let (heads, end) = if tokens.get(after).is_some_and(|t| t.text == "{") {
-        braced_heads(tokens, after)
-    } else {
-        (vec![after], after + 1)
-    };
-    for head in heads {
-        if let Some(module) = tokens.get(head).filter(|t| is_ident(&t.text)) {
-            named(format!("{group}::{}", module.text), module.line);
-        }
-    }
-    end
+    read_path_tail(tokens, i + 2, &name, groups, out)
 }
 
 /// The `{…}` starting at `start`: the index of each entry's first token, and the index after

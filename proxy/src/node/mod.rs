@@ -1,23 +1,11 @@
-//! The node commands and agents: migration to and from kubeadm's static pod, recovery, rendering, probes.
+//! The node commands and agents, a folder per job; what several jobs share stays at this level.
 
 pub mod api;
-pub mod checkpoint;
-pub mod checkpoint_metrics;
-pub mod etcd_canary;
-pub mod install;
-pub mod kubeadm_identity;
-pub mod kubeadm_sync;
-pub mod kubeadm_undo;
+pub mod apiserver_manifest;
+pub mod kubeadm;
 pub mod kubeconfig;
-pub mod kubernetes_endpoints;
-pub mod launch;
-pub mod leader_handover;
-pub mod migrate;
-pub mod migrate_back;
+pub mod manifest;
+pub mod migration;
 pub mod object;
-pub mod probe;
-pub mod recover;
-pub mod render;
-pub mod retire;
-pub mod served;
-pub mod staticpod;
+pub mod pod;
+pub mod recovery;

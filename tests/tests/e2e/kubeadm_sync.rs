@@ -289,10 +289,10 @@ fn the_rbac_evaluator_reads_paths_as_the_authorizer_does() {
 
 impl Node {
     /// Every call the agent made to the apiserver is one its own identity's RBAC
-    /// (`kubeadm-sync --write-kubeconfig`, `kubeadm_identity::rules`) allows: an agent that
+    /// (`kubeadm-sync --write-kubeconfig`, `identity::rules`) allows: an agent that
     /// starts calling something new fails here until its RBAC says so.
     fn ensure_calls_allowed(&self) -> Result<()> {
-        use kube_apiserver_proxy::node::kubeadm_identity::{self, Identity};
+        use kube_apiserver_proxy::node::kubeadm::identity::{self, Identity};
         let manifests = self.dir.join("manifests");
         let id = Identity {
             node: "node-1",
@@ -300,17 +300,16 @@ impl Node {
             kubeadm_dir: &manifests,
         };
         // The typed rules (k8s-openapi's PolicyRule) as JSON, as the evaluator reads them.
-        let rules: Vec<(String, Vec<Value>)> =
-            kubeadm_identity::rules(&id, &kubeadm_identity::leases(&manifests))
-                .into_iter()
-                .map(|(ns, rules)| {
-                    let rules = rules
-                        .iter()
-                        .map(|r| serde_json::to_value(r).expect("a rule serializes"))
-                        .collect();
-                    (ns, rules)
-                })
-                .collect();
+        let rules: Vec<(String, Vec<Value>)> = identity::rules(&id, &identity::leases(&manifests))
+            .into_iter()
+            .map(|(ns, rules)| {
+                let rules = rules
+                    .iter()
+                    .map(|r| serde_json::to_value(r).expect("a rule serializes"))
+                    .collect();
+                (ns, rules)
+            })
+            .collect();
         let calls = self.fake.calls();
         let denied: Vec<String> = calls
             .iter()

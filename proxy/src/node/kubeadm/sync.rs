@@ -19,9 +19,9 @@
 //!   scheduler, anything else), and a copy whose source is gone is removed: kubeadm's upgrade
 //!   of them, its waits and its rollbacks behave as on any kubeadm node. A changed or removed
 //!   controller-manager or scheduler is stopped before its successor starts, and the leader
-//!   lease it still holds is released ([`crate::node::leader_handover`]): the successor leads
+//!   lease it still holds is released ([`crate::node::kubeadm::leader_handover`]): the successor leads
 //!   at once;
-//! - `kube-apiserver.yaml` becomes the Deployment ([`crate::node::render`]): when kubeadm's manifest
+//! - `kube-apiserver.yaml` becomes the Deployment ([`crate::node::kubeadm::render`]): when kubeadm's manifest
 //!   or a file its flags name changes (a new version, a flag, `kubeadm certs renew`) and has
 //!   been stable for `--settle`, the Deployment is rendered again and replaced (a surge
 //!   rollout); every pass compares the live Deployment's template with what kubeadm's manifest
@@ -48,7 +48,7 @@
 //! runs the new containers, ready, the agent writes their images and a new
 //! `kubernetes.io/config.hash` into it ([`Sync::fix_mirrors`]): what kubeadm waits on and reads;
 //! and the copy gets kubeadm's grace period back. Before any change of etcd's copy, kubeadm's new
-//! etcd pod runs as a canary ([`crate::node::etcd_canary`]): one that cannot start leaves etcd
+//! etcd pod runs as a canary ([`crate::node::kubeadm::etcd_canary`]): one that cannot start leaves etcd
 //! untouched.
 //!
 //! The first pass at the migration (`--once`) adopts the running static pods: each copy gets the
@@ -61,7 +61,7 @@
 //! manifest is put back and `--once` fails. The agent, once it runs from the new directory,
 //! puts the manifest back.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -71,17 +71,17 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::List;
-use serde_json::Value;
 
 use crate::base::fsutil::write_durable;
 use crate::node::api::ApiClient;
-use crate::node::etcd_canary;
-use crate::node::leader_handover::{self, LEADERS};
+use crate::node::apiserver_manifest::{StaticPod, CONTAINER};
+use crate::node::kubeadm::etcd_canary;
+use crate::node::kubeadm::leader_handover::{self, LEADERS};
+use crate::node::kubeadm::render;
+use crate::node::manifest::{as_kubeadms, hostname, Manifest, GRACE_MARK, MANIFEST_MODE};
 use crate::node::object::{
-    self, Container, Deployment, ObjectError, ObjectMeta, Pod, PodSpec, Volume, VolumeMount,
+    self, Container, Deployment, ObjectMeta, Pod, PodSpec, Volume, VolumeMount,
 };
-use crate::node::render::{self, StaticPod};
-use crate::node::staticpod::MANIFEST_MODE;
 
 /// kubeadm's apiserver manifest, in both directories.
 pub const APISERVER: &str = "kube-apiserver.yaml";
@@ -193,7 +193,7 @@ pub fn standin(
         ..Volume::default()
     };
     let mut container = Container {
-        name: render::CONTAINER.to_owned(),
+        name: CONTAINER.to_owned(),
         image: Some(pod.image()),
         image_pull_policy: Some(
             kubeadm
@@ -311,207 +311,12 @@ fn template_digests(d: &Deployment) -> (Option<&str>, Option<&str>) {
     }
 }
 
-/// This host's name (its UTS namespace's; empty when unreadable): what controllers put
-/// before `_` in their lease identity, and a salt of [`static_uid`].
-pub fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .unwrap_or_default()
-}
-
-/// A static pod's file as this agent reads, compares and writes it: the pod, typed (read with
-/// [`object::from_value`]: a field this build does not know is refused, named by its path),
-/// and the document as read.
-///
-/// Every look and every edit is on the typed pod; what is written and hashed ([`static_uid`])
-/// is the document as read with the agent's edits written into it (`Manifest::edit`), never
-/// the typed pod serialized anew. kubeadm writes `metadata.creationTimestamp: null`, which a
-/// typed pod drops (and a timestamp would come back in another format): a copy written from
-/// the typed pod would differ from the one an earlier release of this agent wrote for the same
-/// kubeadm file, and so would its UID, and the kubelet would restart every static pod, etcd's
-/// included, at the agent's upgrade.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Manifest {
-    pod: Pod,
-    doc: Value,
-}
-
-impl Manifest {
-    /// The static pod `doc` (a YAML or JSON document as read).
-    pub fn from_value(doc: Value) -> Result<Self, ObjectError> {
-        Ok(Manifest {
-            pod: object::from_value(doc.clone())?,
-            doc,
-        })
-    }
-
-    /// The pod.
-    pub fn pod(&self) -> &Pod {
-        &self.pod
-    }
-
-    /// The document: as read, with the agent's edits.
-    pub fn document(&self) -> &Value {
-        &self.doc
-    }
-
-    /// The file's text.
-    pub fn to_yaml(&self) -> String {
-        crate::base::yaml::to_yaml(&self.doc)
-    }
-
-    /// Makes `edit` on the pod and writes it into the document. Only the fields this agent
-    /// edits are written (`metadata.uid`, `metadata.annotations`,
-    /// `spec.terminationGracePeriodSeconds`), each only where it changed: the rest of the
-    /// document stays as read.
-    fn edit(&mut self, edit: impl FnOnce(&mut Pod)) {
-        edit(&mut self.pod);
-        let meta = &self.pod.metadata;
-        let grace = self
-            .pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.termination_grace_period_seconds);
-        write_field(
-            &mut self.doc,
-            &["metadata", "uid"],
-            meta.uid.as_ref().map(object::to_value),
-        );
-        write_field(
-            &mut self.doc,
-            &["metadata", "annotations"],
-            meta.annotations.as_ref().map(object::to_value),
-        );
-        write_field(
-            &mut self.doc,
-            &["spec", "terminationGracePeriodSeconds"],
-            grace.map(Value::from),
-        );
-        debug_assert_eq!(
-            object::from_value::<Pod>(self.doc.clone()).as_ref(),
-            Ok(&self.pod),
-            "an edit of a field the document does not get"
-        );
-    }
-
-    /// The file as kubeadm wrote it ([`as_kubeadms`]).
-    fn as_kubeadms(&self) -> Manifest {
-        let mut m = self.clone();
-        m.edit(strip_agents);
-        m
-    }
-
-    /// This file's UID on `node` as `name` ([`static_uid`]).
-    pub fn static_uid(&self, node: &str, name: &str) -> String {
-        uid_of(node, name, &self.as_kubeadms().to_yaml())
-    }
-}
-
-/// Sets the field at `path` of `doc` to `value` (`None`: takes it out), unless it holds that
-/// already (a null stands for none: left as it is). [`Manifest::edit`]'s, for the document as
-/// read.
-fn write_field(doc: &mut Value, path: &[&str], value: Option<Value>) {
-    let Some((last, parents)) = path.split_last() else {
-        return;
-    };
-    let have = parents
-        .iter()
-        .try_fold(&*doc, |v, key| v.get(key))
-        .and_then(|v| v.get(last))
-        .filter(|v| !v.is_null());
-    if have == value.as_ref() {
-        return;
-    }
-    let mut at = doc;
-    for key in parents {
-        if at.is_null() {
-            *at = Value::Object(Default::default());
-        }
-        let Some(object) = at.as_object_mut() else {
-            return;
-        };
-        at = object
-            .entry(*key)
-            .or_insert_with(|| Value::Object(Default::default()));
-    }
-    if at.is_null() {
-        *at = Value::Object(Default::default());
-    }
-    if let Some(object) = at.as_object_mut() {
-        match value {
-            Some(v) => {
-                object.insert((*last).to_owned(), v);
-            }
-            None => {
-                object.remove(*last);
-            }
-        }
-    }
-}
-
-/// The UID a copy or the stand-in carries when no running pod is adopted: derived from the
-/// node, the file's name and its content, as the kubelet derives one for a static pod without
-/// a UID, but with nothing of the kubelet's own: the kubelet hashes the pod as its version
-/// decodes it (`pkg/kubelet/config/common.go`), so a kubelet of another minor gives the same
-/// file another UID and replaces every static pod (etcd among them) at its upgrade. With the
-/// UID in the file, the kubelet's upgrade keeps them; a changed file still gets a new UID, and
-/// the mirror pod's `kubernetes.io/config.hash` that kubeadm waits on changes with it.
-///
-/// `pod` is the document as read ([`Manifest::static_uid`] for one read already); one this
-/// build cannot read as a pod is hashed as it is (for kubeadm's own file, which carries
-/// neither a UID nor the agent's grace period, that is the same).
-pub fn static_uid(node: &str, name: &str, pod: &Value) -> String {
-    match Manifest::from_value(pod.clone()) {
-        Ok(m) => m.static_uid(node, name),
-        Err(_) => uid_of(node, name, &crate::base::yaml::to_yaml(pod)),
-    }
-}
-
-/// [`static_uid`] of the text `yaml` (the file as kubeadm wrote it).
-fn uid_of(node: &str, name: &str, yaml: &str) -> String {
-    let text = format!("{node}\n{name}\n{yaml}");
-    render::sha256_hex(text.as_bytes())[..32].to_owned()
-}
-
-/// Takes out of `pod` what this agent adds to kubeadm's: its `metadata.uid` and the short
-/// grace period of a restart in place ([`RESTART_GRACE`], marked by [`GRACE_MARK`]).
-fn strip_agents(pod: &mut Pod) {
-    pod.metadata.uid = None;
-    let marked = pod
-        .metadata
-        .annotations
-        .as_mut()
-        .is_some_and(|a| a.remove(GRACE_MARK).is_some());
-    if marked {
-        if pod
-            .metadata
-            .annotations
-            .as_ref()
-            .is_some_and(BTreeMap::is_empty)
-        {
-            pod.metadata.annotations = None;
-        }
-        if let Some(spec) = pod.spec.as_mut() {
-            spec.termination_grace_period_seconds = None;
-        }
-    }
-}
-
-/// `pod` as kubeadm wrote it: without what this agent adds ([`strip_agents`]).
-fn as_kubeadms(pod: &Pod) -> Pod {
-    let mut p = pod.clone();
-    strip_agents(&mut p);
-    p
-}
-
 /// The grace period of etcd's container when it restarts in place: etcd drains its requests
 /// for up to 7 s after SIGTERM, held by the apiserver's watch streams, while the apiserver's
 /// new requests wait; by 2 s (the kubelet's minimum) its unary requests are done, and only the
 /// watches are left, which the apiserver resumes from the next revision. Set only for the
 /// restart (kubeadm's pod sets none: 30 s), and taken out once the new etcd serves.
 pub const RESTART_GRACE: i64 = 2;
-/// The annotation that marks the grace period as this agent's.
-pub const GRACE_MARK: &str = "kube-apiserver-proxy/restart-grace";
 
 /// `copy` (kubeadm's etcd pod with the running UID) with [`RESTART_GRACE`], when kubeadm's
 /// pod sets no grace period of its own.
@@ -685,7 +490,7 @@ fn proxies(d: &Deployment) -> impl Iterator<Item = &Container> {
         .map(|s| s.containers.as_slice())
         .unwrap_or_default()
         .iter()
-        .filter(|c| c.name != render::CONTAINER)
+        .filter(|c| c.name != CONTAINER)
 }
 
 /// The proxy image of a live Deployment (its first container that is not the apiserver).
@@ -713,7 +518,7 @@ pub struct Sync {
     pub interval: Duration,
     pub settle: Duration,
     pub rollout_timeout: Duration,
-    /// The canary of etcd's changes ([`crate::node::etcd_canary`]): its timeout (zero: none)
+    /// The canary of etcd's changes ([`crate::node::kubeadm::etcd_canary`]): its timeout (zero: none)
     /// and its client port.
     pub etcd_canary_timeout: Duration,
     pub etcd_canary_port: u16,
@@ -727,10 +532,76 @@ pub struct Sync {
     pub command: Vec<String>,
 }
 
-impl TryFrom<&crate::cli::KubeadmSyncArgs> for Sync {
+/// What `kubeadm-sync` is asked for (its flags, `cli::KubeadmSyncArgs`; `--undo` and
+/// `--write-kubeconfig` are other jobs, run by the binary).
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// kubeadm's static pod directory (a constant of kubeadm's).
+    pub kubeadm_dir: PathBuf,
+
+    /// The directory the kubelet runs (its --pod-manifest-path on a migrated controller).
+    pub static_pod_dir: PathBuf,
+
+    /// The agent's own credentials, read again on every pass: the kubeconfig
+    /// --write-kubeconfig writes (a ServiceAccount's token with only what the agent calls).
+    /// Any kubeconfig whose user may do the same works (kubeadm's admin.conf did, with every
+    /// right of the cluster).
+    pub kubeconfig: PathBuf,
+
+    /// This node's name (the mirror pods are <name>-<node>).
+    pub node_name: Option<String>,
+
+    /// Namespace of the apiserver Deployment.
+    pub namespace: String,
+
+    /// Name of the apiserver Deployment.
+    pub deployment: String,
+
+    /// The proxy image: this agent's own (its init container), and the Deployment's sidecar
+    /// when the live Deployment has none.
+    pub proxy_image: Option<String>,
+
+    /// How often the directories are compared.
+    pub interval: Duration,
+
+    /// How long kubeadm's apiserver inputs must stay unchanged before a rollout (kubeadm renews
+    /// certificates, then writes the manifest).
+    pub settle: Duration,
+
+    /// How long a rollout to kubeadm's manifest may take before it is reported failed (so is
+    /// one whose Deployment reports ProgressDeadlineExceeded). Below kubeadm's own wait (5m,
+    /// UpgradeConfiguration timeouts.upgradeManifests), which then fails and puts the old
+    /// manifest back, which the agent rolls the Deployment back to. `--once` waits this long.
+    pub rollout_timeout: Duration,
+
+    /// How long the canary of a change to etcd's manifest may take to serve: kubeadm's new
+    /// etcd pod, run first as a learner member beside the running etcd (its own ports, its data
+    /// in an emptyDir), must apply the cluster's data before etcd's copy is changed; failed or
+    /// past this, etcd is left as it runs and kubeadm's wait fails (it puts its manifest
+    /// back). Below kubeadm's wait (5m), with room for etcd's restart. 0s: no canary.
+    pub etcd_canary_timeout: Duration,
+
+    /// The canary's client port on 127.0.0.1; its peer port is the next, its metrics port the
+    /// one after (2479, 2480, 2481: beside etcd's 2379, 2380, 2381).
+    pub etcd_canary_port: u16,
+
+    /// One pass, at the migration: copy the manifests (each keeps the running pod's UID, so
+    /// nothing restarts when the kubelet moves to --static-pod-dir), write the stand-in, set
+    /// kubeadm's apiserver manifest aside until the agent runs, wait for kubeadm's apiserver to
+    /// exit; then restart the kubelet on --static-pod-dir.
+    pub once: bool,
+
+    /// With --once: how long kubeadm's static apiserver may take to exit once its manifest is
+    /// set aside (the kubelet's look at the directory, then the pod's grace period, 30s).
+    /// Still running then: the manifest is put back and --once fails (exit 1), so that the
+    /// kubelet is not restarted under it.
+    pub once_timeout: Duration,
+}
+
+impl TryFrom<&Options> for Sync {
     type Error = SyncError;
 
-    fn try_from(a: &crate::cli::KubeadmSyncArgs) -> Result<Self, SyncError> {
+    fn try_from(a: &Options) -> Result<Self, SyncError> {
         if a.kubeadm_dir == a.static_pod_dir {
             return Err(SyncError::SameDir);
         }
@@ -1133,7 +1004,7 @@ impl Sync {
 
     /// The mirror pod of a copy restarted in place (`RESTART_IN_PLACE`): once the kubelet
     /// reports the copy's containers running and ready, the mirror pod gets their images and a
-    /// `kubernetes.io/config.hash` of the copy's content ([`static_uid`]), which kubeadm waits
+    /// `kubernetes.io/config.hash` of the copy's content ([`static_uid`](crate::node::manifest::static_uid)), which kubeadm waits
     /// to see change before it checks the new etcd ([`mirror_update`]). Returns whether the
     /// mirror pod is in line (false: the new containers do not serve yet); an error while the
     /// apiserver cannot be reached (the next pass tries again).
@@ -1495,7 +1366,7 @@ static TOKEN_EXPIRY: crate::base::lograte::LogRate =
     crate::base::lograte::LogRate::new(Duration::from_secs(3600));
 
 /// Warns when the kubeconfig's token expires within
-/// [`kubeadm_identity::EXPIRY_WARNING`](crate::node::kubeadm_identity::EXPIRY_WARNING), or has.
+/// [`identity::EXPIRY_WARNING`](crate::node::kubeadm::identity::EXPIRY_WARNING), or has.
 fn check_token_expiry(kubeconfig: &Path) {
     let Some(expiry) = crate::node::kubeconfig::read(kubeconfig)
         .ok()
@@ -1507,7 +1378,7 @@ fn check_token_expiry(kubeconfig: &Path) {
     let left = expiry
         .duration_since(std::time::SystemTime::now())
         .unwrap_or_default();
-    if left < crate::node::kubeadm_identity::EXPIRY_WARNING {
+    if left < crate::node::kubeadm::identity::EXPIRY_WARNING {
         if let Some(suppressed) = TOKEN_EXPIRY.allow() {
             tracing::warn!(
                 kubeconfig = %kubeconfig.display(),
@@ -1520,8 +1391,8 @@ fn check_token_expiry(kubeconfig: &Path) {
 }
 
 /// `kubeadm-sync`: one pass with `--once` (the migration), else passes every `--interval`
-/// (`--undo` is [`crate::node::kubeadm_undo::undo`]).
-pub fn run(args: &crate::cli::KubeadmSyncArgs) -> Result<(), SyncError> {
+/// (`--undo` is [`crate::node::kubeadm::undo::undo`]).
+pub fn run(args: &Options) -> Result<(), SyncError> {
     let sync = Sync::try_from(args)?;
     std::fs::create_dir_all(&sync.static_pod_dir).map_err(io("create", &sync.static_pod_dir))?;
     if args.once {
@@ -1607,7 +1478,8 @@ pub fn run(args: &crate::cli::KubeadmSyncArgs) -> Result<(), SyncError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use crate::node::manifest::static_uid;
+    use serde_json::{json, Value};
 
     const KUBEADM: &str = "apiVersion: v1\nkind: Pod\nmetadata:\n  annotations:\n    kubeadm.kubernetes.io/kube-apiserver.advertise-address.endpoint: 192.0.2.10:6443\n  labels:\n    component: kube-apiserver\n    tier: control-plane\n  name: kube-apiserver\n  namespace: kube-system\nspec:\n  containers:\n  - command: [kube-apiserver, --advertise-address=192.0.2.10, --secure-port=6443]\n    image: registry.k8s.io/kube-apiserver:v1.37.2\n    name: kube-apiserver\n    ports: [{containerPort: 6443, name: probe-port, protocol: TCP}]\n    readinessProbe: {httpGet: {host: 192.0.2.10, path: /readyz, port: probe-port, scheme: HTTPS}, periodSeconds: 1}\n    livenessProbe: {httpGet: {host: 192.0.2.10, path: /livez, port: probe-port, scheme: HTTPS}}\n  hostNetwork: true\n  priorityClassName: system-node-critical\n";
 
@@ -2188,7 +2060,7 @@ status: {}
     fn the_proxy_of_a_live_deployment_is_read_from_its_template() {
         let d = deployment(json!({"apiVersion": "apps/v1", "kind": "Deployment",
             "spec": {"template": {"spec": {"containers": [
-                {"name": render::CONTAINER, "image": "k:1", "args": ["--client-address=transparent"]},
+                {"name": CONTAINER, "image": "k:1", "args": ["--client-address=transparent"]},
                 {"name": "proxy", "image": "kap:v2", "args": ["--client-address=transparent"]}]}}}}));
         assert_eq!(proxy_image(&d).as_deref(), Some("kap:v2"));
         assert!(transparent_client_address(&d));

@@ -1,5 +1,5 @@
 //! The checkpoint of an apiserver pod as a static pod: the pure transformation applied to the pod
-//! before it is written ([`crate::node::checkpoint`]), and the checks ([`Policy`], [`validate`]) made
+//! before it is written ([`crate::node::recovery::checkpoint`]), and the checks ([`Policy`], [`validate`]) made
 //! on it when it is written and again before `recover` puts it into the kubelet's static pod
 //! directory.
 //!
@@ -330,11 +330,6 @@ pub const DEFAULT_HOST_PATHS: &[&str] = &[
 /// kubeadm's static pod manifests: never mountable by a checkpoint, whatever the kubelet's
 /// static pod directory is (with `kubeadm-sync` the kubelet runs copies of these).
 pub const KUBEADM_MANIFESTS: &str = "/etc/kubernetes/manifests";
-
-/// The mode of every static pod manifest and checkpoint written here: kubeadm's
-/// (`WriteStaticPodToDisk` in `cmd/kubeadm/app/util/staticpod`). Only root reads them: the
-/// kubelet, `kubeadm`, and `recover` (root, `CAP_DAC_OVERRIDE`).
-pub const MANIFEST_MODE: u32 = 0o600;
 
 /// The image repositories a checkpoint may always run: kubeadm's kube-apiserver (its default
 /// `imageRepository`). `recover --allow-image-repository` adds to them (the proxy's image, a

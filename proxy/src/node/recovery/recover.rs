@@ -5,7 +5,7 @@
 //! with only `CAP_DAC_OVERRIDE`, because it is the one process allowed to write the kubelet's
 //! static pod directory. It does three things:
 //!
-//! - **Checkpoint** ([`crate::node::checkpoint`]), every `--checkpoint-interval` while an apiserver
+//! - **Checkpoint** ([`crate::node::recovery::checkpoint`]), every `--checkpoint-interval` while an apiserver
 //!   answers: the newest pod of the Deployment on this node that has been Ready for
 //!   `--checkpoint-after` is written to the checkpoint directory, read with the node's own
 //!   identity (`--kubeconfig`), if it belongs to `--workload` and passes the rules of the boot
@@ -18,7 +18,7 @@
 //!   watches the directory). Then it writes the marker, so a restart of the kubelet or of this
 //!   pod never activates again. A checkpoint left active from before the reboot stays active.
 //! - **Deactivate, when asked.** The recovery instance's proxy writes `--retire-file` once an
-//!   instance of the Deployment is ready beside it ([`crate::node::retire`]); the agent then removes
+//!   instance of the Deployment is ready beside it ([`crate::instance::retire`]); the agent then removes
 //!   the manifest from the static pod directory (the kubelet stops the pod: its proxy hands the
 //!   listening socket to that instance) and the file.
 
@@ -26,11 +26,10 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::cli::RecoverArgs;
-use crate::node::checkpoint_metrics::CheckpointMetrics;
 use crate::node::kubeconfig::KubeconfigError;
 use crate::node::object::Pod;
-use crate::node::staticpod;
+use crate::node::recovery::checkpoint_metrics::CheckpointMetrics;
+use crate::node::recovery::staticpod;
 
 /// Why `recover` cannot start or stopped: bad flags or files (exit 2, see
 /// [`CommandError::is_bad_input`](crate::base::exit::CommandError::is_bad_input)) or a failure at run time (exit 1).
@@ -48,7 +47,7 @@ pub enum RecoverError {
     #[error("--{0}")]
     Kubeconfig(#[source] KubeconfigError),
     #[error("--workload: {0}")]
-    Workload(crate::node::checkpoint::WorkloadError),
+    Workload(crate::node::recovery::checkpoint::WorkloadError),
     #[error("--allow-host-path {0}: not a plain absolute path")]
     HostPath(String),
     #[error("--allow-image-repository {0:?}: give a repository without tag or digest")]
@@ -98,7 +97,7 @@ pub struct Recover {
     pub checkpoint: PathBuf,
     pub checkpoint_dir: PathBuf,
     /// The checkpoint writer (with `--kubeconfig`).
-    pub writer: Option<crate::node::checkpoint::WriterConfig>,
+    pub writer: Option<crate::node::recovery::checkpoint::WriterConfig>,
     pub checkpoint_interval: Duration,
     pub static_pod_dir: PathBuf,
     pub retire_file: PathBuf,
@@ -115,10 +114,98 @@ pub struct Recover {
     pub interval: Duration,
 }
 
-impl TryFrom<&RecoverArgs> for Recover {
+/// What `recover` is asked for (its flags, `cli::RecoverArgs`; the log format is the binary's).
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The node address the apiserver serves (NODE_IP:6443): the checkpoint is activated only
+    /// when nothing accepts connections there.
+    pub node_address: String,
+
+    /// The checkpoint directory (persistent, root-only): `kube-apiserver.json`, the
+    /// checkpoint, and `kube-apiserver.previous.json`, the one it replaced.
+    pub checkpoint_dir: PathBuf,
+
+    /// The node's kubeconfig (the kubelet's: /etc/kubernetes/kubelet.conf): the identity the
+    /// apiserver pods bound to this node are read with, to write the checkpoint. Without it
+    /// no checkpoint is written (activation and retirement only).
+    pub kubeconfig: Option<PathBuf>,
+
+    /// This node's name (the pods bound to it are read).
+    pub node_name: Option<String>,
+
+    /// Namespace of the apiserver Deployment.
+    pub namespace: String,
+
+    /// Label selector of the apiserver workload's pods (mirror pods are left out).
+    pub selector: String,
+
+    /// How long a pod must have been Ready, without a break, before it becomes the checkpoint.
+    pub checkpoint_after: Duration,
+
+    /// How often the pods are read.
+    pub checkpoint_interval: Duration,
+
+    /// The kubelet's static pod directory (`staticPodPath`).
+    pub static_pod_dir: PathBuf,
+
+    /// Written by the recovery instance's proxy (`run --retire-file`) when it may go.
+    pub retire_file: PathBuf,
+
+    /// Marks that this boot's decision was made; must be on a tmpfs (/run) so that a reboot
+    /// clears it.
+    pub boot_marker: PathBuf,
+
+    /// The workload whose pods may become the checkpoint: deployment/NAME or daemonset/NAME in
+    /// --namespace. A pod is written only if its controller owner references lead there (read
+    /// from the API: the node's identity needs `get` on them, manifests/recovery).
+    pub workload: String,
+
+    /// A further host path a checkpoint may mount, ADDED to the defaults (repeatable): kubeadm's
+    /// certificate directories (/etc/kubernetes/pki, /etc/ssl/certs, /etc/ca-certificates,
+    /// /etc/pki, /usr/share/ca-certificates, /usr/local/share/ca-certificates) and
+    /// /run/kube-apiserver-proxy. Never allowed, whatever is given here: the checkpoint
+    /// directory, the static pod directory, kubeadm's /etc/kubernetes/manifests, and any
+    /// directory above one.
+    pub allow_host_path: Vec<String>,
+
+    /// A further image repository a checkpoint's containers may run (repeatable, without tag),
+    /// ADDED to the default registry.k8s.io/kube-apiserver: give the proxy's repository, and
+    /// your mirror's. An entry ending in / allows every repository below it.
+    pub allow_image_repository: Vec<String>,
+
+    /// A capability a checkpoint's container may add (repeatable; none by default: a pod that
+    /// adds any is refused). Only for a Deployment that needs one, e.g. transparent client
+    /// addresses (NET_RAW, SETUID, SETGID for its sidecar).
+    pub allow_capability: Vec<String>,
+
+    /// kubeadm's apiserver manifest: at boot a checkpoint more than one minor version behind
+    /// its image is not activated (the apiserver would meet data and clients of a newer one).
+    /// Absent or unreadable: no such check (logged).
+    pub kubeadm_manifest: PathBuf,
+
+    /// Activate a checkpoint whatever its version is behind --kubeadm-manifest's.
+    pub allow_version_skew: bool,
+
+    /// Serve the agent's metrics (checkpoint age and refusals) on ADDR at /metrics.
+    pub metrics_listen: Option<String>,
+
+    /// Serve --metrics-listen over TLS with this certificate (PEM); needs --metrics-tls-key-file and --metrics-client-ca-file (as `run`'s).
+    pub metrics_tls_cert_file: Option<PathBuf>,
+
+    /// The private key of --metrics-tls-cert-file (PEM).
+    pub metrics_tls_key_file: Option<PathBuf>,
+
+    /// With TLS on --metrics-listen: only scrapers presenting a client certificate issued by a CA of this PEM file are answered.
+    pub metrics_client_ca_file: Option<PathBuf>,
+
+    /// How often the retire file is looked for.
+    pub interval: Duration,
+}
+
+impl TryFrom<&Options> for Recover {
     type Error = RecoverError;
 
-    fn try_from(args: &RecoverArgs) -> Result<Self, RecoverError> {
+    fn try_from(args: &Options) -> Result<Self, RecoverError> {
         let node_address =
             crate::cli::parse_socket_addr(&args.node_address).map_err(RecoverError::NodeAddress)?;
         if !args.static_pod_dir.is_dir() {
@@ -156,7 +243,7 @@ impl TryFrom<&RecoverArgs> for Recover {
             &protected,
         )
         .allow_capabilities(&args.allow_capability);
-        let workload: crate::node::checkpoint::Workload =
+        let workload: crate::node::recovery::checkpoint::Workload =
             args.workload.parse().map_err(RecoverError::Workload)?;
         let metrics_listen = args
             .metrics_listen
@@ -175,7 +262,7 @@ impl TryFrom<&RecoverArgs> for Recover {
                 // Read now to refuse a bad one at start; read again at every attempt.
                 crate::node::api::ApiClient::from_kubeconfig(kubeconfig)
                     .map_err(RecoverError::Kubeconfig)?;
-                Some(crate::node::checkpoint::WriterConfig {
+                Some(crate::node::recovery::checkpoint::WriterConfig {
                     dir: args.checkpoint_dir.clone(),
                     namespace: args.namespace.clone(),
                     selector: args.selector.clone(),
@@ -190,7 +277,9 @@ impl TryFrom<&RecoverArgs> for Recover {
             _ => None,
         };
         Ok(Recover {
-            checkpoint: args.checkpoint_dir.join(crate::node::checkpoint::FILE),
+            checkpoint: args
+                .checkpoint_dir
+                .join(crate::node::recovery::checkpoint::FILE),
             checkpoint_dir: args.checkpoint_dir.clone(),
             writer,
             checkpoint_interval: args.checkpoint_interval,
@@ -219,7 +308,7 @@ pub enum Decision {
 }
 
 /// Runs the agent until SIGTERM or SIGINT.
-pub fn run(args: &RecoverArgs) -> Result<(), RecoverError> {
+pub fn run(args: &Options) -> Result<(), RecoverError> {
     let config = Recover::try_from(args)?;
     let runtime = crate::base::runtime::current_thread().map_err(RecoverError::Runtime)?;
     runtime.block_on(async move {
@@ -244,7 +333,7 @@ pub fn run(args: &RecoverArgs) -> Result<(), RecoverError> {
         tracing::info!(checkpoint = %config.checkpoint.display(), static_pod_dir = %config.static_pod_dir.display(), node_address = %config.node_address, metrics_listen = ?config.metrics_listen, "recover: started");
         metrics
             .written
-            .set(unix_seconds(crate::node::checkpoint::written_at(&config.checkpoint_dir)));
+            .set(unix_seconds(crate::node::recovery::checkpoint::written_at(&config.checkpoint_dir)));
         boot(&config).await;
         let mut writer = Writer::new(metrics.clone());
         let mut next_checkpoint = tokio::time::Instant::now();
@@ -386,7 +475,11 @@ async fn decide(config: &Recover) -> Decision {
     }
     // Durably: after a power loss during the recovery the next boot finds it (`AlreadyActive`)
     // and the kubelet runs it; an empty file would be neither activated again nor run.
-    match crate::base::fsutil::write_durable(&manifest, &bytes, staticpod::MANIFEST_MODE) {
+    match crate::base::fsutil::write_durable(
+        &manifest,
+        &bytes,
+        crate::node::manifest::MANIFEST_MODE,
+    ) {
         Ok(()) => Decision::Activated(origin.pod),
         Err(e) => Decision::Not(format!("cannot write {}: {e}", manifest.display())),
     }
@@ -402,7 +495,7 @@ fn too_far_behind(checkpoint: &Pod, kubeadm_manifest: &Path) -> Option<String> {
         .as_ref()?
         .containers
         .iter()
-        .find(|c| c.name == crate::node::render::CONTAINER)?
+        .find(|c| c.name == crate::node::apiserver_manifest::CONTAINER)?
         .image
         .clone()?;
     let text = match std::fs::read_to_string(kubeadm_manifest) {
@@ -412,9 +505,11 @@ fn too_far_behind(checkpoint: &Pod, kubeadm_manifest: &Path) -> Option<String> {
             return None;
         }
     };
-    let kubeadm = crate::node::render::StaticPod::parse(&text).ok()?.image();
-    let (km, kn, ..) = crate::node::render::image_version(&kubeadm)?;
-    let (cm, cn, ..) = crate::node::render::image_version(&image)?;
+    let kubeadm = crate::node::apiserver_manifest::StaticPod::parse(&text)
+        .ok()?
+        .image();
+    let (km, kn, ..) = crate::node::apiserver_manifest::image_version(&kubeadm)?;
+    let (cm, cn, ..) = crate::node::apiserver_manifest::image_version(&image)?;
     (cm < km || (cm == km && cn + 1 < kn)).then(|| {
         format!(
             "checkpoint runs {} and kubeadm's manifest {} {}: more than one minor version behind (--allow-version-skew to activate it anyway)",
@@ -487,10 +582,10 @@ impl Writer {
 
     /// One attempt; counts it, and logs a change of outcome (an unchanged failure or refusal at
     /// most every 5 minutes).
-    async fn attempt(&mut self, config: &crate::node::checkpoint::WriterConfig) {
-        use crate::node::checkpoint::Outcome;
+    async fn attempt(&mut self, config: &crate::node::recovery::checkpoint::WriterConfig) {
+        use crate::node::recovery::checkpoint::Outcome;
         let now = std::time::SystemTime::now();
-        let result = crate::node::checkpoint::attempt(config, now).await;
+        let result = crate::node::recovery::checkpoint::attempt(config, now).await;
         let m = &self.metrics;
         let label = match &result {
             Ok(Outcome::Written(_)) => "written",
@@ -514,10 +609,10 @@ impl Writer {
         let (text, warn) = match &result {
             Ok(Outcome::Written(pod)) => {
                 m.written
-                    .set(unix_seconds(crate::node::checkpoint::written_at(
+                    .set(unix_seconds(crate::node::recovery::checkpoint::written_at(
                         &config.dir,
                     )));
-                tracing::info!(pod, file = %config.dir.join(crate::node::checkpoint::FILE).display(), after = ?config.after, "recover: checkpoint written: this pod was ready without a break for --checkpoint-after, the last known good one");
+                tracing::info!(pod, file = %config.dir.join(crate::node::recovery::checkpoint::FILE).display(), after = ?config.after, "recover: checkpoint written: this pod was ready without a break for --checkpoint-after, the last known good one");
                 self.last = None;
                 return;
             }

@@ -19,8 +19,6 @@ use std::path::{Path, PathBuf};
 
 use rand::Rng;
 
-use crate::cli::LaunchArgs;
-
 /// The placeholder replaced by the chosen address.
 pub const PLACEHOLDER: &str = "{{address}}";
 /// The placeholder replaced by the chosen port (`--port`, unless a wildcard listener holds it).
@@ -85,7 +83,7 @@ pub fn pick_address(port: u16, may_move: bool) -> Result<SocketAddr, LaunchError
         match TcpListener::bind(addr) {
             Ok(_) => return Ok(addr),
             Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
-                if !crate::node::migrate::wildcard_listeners(port).is_empty() {
+                if !crate::node::migration::migrate::wildcard_listeners(port).is_empty() {
                     return moved(port, may_move, &mut rng);
                 }
             }
@@ -165,8 +163,25 @@ fn resolve(command: &OsString) -> Option<PathBuf> {
         .find(|p| is_executable(p))
 }
 
+/// What `launch` is asked for (its flags, `cli::LaunchArgs`).
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// File that receives the chosen `ip:port` (written atomically), read by the sidecar's
+    /// --own-backend-file.
+    pub address_file: PathBuf,
+
+    /// Port the command will listen on; the address is checked free for it. While a wildcard
+    /// listener holds it (kubeadm's static apiserver), another free port is used if the
+    /// arguments contain {{port}}.
+    pub port: u16,
+
+    /// The command and its arguments; every {{address}} becomes the chosen IP, every {{port}}
+    /// the chosen port.
+    pub command: Vec<std::ffi::OsString>,
+}
+
 /// Validates, picks the address, writes the file and execs. Returns only on error.
-pub fn launch(args: &LaunchArgs) -> LaunchError {
+pub fn launch(args: &Options) -> LaunchError {
     let Some((command, rest)) = args.command.split_first() else {
         return LaunchError::NoCommand;
     };

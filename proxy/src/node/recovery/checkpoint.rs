@@ -37,7 +37,7 @@ use crate::base::fsutil::write_durable;
 use crate::node::api::{ApiClient, ApiError};
 use crate::node::kubeconfig::KubeconfigError;
 use crate::node::object::{self, Deployment, ObjectError, ObjectMeta, Pod};
-use crate::node::staticpod::{self, Origin};
+use crate::node::recovery::staticpod::{self, Origin};
 
 /// The checkpoint's file name in the checkpoint directory.
 pub const FILE: &str = "kube-apiserver.json";
@@ -502,9 +502,13 @@ pub fn store(dir: &Path, existing: Option<&[u8]>, text: &[u8]) -> std::io::Resul
         }
     }
     if let Some(old) = existing {
-        write_durable(&dir.join(PREVIOUS), old, staticpod::MANIFEST_MODE)?;
+        write_durable(
+            &dir.join(PREVIOUS),
+            old,
+            crate::node::manifest::MANIFEST_MODE,
+        )?;
     }
-    write_durable(&dir.join(FILE), text, staticpod::MANIFEST_MODE)
+    write_durable(&dir.join(FILE), text, crate::node::manifest::MANIFEST_MODE)
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@
 //!    to other addresses of the node, and it closes when the apiserver stops.
 //!
 //! Before step 1 changes anything, it looks for every address of the node that serves the port
-//! or is used for it ([`crate::node::served`]: established connections, the servers of kubeadm's
+//! or is used for it ([`crate::node::migration::served`]: established connections, the servers of kubeadm's
 //! kubeconfigs and of `kube-public/cluster-info`): a VIP used as `controlPlaneEndpoint`, a second
 //! NIC, the IPv6 side of a dual-stack node, `[::1]`. Each must be a `--listen` address or be
 //! given to `--drop`; otherwise it refuses with one line naming them (exit 2), since those stop
@@ -40,7 +40,7 @@ use std::collections::HashSet;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -50,11 +50,10 @@ use socket2::{Domain, Socket, Type};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::cli::MigrateArgs;
 use crate::handoff::codec::{Message, PeerState};
 use crate::handoff::server::{self, DirError, Peer, Reply, Responder};
 use crate::node::object;
-use crate::{node::served, sys};
+use crate::{node::migration::served, sys};
 
 /// Why `migrate` failed. Its [`CommandError::is_bad_input`](crate::base::exit::CommandError::is_bad_input) tells exit code 2 from 1. The cause is
 /// the source: print with `{:#}`.
@@ -402,8 +401,42 @@ impl PtraceContext {
     }
 }
 
+/// What `migrate` is asked for (its flags, `cli::MigrateArgs`).
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// An address the proxy serves (repeatable, the proxy's own --listen list: the node
+    /// address and 127.0.0.1, same port as the apiserver's wildcard socket).
+    pub listen: Vec<SocketAddr>,
+
+    /// The proxies' handoff directory (owned by --uid, mode 0700).
+    pub handoff_dir: PathBuf,
+
+    /// The process holding the wildcard listener (default: found through /proc).
+    pub pid: Option<u32>,
+
+    /// The proxy's uid: this command drops to it before it serves the handoff socket (peers
+    /// authenticate each other by uid).
+    pub uid: u32,
+
+    /// The proxy's gid (default: --uid).
+    pub gid: Option<u32>,
+
+    /// How long to wait for the Deployment's proxy to ask for the sockets.
+    pub timeout: Duration,
+
+    /// An address of this node that serves the port now and may stop being served (repeatable):
+    /// before acting, migrate looks for every address in use (established connections,
+    /// servers of the kubeconfigs in --kubernetes-dir and of kube-public/cluster-info) and
+    /// refuses while one is neither a --listen address nor dropped here.
+    pub drop: Vec<std::net::IpAddr>,
+
+    /// kubeadm's directory: its *.conf kubeconfigs name the servers clients use; admin.conf
+    /// reads kube-public/cluster-info.
+    pub kubernetes_dir: PathBuf,
+}
+
 /// Checks the flags before anything is looked at or bound.
-fn validate(args: &MigrateArgs) -> Result<u16, InputError> {
+fn validate(args: &Options) -> Result<u16, InputError> {
     let Some(first) = args.listen.first() else {
         return Err(InputError::NoListen);
     };
@@ -460,7 +493,7 @@ struct Prepared {
 
 /// Runs the whole migration (see the module documentation). Must be called before any other
 /// thread exists: it changes the process's credentials.
-pub fn run(args: &MigrateArgs) -> Result<Outcome, MigrateError> {
+pub fn run(args: &Options) -> Result<Outcome, MigrateError> {
     let port = validate(args)?;
 
     // 1. The apiserver's wildcard socket.
@@ -533,7 +566,7 @@ pub fn run(args: &MigrateArgs) -> Result<Outcome, MigrateError> {
 
 /// Refuses (bad input: nothing was touched) while an address of this node that serves `port`
 /// or is used for it is neither a `--listen` address nor given to `--drop`.
-fn check_served(args: &MigrateArgs, port: u16, pid: u32) -> Result<(), InputError> {
+fn check_served(args: &Options, port: u16, pid: u32) -> Result<(), InputError> {
     let cluster_info = read_cluster_info(&args.kubernetes_dir);
     let found = served::find(
         port,
@@ -597,7 +630,7 @@ fn check_taken(taken: &OwnedFd, port: u16, inode: u64) -> Result<u32, Failure> {
 }
 
 /// Serves the handoff socket until a proxy took the sockets or the timeout passed.
-async fn serve(args: &MigrateArgs, prepared: Vec<Prepared>) -> Result<Outcome, MigrateError> {
+async fn serve(args: &Options, prepared: Vec<Prepared>) -> Result<Outcome, MigrateError> {
     let (listener, path) = server::bind(&args.handoff_dir).map_err(Failure::HandoffSocket)?;
     tracing::info!(socket = %path.display(), timeout = ?args.timeout, "migrate: waiting for a proxy to ask for the sockets");
     let deadline = tokio::time::Instant::now() + args.timeout;

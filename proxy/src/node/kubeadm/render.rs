@@ -12,7 +12,7 @@
 //! - `--bind-address={{address}}`, `--secure-port={{port}}`: `launch` picks the random
 //!   loopback address and the port (kubeadm's secure port) and the sidecar serves the node;
 //! - `--endpoint-reconciler-type=none` (a single controller's endpoints are applied once;
-//!   [`crate::node::kubernetes_endpoints`]);
+//!   [`crate::node::kubeadm::kubernetes_endpoints`]);
 //! - the shutdown flags of the base (`--shutdown-delay-duration`,
 //!   `--shutdown-watch-termination-grace-period`, `--shutdown-send-retry-after`), which the
 //!   proxy's drain timings are computed against;
@@ -31,26 +31,28 @@
 //! them is a new template, i.e. a surge rollout.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use k8s_openapi::api::core::v1::PodSecurityContext;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::node::apiserver_manifest::{
+    image_version, kind_of, Flag, InvalidManifest, StaticPod, CONTAINER,
+};
+use crate::node::manifest::sha256_hex;
 use crate::node::object::{
-    self, Container, Deployment, EnvVar, Pod, PodDisruptionBudget, PodSpec, Probe, Volume,
-    VolumeMount,
+    self, Container, Deployment, EnvVar, PodDisruptionBudget, PodSpec, Probe, Volume, VolumeMount,
 };
 
 /// `manifests/base/deployment.yaml`, as built into this binary.
-pub const BASE_DEPLOYMENT: &str = include_str!("../../../manifests/base/deployment.yaml");
+pub const BASE_DEPLOYMENT: &str = include_str!("../../../../manifests/base/deployment.yaml");
 /// `manifests/base/pdb.yaml`, as built into this binary.
-pub const BASE_PDB: &str = include_str!("../../../manifests/base/pdb.yaml");
+pub const BASE_PDB: &str = include_str!("../../../../manifests/base/pdb.yaml");
 /// The kustomize component of `--client-address transparent`: `render --client-address
 /// transparent` applies its patch, so the two cannot drift apart.
 pub const TRANSPARENT_COMPONENT: &str =
-    include_str!("../../../manifests/client-address-transparent/kustomization.yaml");
+    include_str!("../../../../manifests/client-address-transparent/kustomization.yaml");
 
 /// Pod template annotation: the SHA-256 of kubeadm's manifest the Deployment was derived from.
 pub const MANIFEST_DIGEST: &str = "kube-apiserver-proxy/kubeadm-manifest-sha256";
@@ -58,8 +60,6 @@ pub const MANIFEST_DIGEST: &str = "kube-apiserver-proxy/kubeadm-manifest-sha256"
 pub const FILES_DIGEST: &str = "kube-apiserver-proxy/apiserver-files-sha256";
 /// The label that stays with the node agent's pod (module documentation).
 pub const COMPONENT_LABEL: &str = "component";
-/// The apiserver container's name in kubeadm's pod and in the Deployment.
-pub const CONTAINER: &str = "kube-apiserver";
 
 /// Flags the Deployment sets itself; kubeadm's values of them are replaced.
 const REPLACED: [&str; 6] = [
@@ -96,6 +96,12 @@ pub enum RenderError {
     Unversioned { image: String, current: String },
 }
 
+impl From<InvalidManifest> for RenderError {
+    fn from(e: InvalidManifest) -> Self {
+        RenderError::Manifest(e.0)
+    }
+}
+
 /// What `render` is asked for besides the manifest.
 #[derive(Debug, Clone, Default)]
 pub struct Options {
@@ -110,185 +116,6 @@ pub struct Options {
     pub client_address_transparent: bool,
 }
 
-/// kubeadm's static apiserver pod, parsed.
-#[derive(Debug, Clone)]
-pub struct StaticPod {
-    /// The pod as read.
-    pub pod: Pod,
-    /// SHA-256 of the file's bytes, hex.
-    pub digest: String,
-}
-
-impl StaticPod {
-    /// From the manifest's text. A field the Pod type does not have is refused, named by its
-    /// path: the Deployment would go without it.
-    pub fn parse(text: &str) -> Result<Self, RenderError> {
-        let docs = crate::base::yaml::parse_documents(text)
-            .map_err(|e| RenderError::Manifest(format!("not YAML: {e}")))?;
-        let [doc] = <[Value; 1]>::try_from(docs).map_err(|d| {
-            RenderError::Manifest(format!("{} documents, one Pod expected", d.len()))
-        })?;
-        let kind = kind_of(&doc);
-        if kind != "Pod" {
-            return Err(RenderError::Manifest(format!(
-                "kind {kind}, a Pod expected"
-            )));
-        }
-        let pod = StaticPod {
-            pod: object::from_value(doc).map_err(|e| RenderError::Manifest(e.to_string()))?,
-            digest: sha256_hex(text.as_bytes()),
-        };
-        pod.container()?;
-        Ok(pod)
-    }
-
-    /// The apiserver container: the one named `kube-apiserver`, else the only one.
-    pub fn container(&self) -> Result<&Container, RenderError> {
-        let containers = match &self.pod.spec {
-            Some(spec) if !spec.containers.is_empty() => &spec.containers,
-            _ => return Err(RenderError::Manifest("no spec.containers".into())),
-        };
-        let found = named(containers, CONTAINER)
-            .or(match containers.as_slice() {
-                [only] => Some(only),
-                _ => None,
-            })
-            .ok_or_else(|| RenderError::Manifest(format!("no container named {CONTAINER}")))?;
-        if found.image.is_none() {
-            return Err(RenderError::Manifest(
-                "the apiserver container has no image".into(),
-            ));
-        }
-        Ok(found)
-    }
-
-    /// The pod's volumes.
-    pub fn volumes(&self) -> &[Volume] {
-        self.pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.volumes.as_deref())
-            .unwrap_or_default()
-    }
-
-    /// The binary (`command[0]`) and the flags (the rest of `command`, then `args`).
-    pub fn command(&self) -> Result<(String, Vec<Flag>), RenderError> {
-        let c = self.container()?;
-        let mut words = c.command.clone().unwrap_or_default();
-        words.extend(c.args.iter().flatten().cloned());
-        if words.is_empty() {
-            return Err(RenderError::Manifest(
-                "the apiserver container has no command".into(),
-            ));
-        }
-        let binary = words.remove(0);
-        let flags = words
-            .into_iter()
-            .map(|w| Flag::parse(&w))
-            .collect::<Result<_, _>>()?;
-        Ok((binary, flags))
-    }
-
-    /// The value of the last `--name` flag.
-    pub fn flag(&self, name: &str) -> Option<String> {
-        let (_, flags) = self.command().ok()?;
-        flags
-            .into_iter()
-            .rev()
-            .find(|f| f.name == name)
-            .and_then(|f| f.value)
-    }
-
-    /// The image it runs.
-    pub fn image(&self) -> String {
-        self.container()
-            .ok()
-            .and_then(|c| c.image.clone())
-            .unwrap_or_default()
-    }
-
-    /// kubeadm's secure port (6443 when unset).
-    pub fn secure_port(&self) -> Result<u16, RenderError> {
-        match self.flag("secure-port") {
-            None => Ok(6443),
-            Some(p) => {
-                p.parse().ok().filter(|p| *p != 0).ok_or_else(|| {
-                    RenderError::Manifest(format!("--secure-port={p} is not a port"))
-                })
-            }
-        }
-    }
-
-    /// Paths under `/etc/kubernetes/` that the flags name and that exist as regular files:
-    /// what the apiserver reads from kubeadm's directory at start (certificates, keys, the
-    /// audit policy, the encryption configuration). Only that directory: the node agent sees
-    /// the node's `/etc/kubernetes` and nothing else of it. Not the files these name in turn
-    /// (an admission plugin's configuration, a webhook's kubeconfig): a change to one of those
-    /// alone rolls nothing (docs/runbooks/upgrade-kubernetes.md).
-    pub fn files(&self) -> Vec<String> {
-        let Ok((_, flags)) = self.command() else {
-            return Vec::new();
-        };
-        let mut files: Vec<String> = flags
-            .into_iter()
-            .filter_map(|f| f.value)
-            .filter(|v| v.starts_with("/etc/kubernetes/") && Path::new(v).is_file())
-            .collect();
-        files.sort();
-        files.dedup();
-        files
-    }
-}
-
-/// A YAML document's `kind`, as JSON (`"Pod"`, or `null` when it has none): which type to read
-/// it as.
-fn kind_of(doc: &Value) -> Value {
-    doc.get("kind").cloned().unwrap_or(Value::Null)
-}
-
-/// One `--name[=value]` word of a command line.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Flag {
-    pub name: String,
-    pub value: Option<String>,
-}
-
-impl Flag {
-    fn parse(word: &str) -> Result<Self, RenderError> {
-        let rest = word.strip_prefix("--").ok_or_else(|| {
-            RenderError::Manifest(format!(
-                "argument {word:?} is not a --flag (kubeadm writes every flag as --name=value)"
-            ))
-        })?;
-        Ok(match rest.split_once('=') {
-            Some((n, v)) => Flag {
-                name: n.to_owned(),
-                value: Some(v.to_owned()),
-            },
-            None => Flag {
-                name: rest.to_owned(),
-                value: None,
-            },
-        })
-    }
-
-    fn word(&self) -> String {
-        match &self.value {
-            Some(v) => format!("--{}={v}", self.name),
-            None => format!("--{}", self.name),
-        }
-    }
-}
-
-/// SHA-256 of `bytes`, lowercase hex.
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    ring::digest::digest(&ring::digest::SHA256, bytes)
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
 /// SHA-256 over the files (each path and content); `None` when one cannot be read.
 pub fn files_digest(files: &[String]) -> Option<String> {
     let mut all = Vec::new();
@@ -300,23 +127,6 @@ pub fn files_digest(files: &[String]) -> Option<String> {
         all.push(b'\n');
     }
     Some(sha256_hex(&all))
-}
-
-/// `(major, minor, patch, pre-release)` of an image's `vX.Y.Z[-pre]` tag.
-pub fn image_version(image: &str) -> Option<(u64, u64, u64, Option<String>)> {
-    let name = image.split('@').next()?;
-    let (_, tag) = name.rsplit_once(':').filter(|(n, _)| !n.ends_with('/'))?;
-    if tag.contains('/') {
-        return None;
-    }
-    let tag = tag.strip_prefix('v').unwrap_or(tag);
-    let (core, pre) = match tag.split_once(['-', '+']) {
-        Some((c, p)) => (c, Some(p.to_owned())),
-        None => (tag, None),
-    };
-    let mut parts = core.split('.').map(|p| p.parse::<u64>().ok());
-    let v = (parts.next()??, parts.next()??, parts.next()??, pre);
-    parts.next().is_none().then_some(v)
 }
 
 /// Refuses `image` when it is older than `current`: a release is newer than its pre-releases.
@@ -956,9 +766,10 @@ impl crate::base::exit::CommandError for PrintError {
 /// `render`: the `default/kubernetes` endpoints, the Deployment and its budget, as one YAML
 /// stream. The files the flags name are digested when they can be read (as root on the node);
 /// otherwise the digest is left out and `kubeadm-sync` adds it (one extra rollout).
-pub fn print(args: &crate::cli::RenderArgs) -> Result<String, PrintError> {
-    let path = args.static_pod.display().to_string();
-    let text = std::fs::read_to_string(&args.static_pod).map_err(|source| PrintError::Read {
+/// `static_pod` is kubeadm's manifest (`--static-pod`).
+pub fn print(static_pod: &std::path::Path, options: &Options) -> Result<String, PrintError> {
+    let path = static_pod.display().to_string();
+    let text = std::fs::read_to_string(static_pod).map_err(|source| PrintError::Read {
         path: path.clone(),
         source,
     })?;
@@ -966,30 +777,23 @@ pub fn print(args: &crate::cli::RenderArgs) -> Result<String, PrintError> {
         path: path.clone(),
         source,
     };
-    let pod = StaticPod::parse(&text).map_err(in_file)?;
+    let pod = StaticPod::parse(&text).map_err(|e| in_file(e.into()))?;
     let address: std::net::IpAddr = pod
         .flag("advertise-address")
         .ok_or_else(|| in_file(RenderError::Manifest("no --advertise-address".into())))?
         .parse()
         .map_err(|e| in_file(RenderError::Manifest(format!("--advertise-address: {e}"))))?;
-    crate::node::kubernetes_endpoints::check_address(address)
+    crate::node::kubeadm::kubernetes_endpoints::check_address(address)
         .map_err(|e| in_file(RenderError::Manifest(format!("--advertise-address: {e}"))))?;
-    let port = pod.secure_port().map_err(in_file)?;
-    let options = Options {
-        image: args.image.clone(),
-        allow_downgrade: args.allow_downgrade,
-        proxy_image: args.proxy_image.clone(),
-        client_address_transparent: args.client_address == crate::cli::ClientAddress::Transparent,
-    };
+    let port = pod.secure_port().map_err(|e| in_file(e.into()))?;
     let (base_deployment, base_pdb) = base().map_err(PrintError::Other)?;
     let files = files_digest(&pod.files());
-    let d =
-        deployment(&base_deployment, &pod, files.as_deref(), &options).map_err(|e| match e {
-            e @ (RenderError::Downgrade { .. } | RenderError::Unversioned { .. }) => {
-                PrintError::Other(e)
-            }
-            e => in_file(e),
-        })?;
+    let d = deployment(&base_deployment, &pod, files.as_deref(), options).map_err(|e| match e {
+        e @ (RenderError::Downgrade { .. } | RenderError::Unversioned { .. }) => {
+            PrintError::Other(e)
+        }
+        e => in_file(e),
+    })?;
     let namespace = d
         .metadata
         .namespace
@@ -1001,7 +805,9 @@ pub fn print(args: &crate::cli::RenderArgs) -> Result<String, PrintError> {
          # (docs/runbooks/migrate-from-kubeadm.md). kubeadm stays the source of truth:\n\
          # kubeadm-sync renders it again whenever kubeadm writes a new manifest.\n"
     ));
-    out.push_str(&crate::node::kubernetes_endpoints::render(address, port));
+    out.push_str(&crate::node::kubeadm::kubernetes_endpoints::render(
+        address, port,
+    ));
     out.push_str("---\n");
     out.push_str(&crate::base::yaml::to_yaml(&object::to_value(&d)));
     out.push_str("---\n");
@@ -1019,7 +825,7 @@ pub fn kubeadm_annotations(pod: &StaticPod) -> BTreeMap<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::node::object::ObjectMeta;
+    use crate::node::object::{ObjectMeta, Pod};
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use serde_json::json;
 
@@ -1276,7 +1082,7 @@ status: {}
     /// NET_ADMIN among them.
     #[test]
     fn a_transparent_pod_is_a_checkpoint_with_its_four_capabilities_allowed() {
-        use crate::node::staticpod;
+        use crate::node::recovery::staticpod;
         let options = Options {
             proxy_image: Some("ghcr.io/example/kube-apiserver-proxy:v1".into()),
             client_address_transparent: true,
@@ -1487,8 +1293,8 @@ status: {}
             inits.len(),
             spec(&plain).init_containers.as_ref().unwrap().len() + 1
         );
-        assert!(crate::node::kubeadm_sync::transparent_client_address(&d));
-        assert!(!crate::node::kubeadm_sync::transparent_client_address(
+        assert!(crate::node::kubeadm::sync::transparent_client_address(&d));
+        assert!(!crate::node::kubeadm::sync::transparent_client_address(
             &plain
         ));
     }

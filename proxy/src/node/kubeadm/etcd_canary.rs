@@ -185,7 +185,7 @@ impl Canary<'_> {
             &json!({"peerURLs": [self.peer_url(&schemes.peer)], "isLearner": true}),
         )?;
         let cluster = initial_cluster(&added)?;
-        let uid = crate::node::render::sha256_hex(
+        let uid = crate::node::manifest::sha256_hex(
             format!(
                 "{}\n{:?}",
                 self.static_pod_dir.display(),

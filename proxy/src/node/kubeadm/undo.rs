@@ -26,8 +26,8 @@
 use std::path::Path;
 
 use crate::base::fsutil::write_durable;
-use crate::node::kubeadm_sync::{self, SyncError, APISERVER};
-use crate::node::staticpod::MANIFEST_MODE;
+use crate::node::kubeadm::sync::{self, SyncError, APISERVER};
+use crate::node::manifest::MANIFEST_MODE;
 
 /// Why a file of the kubelet's directory cannot be handed to kubeadm's.
 fn refuse(path: &Path, why: impl Into<String>) -> SyncError {
@@ -50,8 +50,8 @@ pub fn plan(kubeadm_dir: &Path, static_pod_dir: &Path) -> Result<Vec<Handover>, 
     if kubeadm_dir == static_pod_dir {
         return Err(SyncError::SameDir);
     }
-    let running = kubeadm_sync::manifests(static_pod_dir)?;
-    let kubeadms = kubeadm_sync::manifests(kubeadm_dir)?;
+    let running = sync::manifests(static_pod_dir)?;
+    let kubeadms = sync::manifests(kubeadm_dir)?;
     if !running.contains(APISERVER) {
         return Err(refuse(
             &static_pod_dir.join(APISERVER),
@@ -61,9 +61,9 @@ pub fn plan(kubeadm_dir: &Path, static_pod_dir: &Path) -> Result<Vec<Handover>, 
     let mut out = Vec::new();
     for name in &running {
         let path = static_pod_dir.join(name);
-        let pod = kubeadm_sync::read_pod(&path).map_err(|e| refuse(&path, e.to_string()))?;
+        let pod = sync::read_pod(&path).map_err(|e| refuse(&path, e.to_string()))?;
         let pod = pod.pod();
-        if kubeadm_sync::digests(&pod.metadata).0.is_some() {
+        if sync::digests(&pod.metadata).0.is_some() {
             return Err(refuse(&path, "the kubeadm-sync stand-in still runs: move it out of the kubelet's directory first (the kubelet stops the agent), then migrate-back"));
         }
         if !kubeadms.contains(name) {
@@ -77,8 +77,8 @@ pub fn plan(kubeadm_dir: &Path, static_pod_dir: &Path) -> Result<Vec<Handover>, 
         };
         if name != APISERVER {
             let theirs = kubeadm_dir.join(name);
-            let kubeadms_pod = kubeadm_sync::read_pod(&theirs)?;
-            if !kubeadm_sync::same_pod(kubeadms_pod.pod(), pod) {
+            let kubeadms_pod = sync::read_pod(&theirs)?;
+            if !sync::same_pod(kubeadms_pod.pod(), pod) {
                 return Err(refuse(&theirs, format!(
                     "kubeadm's pod is not the one that runs from {}: kubeadm changed it and the agent has not followed (a change still under way, or one whose etcd canary failed: see the agent's log); bring them in line first",
                     path.display()
@@ -215,7 +215,7 @@ mod tests {
             "  uid: 0f0f\n",
             &format!(
                 "  uid: 0f0f\n  annotations:\n    {}: x\n",
-                crate::node::render::MANIFEST_DIGEST
+                crate::node::kubeadm::render::MANIFEST_DIGEST
             ),
             1,
         );

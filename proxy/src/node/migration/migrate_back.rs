@@ -49,13 +49,12 @@ use tokio::net::UnixListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::cli::MigrateBackArgs;
 use crate::handoff::codec::{Message, PeerState};
 use crate::handoff::server::{self, DirError, Peer, Reply, Responder};
 use crate::node::api::ApiClient;
-use crate::node::migrate::{find_holder, GetfdError, PtraceContext};
+use crate::node::migration::migrate::{find_holder, GetfdError, PtraceContext};
 use crate::node::object::{self, ObjectMeta, Pod};
-use crate::{node::served, sys};
+use crate::{node::migration::served, sys};
 
 /// Why `migrate-back` failed. Its [`CommandError::is_bad_input`](crate::base::exit::CommandError::is_bad_input) tells exit code 2 from 1.
 /// The cause is the source: print with `{:#}`. The line has always begun
@@ -250,9 +249,47 @@ fn listening(port: u16) -> Vec<served::TcpEntry> {
         .collect()
 }
 
+/// What `migrate-back` is asked for (its flags, `cli::MigrateBackArgs`).
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// kubeadm's kube-apiserver manifest for the version that runs now, with
+    /// --permit-port-sharing=true (docs/runbooks/going-back.md says how kubeadm renders it);
+    /// put into --static-pod-dir as kube-apiserver.yaml.
+    pub manifest: PathBuf,
+
+    /// The kubelet's static pod directory.
+    pub static_pod_dir: PathBuf,
+
+    /// The proxies' handoff directory (owned by --uid, mode 0700): the Deployment's proxy hands
+    /// its listening sockets over here as it drains.
+    pub handoff_dir: PathBuf,
+
+    /// The proxies' uid (peers authenticate each other by uid).
+    pub uid: u32,
+
+    /// The proxies' gid (default: --uid).
+    pub gid: Option<u32>,
+
+    /// The cluster CA: the apiservers' /version and /readyz are read verified against it, under
+    /// the name `kubernetes`.
+    pub ca_file: PathBuf,
+
+    /// Go ahead even though the manifest's image tag is not the version the apiserver serving
+    /// now reports.
+    pub allow_version_change: bool,
+
+    /// How long to wait for the static apiserver and then for the Deployment's proxies to hand
+    /// their sockets over (delete the Deployment meanwhile).
+    pub timeout: Duration,
+
+    /// How long connections still queued on a taken socket, forwarded to the static apiserver,
+    /// may go on before they are closed.
+    pub drain_timeout: Duration,
+}
+
 /// Runs the whole way back (see the module documentation). Must be called before any other
 /// thread exists: it changes the process's effective credentials for a moment.
-pub fn run(args: &MigrateBackArgs) -> Result<(), MigrateBackError> {
+pub fn run(args: &Options) -> Result<(), MigrateBackError> {
     let (text, manifest, target, held) = check_input(args)?;
     let port = manifest.port;
     let runtime = crate::base::runtime::current_thread().map_err(BackFailure::Runtime)?;
@@ -297,7 +334,7 @@ pub fn run(args: &MigrateBackArgs) -> Result<(), MigrateBackError> {
     crate::base::fsutil::write_durable(
         &target,
         text.as_bytes(),
-        crate::node::staticpod::MANIFEST_MODE,
+        crate::node::manifest::MANIFEST_MODE,
     )
     .map_err(|source| BackFailure::WriteManifest {
         path: target.clone(),
@@ -318,7 +355,7 @@ pub fn run(args: &MigrateBackArgs) -> Result<(), MigrateBackError> {
 /// Checks everything before anything is touched: kubeadm's manifest (its text, what it says),
 /// where it goes, the handoff directory, and the sockets listening on its port now.
 fn check_input(
-    args: &MigrateBackArgs,
+    args: &Options,
 ) -> Result<(String, Manifest, PathBuf, Vec<served::TcpEntry>), BackInput> {
     if !nix::unistd::geteuid().is_root() {
         return Err(BackInput::NotRoot);
@@ -362,7 +399,7 @@ fn check_input(
 /// The manifest with a `metadata.uid` (its own if it has one): the UID the kubelet runs the
 /// static apiserver under is then the file's, wherever the file is read from, so that
 /// `kubeadm-sync --undo` can carry it into kubeadm's directory, and a kubelet of another minor
-/// keeps the pod ([`crate::node::kubeadm_sync::static_uid`]: without one the kubelet derives it
+/// keeps the pod ([`crate::node::manifest::static_uid`]: without one the kubelet derives it
 /// from the file's path and from the pod as its version decodes it).
 pub fn with_uid(text: &str) -> Result<String, ManifestError> {
     let parse = |t: &str| {
@@ -386,8 +423,8 @@ pub fn with_uid(text: &str) -> Result<String, ManifestError> {
         return Ok(text.to_owned());
     }
     // Of the document as kubeadm-sync reads it (its nulls included): the same file, the same UID.
-    let uid = crate::node::kubeadm_sync::static_uid(
-        &crate::node::kubeadm_sync::hostname(),
+    let uid = crate::node::manifest::static_uid(
+        &crate::node::manifest::hostname(),
         "kube-apiserver.yaml",
         &docs[0],
     );
@@ -568,7 +605,7 @@ impl From<GaveUp> for Gave {
 
 /// Serves the handoff socket until nothing but the wildcard socket listens on `port`.
 async fn serve(
-    args: &MigrateBackArgs,
+    args: &Options,
     listener: UnixListener,
     direct: SocketAddr,
     port: u16,
@@ -614,7 +651,7 @@ async fn serve(
 /// Follows the static apiserver's readiness and what listens on the port until only its
 /// wildcard socket does, or `--timeout`, or a signal.
 async fn watch(
-    args: &MigrateBackArgs,
+    args: &Options,
     back: &Back,
     api: &ApiClient,
     term: &mut tokio::signal::unix::Signal,

@@ -35,8 +35,8 @@ use serde_json::{json, Value};
 
 use crate::base::fsutil::write_durable;
 use crate::node::api::ApiClient;
+use crate::node::kubeadm::leader_handover::{lease_of, LEADERS};
 use crate::node::kubeconfig;
-use crate::node::leader_handover::{lease_of, LEADERS};
 use crate::node::object::{self, ObjectMeta, Pod};
 
 /// The agent's ServiceAccount, in `kube-system`.

@@ -5,7 +5,7 @@
 //! (`--address-file` written by `launch`), verified against the cluster CA with the server name
 //! `kubernetes` (the serving certificate has no SAN for 127.a.b.c).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,7 +15,6 @@ use hyper::body::Bytes;
 use crate::backends::tls;
 use crate::base::exit::CommandError;
 use crate::base::http_client::{self, HttpError};
-use crate::cli::ProbeArgs;
 
 /// Why a probe failed.
 #[derive(Debug, thiserror::Error)]
@@ -79,10 +78,54 @@ impl ProbeError {
 /// Time between attempts of `probe --wait`.
 pub const WAIT_RETRY: Duration = Duration::from_secs(1);
 
+/// What `probe` is asked for (its flags, `cli::ProbeArgs`).
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// URL to GET: http://IP:PORT/PATH, or https://IP:PORT/PATH (with --ca-file or
+    /// --insecure-skip-verify).
+    pub url: Option<String>,
+
+    /// Read the admin address from this file (written by `run --admin-address-file`); plain HTTP.
+    pub admin_address_file: Option<PathBuf>,
+
+    /// Read an apiserver address from this file (written by `launch --address-file`); HTTPS.
+    pub address_file: Option<PathBuf>,
+
+    /// Path to probe when the address comes from a file.
+    pub path: String,
+
+    /// HTTPS: PEM CA bundle that verifies the server certificate.
+    pub ca_file: Option<PathBuf>,
+
+    /// HTTPS: server name sent (SNI) and verified.
+    pub server_name: String,
+
+    /// HTTPS: do not verify the server certificate.
+    pub insecure_skip_verify: bool,
+
+    /// HTTPS: client certificate (PEM), with --client-key.
+    pub client_cert: Option<PathBuf>,
+
+    /// HTTPS: private key of --client-cert (PEM).
+    pub client_key: Option<PathBuf>,
+
+    /// Time the probe may take.
+    pub timeout: Duration,
+
+    /// Try again every second until the probe passes or this much time has passed (0, the default: once). For preStop hooks that wait for a condition.
+    pub wait: Duration,
+
+    /// Pass at once when nothing listens at the address: its file is missing or the connection
+    /// is refused. For the preStop hooks that keep this pod serving until a peer is ready: when
+    /// this pod's proxy does not run, there is nothing to keep serving (a proxy that cannot
+    /// start must not hold its pod's deletion for the whole wait).
+    pub pass_when_down: bool,
+}
+
 /// Runs the probe the flags describe, on a small runtime of its own; with `--wait`, again
 /// every [`WAIT_RETRY`] until it passes or the wait is over (the address file is read anew
 /// each time: the instance behind it may have restarted).
-pub fn run(args: &ProbeArgs) -> Result<(), ProbeError> {
+pub fn run(args: &Options) -> Result<(), ProbeError> {
     let runtime = crate::base::runtime::current_thread().expect("tokio runtime");
     let deadline = std::time::Instant::now() + args.wait;
     runtime.block_on(async {
@@ -123,7 +166,7 @@ fn read_address(path: &Path) -> Result<String, ProbeError> {
 }
 
 /// The target a probe's flags describe.
-pub fn target(args: &ProbeArgs) -> Result<Target, ProbeError> {
+pub fn target(args: &Options) -> Result<Target, ProbeError> {
     let url = if let Some(url) = &args.url {
         url.clone()
     } else if let Some(file) = &args.admin_address_file {
