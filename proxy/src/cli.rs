@@ -830,6 +830,12 @@ pub struct RunArgs {
     #[arg(long, value_name = "N", env = "KUBE_APISERVER_PROXY_WORKER_THREADS")]
     pub worker_threads: Option<usize>,
 
+    /// Scheduling slice the worker threads ask the kernel for (Linux 6.12 and later; earlier
+    /// kernels ignore it): a woken worker runs before a thread that has used the CPU for long,
+    /// which cuts the latency tail when the CPUs are shared. 0 keeps the kernel's default.
+    #[arg(long, value_name = "DURATION", env = "KUBE_APISERVER_PROXY_WORKER_SLICE", default_value = "100us", value_parser = parse_duration)]
+    pub worker_slice: Duration,
+
     /// How the data path uses its threads: `per-thread` (a current-thread runtime and a
     /// listening socket per worker thread) or `shared` (one multi-threaded runtime).
     #[arg(

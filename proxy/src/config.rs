@@ -82,6 +82,8 @@ pub struct Config {
     pub max_connections: NonZeroU32,
     /// Runtime worker threads (default: CPUs available).
     pub worker_threads: std::num::NonZeroUsize,
+    /// The scheduling slice the worker threads ask for (`None`: the kernel's default).
+    pub worker_slice: Option<std::time::Duration>,
     /// A runtime and a socket per worker thread (default), or one shared multi-threaded
     /// runtime.
     pub runtime: RuntimeShape,
@@ -151,6 +153,7 @@ impl TryFrom<RunArgs> for Config {
             drain_close_window: args.drain_close_window,
             max_connections,
             worker_threads: worker_threads(args.worker_threads)?,
+            worker_slice: worker_slice(args.worker_slice)?,
             runtime: args.runtime,
             copy_mode: match args.copy_mode {
                 CopyMode::Auto => crate::data::copy::Mode::Auto,
@@ -394,6 +397,24 @@ fn worker_threads(n: Option<usize>) -> Result<std::num::NonZeroUsize, ConfigErro
             .ok_or_else(|| invalid("--worker-threads", "must be at least 1")),
         None => Ok(std::thread::available_parallelism().unwrap_or(std::num::NonZeroUsize::MIN)),
     }
+}
+
+/// `--worker-slice`: 0 for the kernel's default, else within what the kernel takes.
+fn worker_slice(slice: std::time::Duration) -> Result<Option<std::time::Duration>, ConfigError> {
+    use std::time::Duration;
+    if slice.is_zero() {
+        return Ok(None);
+    }
+    if !(Duration::from_micros(100)..=Duration::from_millis(100)).contains(&slice) {
+        return Err(invalid(
+            "--worker-slice",
+            format!(
+                "{} is outside 100us..100ms (or 0 for the kernel's default)",
+                humantime::format_duration(slice)
+            ),
+        ));
+    }
+    Ok(Some(slice))
 }
 
 /// Label names the metrics use themselves (a second label of the same name would make the

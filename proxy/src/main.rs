@@ -175,10 +175,18 @@ fn run(args: RunArgs) -> ExitCode {
     // With a runtime per worker thread (workers.rs) the main runtime carries only the control
     // plane.
     let runtime = match config.runtime {
-        RuntimeShape::Shared => tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(config.worker_threads.get())
-            .enable_all()
-            .build(),
+        RuntimeShape::Shared => {
+            let slice = config.worker_slice;
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(config.worker_threads.get())
+                .on_thread_start(move || {
+                    if let Some(slice) = slice {
+                        kube_apiserver_proxy::data::workers::ask_for_slice(slice);
+                    }
+                })
+                .enable_all()
+                .build()
+        }
         RuntimeShape::PerThread => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build(),

@@ -423,6 +423,7 @@ fn placement(config: &Config, root: &CancellationToken) -> Result<Placement, Run
                 config.worker_threads.get(),
                 root.child_token(),
                 crate::data::workers::tick_for(config.connect_timeout),
+                config.worker_slice,
             )
             .map_err(RunError::Workers)?,
         ),

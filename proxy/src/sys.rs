@@ -17,6 +17,9 @@
 //! - `run --user` keeps one capability across the switch to an unprivileged uid
 //!   ([`keep_only_capabilities`]): `capset(2)` and the ambient set (`prctl(PR_CAP_AMBIENT)`)
 //!   have no wrapper in nix.
+//! - `--worker-slice` asks the scheduler for a shorter slice for the worker threads
+//!   ([`set_thread_slice`]): `sched_setattr(2)` and `sched_getattr(2)` have no wrapper in nix
+//!   or libc.
 //!
 //! Everything else (credentials, socket type and state, addresses, `IP_TRANSPARENT`) uses nix's
 //! safe API.
@@ -429,6 +432,73 @@ pub fn keep_only_capabilities(caps: u64) -> io::Result<()> {
     Ok(())
 }
 
+/// `struct sched_attr` of `sched_setattr(2)` (its first version, 56 bytes).
+#[repr(C)]
+#[derive(Default)]
+struct SchedAttr {
+    size: u32,
+    policy: u32,
+    flags: u64,
+    nice: i32,
+    priority: u32,
+    runtime: u64,
+    deadline: u64,
+    period: u64,
+    util_min: u32,
+    util_max: u32,
+}
+
+fn sched_getattr() -> io::Result<SchedAttr> {
+    let mut attr = SchedAttr::default();
+    // SAFETY: the kernel writes at most `size` (the struct's own size) bytes into `attr`.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_sched_getattr,
+            0,
+            &mut attr as *mut SchedAttr,
+            std::mem::size_of::<SchedAttr>() as libc::c_uint,
+            0,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(attr)
+}
+
+/// The calling thread's scheduling slice as the kernel reports it: `Some` for a thread of the
+/// normal policy on a kernel that reports one (EEVDF, Linux 6.12 and later: its own slice if
+/// it asked for one, else the default), `None` otherwise.
+pub fn thread_slice() -> io::Result<Option<std::time::Duration>> {
+    let attr = sched_getattr()?;
+    Ok(
+        (attr.policy == libc::SCHED_OTHER as u32 && attr.runtime > 0)
+            .then(|| std::time::Duration::from_nanos(attr.runtime)),
+    )
+}
+
+/// Asks the scheduler for a slice of `slice` for the calling thread, keeping its policy and
+/// nice value: a woken thread with a short slice gets an early deadline and runs before a
+/// thread that has used the CPU for long (EEVDF: `sched_attr.sched_runtime` of a
+/// `SCHED_OTHER` thread, Linux 6.12 and later, 0.1 to 100 ms). Only for a thread of the normal
+/// policy (one the operator set to another is left alone: `Ok(false)`). Earlier kernels take
+/// the call and ignore the slice; [`thread_slice`] tells.
+pub fn set_thread_slice(slice: std::time::Duration) -> io::Result<bool> {
+    let mut attr = sched_getattr()?;
+    if attr.policy != libc::SCHED_OTHER as u32 {
+        return Ok(false);
+    }
+    attr.size = std::mem::size_of::<SchedAttr>() as u32;
+    attr.flags = 0;
+    attr.runtime = u64::try_from(slice.as_nanos()).unwrap_or(u64::MAX);
+    // SAFETY: `attr` is a valid `struct sched_attr` of `size` bytes, only read by the kernel.
+    let r = unsafe { libc::syscall(libc::SYS_sched_setattr, 0, &attr as *const SchedAttr, 0) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(true)
+}
+
 /// Reads `net.ipv4.tcp_migrate_req`; `None` when the kernel has no such sysctl.
 pub fn tcp_migrate_req() -> Option<i64> {
     std::fs::read_to_string("/proc/sys/net/ipv4/tcp_migrate_req")
@@ -441,6 +511,45 @@ mod tests {
     use super::*;
     use std::os::fd::AsFd;
     use std::os::unix::net::UnixStream;
+
+    /// A thread that asks for a slice has it, and asking changes no other thread's; a thread
+    /// of another policy is left alone.
+    #[test]
+    fn a_thread_gets_the_slice_it_asks_for() {
+        let wanted = std::time::Duration::from_micros(200);
+        let before = std::thread::spawn(thread_slice).join().unwrap().unwrap();
+        if before.is_none() {
+            let reason = "this kernel reports no scheduling slice (EEVDF slices: Linux 6.12)";
+            assert!(std::env::var_os("CI").is_none(), "{reason}");
+            eprintln!("SKIPPED: {reason}");
+            return;
+        }
+        assert_ne!(before, Some(wanted), "the default slice is another");
+        let (set, after) = std::thread::spawn(move || {
+            let set = set_thread_slice(wanted).unwrap();
+            (set, thread_slice().unwrap())
+        })
+        .join()
+        .unwrap();
+        assert!(set);
+        assert_eq!(after, Some(wanted));
+        let other = std::thread::spawn(thread_slice).join().unwrap().unwrap();
+        assert_eq!(other, before, "another thread keeps the default");
+        let batch = std::thread::spawn(move || {
+            let mut attr = sched_getattr().unwrap();
+            attr.size = std::mem::size_of::<SchedAttr>() as u32;
+            attr.policy = libc::SCHED_BATCH as u32;
+            attr.runtime = 0;
+            // SAFETY: as in set_thread_slice.
+            let r =
+                unsafe { libc::syscall(libc::SYS_sched_setattr, 0, &attr as *const SchedAttr, 0) };
+            assert_eq!(r, 0, "{}", io::Error::last_os_error());
+            set_thread_slice(wanted).unwrap()
+        })
+        .join()
+        .unwrap();
+        assert!(!batch, "a SCHED_BATCH thread is left alone");
+    }
 
     #[test]
     fn fds_travel_with_cloexec_and_keep_identity() {

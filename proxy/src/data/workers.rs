@@ -64,7 +64,14 @@ impl Workers {
     /// without the tick, that was most connections. With it, a connect timeout is never the
     /// earliest timer, and the thread wakes once a `tick` instead (docs/benchmarks-history.md,
     /// "System calls per connection").
-    pub fn start(n: usize, stop: CancellationToken, tick: Duration) -> std::io::Result<Workers> {
+    ///
+    /// Each thread asks for the scheduling slice `slice` first ([`ask_for_slice`]).
+    pub fn start(
+        n: usize,
+        stop: CancellationToken,
+        tick: Duration,
+        slice: Option<Duration>,
+    ) -> std::io::Result<Workers> {
         let mut handles = Vec::with_capacity(n);
         for i in 0..n {
             let runtime = tokio::runtime::Builder::new_current_thread()
@@ -75,6 +82,9 @@ impl Workers {
             std::thread::Builder::new()
                 .name(format!("worker-{i}"))
                 .spawn(move || {
+                    if let Some(slice) = slice {
+                        ask_for_slice(slice);
+                    }
                     runtime.block_on(async move {
                         let ticks = async {
                             loop {
@@ -98,4 +108,28 @@ impl Workers {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.handles.len();
         self.handles[i].clone()
     }
+}
+
+/// Asks the scheduler for `slice` for the calling thread (`--worker-slice`, sys.rs): a worker
+/// woken by a socket then runs before a thread that has used the CPU for long, instead of
+/// waiting up to a scheduler tick behind it, which is the latency tail when the CPUs are
+/// shared with the apiserver (docs/benchmarks.md, "Where the time goes"). Says once per
+/// process what came of it.
+pub fn ask_for_slice(slice: Duration) {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    let outcome =
+        crate::sys::set_thread_slice(slice).and_then(|set| Ok((set, crate::sys::thread_slice()?)));
+    SAID.call_once(|| match outcome {
+        Ok((true, Some(got))) if got == slice => {
+            tracing::debug!(slice = ?slice, "worker threads' scheduling slice set");
+        }
+        Ok((true, _)) => tracing::info!(
+            slice = ?slice,
+            "this kernel has no per-thread scheduling slice (Linux 6.12 and later): --worker-slice has no effect"
+        ),
+        Ok((false, _)) => tracing::info!(
+            "worker threads run under another scheduling policy than the normal one: --worker-slice left it alone"
+        ),
+        Err(e) => tracing::warn!(error = %e, "cannot set the worker threads' scheduling slice"),
+    });
 }

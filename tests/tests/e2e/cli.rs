@@ -205,6 +205,80 @@ async fn bad_input_zero_max_connections() -> Result<()> {
     expect_bad_args(&["--max-connections", "0"], "--max-connections").await
 }
 
+#[tokio::test]
+async fn bad_input_worker_slice_out_of_range() -> Result<()> {
+    expect_bad_args(&["--worker-slice", "50us"], "--worker-slice").await?;
+    expect_bad_args(&["--worker-slice", "1s"], "--worker-slice").await
+}
+
+/// The slices of a running instance's threads, by thread name (`se.slice` of
+/// `/proc/PID/task/TID/sched`, nanoseconds); `None` when the kernel shows none.
+fn thread_slices(pid: u32) -> Result<Option<Vec<(String, u64)>>> {
+    let mut slices = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let task = task?.path();
+        let name = std::fs::read_to_string(task.join("comm"))?
+            .trim()
+            .to_owned();
+        let sched = std::fs::read_to_string(task.join("sched"))?;
+        let Some(slice) = sched
+            .lines()
+            .find_map(|l| l.strip_prefix("se.slice"))
+            .and_then(|rest| rest.trim_start_matches([' ', ':']).trim().parse().ok())
+        else {
+            return Ok(None);
+        };
+        slices.push((name, slice));
+    }
+    Ok(Some(slices))
+}
+
+/// `--worker-slice`: every worker thread runs with the slice asked for (the default, and one
+/// given), the control thread with the kernel's own; `0` leaves the workers at the kernel's.
+#[tokio::test]
+async fn worker_threads_run_with_the_slice_asked_for() -> Result<()> {
+    for (args, wanted) in [
+        (&[][..], Some(100_000)),
+        (&["--worker-slice", "250us"][..], Some(250_000)),
+        (&["--worker-slice", "0"][..], None),
+    ] {
+        let (builder, _listen, backend) = valid_base().await?;
+        let proxy = builder
+            .backend(backend.addr())
+            .health_check("tcp")
+            .args(["--worker-threads", "2"])
+            .args(args)
+            .spawn()
+            .await?;
+        let Some(slices) = thread_slices(proxy.pid())? else {
+            return kube_apiserver_proxy_tests::util::skip(
+                "worker_threads_run_with_the_slice_asked_for",
+                "this kernel shows no se.slice in /proc/PID/task/TID/sched",
+            );
+        };
+        let main = slices
+            .iter()
+            .find(|(name, _)| !name.starts_with("worker-"))
+            .map(|(_, slice)| *slice);
+        let workers: Vec<u64> = slices
+            .iter()
+            .filter(|(name, _)| name.starts_with("worker-"))
+            .map(|(_, slice)| *slice)
+            .collect();
+        ensure!(workers.len() == 2, "{args:?}: threads {slices:?}");
+        let expected = wanted.or(main).expect("a control thread");
+        ensure!(
+            workers.iter().all(|&s| s == expected),
+            "{args:?}: worker slices {workers:?}, expected {expected} (control thread {main:?})"
+        );
+        ensure!(
+            main != Some(expected) || wanted.is_none(),
+            "{args:?}: the control thread has the workers' slice too: {slices:?}"
+        );
+    }
+    Ok(())
+}
+
 /// With `--client-address transparent`, a `--backend` in 127.0.0.0/24: its policy routing
 /// leaves that range to the host, so no client's address could be kept there (each client off
 /// the node would wait out the connect timeout, then be connected normally).
