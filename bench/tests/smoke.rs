@@ -107,7 +107,16 @@ fn churn_tls() {
 #[test]
 fn idle() {
     let args = [&["idle", "--connections", "50"][..], &TINY].concat();
-    assert_ran(&bench("idle", &args, "idle.json"));
+    let report = bench("idle", &args, "idle.json");
+    assert_ran(&report);
+    for run in report["runs"].as_array().expect("runs") {
+        if run["target"] != "direct" {
+            assert!(
+                run["metrics"]["idle_cpu_seconds"].as_f64() >= Some(0.0),
+                "no CPU while idle measured: {run:#}"
+            );
+        }
+    }
 }
 
 /// `rr` per worker-thread count: one report per count, and the summary row of each.
@@ -193,6 +202,10 @@ fn storm_spread() {
             assert!(
                 run["metrics"]["rss_before_bytes"].as_f64() > Some(0.0),
                 "no target memory: {run:#}"
+            );
+            assert!(
+                run["metrics"]["idle_cpu_s"].as_f64() >= Some(0.0),
+                "no CPU while all idle measured: {run:#}"
             );
         }
     }

@@ -1,5 +1,7 @@
 //! `idle`: N connections through the target, each after one small exchange, then held idle.
-//! Reports the target's resident memory per connection: (RSS with N idle − RSS before) / N.
+//! Reports the target's resident memory per connection: (RSS with N idle − RSS before) / N,
+//! and the CPU it uses while all are held idle for the round's duration (timers, keepalives:
+//! what N watches cost when nothing is sent).
 //! `direct` has no target process; its row only shows how long opening N connections takes.
 
 use std::net::SocketAddr;
@@ -45,6 +47,11 @@ impl Scenario for IdleArgs {
             MetricSpec::new("rss_before_bytes", "target RSS before", Unit::Bytes),
             MetricSpec::new("rss_after_bytes", "target RSS with all idle", Unit::Bytes),
             MetricSpec::new(
+                "idle_cpu_seconds",
+                "target CPU while all idle",
+                Unit::CpuSeconds,
+            ),
+            MetricSpec::new(
                 "open_us_per_conn",
                 "time to open, per connection",
                 Unit::Micros,
@@ -71,7 +78,13 @@ impl Scenario for IdleArgs {
         let open_time = began.elapsed();
         tokio::time::sleep(timing.warmup).await;
         let after = target.sample()?;
+        tokio::time::sleep(timing.duration).await;
+        let idled = target.sample()?;
         let mut metrics = Metrics::new();
+        if let (Some(after), Some(idled)) = (after, idled) {
+            let cpu = idled.cpu.saturating_sub(after.cpu);
+            metrics.insert("idle_cpu_seconds".into(), cpu.as_secs_f64());
+        }
         metrics.insert(
             "open_us_per_conn".into(),
             open_time.as_micros() as f64 / n as f64,

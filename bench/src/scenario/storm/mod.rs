@@ -7,7 +7,8 @@
 //! Reports the time from the backend's death until every client has a working connection again,
 //! the per-client reconnect time (p50, p99), the failed attempts on the way, the clients still
 //! not back at `--deadline`, and the target's resident memory with all connected before the
-//! restart and its peak during the storm (sampled every 10 ms).
+//! restart and its peak during the storm (sampled every 10 ms). Before the restart every
+//! connection is held idle for the round's duration, and the target's CPU meanwhile reported.
 //!
 //! The restartable backend is a process of its own (`bench serve-backend --echo-at ADDR`, one
 //! thread like the shared backends), started before the first target and restarted in every
@@ -257,6 +258,11 @@ impl Scenario for Storm {
             MetricSpec::new("lost", "clients not back", Unit::Count),
             MetricSpec::new("rss_before_bytes", "target RSS, all connected", Unit::Bytes),
             MetricSpec::new(
+                "idle_cpu_s",
+                "target CPU, all connected and idle",
+                Unit::CpuSeconds,
+            ),
+            MetricSpec::new(
                 "rss_peak_bytes",
                 "target RSS peak in the storm",
                 Unit::Bytes,
@@ -285,6 +291,10 @@ impl Scenario for Storm {
         };
         clients.up().await?;
         tokio::time::sleep(timing.warmup).await;
+        // All held idle for the round's duration first: what N watches cost while nothing is
+        // sent.
+        let connected = target.sample()?;
+        tokio::time::sleep(timing.duration).await;
         let before = target.sample()?;
         let loadgen_cpu = procstat::self_cpu();
 
@@ -325,6 +335,12 @@ impl Scenario for Storm {
                 .as_secs_f64()
                 + children_cpu,
         );
+        if let (Some(connected), Some(before)) = (connected, before) {
+            metrics.insert(
+                "idle_cpu_s".into(),
+                before.cpu.saturating_sub(connected.cpu).as_secs_f64(),
+            );
+        }
         if let (Some(before), Some(after)) = (before, after) {
             metrics.insert("rss_before_bytes".into(), before.rss_bytes as f64);
             metrics.insert(
