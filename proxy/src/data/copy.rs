@@ -148,7 +148,7 @@ pub enum Copied {
 /// a system call per connection.
 ///
 /// Every connection holds this future for its whole life: a plain struct around the two
-/// directions, with no `async` state of its own (see [`one_way`]).
+/// directions, with no `async` state of its own (see `one_way`).
 pub fn bidirectional<'a, P>(
     client: &'a TcpStream,
     backend: &'a TcpStream,

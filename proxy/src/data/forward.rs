@@ -94,7 +94,7 @@ pub async fn cut_on_cancel(ctx: Arc<ForwardContext>) {
 /// to be made transparently (decided by the accept loop, [`transparent::source_for`]).
 ///
 /// Every connection's task holds this future for its whole life, so it is kept small
-/// ([`tests::a_connection_future_stays_small`]): an `async move` block rather than an `async
+/// (`tests::a_connection_future_stays_small`): an `async move` block rather than an `async
 /// fn` (which keeps its arguments twice), and the connect phase boxed (it is over once
 /// connected, and would otherwise size every connection's state by its own).
 #[allow(clippy::manual_async_fn)] // an `async fn` would keep its arguments twice (copy::one_way)

@@ -201,7 +201,7 @@ fn strip_agents(pod: &mut Pod) {
     }
 }
 
-/// `pod` as kubeadm wrote it: without what this agent adds ([`strip_agents`]).
+/// `pod` as kubeadm wrote it: without what this agent adds (`strip_agents`).
 pub fn as_kubeadms(pod: &Pod) -> Pod {
     let mut p = pod.clone();
     strip_agents(&mut p);

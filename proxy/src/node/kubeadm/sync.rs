@@ -387,7 +387,7 @@ pub struct Options {
     /// right of the cluster).
     pub kubeconfig: PathBuf,
 
-    /// This node's name (the mirror pods are <name>-<node>).
+    /// This node's name (the mirror pods are `<name>-<node>`).
     pub node_name: Option<String>,
 
     /// Namespace of the apiserver Deployment.
