@@ -38,7 +38,7 @@ def load(out):
         for metric in report["summary"]:
             for target, figures in metric["targets"].items():
                 medians.setdefault(target, {})[metric["key"]] = figures["median"]
-        runs[n] = (report.get("processes") or report["parameters"].get("processes"), medians)
+        runs[n] = (report["parameters"]["processes"], medians)
     return dict(sorted(runs.items()))
 
 
@@ -48,7 +48,7 @@ def table(runs):
              "|---|" + "---|" * len(sizes)]
     for key, label, fmt in ROWS:
         if fmt is None:
-            cells = [str(runs[n][0] or "auto") for n in sizes]
+            cells = [str(runs[n][0]) for n in sizes]
             lines.append(f"| {key} | " + " | ".join(cells) + " |")
             continue
         cells = []

@@ -179,11 +179,7 @@ fn run(args: RunArgs) -> ExitCode {
             let slice = config.worker_slice;
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(config.worker_threads.get())
-                .on_thread_start(move || {
-                    if let Some(slice) = slice {
-                        kube_apiserver_proxy::data::workers::ask_for_slice(slice);
-                    }
-                })
+                .on_thread_start(move || kube_apiserver_proxy::data::workers::ask_for_slice(slice))
                 .enable_all()
                 .build()
         }

@@ -488,15 +488,21 @@ pub fn set_thread_slice(slice: std::time::Duration) -> io::Result<bool> {
     if attr.policy != libc::SCHED_OTHER as u32 {
         return Ok(false);
     }
-    attr.size = std::mem::size_of::<SchedAttr>() as u32;
     attr.flags = 0;
     attr.runtime = u64::try_from(slice.as_nanos()).unwrap_or(u64::MAX);
+    sched_setattr(attr)?;
+    Ok(true)
+}
+
+/// `sched_setattr(2)` for the calling thread.
+fn sched_setattr(mut attr: SchedAttr) -> io::Result<()> {
+    attr.size = std::mem::size_of::<SchedAttr>() as u32;
     // SAFETY: `attr` is a valid `struct sched_attr` of `size` bytes, only read by the kernel.
     let r = unsafe { libc::syscall(libc::SYS_sched_setattr, 0, &attr as *const SchedAttr, 0) };
     if r < 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(true)
+    Ok(())
 }
 
 /// Reads `net.ipv4.tcp_migrate_req`; `None` when the kernel has no such sysctl.
@@ -537,13 +543,9 @@ mod tests {
         assert_eq!(other, before, "another thread keeps the default");
         let batch = std::thread::spawn(move || {
             let mut attr = sched_getattr().unwrap();
-            attr.size = std::mem::size_of::<SchedAttr>() as u32;
             attr.policy = libc::SCHED_BATCH as u32;
             attr.runtime = 0;
-            // SAFETY: as in set_thread_slice.
-            let r =
-                unsafe { libc::syscall(libc::SYS_sched_setattr, 0, &attr as *const SchedAttr, 0) };
-            assert_eq!(r, 0, "{}", io::Error::last_os_error());
+            sched_setattr(attr).unwrap();
             set_thread_slice(wanted).unwrap()
         })
         .join()

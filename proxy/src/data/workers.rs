@@ -82,9 +82,7 @@ impl Workers {
             std::thread::Builder::new()
                 .name(format!("worker-{i}"))
                 .spawn(move || {
-                    if let Some(slice) = slice {
-                        ask_for_slice(slice);
-                    }
+                    ask_for_slice(slice);
                     runtime.block_on(async move {
                         let ticks = async {
                             loop {
@@ -114,9 +112,12 @@ impl Workers {
 /// woken by a socket then runs before a thread that has used the CPU for long, instead of
 /// waiting up to a scheduler tick behind it, which is the latency tail when the CPUs are
 /// shared with the apiserver (docs/benchmarks.md, "Where the time goes"). Says once per
-/// process what came of it.
-pub fn ask_for_slice(slice: Duration) {
+/// process what came of it. `None` (`--worker-slice 0`): the kernel's default, nothing asked.
+pub fn ask_for_slice(slice: Option<Duration>) {
     static SAID: std::sync::Once = std::sync::Once::new();
+    let Some(slice) = slice else {
+        return;
+    };
     let outcome =
         crate::sys::set_thread_slice(slice).and_then(|set| Ok((set, crate::sys::thread_slice()?)));
     SAID.call_once(|| match outcome {
