@@ -115,7 +115,6 @@ EOF
 # kubeadm's wait-control-plane phase waits for it as on any node.
 ku_init() {
   local t0 rc=0 v="$OLD_APISERVER_VERSION"
-  INIT_VERSION="$v"
   ku_files
   ku_prepare
   # The node's name resolves (kubeadm's Hostname check; this netns reaches no DNS server).

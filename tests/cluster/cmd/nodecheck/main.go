@@ -1,16 +1,19 @@
-// Command nodecheck is the checks smoke (tests/cluster/node) itself makes while it sets the
-// node up, of the JSON the kubelet, the apiserver and kubectl give it; the scenarios that run on
-// the node (cmd/nodescenario) make theirs in Go with the same functions (internal/nodecheck).
-// The object comes on stdin; the verdict is the exit status (0 yes, 1 no or the input
-// unreadable, 2 bad usage), a value is printed on stdout.
+// Command nodecheck is the host plumbing and the checks smoke's shell (tests/cluster/node) asks
+// for while it sets up and tears down the node: the host's cgroups, processes and leaks, and the
+// checks of the JSON kubectl gives it. The scenarios that run on the node (cmd/nodescenario)
+// make their checks in Go with internal/nodecheck. The verdict is the exit status (0 yes, 1 no
+// or an error, 2 bad usage); values are printed on stdout.
 //
-//	nodecheck pod-ready                      < pod       its Ready condition is True
-//	nodecheck pod-ready-prefix PREFIX        < podlist   some pod PREFIX-… is Ready
-//	nodecheck pod-ip NAME                    < podlist   prints pod NAME's IP
-//	nodecheck pods                           < podlist   prints "name node phase" per pod
-//	nodecheck node-ready                     < node      prints "STATUS REASON: MESSAGE"
-//	nodecheck rollout-done                   < deployment  the rollout is complete
 //	nodecheck kubectl-at-least MAJOR.MINOR   < `kubectl version --client -o json`
+//	nodecheck cgroup-make ROOT               ROOT made in each v1 cgroup hierarchy; prints, one
+//	                                         a line, each hierarchy's topmost new directory
+//	nodecheck cgroup-remove SECONDS MINDEPTH DIR...  the cgroups below each DIR removed once
+//	                                         empty; prints the seconds waited, then what is left
+//	nodecheck processes GLOB...              prints "PID:COMM " per live process named GLOB
+//	nodecheck host-leaks NETNS STATE         prints "pid PID (COMM) …; " per process in the
+//	                                         network namespace NETNS or naming STATE
+//
+// host.go says more of each host subcommand.
 package main
 
 import (
@@ -18,9 +21,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-
-	appsv1 "k8s.io/api/apps/v1"
-	corev1 "k8s.io/api/core/v1"
 
 	"kube-apiserver-proxy/tests/cluster/internal/nodecheck"
 )
@@ -73,52 +73,10 @@ func decode(r io.Reader, what string, v any) error {
 }
 
 func run(cmd string, a []string, in io.Reader, out io.Writer) error {
+	if host, ok := hostCommands[cmd]; ok {
+		return host(a, out)
+	}
 	switch cmd {
-	case "pod-ready":
-		var p corev1.Pod
-		if err := decode(in, "a pod", &p); err != nil {
-			return err
-		}
-		return verdict(nodecheck.Ready(&p))
-	case "pod-ready-prefix", "pod-ip":
-		if err := args(a, 1, "one pod name"); err != nil {
-			return err
-		}
-		var pods corev1.PodList
-		if err := decode(in, "a pod list", &pods); err != nil {
-			return err
-		}
-		if cmd == "pod-ready-prefix" {
-			return verdict(nodecheck.ReadyWithPrefix(&pods, a[0]))
-		}
-		if p := nodecheck.Named(&pods, a[0]); p != nil {
-			fmt.Fprintln(out, p.Status.PodIP)
-		}
-		return nil
-	case "pods":
-		var pods corev1.PodList
-		if err := decode(in, "a pod list", &pods); err != nil {
-			return err
-		}
-		for _, l := range nodecheck.Lines(&pods) {
-			fmt.Fprintln(out, l)
-		}
-		return nil
-	case "node-ready":
-		var n corev1.Node
-		if err := decode(in, "a node", &n); err != nil {
-			return err
-		}
-		if s := nodecheck.NodeReady(&n); s != "" {
-			fmt.Fprintln(out, s)
-		}
-		return nil
-	case "rollout-done":
-		var d appsv1.Deployment
-		if err := decode(in, "a Deployment", &d); err != nil {
-			return err
-		}
-		return verdict(nodecheck.RolloutDone(&d))
 	case "kubectl-at-least":
 		if err := args(a, 1, "MAJOR.MINOR"); err != nil {
 			return err

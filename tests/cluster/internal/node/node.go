@@ -42,6 +42,7 @@ type Config struct {
 	ImageRepo  string // the local images' repository (localhost/kube-apiserver-proxy)
 	Version    string // the kube-apiserver (and kubeadm) version
 	OldVersion string // the older kube-apiserver, for the image change
+	Standalone bool   // the kubelet runs without an apiserver: no Client
 }
 
 // Scenario is one scenario run on the node smoke set up: the node as the scenario sees it
@@ -61,12 +62,16 @@ type Scenario struct {
 	actions *bufio.Reader
 }
 
-// New connects to the node's apiserver as kubeadm's super-admin. Node actions are asked on out
+// New connects to the node's apiserver as kubeadm's super-admin (no Client when the node is
+// Standalone). Node actions are asked on out
 // and answered on actions (smoke's coprocess); with actions nil, Do fails.
 func New(ctx context.Context, cfg Config, out io.Writer, actions io.Reader) (*Scenario, error) {
 	n := &Scenario{Config: cfg, Admin: "/etc/kubernetes/super-admin.conf", Ctx: ctx, Record: report.NewRecord(out)}
 	if actions != nil {
 		n.actions = bufio.NewReader(actions)
+	}
+	if cfg.Standalone {
+		return n, nil
 	}
 	rc, err := clientcmd.BuildConfigFromFlags("", n.Admin)
 	if err != nil {

@@ -190,12 +190,6 @@ func (n *Scenario) kubeletKnows(name string) (known, ok bool) {
 	return nodecheck.Named(pods, name) != nil, true
 }
 
-// ctr runs containerd's ctr on the node's runtime, in the kubelet's namespace.
-func (r *reboot) ctr(args ...string) (string, error) {
-	argv := append([]string{r.Bin("ctr"), "--address", r.Path("containerd/containerd.sock"), "-n", "k8s.io"}, args...)
-	return r.Run(30*time.Second, argv...)
-}
-
 // RunningTasks are the ids of the RUNNING tasks in `ctr tasks ls` output.
 func RunningTasks(ls string) []string {
 	var ids []string
@@ -209,19 +203,19 @@ func RunningTasks(ls string) []string {
 }
 
 // checkpointTasks are the running containerd tasks of the recovery instance (by the
-// kubelet's labels); ok is false when the runtime did not answer.
+// kubelet's labels); ok is false when the runtime's answer could not be read (a check that
+// took an unreadable answer for "none" would pass with the instance still running).
 func (r *reboot) checkpointTasks() (ids []string, ok bool) {
-	ls, err := r.ctr("tasks", "ls")
+	ls, err := r.Ctr("tasks", "ls")
 	if err != nil {
 		return nil, false
 	}
 	for _, id := range RunningTasks(ls) {
-		info, err := r.ctr("containers", "info", id)
-		if err != nil {
-			continue // gone since the listing
-		}
-		var c struct{ Labels map[string]string }
-		if json.Unmarshal([]byte(info), &c) == nil && c.Labels["io.kubernetes.pod.name"] == "kube-apiserver-checkpoint-"+r.NodeName {
+		_, labels, err := r.containerInfo(id)
+		switch {
+		case err != nil && !r.taskGone(id):
+			return nil, false
+		case err == nil && labels["io.kubernetes.pod.name"] == "kube-apiserver-checkpoint-"+r.NodeName:
 			ids = append(ids, id)
 		}
 	}
