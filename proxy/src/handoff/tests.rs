@@ -89,6 +89,11 @@ impl Instance {
         }
     }
 
+    /// Holds `socket` as a listener of `addr` bound by this instance; returns its cookie.
+    fn hold(&self, addr: ListenAddr, socket: std::net::TcpListener) -> u64 {
+        self.listeners.hold(addr, socket, "bound").unwrap().0.cookie
+    }
+
     fn cookies(&self) -> Vec<u64> {
         let mut c: Vec<u64> = self.listeners.info().iter().map(|l| l.cookie).collect();
         c.sort();
@@ -116,22 +121,25 @@ fn two_sockets() -> (ListenAddr, std::net::TcpListener, std::net::TcpListener) {
     (ListenAddr(addr), first, second)
 }
 
+/// A draining sender, in a fresh handoff directory, holding the first of two sockets on one
+/// address: the directory, the address, the sender, the cookie of the socket it holds, and the
+/// second socket.
+fn sender_holding_one() -> (Dir, ListenAddr, Instance, u64, std::net::TcpListener) {
+    let dir = handoff_dir();
+    let (addr, first, second) = two_sockets();
+    let sender = Instance::start(&dir.0, addr, State::Draining, true);
+    let c1 = sender.hold(addr, first);
+    (dir, addr, sender, c1, second)
+}
+
 /// The receiver reads `Serving`, then starts draining (and takes the snapshot it hands on)
 /// before it takes the offered socket. The socket must end up either in that snapshot or
 /// still with the sender — never acknowledged by the receiver and then closed by both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn adoption_racing_the_receivers_drain_is_refused() {
-    let dir = handoff_dir();
-    let (addr, first, second) = two_sockets();
-    let sender = Instance::start(&dir.0, addr, State::Draining, true);
-    let c1 = sender
-        .listeners
-        .hold(addr, first, "bound")
-        .unwrap()
-        .0
-        .cookie;
+    let (dir, addr, sender, c1, second) = sender_holding_one();
     let receiver = Instance::start(&dir.0, addr, State::Serving, true);
-    receiver.listeners.hold(addr, second, "bound").unwrap();
+    receiver.hold(addr, second);
     let pause = Arc::new(Pause::default());
     *receiver.handoff.hooks.pause.lock().unwrap() = Some(pause.clone());
 
@@ -173,8 +181,8 @@ async fn only_acknowledged_sockets_are_released() {
     let dir = handoff_dir();
     let (addr, first, second) = two_sockets();
     let sender = Instance::start(&dir.0, addr, State::Draining, true);
-    sender.listeners.hold(addr, first, "bound").unwrap();
-    sender.listeners.hold(addr, second, "bound").unwrap();
+    sender.hold(addr, first);
+    sender.hold(addr, second);
     let offered = sender.cookies();
     assert_eq!(offered.len(), 2);
     let receiver = Instance::start(&dir.0, addr, State::Serving, true);
@@ -197,15 +205,7 @@ async fn only_acknowledged_sockets_are_released() {
 /// A peer that is Serving but not ready (its own backend not healthy) is not handed sockets.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_serving_peer_that_is_not_ready_is_not_handed_sockets() {
-    let dir = handoff_dir();
-    let (addr, first, _) = two_sockets();
-    let sender = Instance::start(&dir.0, addr, State::Draining, true);
-    let c1 = sender
-        .listeners
-        .hold(addr, first, "bound")
-        .unwrap()
-        .0
-        .cookie;
+    let (dir, addr, sender, c1, _) = sender_holding_one();
     let receiver = Instance::start(&dir.0, addr, State::Serving, false);
 
     let adopted = sender
