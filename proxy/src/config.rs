@@ -628,19 +628,6 @@ mod tests {
                 "--listen",
             ),
             (
-                &[
-                    "--listen",
-                    "127.0.0.1:1",
-                    "--listen",
-                    "127.0.0.1:1",
-                    "--backend",
-                    "127.0.0.1:2",
-                    "--health-check",
-                    "tcp",
-                ],
-                "--listen",
-            ),
-            (
                 &["--listen", "127.0.0.1:1", "--health-check", "tcp"],
                 "--backend",
             ),
@@ -654,57 +641,46 @@ mod tests {
                     "127.0.0.1:1",
                     "--backend",
                     "127.0.0.1:2",
-                    "--health-check",
-                    "tcp",
-                    "--health-rise",
-                    "0",
-                ],
-                "--health-rise",
-            ),
-            (
-                &[
-                    "--listen",
-                    "127.0.0.1:1",
-                    "--backend",
-                    "127.0.0.1:2",
                     "--health-ca-file",
                     "/nonexistent/ca.pem",
                 ],
                 "--health-ca-file",
             ),
         ];
-        let scrape = |extra: &[&'static str]| {
-            let mut a = vec![
-                "--listen",
-                "127.0.0.1:1",
-                "--backend",
-                "127.0.0.1:2",
-                "--health-check",
-                "tcp",
-            ];
-            a.extend_from_slice(extra);
-            a
-        };
-        let no_dir = scrape(&[
+        // A valid command line; the cases below add one flag before or after it.
+        let valid = [
+            "--listen",
+            "127.0.0.1:1",
+            "--backend",
+            "127.0.0.1:2",
+            "--health-check",
+            "tcp",
+        ];
+        let valid_and = |extra: &[&'static str]| [&valid, extra].concat();
+        let listen_twice = [&["--listen", "127.0.0.1:1"], &valid[..]].concat();
+        let zero_rise = valid_and(&["--health-rise", "0"]);
+        let no_dir = valid_and(&[
             "--metrics-listen",
             "127.0.0.1:3",
             "--metrics-label",
             "pod=a",
         ]);
-        let no_label = scrape(&[
+        let no_label = valid_and(&[
             "--metrics-listen",
             "127.0.0.1:3",
             "--handoff-dir",
             "/nonexistent",
         ]);
-        let port_zero = scrape(&["--metrics-listen", "127.0.0.1:0"]);
-        let reserved = scrape(&["--metrics-label", "backend=x"]);
-        let bad_name = scrape(&["--metrics-label", "1pod=x"]);
-        let bad_user = scrape(&["--user", "nobody"]);
+        let port_zero = valid_and(&["--metrics-listen", "127.0.0.1:0"]);
+        let reserved = valid_and(&["--metrics-label", "backend=x"]);
+        let bad_name = valid_and(&["--metrics-label", "1pod=x"]);
+        let bad_user = valid_and(&["--user", "nobody"]);
         let cases: Vec<(&[&str], &str)> = cases
             .iter()
             .copied()
             .chain([
+                (&listen_twice[..], "--listen"),
+                (&zero_rise[..], "--health-rise"),
                 (&no_dir[..], "--metrics-listen"),
                 (&no_label[..], "--metrics-listen"),
                 (&port_zero[..], "--metrics-listen"),
