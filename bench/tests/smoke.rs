@@ -51,6 +51,11 @@ fn bench(name: &str, args: &[&str], file: &str) -> Value {
 
 const TINY: [&str; 6] = ["--rounds", "1", "--duration", "200ms", "--warmup", "50ms"];
 
+/// [`bench`] at tiny size: `args`, then [`TINY`].
+fn bench_tiny(name: &str, args: &[&str], file: &str) -> Value {
+    bench(name, &[args, &TINY].concat(), file)
+}
+
 /// Every asked-for target either ran without error or was skipped with a reason.
 fn assert_ran(report: &Value) {
     let errors = report["errors"].as_array().expect("errors");
@@ -62,20 +67,25 @@ fn assert_ran(report: &Value) {
 
 #[test]
 fn throughput() {
-    let args = [&["throughput", "--connections", "2"][..], &TINY].concat();
-    assert_ran(&bench("throughput", &args, "throughput.json"));
+    assert_ran(&bench_tiny(
+        "throughput",
+        &["throughput", "--connections", "2"],
+        "throughput.json",
+    ));
 }
 
 #[test]
 fn rr() {
-    let args = [&["rr", "--connections", "4"][..], &TINY].concat();
-    assert_ran(&bench("rr", &args, "rr.json"));
+    assert_ran(&bench_tiny("rr", &["rr", "--connections", "4"], "rr.json"));
 }
 
 #[test]
 fn churn() {
-    let args = [&["churn", "--clients", "2"][..], &TINY].concat();
-    assert_ran(&bench("churn", &args, "churn.json"));
+    assert_ran(&bench_tiny(
+        "churn",
+        &["churn", "--clients", "2"],
+        "churn.json",
+    ));
 }
 
 /// A TLS run did real work: every run answered at least one request (a broken handshake
@@ -91,23 +101,31 @@ fn assert_tls(report: &Value, headline: &str) {
 
 #[test]
 fn rr_tls() {
-    let args = [&["rr", "--tls", "--connections", "4"][..], &TINY].concat();
-    assert_tls(&bench("rr-tls", &args, "rr-tls.json"), "requests_per_s");
+    assert_tls(
+        &bench_tiny(
+            "rr-tls",
+            &["rr", "--tls", "--connections", "4"],
+            "rr-tls.json",
+        ),
+        "requests_per_s",
+    );
 }
 
 #[test]
 fn churn_tls() {
-    let args = [&["churn", "--tls", "--clients", "2"][..], &TINY].concat();
     assert_tls(
-        &bench("churn-tls", &args, "churn-tls.json"),
+        &bench_tiny(
+            "churn-tls",
+            &["churn", "--tls", "--clients", "2"],
+            "churn-tls.json",
+        ),
         "connections_per_s",
     );
 }
 
 #[test]
 fn idle() {
-    let args = [&["idle", "--connections", "50"][..], &TINY].concat();
-    let report = bench("idle", &args, "idle.json");
+    let report = bench_tiny("idle", &["idle", "--connections", "50"], "idle.json");
     assert_ran(&report);
     for run in report["runs"].as_array().expect("runs") {
         if run["target"] != "direct" {
@@ -122,12 +140,11 @@ fn idle() {
 /// `rr` per worker-thread count: one report per count, and the summary row of each.
 #[test]
 fn threads() {
-    let args = [
-        &["threads", "--threads", "1,2", "--connections", "4"][..],
-        &TINY,
-    ]
-    .concat();
-    let summary = bench("threads", &args, "threads.json");
+    let summary = bench_tiny(
+        "threads",
+        &["threads", "--threads", "1,2", "--connections", "4"],
+        "threads.json",
+    );
     let rows = summary["rows"].as_array().expect("rows");
     let counts: Vec<u64> = rows.iter().filter_map(|r| r["threads"].as_u64()).collect();
     assert_eq!(counts, [1, 2]);
@@ -150,12 +167,11 @@ fn threads() {
 /// (not a timing figure: a client not back within the scenario's deadline is lost).
 #[test]
 fn storm() {
-    let args = [
-        &["storm", "--connections", "50", "--downtime", "100ms"][..],
-        &TINY,
-    ]
-    .concat();
-    let report = bench("storm", &args, "storm.json");
+    let report = bench_tiny(
+        "storm",
+        &["storm", "--connections", "50", "--downtime", "100ms"],
+        "storm.json",
+    );
     assert_ran(&report);
     assert_all_back(&report);
 }
@@ -180,7 +196,8 @@ fn assert_all_back(report: &Value) {
 /// client processes reporting to the harness; every client is back.
 #[test]
 fn storm_spread() {
-    let args = [
+    let report = bench_tiny(
+        "storm-spread",
         &[
             "storm",
             "--connections",
@@ -189,11 +206,9 @@ fn storm_spread() {
             "2",
             "--downtime",
             "100ms",
-        ][..],
-        &TINY,
-    ]
-    .concat();
-    let report = bench("storm-spread", &args, "storm.json");
+        ],
+        "storm.json",
+    );
     assert_ran(&report);
     assert_eq!(report["parameters"]["processes"].as_u64(), Some(2));
     assert_all_back(&report);
@@ -211,23 +226,26 @@ fn storm_spread() {
     }
 }
 
+/// The small load of the rollout and chaos runs: clients, their rate, streams, and the
+/// instances' drain timeout.
+const LOAD: [&str; 8] = [
+    "--clients",
+    "2",
+    "--rate",
+    "200",
+    "--streams",
+    "2",
+    "--drain-timeout",
+    "300ms",
+];
+
 #[test]
 fn rollout() {
     let args = [
-        "rollout",
-        "--handoffs",
-        "2",
-        "--interval",
-        "200ms",
-        "--clients",
-        "2",
-        "--rate",
-        "200",
-        "--streams",
-        "2",
-        "--drain-timeout",
-        "300ms",
-    ];
+        &["rollout", "--handoffs", "2", "--interval", "200ms"][..],
+        &LOAD,
+    ]
+    .concat();
     let report = bench("rollout", &args, "rollout.json");
     let variants = report["variants"].as_array().expect("variants");
     let proxy = variants
@@ -260,24 +278,11 @@ fn rollout() {
 #[test]
 fn chaos() {
     let args = [
-        "chaos",
-        "--duration",
-        "4s",
-        "--interval",
-        "300ms",
-        "--clients",
-        "2",
-        "--rate",
-        "200",
-        "--streams",
-        "2",
-        "--drain-timeout",
-        "300ms",
-        "--sample-interval",
-        "200ms",
-        "--min-lifetime",
-        "2s",
-    ];
+        &["chaos", "--duration", "4s", "--interval", "300ms"][..],
+        &LOAD,
+        &["--sample-interval", "200ms", "--min-lifetime", "2s"],
+    ]
+    .concat();
     let report = bench("chaos", &args, "chaos.json");
     let actions = report["actions"].as_array().expect("actions");
     assert!(!actions.is_empty(), "no action was taken");
@@ -343,19 +348,17 @@ fn uring_rr_and_throughput() {
     if !uring_available("uring_rr_and_throughput") {
         return;
     }
-    let args = [
-        &["rr", "--targets", "direct,uring", "--connections", "4"][..],
-        &TINY,
-    ]
-    .concat();
-    let rr = bench("uring-rr", &args, "rr.json");
+    let rr = bench_tiny(
+        "uring-rr",
+        &["rr", "--targets", "direct,uring", "--connections", "4"],
+        "rr.json",
+    );
     assert_ran(&rr);
-    let args = [
-        &["throughput", "--targets", "uring", "--connections", "2"][..],
-        &TINY,
-    ]
-    .concat();
-    let throughput = bench("uring-throughput", &args, "throughput.json");
+    let throughput = bench_tiny(
+        "uring-throughput",
+        &["throughput", "--targets", "uring", "--connections", "2"],
+        "throughput.json",
+    );
     assert_ran(&throughput);
     for (report, headline) in [(&rr, "requests_per_s"), (&throughput, "bytes_per_s")] {
         for run in report["runs"].as_array().expect("runs") {
