@@ -228,6 +228,14 @@ impl ProxyBuilder {
         self.arg("--health-ca-file").arg(path)
     }
 
+    /// `--health-client-cert CERT --health-client-key KEY`.
+    pub fn health_client_cert(self, cert: impl AsRef<OsStr>, key: impl AsRef<OsStr>) -> Self {
+        self.arg("--health-client-cert")
+            .arg(cert)
+            .arg("--health-client-key")
+            .arg(key)
+    }
+
     /// Short health timings for tests: interval 100ms, timeout 500ms, rise 1, fall 2.
     pub fn fast_health(self) -> Self {
         self.health_timing(Duration::from_millis(100), 1, 2)

@@ -2,6 +2,7 @@
 //! configuration from environment variables; `run` is the default subcommand.
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{ensure, Result};
@@ -66,6 +67,21 @@ async fn expect_bad_args<S: AsRef<std::ffi::OsStr>>(args: &[S], flag: &str) -> R
     expect_bad_input(builder, listen, flag).await
 }
 
+/// A valid instance with https checks against the CA file `ca`, configured further by `more`:
+/// expects bad input naming `flag` (see [`expect_bad_input`]).
+async fn expect_bad_https(
+    ca: &Path,
+    more: impl FnOnce(ProxyBuilder) -> ProxyBuilder,
+    flag: &str,
+) -> Result<()> {
+    let (builder, listen, backend) = valid_base().await?;
+    let builder = builder
+        .backend(backend.addr())
+        .health_check("https")
+        .ca_file(ca);
+    expect_bad_input(more(builder), listen, flag).await
+}
+
 #[tokio::test]
 async fn bad_input_unparsable_listen_address() -> Result<()> {
     let backend = echo_backend().await?;
@@ -122,56 +138,32 @@ async fn bad_input_https_check_without_ca_or_skip_verify() -> Result<()> {
 
 #[tokio::test]
 async fn bad_input_missing_ca_file() -> Result<()> {
-    let (builder, listen, backend) = valid_base().await?;
     let dir = TempDir::new("cli")?;
-    let builder = builder
-        .backend(backend.addr())
-        .health_check("https")
-        .ca_file(&dir.join("missing-ca.crt"));
-    expect_bad_input(builder, listen, "--health-ca-file").await
+    expect_bad_https(&dir.join("missing-ca.crt"), |b| b, "--health-ca-file").await
 }
 
 #[tokio::test]
 async fn bad_input_garbage_ca_file() -> Result<()> {
-    let (builder, listen, backend) = valid_base().await?;
     let dir = TempDir::new("cli")?;
     let ca = dir.join("garbage-ca.crt");
     std::fs::write(&ca, "this is not a PEM certificate\n")?;
-    let builder = builder
-        .backend(backend.addr())
-        .health_check("https")
-        .ca_file(&ca);
-    expect_bad_input(builder, listen, "--health-ca-file").await
+    expect_bad_https(&ca, |b| b, "--health-ca-file").await
 }
 
 #[tokio::test]
 async fn bad_input_missing_client_key() -> Result<()> {
-    let (builder, listen, backend) = valid_base().await?;
     let pki = Pki::new()?;
-    let builder = builder
-        .backend(backend.addr())
-        .health_check("https")
-        .ca_file(&pki.ca_file())
-        .arg("--health-client-cert")
-        .arg(pki.client_cert_file())
-        .arg("--health-client-key")
-        .arg(pki.dir().join("missing.key"));
-    expect_bad_input(builder, listen, "--health-client-key").await
+    let missing = pki.dir().join("missing.key");
+    let pair = |b: ProxyBuilder| b.health_client_cert(pki.client_cert_file(), missing);
+    expect_bad_https(&pki.ca_file(), pair, "--health-client-key").await
 }
 
 #[tokio::test]
 async fn bad_input_missing_client_cert() -> Result<()> {
-    let (builder, listen, backend) = valid_base().await?;
     let pki = Pki::new()?;
-    let builder = builder
-        .backend(backend.addr())
-        .health_check("https")
-        .ca_file(&pki.ca_file())
-        .arg("--health-client-cert")
-        .arg(pki.dir().join("missing.crt"))
-        .arg("--health-client-key")
-        .arg(pki.client_key_file());
-    expect_bad_input(builder, listen, "--health-client-cert").await
+    let missing = pki.dir().join("missing.crt");
+    let pair = |b: ProxyBuilder| b.health_client_cert(missing, pki.client_key_file());
+    expect_bad_https(&pki.ca_file(), pair, "--health-client-cert").await
 }
 
 #[tokio::test]
@@ -377,6 +369,16 @@ async fn run_is_the_default_subcommand() -> Result<()> {
     Ok(())
 }
 
+/// A valid instance given `dir` as its handoff directory: expects bad input naming
+/// `--handoff-dir`.
+async fn expect_bad_handoff_dir(dir: &Path) -> Result<()> {
+    expect_bad_args(
+        &["--handoff-dir".as_ref(), dir.as_os_str()],
+        "--handoff-dir",
+    )
+    .await
+}
+
 /// A handoff directory others could write to (replace our socket, plant an impostor) is bad
 /// input: refused before anything is bound.
 #[tokio::test]
@@ -386,11 +388,7 @@ async fn bad_input_world_writable_handoff_dir() -> Result<()> {
     let handoff = dir.join("handoff");
     std::fs::create_dir(&handoff)?;
     std::fs::set_permissions(&handoff, std::fs::Permissions::from_mode(0o777))?;
-    expect_bad_args(
-        &["--handoff-dir".as_ref(), handoff.as_os_str()],
-        "--handoff-dir",
-    )
-    .await?;
+    expect_bad_handoff_dir(&handoff).await?;
     ensure!(
         std::fs::read_dir(&handoff)?.next().is_none(),
         "a socket was created in the refused directory"
@@ -406,11 +404,7 @@ async fn bad_input_symlinked_handoff_dir() -> Result<()> {
     std::fs::create_dir(&real)?;
     let link = dir.join("link");
     std::os::unix::fs::symlink(&real, &link)?;
-    expect_bad_args(
-        &["--handoff-dir".as_ref(), link.as_os_str()],
-        "--handoff-dir",
-    )
-    .await
+    expect_bad_handoff_dir(&link).await
 }
 
 /// The README's flag table names exactly the flags `run --help` documents: the docs cannot

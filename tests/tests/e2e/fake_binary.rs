@@ -47,10 +47,7 @@ async fn fake_apiserver_binary_serves_behind_the_proxy() -> Result<()> {
         .arg("--backend")
         .arg(addr.to_string())
         .fast_health()
-        .arg("--health-client-cert")
-        .arg(pki.client_cert_file())
-        .arg("--health-client-key")
-        .arg(pki.client_key_file())
+        .health_client_cert(pki.client_cert_file(), pki.client_key_file())
         .spawn()
         .await?;
     proxy.wait_state("WaitingForBackend").await?;

@@ -15,7 +15,10 @@ use kube_apiserver_proxy_tests::util::{eventually, free_addr, ipv6_loopback_avai
 use rand::RngCore as _;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-use crate::{connect_echo, echo_backend, listen_addr, serving, tcp_proxy, DEADLINE};
+use crate::{
+    connect_echo, echo_backend, https_backend_requiring_client_cert, listen_addr, serving,
+    tcp_proxy, DEADLINE,
+};
 
 const PAYLOAD: usize = 4 * 1024 * 1024;
 
@@ -104,19 +107,12 @@ async fn large_payloads_both_directions_are_byte_exact(mode: &str) -> Result<()>
 #[tokio::test]
 async fn tls_with_client_certificate_end_to_end() -> Result<()> {
     let pki = Pki::new()?;
-    let backend = FakeApiserver::https(&pki)
-        .random_loopback()?
-        .require_client_cert(pki.ca.root_store()?)
-        .start()
-        .await?;
+    let backend = https_backend_requiring_client_cert(&pki).await?;
     let listen = listen_addr()?;
     let _proxy = serving(
         crate::https_proxy(&pki, listen, &[&backend])
             .fast_health()
-            .arg("--health-client-cert")
-            .arg(pki.client_cert_file())
-            .arg("--health-client-key")
-            .arg(pki.client_key_file()),
+            .health_client_cert(pki.client_cert_file(), pki.client_key_file()),
     )
     .await?;
     let client = HttpsClient::new(pki.client_config(true)?);

@@ -11,11 +11,11 @@ use kube_apiserver_proxy_tests::proxy::{Proxy, ProxyBuilder};
 use kube_apiserver_proxy_tests::util::{connection_refused, eventually, TempDir};
 use tokio::io::AsyncReadExt as _;
 
-use crate::https_backend_unready;
 use crate::{
     connect_echo, echo_backend, https_backend, https_client, https_proxy, listen_addr, serving,
     tcp_proxy, DEADLINE,
 };
+use crate::{https_backend_requiring_client_cert, https_backend_unready};
 
 async fn checks(proxy: &Proxy, backend: &FakeApiserver, result: &str) -> Result<f64> {
     proxy
@@ -113,11 +113,7 @@ async fn https_check_uses_health_path() -> Result<()> {
 #[tokio::test]
 async fn https_check_with_client_certificate() -> Result<()> {
     let pki = Pki::new()?;
-    let backend = FakeApiserver::https(&pki)
-        .random_loopback()?
-        .require_client_cert(pki.ca.root_store()?)
-        .start()
-        .await?;
+    let backend = https_backend_requiring_client_cert(&pki).await?;
     // Without a client certificate the check fails …
     let without = https_proxy(&pki, listen_addr()?, &[&backend])
         .fast_health()
@@ -138,10 +134,7 @@ async fn https_check_with_client_certificate() -> Result<()> {
     serving(
         https_proxy(&pki, listen_addr()?, &[&backend])
             .fast_health()
-            .arg("--health-client-cert")
-            .arg(pki.client_cert_file())
-            .arg("--health-client-key")
-            .arg(pki.client_key_file()),
+            .health_client_cert(pki.client_cert_file(), pki.client_key_file()),
     )
     .await?;
     Ok(())

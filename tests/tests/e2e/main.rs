@@ -74,6 +74,16 @@ pub async fn https_backend_unready(pki: &Pki) -> Result<FakeApiserver> {
         .await
 }
 
+/// An https fake apiserver on a random loopback address that requires a client certificate
+/// of `pki`.
+pub async fn https_backend_requiring_client_cert(pki: &Pki) -> Result<FakeApiserver> {
+    FakeApiserver::https(pki)
+        .random_loopback()?
+        .require_client_cert(pki.ca.root_store()?)
+        .start()
+        .await
+}
+
 /// A proxy (https checks, fast timings) started on a fresh address before its one backend is
 /// ready: the backend, the address, the proxy.
 pub async fn proxy_before_its_backend(pki: &Pki) -> Result<(FakeApiserver, SocketAddr, Proxy)> {
