@@ -99,6 +99,11 @@ impl ProxyLauncher {
         self.extra_args = args;
     }
 
+    /// Whether the extra arguments give `flag` themselves.
+    fn explicit(&self, flag: &str) -> bool {
+        self.extra_args.iter().any(|a| a.starts_with(flag))
+    }
+
     /// Starts an instance (not yet ready: call [`Instance::wait_ready`]).
     pub fn spawn(&mut self, options: &ProxyOptions) -> Result<Instance> {
         self.started += 1;
@@ -114,7 +119,6 @@ impl ProxyLauncher {
             .args(["--health-check=tcp", "--health-interval=100ms"])
             .args(["--health-timeout=500ms", "--health-rise=1"])
             .arg("--admin-listen=127.0.0.1:0")
-            .arg(format!("--admin-address-file={}", admin_file.display()))
             .arg(format!("--max-connections={}", options.max_connections))
             .arg(format!(
                 "--drain-timeout={}",
@@ -124,13 +128,16 @@ impl ProxyLauncher {
                 "--drain-close-window={}",
                 humantime::format_duration(options.drain_close_window)
             ))
-            .arg(format!("--log-level={}", options.log_level));
-        // An explicit `--proxy-arg=--worker-threads=N` wins (the flag may be given once).
-        let explicit = self
-            .extra_args
-            .iter()
-            .any(|a| a.starts_with("--worker-threads"));
-        if let Some(threads) = options.worker_threads.filter(|_| !explicit) {
+            .arg(format!("--admin-address-file={}", admin_file.display()));
+        // An explicit `--proxy-arg=--log-level=…` or `--proxy-arg=--worker-threads=N` wins
+        // (each flag may be given once).
+        if !self.explicit("--log-level") {
+            command.arg(format!("--log-level={}", options.log_level));
+        }
+        if let Some(threads) = options
+            .worker_threads
+            .filter(|_| !self.explicit("--worker-threads"))
+        {
             command.arg(format!("--worker-threads={threads}"));
         }
         if let Some(dir) = &options.handoff_dir {

@@ -139,7 +139,11 @@ pub enum Copied {
 /// closed its connection (kube-apiserver after its GOAWAY, once in-flight requests are
 /// answered) makes our next write to it fail while its last answers and its FIN are still on
 /// the way to the client: the other direction delivers them (it ends by itself within moments,
-/// at the backend's EOF or error), for at most [`FAILED_GRACE`].
+/// at the backend's EOF or error), for at most [`FAILED_GRACE`]. The other way round there is
+/// nothing to wait for: when reading from the backend failed because it reset the connection
+/// (its socket is closed: no peer address), nothing the client sends can reach it, and the
+/// client's side ends at once rather than after the grace (a client accepted in the instant its
+/// backend crashed would otherwise wait a second for a close).
 ///
 /// A direction that reaches EOF while the other goes on shuts down the write half of its
 /// destination, so the half-close reaches the other peer. When the other direction has ended
@@ -206,17 +210,20 @@ where
                 *this.up_ended = Some(r);
             }
         }
+        let mut backend_gone = false;
         if this.down_ended.is_none() {
             if let Poll::Ready(r) = this.down.poll(cx) {
                 let r = settle(r, this.client, this.up_ended.is_none(), this.grace);
+                backend_gone = r.is_err() && this.backend.peer_addr().is_err();
                 *this.down_ended = Some(r);
             }
         }
         let both = this.up_ended.is_some() && this.down_ended.is_some();
-        let given_up = match this.grace.as_mut() {
-            Some(grace) if !both => grace.as_mut().poll(cx).is_ready(),
-            _ => false,
-        };
+        let given_up = backend_gone
+            || match this.grace.as_mut() {
+                Some(grace) if !both => grace.as_mut().poll(cx).is_ready(),
+                _ => false,
+            };
         if !both && !given_up {
             return Poll::Pending;
         }
@@ -722,6 +729,48 @@ mod tests {
     /// The backend reads nothing, so the copy fills it and then holds a burst it cannot write.
     /// Paused then, it returns those bytes: what reached the backend, then the bytes returned,
     /// then what the copy never read from the client are exactly what the client sent.
+    /// A backend that resets the connection (a crash, or a listener closed with the connection
+    /// still in its queue) ends the copy at once with the error: nothing the client sends can
+    /// reach it any more, so the client is not kept waiting for [`FAILED_GRACE`].
+    #[tokio::test]
+    async fn a_backend_reset_ends_the_copy_at_once() {
+        for mode in [Mode::Buffered, Mode::Splice, Mode::Auto] {
+            let (mut client_app, client) = socket_pair().await;
+            let (backend, mut backend_app) = socket_pair().await;
+            let (up, down) = (Counter::default(), Counter::default());
+            let registry = Registry::<()>::default();
+            let registration = registry.register();
+            let copy = bidirectional(
+                &client,
+                &backend,
+                mode,
+                (&up, &down),
+                Pending::default(),
+                None,
+                registration.control(),
+            );
+            let backend_side = async {
+                let mut request = [0u8; 4];
+                backend_app.read_exact(&mut request).await?;
+                // Closed with SO_LINGER 0: a reset, as the kernel sends for a crashed process
+                // that left bytes unread.
+                socket2::SockRef::from(&backend_app).set_linger(Some(Duration::ZERO))?;
+                drop(backend_app);
+                io::Result::Ok(())
+            };
+            client_app.write_all(b"PING").await.unwrap();
+            let (copied, reset) =
+                tokio::time::timeout(FAILED_GRACE / 2, async { tokio::join!(copy, backend_side) })
+                    .await
+                    .unwrap_or_else(|_| {
+                        panic!("{mode:?}: the copy waited on after the backend's reset")
+                    });
+            reset.unwrap();
+            let e = copied.expect_err("a reset is an error");
+            assert_eq!(e.kind(), io::ErrorKind::ConnectionReset, "{mode:?}: {e}");
+        }
+    }
+
     #[tokio::test]
     async fn pause_returns_the_bytes_read_but_not_written() {
         for mode in [Mode::Buffered, Mode::Splice] {
