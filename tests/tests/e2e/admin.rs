@@ -8,8 +8,8 @@ use kube_apiserver_proxy_tests::proxy::{parse_metric, run_cli};
 use kube_apiserver_proxy_tests::util::{eventually, free_addr};
 
 use crate::{
-    connect_echo, echo_backend, https_client, https_proxy, listen_addr, serving, tcp_proxy,
-    DEADLINE,
+    connect_echo, echo_backend, echo_proxy, echo_proxy_with, https_client, https_proxy,
+    listen_addr, serving, tcp_proxy, DEADLINE,
 };
 use crate::{https_backend_unready, proxy_before_its_backend};
 
@@ -163,15 +163,8 @@ async fn two_instances_coexist_with_the_default_admin_address() -> Result<()> {
 
 #[tokio::test]
 async fn status_json_shape() -> Result<()> {
-    let backend = echo_backend().await?;
-    let listen = listen_addr()?;
     // Two worker threads: one socket of the address's reuseport group each.
-    let proxy = serving(
-        tcp_proxy(listen, &[&backend])
-            .fast_health()
-            .args(["--worker-threads", "2"]),
-    )
-    .await?;
+    let (backend, listen, proxy) = echo_proxy_with(|b| b.args(["--worker-threads", "2"])).await?;
     proxy.wait_backend_health(backend.addr(), "up").await?;
     let _client = connect_echo(listen).await?;
     let status = eventually(DEADLINE, || async {
@@ -216,9 +209,7 @@ async fn status_json_shape() -> Result<()> {
 
 #[tokio::test]
 async fn connections_active_returns_to_zero() -> Result<()> {
-    let backend = echo_backend().await?;
-    let listen = listen_addr()?;
-    let proxy = serving(tcp_proxy(listen, &[&backend]).fast_health()).await?;
+    let (_backend, listen, proxy) = echo_proxy().await?;
     let mut client = connect_echo(listen).await?;
     eventually(DEADLINE, || async {
         let active = proxy.metric_or_zero("connections_active", &[]).await?;

@@ -16,8 +16,8 @@ use rand::RngCore as _;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use crate::{
-    connect_echo, echo_backend, https_backend_requiring_client_cert, listen_addr, serving,
-    tcp_proxy, DEADLINE,
+    connect_echo, echo_backend, echo_proxy, echo_proxy_with, https_backend_requiring_client_cert,
+    listen_addr, serving, tcp_proxy, DEADLINE,
 };
 
 const PAYLOAD: usize = 4 * 1024 * 1024;
@@ -58,14 +58,8 @@ async fn large_payloads_both_directions_are_byte_exact_buffered() -> Result<()> 
 }
 
 async fn large_payloads_both_directions_are_byte_exact(mode: &str) -> Result<()> {
-    let backend = echo_backend().await?;
-    let listen = listen_addr()?;
-    let proxy = serving(
-        tcp_proxy(listen, &[&backend])
-            .fast_health()
-            .arg(format!("--copy-mode={mode}")),
-    )
-    .await?;
+    let (_backend, listen, proxy) =
+        echo_proxy_with(|b| b.arg(format!("--copy-mode={mode}"))).await?;
     let payloads: Vec<Vec<u8>> = (0..2)
         .map(|_| {
             let mut data = vec![0u8; PAYLOAD];
@@ -180,9 +174,7 @@ const IDLE: Duration = Duration::from_secs(5 * 60 + 5);
 /// Runs in `cargo test --workspace`, in parallel with the rest.
 #[tokio::test]
 async fn idle_connection_is_not_timed_out() -> Result<()> {
-    let backend = echo_backend().await?;
-    let listen = listen_addr()?;
-    let proxy = serving(tcp_proxy(listen, &[&backend]).fast_health()).await?;
+    let (backend, listen, proxy) = echo_proxy().await?;
     let mut client = connect_echo(listen).await?;
     let client_addr = client.stream().local_addr()?;
     let sockets = tcp_connections(proxy.pid())?;
@@ -227,14 +219,7 @@ async fn idle_connection_is_not_timed_out() -> Result<()> {
 
 #[tokio::test]
 async fn max_connections_is_enforced() -> Result<()> {
-    let backend = echo_backend().await?;
-    let listen = listen_addr()?;
-    let proxy = serving(
-        tcp_proxy(listen, &[&backend])
-            .fast_health()
-            .args(["--max-connections", "2"]),
-    )
-    .await?;
+    let (backend, listen, proxy) = echo_proxy_with(|b| b.args(["--max-connections", "2"])).await?;
     let mut first = connect_echo(listen).await?;
     let mut second = connect_echo(listen).await?;
     // Further clients are accepted and closed at once.
@@ -293,9 +278,7 @@ async fn ipv6_listen_address() -> Result<()> {
 /// (the kernel answers probes for any open socket, and closes those of a process that dies).
 #[tokio::test]
 async fn keepalive_user_timeout_and_nodelay_on_both_sides() -> Result<()> {
-    let backend = echo_backend().await?;
-    let listen = listen_addr()?;
-    let proxy = serving(tcp_proxy(listen, &[&backend]).fast_health()).await?;
+    let (backend, listen, proxy) = echo_proxy().await?;
     let mut client = connect_echo(listen).await?;
     let client_addr = client.stream().local_addr()?;
     let backend_side_addr = backend.session_peers()[0];
@@ -363,9 +346,7 @@ fn eventfd_writes(pid: u32) -> Result<u64> {
 /// the tick, each of these one-at-a-time connections cost one such write.
 #[tokio::test]
 async fn new_connections_do_not_wake_the_event_loop_by_eventfd() -> Result<()> {
-    let backend = echo_backend().await?;
-    let listen = listen_addr()?;
-    let proxy = serving(tcp_proxy(listen, &[&backend]).fast_health()).await?;
+    let (_backend, listen, proxy) = echo_proxy().await?;
     connect_echo(listen).await?;
     const CONNECTIONS: u64 = 300;
     let before = eventfd_writes(proxy.pid())?;

@@ -12,8 +12,8 @@ use kube_apiserver_proxy_tests::util::{connection_refused, eventually, TempDir};
 use tokio::io::AsyncReadExt as _;
 
 use crate::{
-    connect_echo, echo_backend, https_backend, https_client, https_proxy, listen_addr, serving,
-    tcp_proxy, DEADLINE,
+    connect_echo, echo_backend, echo_proxy, https_backend, https_client, https_proxy, listen_addr,
+    serving, tcp_proxy, DEADLINE,
 };
 use crate::{https_backend_requiring_client_cert, https_backend_unready};
 
@@ -375,9 +375,7 @@ async fn health_check_failure_causes_are_logged_at_a_bounded_rate_and_shown() ->
 /// is dead for new connections, but the connections it carries are not cut.
 #[tokio::test]
 async fn a_backend_that_stops_listening_keeps_its_established_connections() -> Result<()> {
-    let backend = echo_backend().await?;
-    let listen = listen_addr()?;
-    let proxy = serving(tcp_proxy(listen, &[&backend]).fast_health()).await?;
+    let (backend, listen, proxy) = echo_proxy().await?;
     let mut client = connect_echo(listen).await?;
     backend.stop_listening().await;
     proxy.wait_backend_health(backend.addr(), "dead").await?;

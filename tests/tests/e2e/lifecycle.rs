@@ -9,8 +9,8 @@ use kube_apiserver_proxy_tests::certs::Pki;
 use kube_apiserver_proxy_tests::util::{connection_refused, eventually};
 
 use crate::{
-    connect_echo, echo_backend, https_backend, https_client, https_proxy, listen_addr, serving,
-    tcp_proxy, DEADLINE,
+    connect_echo, echo_backend, echo_proxy, echo_proxy_with, https_backend, https_client,
+    https_proxy, listen_addr, serving, tcp_proxy, DEADLINE,
 };
 
 const STATES: [&str; 5] = [
@@ -125,9 +125,7 @@ async fn sigterm_drains_and_exits_zero() -> Result<()> {
 
 #[tokio::test]
 async fn sigint_without_connections_exits_zero_promptly() -> Result<()> {
-    let backend = echo_backend().await?;
-    let listen = listen_addr()?;
-    let proxy = serving(tcp_proxy(listen, &[&backend]).fast_health()).await?;
+    let (_backend, listen, proxy) = echo_proxy().await?;
     connect_echo(listen).await?;
     eventually(Duration::from_secs(5), || async {
         let active = proxy.metric_or_zero("connections_active", &[]).await?;
@@ -153,15 +151,9 @@ async fn sigint_without_connections_exits_zero_promptly() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drain_closes_remaining_connections_spread_over_the_window() -> Result<()> {
-    let backend = echo_backend().await?;
-    let listen = listen_addr()?;
-    let proxy = serving(tcp_proxy(listen, &[&backend]).fast_health().args([
-        "--drain-timeout",
-        "500ms",
-        "--drain-close-window",
-        "1s",
-    ]))
-    .await?;
+    let (_backend, listen, proxy) =
+        echo_proxy_with(|b| b.args(["--drain-timeout", "500ms", "--drain-close-window", "1s"]))
+            .await?;
     let mut clients = Vec::new();
     for _ in 0..8 {
         clients.push(connect_echo(listen).await?);

@@ -9,13 +9,11 @@ use kube_apiserver_proxy_tests::client::TcpClient;
 use kube_apiserver_proxy_tests::util::{connection_refused, eventually};
 
 use crate::proxy_before_its_backend;
-use crate::{echo_backend, https_client, listen_addr, serving, tcp_proxy, DEADLINE};
+use crate::{echo_proxy, https_client, serving, tcp_proxy, DEADLINE};
 
 #[tokio::test]
 async fn two_instances_share_one_listen_address() -> Result<()> {
-    let backend = echo_backend().await?;
-    let listen = listen_addr()?;
-    let first = serving(tcp_proxy(listen, &[&backend]).fast_health()).await?;
+    let (backend, listen, first) = echo_proxy().await?;
     let second = serving(tcp_proxy(listen, &[&backend]).fast_health()).await?;
     for i in 0..40u32 {
         let mut client = TcpClient::connect(listen).await?;

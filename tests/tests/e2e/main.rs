@@ -101,6 +101,23 @@ pub async fn echo_backend() -> Result<FakeApiserver> {
     FakeApiserver::tcp_echo().random_loopback()?.start().await
 }
 
+/// A raw TCP echo backend and a proxy in front of it on a fresh address (tcp checks, fast
+/// timings), Serving: the backend, the address, the proxy.
+pub async fn echo_proxy() -> Result<(FakeApiserver, SocketAddr, Proxy)> {
+    echo_proxy_with(|builder| builder).await
+}
+
+/// [`echo_proxy`], with the proxy's builder passed through `configure` first (more flags, a
+/// descriptor limit).
+pub async fn echo_proxy_with(
+    configure: impl FnOnce(ProxyBuilder) -> ProxyBuilder,
+) -> Result<(FakeApiserver, SocketAddr, Proxy)> {
+    let backend = echo_backend().await?;
+    let listen = listen_addr()?;
+    let proxy = serving(configure(tcp_proxy(listen, &[&backend]).fast_health())).await?;
+    Ok((backend, listen, proxy))
+}
+
 /// A proxy with https checks against `pki`'s CA (timings not set).
 pub fn https_proxy(pki: &Pki, listen: SocketAddr, backends: &[&FakeApiserver]) -> ProxyBuilder {
     backends

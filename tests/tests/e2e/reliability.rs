@@ -20,7 +20,7 @@ use kube_apiserver_proxy_tests::util::{eventually, random_loopback_ip, TempDir};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
-use crate::{echo_backend, listen_addr, serving, tcp_proxy, DEADLINE};
+use crate::{echo_backend, echo_proxy, echo_proxy_with, listen_addr, serving, tcp_proxy, DEADLINE};
 
 /// Resident memory of a process, in bytes.
 fn rss(pid: u32) -> Result<u64> {
@@ -77,14 +77,7 @@ async fn round_trip(listen: SocketAddr) -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn descriptor_exhaustion_backs_off_and_recovers() -> Result<()> {
-    let backend = echo_backend().await?;
-    let listen = listen_addr()?;
-    let proxy = serving(
-        tcp_proxy(listen, &[&backend])
-            .fast_health()
-            .nofile_limit(48),
-    )
-    .await?;
+    let (backend, listen, proxy) = echo_proxy_with(|b| b.nofile_limit(48)).await?;
     round_trip(listen).await?;
     // Far more clients than descriptors: accept() fails with EMFILE while they stay.
     let mut flood = Vec::new();
@@ -123,9 +116,7 @@ async fn descriptor_exhaustion_backs_off_and_recovers() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_clients_do_not_stop_others_and_cost_little() -> Result<()> {
     const SILENT: usize = 1000;
-    let backend = echo_backend().await?;
-    let listen = listen_addr()?;
-    let proxy = serving(tcp_proxy(listen, &[&backend]).fast_health()).await?;
+    let (_backend, listen, proxy) = echo_proxy().await?;
     round_trip(listen).await?;
     let rss_before = rss(proxy.pid())?;
     let mut silent = Vec::with_capacity(SILENT);
@@ -158,9 +149,7 @@ async fn silent_clients_do_not_stop_others_and_cost_little() -> Result<()> {
 async fn clients_that_never_read_are_bounded() -> Result<()> {
     const CLIENTS: usize = 20;
     const SEND: usize = 64 << 20;
-    let backend = echo_backend().await?;
-    let listen = listen_addr()?;
-    let proxy = serving(tcp_proxy(listen, &[&backend]).fast_health()).await?;
+    let (_backend, listen, proxy) = echo_proxy().await?;
     let rss_before = rss(proxy.pid())?;
     let mut writers = Vec::new();
     for _ in 0..CLIENTS {
@@ -302,9 +291,7 @@ async fn backend_reset_mid_stream_closes_the_client_and_leaks_nothing() -> Resul
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vanished_backend_leaks_nothing() -> Result<()> {
-    let backend = echo_backend().await?;
-    let listen = listen_addr()?;
-    let proxy = serving(tcp_proxy(listen, &[&backend]).fast_health()).await?;
+    let (backend, listen, proxy) = echo_proxy().await?;
     let baseline = resources(&proxy).await?;
     let mut clients = Vec::new();
     for _ in 0..20 {
@@ -501,14 +488,10 @@ async fn a_stuck_file_read_does_not_stall_the_runtime() -> Result<()> {
 /// The soft descriptor limit (often 1024 in a pod) is raised to the hard limit at start.
 #[tokio::test]
 async fn the_soft_descriptor_limit_is_raised_to_the_hard_limit() -> Result<()> {
-    let backend = echo_backend().await?;
-    let listen = listen_addr()?;
-    let proxy = serving(
-        tcp_proxy(listen, &[&backend])
-            .fast_health()
-            .args(["--max-connections", "100"])
-            .nofile_soft_hard(64, 4096),
-    )
+    let (_backend, _listen, proxy) = echo_proxy_with(|b| {
+        b.args(["--max-connections", "100"])
+            .nofile_soft_hard(64, 4096)
+    })
     .await?;
     let limits = std::fs::read_to_string(format!("/proc/{}/limits", proxy.pid()))?;
     let line = limits
@@ -536,14 +519,10 @@ async fn the_soft_descriptor_limit_is_raised_to_the_hard_limit() -> Result<()> {
 /// A hard limit below what `--max-connections` needs is said at start, naming the flag.
 #[tokio::test]
 async fn a_descriptor_limit_too_low_for_max_connections_is_warned_about() -> Result<()> {
-    let backend = echo_backend().await?;
-    let listen = listen_addr()?;
-    let proxy = serving(
-        tcp_proxy(listen, &[&backend])
-            .fast_health()
-            .args(["--max-connections", "10000"])
-            .nofile_soft_hard(512, 1024),
-    )
+    let (_backend, _listen, proxy) = echo_proxy_with(|b| {
+        b.args(["--max-connections", "10000"])
+            .nofile_soft_hard(512, 1024)
+    })
     .await?;
     proxy
         .wait_stderr("RLIMIT_NOFILE is below what --max-connections needs")
@@ -615,9 +594,7 @@ async fn a_socket_that_can_no_longer_accept_is_dropped_and_reported() -> Result<
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_admin_requests_are_rejected_and_counted() -> Result<()> {
-    let backend = echo_backend().await?;
-    let listen = listen_addr()?;
-    let proxy = serving(tcp_proxy(listen, &[&backend]).fast_health()).await?;
+    let (_backend, listen, proxy) = echo_proxy().await?;
     let admin = proxy.admin_addr();
     let send = |request: Vec<u8>| async move {
         let mut s = TcpStream::connect(admin).await?;
