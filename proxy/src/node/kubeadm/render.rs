@@ -413,15 +413,9 @@ fn apiserver_container(
 /// Environment: the base's, then kubeadm's (kubeadm's wins on a name).
 fn merge_env(c: &mut Container, kubeadm: &Container) {
     let kubeadm_env = kubeadm.env.as_deref().unwrap_or_default();
-    let mut env: Vec<EnvVar> = c
-        .env
-        .take()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|e| !kubeadm_env.iter().any(|k| k.name == e.name))
-        .collect();
-    env.extend(kubeadm_env.iter().cloned());
-    c.env = Some(env);
+    c.env = Some(overlay(c.env.take(), kubeadm_env, |e: &EnvVar| {
+        kubeadm_env.iter().any(|k| k.name == e.name)
+    }));
     if kubeadm.env_from.is_some() {
         c.env_from.clone_from(&kubeadm.env_from);
     }
@@ -434,15 +428,18 @@ fn merge_mounts(c: &mut Container, kubeadm: &Container, kubeadm_volumes: &[Volum
         kubeadm_volumes.iter().any(|v| v.name == m.name)
             || kubeadm_mounts.iter().any(|k| k.mount_path == m.mount_path)
     };
-    let mut mounts: Vec<VolumeMount> = c
-        .volume_mounts
-        .take()
+    c.volume_mounts = Some(overlay(c.volume_mounts.take(), kubeadm_mounts, shadowed));
+}
+
+/// The items of `base` that `shadowed` does not pick, then those of `kubeadm`.
+fn overlay<T: Clone>(base: Option<Vec<T>>, kubeadm: &[T], shadowed: impl Fn(&T) -> bool) -> Vec<T> {
+    let mut merged: Vec<T> = base
         .unwrap_or_default()
         .into_iter()
-        .filter(|m| !shadowed(m))
+        .filter(|item| !shadowed(item))
         .collect();
-    mounts.extend(kubeadm_mounts.iter().cloned());
-    c.volume_mounts = Some(mounts);
+    merged.extend(kubeadm.iter().cloned());
+    merged
 }
 
 /// A probe's count (`failureThreshold`, `periodSeconds`), `default` when unset or negative.
@@ -479,15 +476,11 @@ fn adopt_probes(c: &mut Container, kubeadm: &Container) {
 
 /// The pod: the base's, with kubeadm's volumes, class and security context.
 fn adopt_pod_spec(spec: &mut PodSpec, pod: &StaticPod, kubeadm_volumes: &[Volume]) {
-    let mut volumes: Vec<Volume> = spec
-        .volumes
-        .take()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|v| !kubeadm_volumes.iter().any(|k| k.name == v.name))
-        .collect();
-    volumes.extend(kubeadm_volumes.iter().cloned());
-    spec.volumes = Some(volumes);
+    spec.volumes = Some(overlay(
+        spec.volumes.take(),
+        kubeadm_volumes,
+        |v: &Volume| kubeadm_volumes.iter().any(|k| k.name == v.name),
+    ));
     let Some(k) = &pod.pod.spec else { return };
     if k.priority_class_name.is_some() {
         spec.priority_class_name.clone_from(&k.priority_class_name);
