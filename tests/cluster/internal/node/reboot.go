@@ -35,7 +35,9 @@ import (
 //     rollouts by the real controllers: MIGRATE_RESTARTS rollout restarts, then
 //     MIGRATE_MORE_RESTARTS more and the image change v1.36 -> v1.37 and back (IMAGE_CHANGE),
 //     each under the loads and judged as there (this mode is the migration's rehearsal in CI:
-//     `smoke --migrate` runs the same steps without the reboot, for debugging);
+//     `smoke --migrate` runs the same steps without the reboot, for debugging); once migrated,
+//     the Deployment's proxy (RuntimeDefault seccomp) runs its worker threads with
+//     `--worker-slice`'s default 100 µs slice (CheckWorkerSlices);
 //  3. the checkpoint: written by the recovery agent once the Deployment's pod stayed ready for
 //     --checkpoint-after; a completed rollout moves it to the new pod (written with the rotated
 //     certificate: the first one has expired by then); a broken rollout left in progress for
@@ -79,6 +81,7 @@ func RunReboot(n *Scenario) {
 	if !n.LocalKubeconfig() || !n.Migrate(Migration{}) {
 		return
 	}
+	n.CheckWorkerSlices("after the migration")
 	first := n.ThePod()
 	if !r.waitCheckpoint(first, "after the pivot") {
 		return
