@@ -316,6 +316,25 @@ impl TcpClient {
         .map_err(|_| anyhow!("connection still open after {deadline:?}"))
     }
 
+    /// Waits until the peer ends the connection with a FIN (reads reach EOF), at most
+    /// `deadline`; a reset is an error.
+    pub async fn wait_eof(&mut self, deadline: Duration) -> Result<()> {
+        let mut buf = [0u8; 4096];
+        tokio::time::timeout(deadline, async {
+            loop {
+                match self.stream.read(&mut buf).await {
+                    Ok(0) => return Ok(()),
+                    Ok(_) => {}
+                    Err(e) => {
+                        return Err(anyhow!("connection ended with an error, not a FIN: {e}"))
+                    }
+                }
+            }
+        })
+        .await
+        .map_err(|_| anyhow!("connection still open after {deadline:?}"))?
+    }
+
     /// The underlying stream.
     pub fn stream(&mut self) -> &mut TcpStream {
         &mut self.stream

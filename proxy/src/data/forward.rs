@@ -113,6 +113,9 @@ pub fn serve(
             if let Some(suppressed) = NO_BACKEND_LOG.allow() {
                 tracing::warn!(client.addr = %client_addr, suppressed, hold = ?ctx.connect_timeout, "no backend could be reached within the connect timeout: closing client");
             }
+            // With a FIN: the client has likely sent its first bytes (a TLS ClientHello), and
+            // dropping the socket with them unread would send it a reset.
+            Box::pin(close_gracefully(client)).await;
             return;
         };
         // Borrowed in a block of its own: a local borrowed in the task's scope would keep its

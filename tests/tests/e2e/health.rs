@@ -478,7 +478,8 @@ async fn no_healthy_backend_fails_open() -> Result<()> {
 }
 
 /// With every backend refusing, the client is held and every backend tried again until
-/// `--connect-timeout` has passed; only then is the client closed (and counted).
+/// `--connect-timeout` has passed; only then is the client closed, with a FIN although its
+/// bytes were never read, and counted.
 #[tokio::test]
 async fn every_backend_is_tried_until_the_connect_timeout_before_the_client_is_closed() -> Result<()>
 {
@@ -509,9 +510,10 @@ async fn every_backend_is_tried_until_the_connect_timeout_before_the_client_is_c
         .metric_or_zero("connections_failed_total", &[("reason", "no_backend")])
         .await?;
 
+    // Its bytes are never read: the close must still be a FIN, not a reset for unread bytes.
     let mut client = TcpClient::connect(listen).await?;
     let _ = client.write_all(b"anyone?").await;
-    client.wait_closed(Duration::from_secs(10)).await?;
+    client.wait_eof(Duration::from_secs(10)).await?;
 
     eventually(DEADLINE, || async {
         let no_backend = proxy
