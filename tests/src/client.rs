@@ -303,36 +303,32 @@ impl TcpClient {
     /// Waits until the peer closes the connection (EOF or reset); data read meanwhile is
     /// discarded. Errors if it is still open at `deadline`.
     pub async fn wait_closed(&mut self, deadline: Duration) -> Result<()> {
-        let mut buf = [0u8; 4096];
-        tokio::time::timeout(deadline, async {
-            loop {
-                match self.stream.read(&mut buf).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(_) => {}
-                }
-            }
-        })
-        .await
-        .map_err(|_| anyhow!("connection still open after {deadline:?}"))
+        self.read_to_close(deadline).await.map(|_ended| ())
     }
 
     /// Waits until the peer ends the connection with a FIN (reads reach EOF), at most
     /// `deadline`; a reset is an error.
     pub async fn wait_eof(&mut self, deadline: Duration) -> Result<()> {
+        self.read_to_close(deadline)
+            .await?
+            .map_err(|e| anyhow!("connection ended with an error, not a FIN: {e}"))
+    }
+
+    /// Reads and discards until the connection ends, at most `deadline`: how it ended (EOF,
+    /// or the read's error), or an error if it is still open then.
+    async fn read_to_close(&mut self, deadline: Duration) -> Result<std::io::Result<()>> {
         let mut buf = [0u8; 4096];
         tokio::time::timeout(deadline, async {
             loop {
                 match self.stream.read(&mut buf).await {
                     Ok(0) => return Ok(()),
                     Ok(_) => {}
-                    Err(e) => {
-                        return Err(anyhow!("connection ended with an error, not a FIN: {e}"))
-                    }
+                    Err(e) => return Err(e),
                 }
             }
         })
         .await
-        .map_err(|_| anyhow!("connection still open after {deadline:?}"))?
+        .map_err(|_| anyhow!("connection still open after {deadline:?}"))
     }
 
     /// The underlying stream.

@@ -206,20 +206,33 @@ where
         let this = self.project();
         if this.up_ended.is_none() {
             if let Poll::Ready(r) = this.up.poll(cx) {
-                let r = settle(r, this.backend, this.down_ended.is_none(), this.grace);
+                let r = settle(r, this.backend, this.down_ended.is_none());
+                if r.is_err() {
+                    // Our write to the backend failed: its last answers may still be on their
+                    // way to the client.
+                    start_grace(this.grace);
+                }
                 *this.up_ended = Some(r);
             }
         }
-        let mut backend_gone = false;
+        let mut given_up = false;
         if this.down_ended.is_none() {
             if let Poll::Ready(r) = this.down.poll(cx) {
-                let r = settle(r, this.client, this.up_ended.is_none(), this.grace);
-                backend_gone = r.is_err() && this.backend.peer_addr().is_err();
+                let r = settle(r, this.client, this.up_ended.is_none());
+                if r.is_err() {
+                    // A backend that reset the connection (its socket closed: no peer address)
+                    // can take nothing more from the client: end now.
+                    if this.backend.peer_addr().is_err() {
+                        given_up = true;
+                    } else {
+                        start_grace(this.grace);
+                    }
+                }
                 *this.down_ended = Some(r);
             }
         }
         let both = this.up_ended.is_some() && this.down_ended.is_some();
-        let given_up = backend_gone
+        given_up = given_up
             || match this.grace.as_mut() {
                 Some(grace) if !both => grace.as_mut().poll(cx).is_ready(),
                 _ => false,
@@ -240,24 +253,20 @@ where
 }
 
 /// What a direction's end means for the connection: at EOF while the other direction goes on,
-/// the half-close is passed on to `dst`; a failure starts the other direction's grace.
-fn settle(
-    ended: Ended,
-    dst: &TcpStream,
-    other_goes_on: bool,
-    grace: &mut Option<Pin<Box<tokio::time::Sleep>>>,
-) -> Ended {
-    let ended = match ended {
+/// the half-close is passed on to `dst`.
+fn settle(ended: Ended, dst: &TcpStream, other_goes_on: bool) -> Ended {
+    match ended {
         Ok(None) if other_goes_on => socket2::SockRef::from(dst)
             .shutdown(std::net::Shutdown::Write)
             .or_else(ignore_not_connected)
             .map(|()| None),
         other => other,
-    };
-    if ended.is_err() && grace.is_none() {
-        *grace = Some(Box::pin(tokio::time::sleep(FAILED_GRACE)));
     }
-    ended
+}
+
+/// Starts the other direction's grace after one failed, once.
+fn start_grace(grace: &mut Option<Pin<Box<tokio::time::Sleep>>>) {
+    grace.get_or_insert_with(|| Box::pin(tokio::time::sleep(FAILED_GRACE)));
 }
 
 /// How long the other direction may go on after one failed (see [`bidirectional`]).
