@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"kube-apiserver-proxy/tests/cluster/internal/procfs"
 )
 
 // The host's trees; the functions below take them as arguments so that tests can give fake
@@ -148,7 +150,7 @@ func hierarchies(hier string) ([]string, error) {
 	var hs []string
 	for _, e := range entries {
 		h := filepath.Join(hier, e.Name())
-		if !strings.HasPrefix(e.Name(), ".") && isDir(h) && isFile(h+"/cgroup.procs") {
+		if !strings.HasPrefix(e.Name(), ".") && isFile(h+"/cgroup.procs") {
 			hs = append(hs, h)
 		}
 	}
@@ -298,33 +300,17 @@ func holding(proc, dir string) string {
 
 // comm is the name of the process pid, or unknown when it cannot be read (it has exited).
 func comm(proc string, pid int, unknown string) string {
-	b, err := os.ReadFile(fmt.Sprintf("%s/%d/comm", proc, pid))
+	name, err := procfs.Comm(proc, pid)
 	if err != nil {
 		return unknown
 	}
-	return strings.TrimRight(string(b), "\n")
-}
-
-// pids lists the processes under proc in numeric order.
-func pids(proc string) ([]int, error) {
-	entries, err := os.ReadDir(proc)
-	if err != nil {
-		return nil, err
-	}
-	var ps []int
-	for _, e := range entries {
-		if n, err := strconv.Atoi(e.Name()); err == nil {
-			ps = append(ps, n)
-		}
-	}
-	sort.Ints(ps)
-	return ps, nil
+	return name
 }
 
 // processes is "PID:COMM " for each process under proc but self whose name matches one of
 // globs and that is not a zombie; a process that exits while it looks is left out.
 func processes(proc string, globs []string, self int) ([]string, error) {
-	ps, err := pids(proc)
+	ps, err := procfs.Pids(proc)
 	var found []string
 	for _, pid := range ps {
 		name := comm(proc, pid, "")
@@ -364,7 +350,7 @@ func processState(proc string, pid int) (state string, ok bool) {
 
 // hostLeaks is host-leaks over the processes under proc but self.
 func hostLeaks(proc, netns, state string, self int) ([]string, error) {
-	ps, err := pids(proc)
+	ps, err := procfs.Pids(proc)
 	var found []string
 	for _, pid := range ps {
 		if pid == self {

@@ -21,7 +21,6 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -82,9 +81,9 @@ func main() {
 		report.NewRecord(os.Stdout).Fail("nodescenario %s: %v", strings.Join(flag.Args(), " "), err)
 		os.Exit(1)
 	}
-	for _, name := range flag.Args() {
+	for i, name := range flag.Args() {
 		if !scenarios[name](n) {
-			n.Note("%s: the node cannot go on; not run: %s", name, strings.Join(flag.Args()[slices.Index(flag.Args(), name)+1:], " "))
+			n.Note("%s: the node cannot go on; not run: %s", name, strings.Join(flag.Args()[i+1:], " "))
 			return
 		}
 	}

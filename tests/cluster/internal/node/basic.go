@@ -71,15 +71,7 @@ func RunAPIServer(n *Scenario) bool {
 		version = v.GitVersion
 	}
 	n.Pass("kube-apiserver %s ready (static pod, etcd static pod) after %s s", version, Since(t0))
-	t0 = time.Now()
-	if n.WaitFor(120*time.Second, func() bool { return n.nodeStatus() != "" }) {
-		n.Pass("kubelet registered node %s after %s s", n.NodeName, Since(t0))
-		n.Note("node Ready condition: %s", n.nodeStatus())
-	} else {
-		n.Fail("node %s not registered within 120 s", n.NodeName)
-		n.kubeletErrors(`^[EW][0-9]{4}`, 10)
-	}
-	n.mirrorPodReady("kube-system", "kube-apiserver-"+n.NodeName, 120*time.Second)
+	n.WaitNode()
 	return true
 }
 
@@ -366,20 +358,28 @@ func (n *Scenario) imageGone(image string) bool {
 // imageTasks: whether a container from image has a running task; ok is false when the
 // runtime's answer could not be read.
 func (n *Scenario) imageTasks(image string) (running, ok bool) {
-	ids, err := n.runningTasks()
+	ids, ok := n.runningContainers(func(img string, _ map[string]string) bool { return img == image })
+	return len(ids) > 0, ok
+}
+
+// runningContainers are the running tasks whose container match picks, by its image and
+// labels; ok is false when the runtime's answer could not be read (a task that ended between
+// the listing and the question is left out).
+func (n *Scenario) runningContainers(match func(image string, labels map[string]string) bool) (ids []string, ok bool) {
+	running, err := n.runningTasks()
 	if err != nil {
-		return false, false
+		return nil, false
 	}
-	for _, id := range ids {
-		img, _, err := n.containerInfo(id)
+	for _, id := range running {
+		image, labels, err := n.containerInfo(id)
 		switch {
 		case err != nil && !n.taskGone(id):
-			return false, false
-		case err == nil && img == image:
-			return true, true
+			return nil, false
+		case err == nil && match(image, labels):
+			ids = append(ids, id)
 		}
 	}
-	return false, true
+	return ids, true
 }
 
 // taskGone: the task id is no longer listed (it ended between a listing and a question).
@@ -398,11 +398,11 @@ func (n *Scenario) runtimeDiagnostics() {
 	n.kubeletErrors(`^[EW][0-9]{4}`, 20)
 }
 
-// kubeletErrors notes the last k lines of the kubelet's log that match pattern.
+// kubeletErrors notes the last k lines of the kubelet's log (of its last 5,000) that match
+// pattern.
 func (n *Scenario) kubeletErrors(pattern string, k int) {
 	re := regexp.MustCompile(pattern)
-	b, _ := os.ReadFile(n.Path("kubelet.log"))
-	for _, line := range report.Last(report.Grep(string(b), 300, re.MatchString), k) {
+	for _, line := range report.Last(report.Grep(report.FileTail(n.Path("kubelet.log"), 5000), 300, re.MatchString), k) {
 		n.Note("  %s", line)
 	}
 }

@@ -209,20 +209,9 @@ func RunningTasks(ls string) []string {
 // kubelet's labels); ok is false when the runtime's answer could not be read (a check that
 // took an unreadable answer for "none" would pass with the instance still running).
 func (r *reboot) checkpointTasks() (ids []string, ok bool) {
-	ls, err := r.Ctr("tasks", "ls")
-	if err != nil {
-		return nil, false
-	}
-	for _, id := range RunningTasks(ls) {
-		_, labels, err := r.containerInfo(id)
-		switch {
-		case err != nil && !r.taskGone(id):
-			return nil, false
-		case err == nil && labels["io.kubernetes.pod.name"] == "kube-apiserver-checkpoint-"+r.NodeName:
-			ids = append(ids, id)
-		}
-	}
-	return ids, true
+	return r.runningContainers(func(_ string, labels map[string]string) bool {
+		return labels["io.kubernetes.pod.name"] == "kube-apiserver-checkpoint-"+r.NodeName
+	})
 }
 
 // recoveryPodGone: the kubelet no longer knows the recovery instance and none of its

@@ -256,28 +256,10 @@ func (n *Scenario) WaitNode() {
 		n.Note("node Ready condition: %s", ready)
 	} else {
 		n.Fail("node %s not registered within 120 s", n.NodeName)
-		n.kubeletLogNotes(10)
+		n.kubeletErrors(`^[EW][0-9]{4}`, 10)
 	}
-	name := "kube-apiserver-" + n.NodeName
-	n.Check(n.WaitFor(120*time.Second, func() bool { return n.MirrorReady(name) }),
-		"mirror pod kube-system/%s is Ready in the apiserver (within 120 s)", name)
+	n.mirrorPodReady("kube-system", "kube-apiserver-"+n.NodeName, 120*time.Second)
 }
 
 // MirrorReady: the pod kube-system/name exists in the apiserver and is Ready.
-func (n *Scenario) MirrorReady(name string) bool {
-	p, err := n.Client.CoreV1().Pods("kube-system").Get(n.Ctx, name, metav1.GetOptions{})
-	return err == nil && nodecheck.Ready(p)
-}
-
-// kubeletLogNotes notes the kubelet's last error and warning lines.
-func (n *Scenario) kubeletLogNotes(k int) {
-	var lines []string
-	for _, l := range strings.Split(report.FileTail(n.Path("kubelet.log"), 5000), "\n") {
-		if len(l) > 5 && (l[0] == 'E' || l[0] == 'W') && strings.Trim(l[1:5], "0123456789") == "" {
-			lines = append(lines, l)
-		}
-	}
-	for _, l := range report.Last(lines, k) {
-		n.Note("  %s", report.Cut(l, 300))
-	}
-}
+func (n *Scenario) MirrorReady(name string) bool { return n.mirrorReady("kube-system", name) }

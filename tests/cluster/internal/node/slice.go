@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"kube-apiserver-proxy/tests/cluster/internal/procfs"
 )
 
 // workerSlice is the scheduling slice the proxy's worker threads ask for by default
@@ -63,31 +65,26 @@ type ProxySlice struct {
 // thread's se.slice; an error when a worker's sched file shows none (a kernel before EEVDF's
 // slices, 6.12).
 func ProxySlices(proc string) ([]ProxySlice, error) {
-	entries, err := os.ReadDir(proc)
+	ps, err := procfs.Pids(proc)
 	if err != nil {
 		return nil, err
 	}
 	var out []ProxySlice
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		cmdline, err := os.ReadFile(filepath.Join(proc, e.Name(), "cmdline"))
+	for _, pid := range ps {
+		cmdline, err := os.ReadFile(fmt.Sprintf("%s/%d/cmdline", proc, pid))
 		argv := strings.Split(string(cmdline), "\x00")
 		if err != nil || len(argv) < 2 || filepath.Base(argv[0]) != "kube-apiserver-proxy" || argv[1] != "run" {
 			continue
 		}
 		p := ProxySlice{PID: pid, Workers: map[string]int64{}}
-		tasks, _ := os.ReadDir(filepath.Join(proc, e.Name(), "task"))
-		for _, t := range tasks {
-			dir := filepath.Join(proc, e.Name(), "task", t.Name())
-			comm, err := os.ReadFile(filepath.Join(dir, "comm"))
-			name := strings.TrimSpace(string(comm))
+		task := fmt.Sprintf("%s/%d/task", proc, pid)
+		threads, _ := procfs.Pids(task)
+		for _, tid := range threads {
+			name, err := procfs.Comm(task, tid)
 			if err != nil || !strings.HasPrefix(name, "worker-") {
 				continue
 			}
-			sched, err := os.ReadFile(filepath.Join(dir, "sched"))
+			sched, err := os.ReadFile(fmt.Sprintf("%s/%d/sched", task, tid))
 			if err != nil {
 				continue // gone meanwhile
 			}
